@@ -1,0 +1,33 @@
+"""shadowlimit's decision engine: one model, in-process and in Redis.
+
+>>> from limiter import Policy, LocalLimiter
+>>> LocalLimiter().check("client-1", Policy(average=100, period=1.0, burst=20), now_us=0).allowed
+True
+"""
+
+from .errors import (
+    BackendError,
+    BackendReplyError,
+    BackendTimeout,
+    BackendUnavailable,
+    CircuitOpenError,
+    LimiterError,
+)
+from .local import LocalLimiter
+from .policy import Algorithm, BucketView, Decision, Policy
+from .redis_limiter import RedisLimiter
+
+__all__ = [
+    "Algorithm",
+    "BackendError",
+    "BackendReplyError",
+    "BackendTimeout",
+    "BackendUnavailable",
+    "BucketView",
+    "CircuitOpenError",
+    "Decision",
+    "LimiterError",
+    "LocalLimiter",
+    "Policy",
+    "RedisLimiter",
+]

@@ -1,0 +1,183 @@
+"""The in-process limiter: the pure algorithms over a bounded, thread-safe key map.
+
+This is the per-replica limiter fleets start with, and the in-memory fallback while
+Redis is down. It runs exactly the functions the Lua scripts mirror, so for the
+same inputs it gives the same decisions as :class:`~limiter.redis_limiter.RedisLimiter`.
+
+Memory is bounded by ``max_keys`` (seed 000: 65,536): at the cap about 10% of the
+least recently used keys are evicted at once. Keys idle longer than their TTL are
+dropped by :meth:`LocalLimiter.sweep` (also run incrementally every few thousand
+checks), which cannot change a decision: a key is only dropped once its state is
+equivalent to a fresh one.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from .algorithms import ALGORITHMS, decide
+from .policy import Algorithm, BucketView, Decision, Policy, make_decision, validate_cost
+
+__all__ = ["LocalLimiter", "LocalKeyInfo"]
+
+_SWEEP_EVERY = 4096
+_SWEEP_BUDGET = 64
+
+
+def _now_us() -> int:
+    return time.time_ns() // 1000
+
+
+class LocalKeyInfo:
+    """What the limiter holds for one key (admin views)."""
+
+    __slots__ = ("key", "algorithm", "state", "last_seen_us", "expires_us")
+
+    def __init__(self, key: str, algorithm: Algorithm, state: Any, last_seen_us: int, expires_us: int) -> None:
+        self.key = key
+        self.algorithm = algorithm
+        self.state = state
+        self.last_seen_us = last_seen_us
+        self.expires_us = expires_us
+
+    def __repr__(self) -> str:
+        return f"LocalKeyInfo({self.key!r}, {self.algorithm.value}, last_seen_us={self.last_seen_us})"
+
+
+class LocalLimiter:
+    """In-process limiter. ``check`` is O(1) and safe under threads and asyncio.
+
+    >>> lim = LocalLimiter()
+    >>> lim.check("client-1", Policy(average=100, burst=20), now_us=0).remaining
+    19
+    """
+
+    def __init__(self, max_keys: int = 65_536, *, clock: Callable[[], int] = _now_us) -> None:
+        if max_keys < 1:
+            raise ValueError(f"max_keys: must be >= 1, got {max_keys!r}")
+        self.max_keys = max_keys
+        self._clock = clock
+        # key -> [state, algorithm, last_seen_us, expires_us]; ordered oldest access first
+        self._data: OrderedDict[str, list[Any]] = OrderedDict()
+        self._lock = threading.Lock()
+        self._ops = 0
+        self.evicted = 0
+        self.expired = 0
+
+    def check(self, key: str, policy: Policy, cost: int = 1, now_us: int | None = None) -> Decision:
+        """Decide one request and record it."""
+        if now_us is None:
+            now_us = self._clock()
+        if type(cost) is not int or cost < 1 or cost > policy.limit:
+            cost = validate_cost(policy, cost)
+        if policy.unlimited:
+            return make_decision(True, policy.limit, policy.limit, 0, 0)
+        alg = policy.algorithm
+        fn = ALGORITHMS[alg]
+        data = self._data
+        with self._lock:
+            entry = data.get(key)
+            if entry is None:
+                decision, state = fn(None, now_us, policy, cost)
+                if state is not None:
+                    if len(data) >= self.max_keys:
+                        self._evict()
+                    data[key] = [state, alg, now_us, now_us + policy.ttl_s * 1_000_000 + decision.reset_after_us]
+            else:
+                data.move_to_end(key)
+                decision, state = fn(entry[0] if entry[1] is alg else None, now_us, policy, cost)
+                entry[0] = state
+                entry[1] = alg
+                entry[2] = now_us
+                expires = now_us + policy.ttl_s * 1_000_000 + decision.reset_after_us
+                if expires > entry[3]:
+                    entry[3] = expires
+            self._ops += 1
+            if self._ops >= _SWEEP_EVERY:
+                self._ops = 0
+                self._sweep_front(now_us)
+        return decision
+
+    def peek(self, key: str, policy: Policy, now_us: int | None = None) -> BucketView:
+        """The key's allowance now, without consuming or recording anything."""
+        if now_us is None:
+            now_us = self._clock()
+        with self._lock:
+            entry = self._data.get(key)
+            state = entry[0] if entry is not None and entry[1] is policy.algorithm else None
+        if policy.algorithm is Algorithm.TOKEN_BUCKET and not policy.unlimited:
+            from .algorithms import token_bucket_tokens
+
+            tokens = token_bucket_tokens(state, now_us, policy)
+            d, _ = decide(state, now_us, policy, 0)
+            return BucketView(tokens, policy.limit, state is not None, d.reset_after_us)
+        d, _ = decide(state, now_us, policy, 0)
+        return BucketView(float(d.remaining), policy.limit, state is not None, d.reset_after_us)
+
+    def state(self, key: str) -> Any:
+        """The raw pure-function state for ``key`` (``None`` when unknown)."""
+        with self._lock:
+            entry = self._data.get(key)
+            return None if entry is None else entry[0]
+
+    def reset(self, key: str) -> bool:
+        """Forget ``key``; True when it was known."""
+        with self._lock:
+            return self._data.pop(key, None) is not None
+
+    def clear(self) -> None:
+        with self._lock:
+            self._data.clear()
+
+    def keys(self) -> list[str]:
+        """Known keys, least recently used first."""
+        with self._lock:
+            return list(self._data)
+
+    def items(self) -> Iterator[LocalKeyInfo]:
+        """A snapshot of every key's record, least recently used first."""
+        with self._lock:
+            snapshot = [(k, list(v)) for k, v in self._data.items()]
+        for k, (state, alg, seen, exp) in snapshot:
+            yield LocalKeyInfo(k, alg, state, seen, exp)
+
+    def __len__(self) -> int:
+        return len(self._data)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._data
+
+    def sweep(self, now_us: int | None = None) -> int:
+        """Drop every key idle past its TTL; returns how many were dropped."""
+        if now_us is None:
+            now_us = self._clock()
+        with self._lock:
+            dead = [k for k, v in self._data.items() if v[3] <= now_us]
+            for k in dead:
+                del self._data[k]
+            self.expired += len(dead)
+            return len(dead)
+
+    def _sweep_front(self, now_us: int) -> None:
+        """Incremental sweep of the least recently used end (caller holds the lock)."""
+        data = self._data
+        for _ in range(_SWEEP_BUDGET):
+            if not data:
+                return
+            k, v = next(iter(data.items()))
+            if v[3] > now_us:
+                return
+            del data[k]
+            self.expired += 1
+
+    def _evict(self) -> None:
+        """Evict about 10% least recently used keys (caller holds the lock)."""
+        n = max(1, self.max_keys // 10)
+        data = self._data
+        for _ in range(min(n, len(data))):
+            data.popitem(last=False)
+        self.evicted += n

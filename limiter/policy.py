@@ -1,0 +1,220 @@
+"""Rate-limit policy and decision types: validated, immutable, no IO.
+
+A :class:`Policy` says how much traffic a key may send; a :class:`Decision` is the
+answer to one request. Both are shared by the in-process limiter, the Redis Lua
+scripts and the control plane, so they are small frozen dataclasses.
+
+Units: time in integer microseconds everywhere inside the engine; ``period`` is
+given in seconds for humans and converted once, here.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from enum import Enum
+
+__all__ = ["Algorithm", "BucketView", "Decision", "Policy", "MIN_PERIOD_S", "MAX_PERIOD_S", "make_decision", "validate_cost"]
+
+MIN_PERIOD_S = 0.001
+MAX_PERIOD_S = 366 * 86_400.0
+_MAX_BURST = 1_000_000_000
+
+
+class Algorithm(str, Enum):
+    """The decision models; each has one pure function and one Lua script."""
+
+    TOKEN_BUCKET = "token_bucket"
+    GCRA = "gcra"
+    FIXED_WINDOW = "fixed_window"
+    SLIDING_WINDOW = "sliding_window"
+    SLIDING_LOG = "sliding_log"
+
+    def __str__(self) -> str:  # "token_bucket", not "Algorithm.TOKEN_BUCKET"
+        return self.value
+
+    @property
+    def windowed(self) -> bool:
+        """True for the algorithms that count requests per window of ``period``."""
+        return self in _WINDOWED
+
+
+_WINDOWED = frozenset({Algorithm.FIXED_WINDOW, Algorithm.SLIDING_WINDOW, Algorithm.SLIDING_LOG})
+
+
+def _number(name: str, value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"{name}: must be a number, got {value!r}")
+    v = float(value)
+    if not math.isfinite(v):
+        raise ValueError(f"{name}: must be finite, got {value!r}")
+    return v
+
+
+@dataclass(frozen=True, slots=True)
+class Policy:
+    """How much a key may send.
+
+    ``average`` tokens are added per ``period`` seconds and the bucket holds at most
+    ``burst`` tokens (token bucket, GCRA). The windowed algorithms allow
+    ``floor(average)`` requests per window of ``period`` seconds and ignore burst
+    except for the key TTL. ``average <= 0`` means unlimited (seed 000).
+
+    >>> Policy(average=100, period=1.0, burst=20).limit
+    20
+    """
+
+    average: float
+    period: float = 1.0
+    burst: int | None = None
+    algorithm: Algorithm | str = Algorithm.TOKEN_BUCKET
+
+    # derived, computed once in __post_init__ so the hot path does no arithmetic twice
+    period_us: int = field(init=False, repr=False, compare=False)
+    unlimited: bool = field(init=False, repr=False, compare=False)
+    limit: int = field(init=False, repr=False, compare=False)
+    burst_f: float = field(init=False, repr=False, compare=False)
+    rate_per_us: float = field(init=False, repr=False, compare=False)
+    emission_us: float = field(init=False, repr=False, compare=False)
+    ttl_s: int = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        s = object.__setattr__
+        try:
+            algorithm = Algorithm(self.algorithm)
+        except ValueError:
+            allowed = ", ".join(a.value for a in Algorithm)
+            raise ValueError(f"algorithm: must be one of {allowed}, got {self.algorithm!r}") from None
+        s(self, "algorithm", algorithm)
+        average = _number("average", self.average)
+        period = _number("period", self.period)
+        if period < MIN_PERIOD_S or period > MAX_PERIOD_S:
+            raise ValueError(f"period: must be between {MIN_PERIOD_S} and {MAX_PERIOD_S:.0f} seconds, got {self.period!r}")
+        s(self, "average", average)
+        s(self, "period", period)
+        period_us = round(period * 1_000_000)
+        s(self, "period_us", period_us)
+        unlimited = average <= 0
+        s(self, "unlimited", unlimited)
+
+        if algorithm.windowed and not unlimited and average < 1:
+            raise ValueError(f"average: {algorithm.value} counts whole requests per window, so it must be >= 1 (or <= 0 for unlimited), got {self.average!r}")
+
+        burst = self.burst
+        if burst is None:
+            burst = max(1, math.ceil(average)) if not unlimited else 1
+        else:
+            b = _number("burst", burst)
+            if b != int(b):
+                raise ValueError(f"burst: must be a whole number of tokens, got {burst!r}")
+            burst = int(b)
+            if burst < 1 or burst > _MAX_BURST:
+                raise ValueError(f"burst: must be between 1 and {_MAX_BURST}, got {self.burst!r}")
+        s(self, "burst", burst)
+        s(self, "burst_f", float(burst))
+
+        if unlimited:
+            s(self, "limit", burst)
+            s(self, "rate_per_us", 0.0)
+            s(self, "emission_us", 0.0)
+            s(self, "ttl_s", math.ceil(period) * 2)
+            return
+        s(self, "limit", math.floor(average) if algorithm.windowed else burst)
+        s(self, "rate_per_us", average / period_us)
+        s(self, "emission_us", period_us / average)
+        # seed 000: TTL = max(ceil(burst / average_per_second), period_seconds) + period_seconds
+        per_s = average / period
+        period_s = math.ceil(period)
+        s(self, "ttl_s", max(math.ceil(burst / per_s), period_s) + period_s)
+
+    @classmethod
+    def unlimited_policy(cls) -> Policy:
+        """A policy that allows everything (``average = 0``)."""
+        return cls(average=0)
+
+    def describe(self) -> str:
+        """A short human text, e.g. ``"100/1s burst 20 (token_bucket)"``."""
+        per = f"{self.period:g}s"
+        if self.unlimited:
+            return f"unlimited ({self.algorithm.value})"
+        return f"{self.average:g}/{per} burst {self.burst} ({self.algorithm.value})"
+
+    def to_dict(self) -> dict[str, object]:
+        return {"algorithm": self.algorithm.value, "average": self.average, "period": self.period, "burst": self.burst}
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """The answer to one request.
+
+    ``remaining`` is whole tokens (or requests) left after this request;
+    ``retry_after_us`` is 0 when allowed, else the exact wait until the same request
+    would be allowed; ``reset_after_us`` is the wait until the key is back to its
+    full allowance.
+    """
+
+    allowed: bool
+    remaining: int
+    limit: int
+    retry_after_us: int
+    reset_after_us: int
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "allowed": self.allowed,
+            "remaining": self.remaining,
+            "limit": self.limit,
+            "retry_after_us": self.retry_after_us,
+            "reset_after_us": self.reset_after_us,
+        }
+
+
+# Fast constructor for the hot path: a frozen dataclass's __init__ goes through
+# object.__setattr__ once per field; setting the slots directly is ~3x cheaper.
+_new = object.__new__
+_set_allowed = Decision.__dict__["allowed"].__set__
+_set_remaining = Decision.__dict__["remaining"].__set__
+_set_limit = Decision.__dict__["limit"].__set__
+_set_retry = Decision.__dict__["retry_after_us"].__set__
+_set_reset = Decision.__dict__["reset_after_us"].__set__
+
+
+def make_decision(allowed: bool, remaining: int, limit: int, retry_after_us: int, reset_after_us: int) -> Decision:
+    """Build a :class:`Decision` without the frozen-dataclass ``__setattr__`` detour."""
+    d = _new(Decision)
+    _set_allowed(d, allowed)
+    _set_remaining(d, remaining)
+    _set_limit(d, limit)
+    _set_retry(d, retry_after_us)
+    _set_reset(d, reset_after_us)
+    return d
+
+
+@dataclass(frozen=True, slots=True)
+class BucketView:
+    """A key's allowance now, read without consuming anything (dashboards, admin).
+
+    ``tokens`` is exact for the token bucket (fractional tokens included) and the
+    whole requests left for the other algorithms.
+    """
+
+    tokens: float
+    limit: int
+    exists: bool
+    reset_after_us: int
+
+    def to_dict(self) -> dict[str, object]:
+        return {"tokens": self.tokens, "limit": self.limit, "exists": self.exists, "reset_after_us": self.reset_after_us}
+
+
+def validate_cost(policy: Policy, cost: object) -> int:
+    """Check a request's cost: a whole number from 1 to the policy's limit."""
+    if type(cost) is not int:
+        if isinstance(cost, bool) or not isinstance(cost, (int, float)) or cost != int(cost):
+            raise ValueError(f"cost: must be a whole number >= 1, got {cost!r}")
+        cost = int(cost)
+    if cost < 1:
+        raise ValueError(f"cost: must be >= 1, got {cost!r}")
+    if cost > policy.limit and not policy.unlimited:
+        raise ValueError(f"cost: {cost} exceeds the policy's limit of {policy.limit}, so it could never be allowed")
+    return cost

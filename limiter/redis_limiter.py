@@ -1,0 +1,319 @@
+"""The distributed limiter: the same decisions as :mod:`limiter.algorithms`, made
+atomically in Redis by the Lua scripts in ``lua/``.
+
+>>> rl = RedisLimiter.from_url("redis://127.0.0.1:6379/0", namespace="shadowlimit")  # doctest: +SKIP
+>>> await rl.check("client-1", Policy(average=100, burst=20))                       # doctest: +SKIP
+Decision(allowed=True, remaining=19, limit=20, retry_after_us=0, reset_after_us=10000)
+
+Keys are ``rl:<namespace>:<key>`` (no hash tag: every key is sharded on its own in
+Redis Cluster). Scripts run by EVALSHA; after a Redis restart or ``SCRIPT FLUSH``
+the ``NOSCRIPT`` reply is answered by re-sending the script with EVAL, which also
+caches it again. Concurrent checks share one pipelined connection per node (see
+:mod:`limiter.resp`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import re
+import time
+from collections.abc import Callable, Sequence
+from typing import Any, Literal
+
+from .algorithms import decide
+from .errors import BackendError, BackendReplyError, BackendUnavailable
+from .policy import Algorithm, BucketView, Decision, Policy, make_decision, validate_cost
+from .resp import (
+    ClusterBackend,
+    ReplyError,
+    StandaloneBackend,
+    bulk,
+    encode_command,
+    parse_redis_url,
+)
+from .scripts import PEEK, SCRIPTS, STATE_FIELDS, Script, decode_state, policy_args
+
+__all__ = ["RedisLimiter", "TimeSource"]
+
+TimeSource = Literal["local", "redis"]
+Backend = StandaloneBackend | ClusterBackend
+_REDIS_NOW = b"$1\r\nr\r\n"
+_NAMESPACE = re.compile(r"[A-Za-z0-9_.-]{1,64}")
+
+
+def _now_us() -> int:
+    return time.time_ns() // 1000
+
+
+class _Prepared:
+    """Pre-encoded RESP pieces of one (script, policy) pair."""
+
+    __slots__ = ("script", "head", "eval_head", "mid")
+
+    def __init__(self, script: Script, policy: Policy) -> None:
+        a1, a2, a3 = policy_args(policy)
+        self.script = script
+        self.head = b"*9\r\n$7\r\nEVALSHA\r\n$40\r\n%s\r\n$1\r\n1\r\n" % script.sha.encode()
+        src = script.source_bytes
+        self.eval_head = b"*9\r\n$4\r\nEVAL\r\n" + bulk(src) + b"$1\r\n1\r\n"
+        self.mid = bulk(a1) + bulk(a2) + bulk(a3)
+
+
+class RedisLimiter:
+    """Async distributed limiter over standalone Redis or Redis Cluster."""
+
+    def __init__(
+        self,
+        backend: Backend,
+        *,
+        namespace: str = "shadowlimit",
+        time_source: TimeSource = "local",
+        clock: Callable[[], int] = _now_us,
+        url: str | None = None,
+    ) -> None:
+        if time_source not in ("local", "redis"):
+            raise ValueError(f"time_source: must be 'local' or 'redis', got {time_source!r}")
+        if not isinstance(namespace, str) or not _NAMESPACE.fullmatch(namespace):
+            raise ValueError(f"namespace: must be 1-64 characters of letters, digits, '_', '.', '-', got {namespace!r}")
+        self.backend = backend
+        self.namespace = namespace
+        self.time_source: TimeSource = time_source
+        self._clock = clock
+        self._prefix = f"rl:{namespace}:".encode()
+        self._prepared: dict[Policy, _Prepared] = {}
+        self._url = url
+        self._client: Any = None
+
+    @classmethod
+    def from_url(
+        cls,
+        url: str,
+        *,
+        namespace: str = "shadowlimit",
+        time_source: TimeSource = "local",
+        connect_timeout: float = 1.0,
+        command_timeout: float | None = 0.5,
+        cluster: bool | None = None,
+        clock: Callable[[], int] = _now_us,
+    ) -> RedisLimiter:
+        """Build from ``redis://``, ``rediss://``, ``unix://`` or ``redis+cluster://`` URLs."""
+        target = parse_redis_url(url)
+        is_cluster = target.cluster if cluster is None else cluster
+        backend: Backend
+        if is_cluster:
+            backend = ClusterBackend(target.seeds or (target.endpoint,), connect_timeout=connect_timeout, command_timeout=command_timeout)
+        else:
+            backend = StandaloneBackend(target.endpoint, connect_timeout=connect_timeout, command_timeout=command_timeout)
+        return cls(backend, namespace=namespace, time_source=time_source, clock=clock, url=url)
+
+    # -- the hot path -------------------------------------------------------------
+
+    def _prepare(self, policy: Policy) -> _Prepared:
+        p = self._prepared.get(policy)
+        if p is None:
+            if len(self._prepared) > 4096:
+                self._prepared.clear()
+            p = self._prepared[policy] = _Prepared(SCRIPTS[policy.algorithm], policy)
+        return p
+
+    def redis_key(self, key: str) -> bytes:
+        return self._prefix + key.encode()
+
+    def _tail(self, now_us: int | None, cost: int) -> bytes:
+        if self.time_source == "redis":
+            now_b = _REDIS_NOW
+        else:
+            n = str(self._clock() if now_us is None else now_us).encode()
+            now_b = b"$%d\r\n%s\r\n" % (len(n), n)
+        c = str(cost).encode()
+        return now_b + b"$%d\r\n%s\r\n" % (len(c), c)
+
+    async def check(self, key: str, policy: Policy, cost: int = 1, now_us: int | None = None) -> Decision:
+        """Decide one request atomically in Redis. Raises :class:`BackendError` on failure."""
+        if policy.unlimited:
+            return make_decision(True, policy.limit, policy.limit, 0, 0)
+        if type(cost) is not int or cost < 1 or cost > policy.limit:
+            cost = validate_cost(policy, cost)
+        prep = self._prepare(policy)
+        rkey = self._prefix + key.encode()
+        kpart = b"$%d\r\n%s\r\n" % (len(rkey), rkey)
+        rest = kpart + prep.mid + self._tail(now_us, cost)
+        payload = prep.head + rest
+        fut = self.backend.send_now(rkey, payload)
+        reply = await (fut if fut is not None else self.backend.call(rkey, payload))
+        if type(reply) is not list:
+            reply = await self._recover(rkey, prep, rest, reply)
+        return make_decision(reply[0] == 1, reply[1], reply[2], reply[3], reply[4])
+
+    async def check_many(self, requests: Sequence[tuple[str, Policy, int, int | None]]) -> list[Decision | BackendError]:
+        """Decide many requests in one pipelined burst, in order.
+
+        Each item is ``(key, policy, cost, now_us)``. Failures are returned in place
+        (one bad key does not fail the batch); invalid costs raise ``ValueError``.
+        """
+        futs: list[Any] = []
+        for key, policy, cost, now_us in requests:
+            if policy.unlimited:
+                futs.append(make_decision(True, policy.limit, policy.limit, 0, 0))
+                continue
+            if type(cost) is not int or cost < 1 or cost > policy.limit:
+                cost = validate_cost(policy, cost)
+            prep = self._prepare(policy)
+            rkey = self._prefix + key.encode()
+            rest = b"$%d\r\n%s\r\n" % (len(rkey), rkey) + prep.mid + self._tail(now_us, cost)
+            fut = self.backend.send_now(rkey, prep.head + rest)
+            if fut is None:
+                fut = asyncio.ensure_future(self.backend.call(rkey, prep.head + rest))
+            futs.append((fut, rkey, prep, rest))
+        out: list[Decision | BackendError] = []
+        for item in futs:
+            if isinstance(item, Decision):
+                out.append(item)
+                continue
+            fut, rkey, prep, rest = item
+            try:
+                reply = await fut
+                if type(reply) is not list:
+                    reply = await self._recover(rkey, prep, rest, reply)
+                out.append(make_decision(reply[0] == 1, reply[1], reply[2], reply[3], reply[4]))
+            except BackendError as exc:
+                out.append(exc)
+        return out
+
+    async def _recover(self, rkey: bytes, prep: _Prepared, rest: bytes, reply: Any) -> list[Any]:
+        """Handle a non-decision reply: NOSCRIPT reloads the script, others raise."""
+        if isinstance(reply, ReplyError) and str(reply).startswith("NOSCRIPT"):
+            reply = await self.backend.call(rkey, prep.eval_head + rest)
+            if type(reply) is list:
+                return reply
+        if isinstance(reply, ReplyError):
+            raise BackendReplyError(f"Redis rejected the {prep.script.name} script: {reply}")
+        if not isinstance(reply, list):
+            raise BackendReplyError(f"unexpected reply from the {prep.script.name} script: {reply!r}")
+        return reply
+
+    # -- reads and admin ------------------------------------------------------------
+
+    async def peek(self, key: str, policy: Policy, now_us: int | None = None) -> BucketView:
+        """The key's allowance now, without consuming (token bucket via ``peek.lua``)."""
+        if policy.unlimited:
+            return BucketView(policy.burst_f, policy.limit, False, 0)
+        rkey = self.redis_key(key)
+        now_arg: str | int = "r" if self.time_source == "redis" else (self._clock() if now_us is None else now_us)
+        if policy.algorithm is Algorithm.TOKEN_BUCKET:
+            a1, a2, _ = policy_args(policy)
+            reply = await self._eval(PEEK, rkey, a1, a2, str(now_arg).encode())
+            tokens = float(reply[0])
+            exists = reply[1] == 1
+            reset = 0 if tokens >= policy.burst_f else math.ceil((policy.burst_f - tokens) / policy.rate_per_us)
+            return BucketView(tokens, policy.limit, exists, reset)
+        state = await self.raw_state(key, policy.algorithm)
+        now = now_arg if isinstance(now_arg, int) else await self.redis_time_us()
+        d, _ = decide(state, now, policy, 0)
+        return BucketView(float(d.remaining), policy.limit, state is not None, d.reset_after_us)
+
+    async def raw_state(self, key: str, algorithm: Algorithm) -> Any:
+        """The pure-function state stored for ``key`` (``None`` when absent)."""
+        rkey = self.redis_key(key)
+        if algorithm is Algorithm.SLIDING_LOG:
+            cmd = encode_command("ZRANGE", rkey, 0, -1, "WITHSCORES")
+        else:
+            cmd = encode_command("HMGET", rkey, *STATE_FIELDS[algorithm])
+        reply = await self.backend.call(rkey, cmd)
+        if isinstance(reply, ReplyError):
+            raise BackendReplyError(str(reply))
+        return decode_state(algorithm, reply)
+
+    async def redis_time_us(self) -> int:
+        reply = await self.backend.call(None, encode_command("TIME"))
+        return int(reply[0]) * 1_000_000 + int(reply[1])
+
+    async def reset(self, key: str) -> bool:
+        """Delete the key's state; True when something was deleted."""
+        rkey = self.redis_key(key)
+        reply = await self.backend.call(rkey, encode_command("DEL", rkey))
+        if isinstance(reply, ReplyError):
+            raise BackendReplyError(str(reply))
+        return bool(reply)
+
+    async def ping(self) -> None:
+        """Raise :class:`BackendError` unless every node answers PING."""
+        for reply in await self.backend.call_all(encode_command("PING")):
+            if isinstance(reply, ReplyError):
+                raise BackendUnavailable(f"Redis answered PING with {reply}")
+
+    async def load_scripts(self) -> list[str]:
+        """SCRIPT LOAD every script on every node (readiness); returns the SHAs."""
+        shas = []
+        for script in [*SCRIPTS.values(), PEEK]:
+            for reply in await self.backend.call_all(encode_command("SCRIPT", "LOAD", script.source)):
+                if isinstance(reply, ReplyError):
+                    raise BackendReplyError(f"SCRIPT LOAD {script.name}: {reply}")
+            shas.append(script.sha)
+        return shas
+
+    async def scripts_loaded(self) -> bool:
+        shas = [s.sha for s in [*SCRIPTS.values(), PEEK]]
+        for reply in await self.backend.call_all(encode_command("SCRIPT", "EXISTS", *shas)):
+            if isinstance(reply, ReplyError) or not all(reply):
+                return False
+        return True
+
+    async def _eval(self, script: Script, rkey: bytes, *args: bytes) -> Any:
+        reply = await self.backend.call(rkey, encode_command("EVALSHA", script.sha, 1, rkey, *args))
+        if isinstance(reply, ReplyError) and str(reply).startswith("NOSCRIPT"):
+            reply = await self.backend.call(rkey, encode_command("EVAL", script.source, 1, rkey, *args))
+        if isinstance(reply, ReplyError):
+            raise BackendReplyError(f"{script.name}: {reply}")
+        return reply
+
+    @property
+    def client(self) -> Any:
+        """A redis-py asyncio client on the same server(s), for everything off the hot path."""
+        if self._client is None:
+            self._client = make_redis_py_client(self._url or "")
+        return self._client
+
+    def describe(self) -> str:
+        return self.backend.describe()
+
+    async def aclose(self) -> None:
+        await self.backend.aclose()
+        if self._client is not None:
+            try:
+                await self._client.aclose()
+            except Exception:  # noqa: BLE001 - closing a broken client must not raise
+                pass
+            self._client = None
+
+
+def make_redis_py_client(url: str, *, socket_timeout: float = 1.0, connect_timeout: float = 1.0) -> Any:
+    """A redis-py asyncio client (standalone or cluster) from one of our URLs."""
+    import redis.asyncio as aredis
+    from redis.asyncio.cluster import ClusterNode, RedisCluster
+
+    target = parse_redis_url(url)
+    e = target.endpoint
+    if target.cluster:
+        nodes = [ClusterNode(s.host or "127.0.0.1", s.port or 6379) for s in (target.seeds or (e,))]
+        return RedisCluster(
+            startup_nodes=nodes,
+            username=e.username,
+            password=e.password,
+            ssl=e.use_ssl,
+            socket_timeout=socket_timeout,
+            socket_connect_timeout=connect_timeout,
+        )
+    if e.unix_path:
+        return aredis.Redis(unix_socket_path=e.unix_path, db=e.db, username=e.username, password=e.password, socket_timeout=socket_timeout, socket_connect_timeout=connect_timeout)
+    return aredis.Redis(
+        host=e.host or "127.0.0.1",
+        port=e.port or 6379,
+        db=e.db,
+        username=e.username,
+        password=e.password,
+        ssl=e.use_ssl,
+        socket_timeout=socket_timeout,
+        socket_connect_timeout=connect_timeout,
+    )

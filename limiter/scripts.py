@@ -1,0 +1,97 @@
+"""The Lua scripts as package data, and the arguments each takes for a policy.
+
+Scripts live in the top-level ``lua/`` package as plain ``.lua`` files; each is
+loaded with ``prelude.lua`` in front of it. :func:`script_args` turns a
+:class:`~limiter.policy.Policy` into the exact ARGV strings its script expects;
+floats are written with ``repr`` (the shortest text that reads back as the same
+double), which is how the scripts and the pure functions stay bit-identical.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from functools import lru_cache
+from importlib import resources
+
+from .policy import Algorithm, Policy
+
+__all__ = ["PEEK", "SCRIPTS", "STATE_FIELDS", "Script", "decode_state", "load_script", "policy_args", "script_for"]
+
+
+@dataclass(frozen=True, slots=True)
+class Script:
+    """One Lua script: its name, full source (prelude included) and SHA1."""
+
+    name: str
+    source: str
+    sha: str
+
+    @property
+    def source_bytes(self) -> bytes:
+        return self.source.encode()
+
+
+def _read(name: str) -> str:
+    return resources.files("lua").joinpath(name).read_text(encoding="utf-8")
+
+
+def load_script(name: str) -> Script:
+    """Load ``lua/<name>.lua`` with the shared prelude in front."""
+    source = _read("prelude.lua") + "\n" + _read(f"{name}.lua")
+    return Script(name=name, source=source, sha=hashlib.sha1(source.encode()).hexdigest())
+
+
+SCRIPTS: dict[Algorithm, Script] = {a: load_script(a.value) for a in Algorithm}
+PEEK: Script = load_script("peek")
+
+
+def script_for(policy: Policy) -> Script:
+    return SCRIPTS[policy.algorithm]
+
+
+@lru_cache(maxsize=4096)
+def policy_args(policy: Policy) -> tuple[bytes, bytes, bytes]:
+    """ARGV[1..3] for the policy's script: (rate or window, burst or limit, ttl seconds)."""
+    alg = policy.algorithm
+    if alg is Algorithm.TOKEN_BUCKET:
+        first = repr(policy.rate_per_us)
+    elif alg is Algorithm.GCRA:
+        first = repr(policy.emission_us)
+    else:
+        first = str(policy.period_us)
+    second = str(policy.limit if alg.windowed and not policy.unlimited else policy.burst)
+    if alg.windowed and policy.unlimited:
+        second = "0"
+    return first.encode(), second.encode(), str(policy.ttl_s).encode()
+
+
+def decode_state(algorithm: Algorithm, raw: object) -> object:
+    """Turn what Redis stores for a key into the pure function's state.
+
+    ``raw`` is the HMGET reply of :data:`STATE_FIELDS` for hash-based algorithms, or
+    the ``ZRANGE key 0 -1 WITHSCORES`` reply for the sliding log.
+    """
+    if algorithm is Algorithm.SLIDING_LOG:
+        items = list(raw or [])  # type: ignore[call-overload]
+        scores = sorted(int(float(items[i + 1])) for i in range(0, len(items), 2))
+        return tuple(scores) or None
+    vals = list(raw or [])  # type: ignore[call-overload]
+    if not vals or vals[0] is None:
+        return None
+    if algorithm is Algorithm.TOKEN_BUCKET:
+        return (int(float(vals[0])), float(vals[1]))
+    if algorithm is Algorithm.GCRA:
+        return float(vals[0])
+    if algorithm is Algorithm.FIXED_WINDOW:
+        return (int(float(vals[0])), int(float(vals[1])))
+    return (int(float(vals[0])), int(float(vals[1])), int(float(vals[2])))
+
+
+STATE_FIELDS: dict[Algorithm, tuple[str, ...]] = {
+    Algorithm.TOKEN_BUCKET: ("t", "k"),
+    Algorithm.GCRA: ("a",),
+    Algorithm.FIXED_WINDOW: ("w", "n"),
+    Algorithm.SLIDING_WINDOW: ("w", "c", "p"),
+    Algorithm.SLIDING_LOG: (),
+}

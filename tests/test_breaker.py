@@ -1,0 +1,102 @@
+"""The circuit breaker as a pure state machine (injected clock and jitter)."""
+
+import pytest
+
+from limiter import Policy
+from limiter.resilience import BreakerState, CircuitBreaker, FailurePolicy, fleet_share
+
+
+class FakeClock:
+    def __init__(self):
+        self.t = 1000.0
+
+    def __call__(self):
+        return self.t
+
+
+def make(rng=0.0, **kw):
+    clock = FakeClock()
+    seen = []
+    b = CircuitBreaker(clock=clock, wall_clock=clock, rng=lambda: rng, on_transition=lambda a, b_, r: seen.append((a, b_)), **kw)
+    return b, clock, seen
+
+
+def test_opens_after_threshold_consecutive_failures():
+    b, _, seen = make(failure_threshold=3)
+    for _ in range(2):
+        assert b.allow_request()
+        b.record_failure(TimeoutError("timed out"))
+    assert b.state is BreakerState.CLOSED
+    b.record_success()
+    assert b.consecutive_failures == 0
+    for _ in range(3):
+        b.record_failure("boom")
+    assert b.state is BreakerState.OPEN
+    assert not b.allow_request()
+    assert seen == [(BreakerState.CLOSED, BreakerState.OPEN)]
+    assert b.snapshot().last_error == "boom"
+
+
+def test_timeouts_count_as_failures():
+    b, _, _ = make(failure_threshold=1)
+    b.record_failure(TimeoutError())
+    assert b.state is BreakerState.OPEN
+    assert b.last_error == "TimeoutError"
+
+
+def test_backoff_doubles_to_30s_with_jitter():
+    b, _, _ = make(rng=0.5)
+    assert [b.backoff_delay(i) for i in range(7)] == [1.5, 3.0, 6.0, 12.0, 24.0, 45.0, 45.0]
+    b0, _, _ = make(rng=0.0)
+    assert [b0.backoff_delay(i) for i in range(7)] == [1, 2, 4, 8, 16, 30, 30]
+
+
+def test_probe_cycle_half_open_then_close():
+    b, clock, seen = make(failure_threshold=1)
+    b.record_failure("down")
+    assert b.snapshot().next_probe_in_s == 1.0
+    clock.t += 0.5
+    assert not b.probe_due()
+    clock.t += 0.6
+    assert b.probe_due()
+    b.probe_failed("still down")
+    assert b.probe_attempt == 1 and b.snapshot().next_probe_in_s == 2.0
+    clock.t += 2.0
+    b.probe_succeeded()
+    assert b.state is BreakerState.HALF_OPEN
+    assert b.allow_request()  # one trial at a time
+    assert not b.allow_request()
+    b.record_success()
+    assert b.state is BreakerState.CLOSED and b.probe_attempt == 0
+    assert [t for _, t in seen] == [BreakerState.OPEN, BreakerState.HALF_OPEN, BreakerState.CLOSED]
+
+
+def test_half_open_failure_reopens_with_longer_backoff():
+    b, clock, _ = make(failure_threshold=1)
+    b.record_failure("down")
+    clock.t += 1.0
+    assert b.allow_request()  # traffic half-opens it when the probe is due
+    assert b.state is BreakerState.HALF_OPEN
+    b.record_failure("again")
+    assert b.state is BreakerState.OPEN
+    assert b.snapshot().next_probe_in_s == 2.0
+    assert b.open_for_s() == pytest.approx(1.0)
+
+
+def test_failure_policy_parsing():
+    assert FailurePolicy.parse("passthrough") is FailurePolicy.PASS_THROUGH
+    assert FailurePolicy.parse("failClosed") is FailurePolicy.FAIL_CLOSED
+    assert FailurePolicy.parse("in_memory_fallback") is FailurePolicy.IN_MEMORY_FALLBACK
+    with pytest.raises(ValueError, match="^failure_policy:"):
+        FailurePolicy.parse("yolo")
+
+
+def test_fleet_share_divides_and_never_below_one():
+    p = Policy(average=100, burst=20)
+    s = fleet_share(p, 4)
+    assert s.average == 25 and s.burst == 5
+    tiny = fleet_share(Policy(average=1, burst=2), 8)
+    assert tiny.burst == 1 and tiny.average == pytest.approx(1 / 8)
+    w = fleet_share(Policy(average=3, period=1, algorithm="fixed_window"), 5)
+    assert w.limit == 1
+    assert fleet_share(p, 1) is p
