@@ -1,0 +1,154 @@
+"""Redis failures on a real server: SCRIPT FLUSH mid-run, Redis killed mid-run under each
+failure policy, Redis back: the breaker closes and decisions are distributed again."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+import redis as redis_sync
+
+from limiter import LocalLimiter, Policy, RedisLimiter
+from limiter.embedded import EmbeddedRedis
+from limiter.resilience import BreakerState, CircuitBreaker, FailurePolicy, FleetMembership, ResilientLimiter
+
+POLICY = Policy(average=10, period=1.0, burst=6)
+
+
+@pytest.fixture
+def private_redis():
+    server = EmbeddedRedis().start()
+    yield server
+    server.stop()
+
+
+def fast_breaker():
+    return CircuitBreaker(failure_threshold=2, backoff_initial_s=0.1, backoff_max_s=0.4)
+
+
+async def test_script_flush_mid_run_causes_no_error(redis_url):
+    rl = RedisLimiter.from_url(redis_url, namespace="flush")
+    admin = redis_sync.Redis.from_url(redis_url)
+    errors: list[BaseException] = []
+    decided = 0
+    policy = Policy(average=1e6, burst=10**6)
+
+    async def worker(i):
+        nonlocal decided
+        for n in range(200):
+            try:
+                await rl.check(f"k{i}", policy)
+                decided += 1
+            except Exception as exc:  # noqa: BLE001 - any error fails the test below
+                errors.append(exc)
+            if n % 50 == 0:
+                await asyncio.sleep(0)
+
+    async def flusher():
+        for _ in range(5):
+            await asyncio.sleep(0.01)
+            await asyncio.to_thread(admin.script_flush)
+
+    await asyncio.gather(flusher(), *[worker(i) for i in range(20)])
+    await rl.aclose()
+    assert errors == []
+    assert decided == 20 * 200
+
+
+async def _until(predicate, timeout=15.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if await predicate():
+            return True
+        await asyncio.sleep(0.05)
+    return False
+
+
+@pytest.mark.parametrize("policy_name", ["passThrough", "failClosed", "inMemoryFallback"])
+async def test_redis_down_then_back(private_redis, policy_name):
+    rl = RedisLimiter.from_url(private_redis.url, namespace="outage", connect_timeout=0.3, command_timeout=0.3)
+    limiter = ResilientLimiter(rl, failure_policy=policy_name, failure_code=503, breaker=fast_breaker())
+    out = await limiter.check("client", POLICY)
+    assert out.source == "distributed" and out.allowed
+
+    private_redis.kill()
+    outcomes = [await limiter.check("client", POLICY) for _ in range(10)]
+    assert limiter.breaker.state is BreakerState.OPEN
+    assert limiter.breaker.snapshot().last_error
+    fp = FailurePolicy.parse(policy_name)
+    if fp is FailurePolicy.PASS_THROUGH:
+        assert all(o.allowed and o.source == "pass_through" for o in outcomes)
+    elif fp is FailurePolicy.FAIL_CLOSED:
+        assert all(not o.allowed and o.source == "fail_closed" and o.status_code == 503 for o in outcomes)
+        assert all(o.decision.retry_after_us >= 1_000_000 for o in outcomes)
+    else:
+        assert all(o.source == "fallback" for o in outcomes)
+        # the local bucket enforces the policy: burst 6, so 6 of the 10 pass
+        assert sum(o.allowed for o in outcomes) == POLICY.burst
+
+    private_redis.start()
+
+    async def distributed_again():
+        o = await limiter.check("client", POLICY)
+        return o.source == "distributed"
+
+    assert await _until(distributed_again), limiter.breaker.snapshot()
+    assert limiter.breaker.state is BreakerState.CLOSED
+    await limiter.aclose()
+    await rl.aclose()
+
+
+async def test_breaker_open_does_not_wait_for_redis(private_redis):
+    rl = RedisLimiter.from_url(private_redis.url, namespace="fast", connect_timeout=0.3, command_timeout=0.3)
+    limiter = ResilientLimiter(rl, failure_policy="passThrough", breaker=CircuitBreaker(failure_threshold=1, backoff_initial_s=30, backoff_max_s=30))
+    await limiter.check("k", POLICY)
+    private_redis.kill()
+    await limiter.check("k", POLICY)  # this one pays the failure
+    t = time.perf_counter()
+    for _ in range(100):
+        assert (await limiter.check("k", POLICY)).source == "pass_through"
+    assert time.perf_counter() - t < 1.0  # no Redis round trip while open (generous bound, not a benchmark)
+    await limiter.aclose()
+    await rl.aclose()
+
+
+async def test_fallback_shares_the_limit_across_live_instances(private_redis):
+    policy = Policy(average=40, period=1.0, burst=40)
+    replicas = []
+    for i in range(4):
+        rl = RedisLimiter.from_url(private_redis.url, namespace="fleet", connect_timeout=0.3, command_timeout=0.3)
+        fleet = FleetMembership(rl, instance_id=f"replica-{i}", interval_s=0.2)
+        lim = ResilientLimiter(rl, failure_policy="inMemoryFallback", breaker=fast_breaker(), fallback=LocalLimiter(), fleet=fleet)
+        await lim.start()
+        replicas.append(lim)
+    for lim in replicas:
+        await lim.fleet.beat()
+    assert [lim.live_instances for lim in replicas] == [4, 4, 4, 4]
+
+    private_redis.kill()
+    now = time.time_ns() // 1000
+    admitted = 0
+    for lim in replicas:
+        for _ in range(40):
+            o = await lim.check("client", policy, 1, now)
+            assert o.source == "fallback"
+            admitted += o.allowed
+    # each replica enforces burst/4 = 10 while Redis is down: the fleet still admits 40, not 160
+    assert admitted == 40
+    for lim in replicas:
+        await lim.aclose()
+        await lim.redis.aclose()
+
+
+async def test_heartbeats_expire_stale_instances(redis_url):
+    rl = RedisLimiter.from_url(redis_url, namespace="hb")
+    a = FleetMembership(rl, instance_id="a", interval_s=0.1, stale_after_s=0.3)
+    b = FleetMembership(rl, instance_id="b", interval_s=0.1, stale_after_s=0.3)
+    await a.beat()
+    assert await b.beat() == 2
+    await asyncio.sleep(0.4)
+    assert await a.beat() == 1  # b stopped beating
+    assert a.members == ["a"]
+    await a.leave()
+    await rl.aclose()
