@@ -1,79 +1,246 @@
-"""The ``shadowlimit`` command."""
+"""The ``shadowlimit`` command: serve, demo, dash, and admin commands against a running
+control plane (seed 002's CLI: stats, reset, adjust, top, clients, config).
+
+Exit codes scripts can use: 0 ok, 1 refused by the server, 2 bad usage or configuration,
+3 cannot reach the control plane, 4 not authorised, 5 refused by a promotion gate.
+"""
 
 from __future__ import annotations
 
 import argparse
-import asyncio
+import json
 import os
 import sys
-import time
+from typing import Any
+
+EXIT_OK, EXIT_REFUSED, EXIT_USAGE, EXIT_UNREACHABLE, EXIT_AUTH, EXIT_GATE = 0, 1, 2, 3, 4, 5
 
 
-def _limiter_demo(args: argparse.Namespace) -> int:
-    """Show the migration problem: N replicas with local buckets admit N times the limit."""
-    from limiter import LocalLimiter, Policy, RedisLimiter
-    from limiter.embedded import EmbeddedRedis
+class CliError(Exception):
+    def __init__(self, message: str, code: int) -> None:
+        super().__init__(message)
+        self.code = code
 
-    url = os.environ.get("RATE_LIMIT_REDIS_URL")
-    server = None
-    if not url:
-        server = EmbeddedRedis().start()
-        url = server.url
-        print(f"embedded redis-server started at {url}")
-    policy = Policy(average=100, period=1.0, burst=50)
-    replicas = [LocalLimiter() for _ in range(args.replicas)]
 
-    async def run() -> tuple[int, int, int, int]:
-        rl = RedisLimiter.from_url(url, namespace=f"demo{os.getpid()}")
-        local_ok = dist_ok = disagree = total = 0
-        t0 = time.time_ns() // 1000
-        end = t0 + int(args.seconds * 1_000_000)
-        i = 0
-        try:
-            while (now := time.time_ns() // 1000) < end:
-                replica = replicas[i % len(replicas)]
-                i += 1
-                ld = replica.check("client-1", policy, 1, now)
-                dd = await rl.check("client-1", policy, 1, now)
-                total += 1
-                local_ok += ld.allowed
-                dist_ok += dd.allowed
-                disagree += ld.allowed != dd.allowed
-                await asyncio.sleep(1 / args.rps)
-        finally:
-            await rl.reset("client-1")
-            await rl.aclose()
-        return total, local_ok, dist_ok, disagree
+# -- talking to a control plane ----------------------------------------------------------
 
+
+def _request(args: argparse.Namespace, method: str, path: str, body: dict[str, Any] | None = None, params: dict[str, Any] | None = None) -> Any:
+    import httpx
+
+    headers = {"X-Shadowlimit-Actor": os.environ.get("USER", "cli")}
+    if args.token:
+        headers["Authorization"] = f"Bearer {args.token}"
     try:
-        print(f"policy {policy.describe()}; one client sends ~{args.rps}/s spread over {args.replicas} replicas for {args.seconds:g}s")
-        total, local_ok, dist_ok, disagree = asyncio.run(run())
-    finally:
-        if server is not None:
-            server.stop()
-    bound = policy.burst + policy.average / policy.period * args.seconds
-    print(f"requests sent:                    {total}")
-    print(f"admitted by per-replica buckets:  {local_ok}  (limit multiplied by {args.replicas} replicas)")
-    print(f"admitted by the global Redis one: {dist_ok}  (bound burst + rate*t = {bound:.0f})")
-    print(f"decisions that differ (divergence): {disagree}")
-    return 0
+        r = httpx.request(method, args.url.rstrip("/") + path, json=body, params=params, headers=headers, timeout=args.timeout)
+    except httpx.HTTPError as exc:
+        raise CliError(f"cannot reach the control plane at {args.url}: {exc}", EXIT_UNREACHABLE) from None
+    try:
+        data = r.json()
+    except ValueError:
+        data = {"message": r.text}
+    if r.status_code in (401, 403):
+        raise CliError(f"not authorised ({r.status_code}): {data.get('message')}" + ("" if args.token else " (pass --token or set SHADOWLIMIT_ADMIN_TOKEN)"), EXIT_AUTH)
+    if r.status_code == 409:
+        gate = data.get("gate") or {}
+        raise CliError(f"refused by the gate: {data.get('message')}\n  gate figures: {json.dumps(gate)}", EXIT_GATE)
+    if r.status_code >= 400:
+        raise CliError(f"the control plane refused ({r.status_code}): {data.get('message', data)}", EXIT_REFUSED)
+    return data
+
+
+def _print(args: argparse.Namespace, data: Any, table: list[list[str]] | None = None) -> None:
+    if args.json or table is None:
+        print(json.dumps(data, indent=2, default=str))
+        return
+    widths = [max(len(str(row[i])) for row in table) for i in range(len(table[0]))]
+    for row in table:
+        print("  ".join(str(c).ljust(w) for c, w in zip(row, widths)).rstrip())
+
+
+def cmd_routes(args: argparse.Namespace) -> int:
+    data = _request(args, "GET", "/v1/routes")
+    rows = [["ROUTE", "MODE", "DEC/S", "COMPARED(5m)", "NEW REJ", "GATE"]]
+    for r in data["routes"]:
+        div = r.get("divergence_5m") or {}
+        mode = f"canary {r['canary_percent']}%" if r["mode"] == "canary" else r["mode"]
+        gate = r.get("gate") or {}
+        gate_s = "pass" if gate.get("passed") else "; ".join(gate.get("reasons", []))[:60]
+        rows.append([r["name"], mode, str(r["decisions_per_s"]), str(div.get("compared", "-")), f"{div.get('new_rejection_rate', 0):.2%}" if div else "-", f"->{gate.get('target')}: {gate_s}"])
+    _print(args, data, rows)
+    return EXIT_OK
+
+
+def cmd_mode(args: argparse.Namespace) -> int:
+    body = {"mode": args.mode, "canary_percent": args.percent or 0, "reason": args.reason, "force": args.force}
+    data = _request(args, "PUT", f"/v1/routes/{args.route}/mode", body)
+    st = data["state"]
+    print(f"{args.route}: {data['audit']['from']} -> {st['mode']}" + (f" {st['canary_percent']}%" if st["mode"] == "canary" else "") + f" (audit {data['audit']['id']})")
+    return EXIT_OK
+
+
+def cmd_audit(args: argparse.Namespace) -> int:
+    data = _request(args, "GET", "/v1/rollout/audit", params={"limit": args.limit, **({"route": args.route} if args.route else {})})
+    rows = [["AT", "KIND", "ROUTE", "FROM", "TO", "ACTOR", "REASON"]]
+    import datetime as dt
+
+    for e in data["entries"]:
+        at = dt.datetime.fromtimestamp(e["at"]).strftime("%Y-%m-%d %H:%M:%S")
+        to = e["to"] + (f" {e['to_percent']}%" if e["to"] == "canary" else "")
+        flags = (" [forced]" if e.get("forced") else "") + (" [auto]" if e.get("automatic") else "")
+        rows.append([at, e["kind"], e["route"], e["from"], to, e["actor"], e["reason"] + flags])
+    _print(args, data, rows)
+    return EXIT_OK
+
+
+def cmd_stats(args: argparse.Namespace) -> int:
+    _print(args, _request(args, "GET", "/ratelimit/stats"))
+    return EXIT_OK
+
+
+def cmd_top(args: argparse.Namespace) -> int:
+    data = _request(args, "GET", "/v1/buckets", params={"limit": args.limit, **({"route": args.route} if args.route else {})})
+    rows = [["ROUTE", "KEY", "RECENT", "LOCAL TOKENS", "DISTRIBUTED TOKENS"]]
+    for b in data["buckets"]:
+        d = b.get("distributed")
+        rows.append([b["route"], b["key"], str(b["recent_requests"]), f"{b['local']['tokens']:.1f}/{b['local']['limit']}", f"{d['tokens']:.1f}/{d['limit']}" if d else "-"])
+    _print(args, data, rows)
+    return EXIT_OK
+
+
+def cmd_clients(args: argparse.Namespace) -> int:
+    _print(args, _request(args, "GET", "/ratelimit/clients", params={"limit": args.limit, **({"route": args.route} if args.route else {})}))
+    return EXIT_OK
+
+
+def cmd_reset(args: argparse.Namespace) -> int:
+    data = _request(args, "POST", f"/ratelimit/reset/{args.id}", params={"route": args.route} if args.route else None)
+    print(f"reset {args.id}: {data['local_reset']} local and {data['distributed_reset']} distributed buckets")
+    return EXIT_OK
+
+
+def cmd_adjust(args: argparse.Namespace) -> int:
+    body: dict[str, Any] = {"route": args.route, "key": args.key, "target": args.target, "average": args.rate if args.rate is not None else 0, "period": args.period, "burst": args.burst, "reason": args.reason, "clear": args.clear}
+    if args.rate is None and not args.clear:
+        raise CliError("adjust needs --rate (or --clear)", EXIT_USAGE)
+    _print(args, _request(args, "PUT", "/ratelimit/config", body))
+    return EXIT_OK
+
+
+# -- local processes ----------------------------------------------------------------------
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from .app import create_app
+    from .settings import SettingsError, load_settings
+
+    overrides: dict[str, Any] = {}
+    if args.host:
+        overrides["host"] = args.host
+    if args.port is not None:
+        overrides["port"] = args.port
+    try:
+        settings = load_settings(**overrides)
+        from .rules import RulesError, load_rules
+
+        load_rules(settings.rules_path, settings)  # fail fast with file:line:field
+    except SettingsError as exc:
+        raise CliError(str(exc), EXIT_USAGE) from None
+    except RulesError as exc:
+        raise CliError(f"invalid rules file: {exc}", EXIT_USAGE) from None
+    if settings.admin_token is None:
+        print("warning: SHADOWLIMIT_ADMIN_TOKEN is not set: mode changes and admin calls will be refused (403)", file=sys.stderr)
+    uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_level=args.log_level, access_log=False)
+    return EXIT_OK
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from .demo import run_demo
+
+    return run_demo(args)
+
+
+def cmd_dash(args: argparse.Namespace) -> int:
+    from dashboard.app import run_dashboard
+
+    return run_dashboard(args.url, args.token)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="shadowlimit", description="Move a fleet from per-replica rate limits to one global Redis-backed limit, safely.")
-    sub = parser.add_subparsers(dest="command", required=True)
-    demo = sub.add_parser("demo", help="run the demo")
-    demo.add_argument("--replicas", type=int, default=3)
-    demo.add_argument("--rps", type=float, default=300.0)
-    demo.add_argument("--seconds", type=float, default=3.0)
-    demo.set_defaults(func=_limiter_demo)
-    return parser
+    p = argparse.ArgumentParser(prog="shadowlimit", description="Move a fleet from per-replica rate limits to one global Redis-backed limit, safely.")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def remote(name: str, help_: str) -> argparse.ArgumentParser:
+        sp = sub.add_parser(name, help=help_)
+        sp.add_argument("--url", default=os.environ.get("SHADOWLIMIT_URL", "http://127.0.0.1:8080"), help="control plane URL (env SHADOWLIMIT_URL)")
+        sp.add_argument("--token", default=os.environ.get("SHADOWLIMIT_ADMIN_TOKEN"), help="admin token (env SHADOWLIMIT_ADMIN_TOKEN)")
+        sp.add_argument("--timeout", type=float, default=10.0)
+        sp.add_argument("--json", action="store_true", help="print raw JSON")
+        return sp
+
+    s = sub.add_parser("serve", help="run the control plane (production entry)")
+    s.add_argument("--host", default=None, help="listen address (default SHADOWLIMIT_HOST or 127.0.0.1)")
+    s.add_argument("--port", type=int, default=None, help="listen port (default SHADOWLIMIT_PORT or 8080)")
+    s.add_argument("--log-level", default="info")
+    s.set_defaults(func=cmd_serve)
+
+    d = sub.add_parser("demo", help="the main job: embedded Redis, 3 replicas, demo traffic, dashboard")
+    d.add_argument("--no-dash", action="store_true", help="run headless; print where it listens and the admin token")
+    d.add_argument("--replicas", type=int, default=3)
+    d.add_argument("--base-port", type=int, default=0, help="first replica port (default: free ports)")
+    d.add_argument("--duration", type=float, default=0, help="stop after this many seconds (0 = until Ctrl-C / quitting the dashboard)")
+    d.set_defaults(func=cmd_demo)
+
+    dash = remote("dash", "the terminal dashboard")
+    dash.set_defaults(func=cmd_dash)
+
+    remote("routes", "list routes, modes, divergence and gates").set_defaults(func=cmd_routes)
+    m = remote("mode", "move a route to off, shadow, canary or enforce")
+    m.add_argument("route")
+    m.add_argument("mode", choices=["off", "shadow", "canary", "enforce"])
+    m.add_argument("--percent", type=int, help="canary percentage (1-100)")
+    m.add_argument("--reason", required=True)
+    m.add_argument("--force", action="store_true", help="override a failing gate (audited)")
+    m.set_defaults(func=cmd_mode)
+    a = remote("audit", "the rollout audit trail")
+    a.add_argument("--route")
+    a.add_argument("--limit", type=int, default=50)
+    a.set_defaults(func=cmd_audit)
+    remote("stats", "rate limiting statistics").set_defaults(func=cmd_stats)
+    t = remote("top", "most active clients with local and distributed tokens")
+    t.add_argument("--route")
+    t.add_argument("--limit", type=int, default=20)
+    t.set_defaults(func=cmd_top)
+    c = remote("clients", "active rate-limited clients")
+    c.add_argument("--route")
+    c.add_argument("--limit", type=int, default=50)
+    c.set_defaults(func=cmd_clients)
+    r = remote("reset", "reset a client's buckets")
+    r.add_argument("id")
+    r.add_argument("--route")
+    r.set_defaults(func=cmd_reset)
+    adj = remote("adjust", "adjust a route's or a client's limit at runtime")
+    adj.add_argument("--route", default="default")
+    adj.add_argument("--key", help="one client's key (default: the whole route)")
+    adj.add_argument("--rate", type=float, help="tokens per period (0 = unlimited)")
+    adj.add_argument("--period", type=float, default=1.0)
+    adj.add_argument("--burst", type=int)
+    adj.add_argument("--target", choices=["local", "distributed", "both"], default="both")
+    adj.add_argument("--reason", default="adjusted via CLI")
+    adj.add_argument("--clear", action="store_true")
+    adj.set_defaults(func=cmd_adjust)
+    return p
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return int(args.func(args) or 0)
+    except CliError as exc:
+        print(f"shadowlimit {args.command}: {exc}", file=sys.stderr)
+        return exc.code
     except KeyboardInterrupt:
         return 130
 

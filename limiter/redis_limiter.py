@@ -292,6 +292,12 @@ def make_redis_py_client(url: str, *, socket_timeout: float = 1.0, connect_timeo
     """A redis-py asyncio client (standalone or cluster) from one of our URLs."""
     import redis.asyncio as aredis
     from redis.asyncio.cluster import ClusterNode, RedisCluster
+    from redis.asyncio.retry import Retry
+    from redis.backoff import NoBackoff
+
+    # one quick retry, not redis-py's default of three with growing waits: callers
+    # (admin endpoints, the rollout store) must learn that Redis is down in about a second
+    retry = Retry(NoBackoff(), 1)
 
     target = parse_redis_url(url)
     e = target.endpoint
@@ -304,9 +310,10 @@ def make_redis_py_client(url: str, *, socket_timeout: float = 1.0, connect_timeo
             ssl=e.use_ssl,
             socket_timeout=socket_timeout,
             socket_connect_timeout=connect_timeout,
+            retry=retry,
         )
     if e.unix_path:
-        return aredis.Redis(unix_socket_path=e.unix_path, db=e.db, username=e.username, password=e.password, socket_timeout=socket_timeout, socket_connect_timeout=connect_timeout)
+        return aredis.Redis(unix_socket_path=e.unix_path, db=e.db, username=e.username, password=e.password, socket_timeout=socket_timeout, socket_connect_timeout=connect_timeout, retry=retry)
     return aredis.Redis(
         host=e.host or "127.0.0.1",
         port=e.port or 6379,
@@ -316,4 +323,5 @@ def make_redis_py_client(url: str, *, socket_timeout: float = 1.0, connect_timeo
         ssl=e.use_ssl,
         socket_timeout=socket_timeout,
         socket_connect_timeout=connect_timeout,
+        retry=retry,
     )

@@ -1,0 +1,1 @@
+"""HTTP API routers, combined in :func:`control_plane.app.create_app`."""

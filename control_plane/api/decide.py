@@ -1,0 +1,97 @@
+"""The data plane: ``POST /v1/decide`` and ``POST /v1/decide/batch``."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from fastapi import APIRouter
+from fastapi.responses import JSONResponse
+
+from limiter.keys import InvalidKeyError
+
+from ..engine import DecideInput, DecideResult, UnknownRoute
+from .deps import ApiError, ClientDep, EngineDep
+from .schemas import BatchRequest, BatchResponse, DecideRequest, DecideResponse, ErrorBody
+
+router = APIRouter(prefix="/v1", tags=["decide"])
+
+_REJECTION = {"error": "rate limit exceeded", "message": "Too many requests. Please try again later."}
+
+
+def _input(req: DecideRequest) -> DecideInput:
+    if req.route is None and req.path is None:
+        raise ApiError(422, "invalid_request", "give either route or method + path", field="route")
+    if req.key is None and req.client_ip is None and not req.headers:
+        raise ApiError(422, "invalid_request", "give either key or client_ip + headers", field="key")
+    return DecideInput(
+        route=req.route,
+        method=req.method,
+        path=req.path,
+        key=req.key,
+        client_ip=req.client_ip,
+        headers=req.headers,
+        cost=req.cost,
+        request_id=req.request_id or uuid.uuid4().hex,
+    )
+
+
+def _body(result: DecideResult) -> dict[str, Any]:
+    body = result.to_dict()
+    if not result.allowed:
+        body.update(_REJECTION)
+        body["identifier"] = f"{result.route}:{result.key}"
+        if result.list_match == "deny":
+            body["error"] = "denied"
+            body["message"] = "This client is on the route's deny list."
+        elif result.enforced_by == "failure_policy":
+            body["message"] = "The rate-limit backend is unavailable and this route fails closed."
+    return body
+
+
+def _translate(exc: Exception) -> ApiError:
+    if isinstance(exc, UnknownRoute):
+        return ApiError(404, "unknown_route", f"no route named {exc.route!r}", field="route")
+    if isinstance(exc, InvalidKeyError):
+        return ApiError(422, "invalid_key", str(exc), field=exc.field)
+    if isinstance(exc, ValueError):
+        msg = str(exc)
+        field = msg.split(":", 1)[0] if ":" in msg else "request"
+        return ApiError(422, "invalid_request", msg, field=field)
+    raise exc
+
+
+_RESPONSES: dict[int | str, dict[str, Any]] = {
+    429: {"model": DecideResponse, "description": "Rejected by the limiter (seed 002 body, Retry-After, rate-limit headers)."},
+    403: {"model": DecideResponse, "description": "Rejected by the route's deny list."},
+    401: {"model": ErrorBody},
+    404: {"model": ErrorBody},
+    422: {"model": ErrorBody},
+    500: {"model": DecideResponse, "description": "failClosed with RATE_LIMIT_FAILURE_CODE in 5xx"},
+    503: {"model": DecideResponse, "description": "failClosed with RATE_LIMIT_FAILURE_CODE=503"},
+}
+
+
+@router.post("/decide", response_model=DecideResponse, responses=_RESPONSES)
+async def decide(req: DecideRequest, engine: EngineDep, _: ClientDep) -> JSONResponse:
+    """Decide one request under its route's mode; the response says who enforced it."""
+    try:
+        result = await engine.decide(_input(req))
+    except (UnknownRoute, InvalidKeyError, ValueError) as exc:
+        raise _translate(exc) from exc
+    return JSONResponse(_body(result), status_code=result.status_code, headers=result.headers)
+
+
+@router.post("/decide/batch", response_model=BatchResponse, responses={401: {"model": ErrorBody}, 422: {"model": ErrorBody}})
+async def decide_batch(req: BatchRequest, engine: EngineDep, _: ClientDep) -> dict[str, Any]:
+    """Many decisions in order; a bad item gets an error in its place, the rest are decided."""
+    out: list[dict[str, Any]] = []
+    for i, item in enumerate(req.requests):
+        try:
+            out.append(_body(await engine.decide(_input(item))))
+        except ApiError as exc:
+            out.append({"error": exc.error, "message": exc.message, "index": i, "field": exc.details.get("field")})
+        except (UnknownRoute, InvalidKeyError, ValueError) as exc:
+            e = _translate(exc)
+            out.append({"error": e.error, "message": e.message, "index": i, "field": e.details.get("field")})
+    return {"decisions": out}

@@ -1,0 +1,95 @@
+"""Pydantic models at the API edge (requests and responses)."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class ErrorBody(BaseModel):
+    error: str
+    message: str
+    model_config = ConfigDict(extra="allow")
+
+
+class DecideRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    route: str | None = Field(None, min_length=1, max_length=64, description="Route name; or give method + path.")
+    method: str | None = Field(None, min_length=1, max_length=16, pattern=r"^[A-Za-z]+$")
+    path: str | None = Field(None, min_length=1, max_length=2048, pattern=r"^/")
+    key: str | None = Field(None, min_length=1, max_length=256, description="Rate-limit key; or give client_ip + headers.")
+    client_ip: str | None = Field(None, max_length=64)
+    headers: dict[str, str] = Field(default_factory=dict, max_length=100)
+    cost: int = Field(1, ge=1, le=1_000_000)
+    request_id: str | None = Field(None, max_length=128)
+
+
+class DecisionModel(BaseModel):
+    allowed: bool
+    remaining: int
+    limit: int
+    retry_after_us: int
+    reset_after_us: int
+
+
+class DecideResponse(BaseModel):
+    allowed: bool
+    route: str
+    mode: Literal["off", "shadow", "canary", "enforce"]
+    canary_percent: int
+    enforced_by: Literal["local", "distributed", "failure_policy"]
+    key: str
+    request_id: str
+    status_code: int
+    local: DecisionModel
+    distributed: DecisionModel | None
+    divergence: Literal["agree", "local_allow_distributed_deny", "local_deny_distributed_allow"] | None
+    list_match: Literal["allow", "deny"] | None = None
+    backend_error: str | None = None
+    headers: dict[str, str]
+    error: str | None = None
+    message: str | None = None
+    identifier: str | None = None
+
+
+class BatchRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    requests: list[DecideRequest] = Field(..., min_length=1, max_length=10_000)
+
+
+class BatchItemError(BaseModel):
+    error: str
+    message: str
+    index: int
+    field: str | None = None
+
+
+class BatchResponse(BaseModel):
+    decisions: list[DecideResponse | BatchItemError]
+
+
+class ModeChange(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    mode: Literal["off", "shadow", "canary", "enforce"]
+    canary_percent: int = Field(0, ge=0, le=100)
+    reason: str = Field(..., min_length=1, max_length=500)
+    force: bool = False
+
+
+class ConfigAdjust(BaseModel):
+    """Seed 002's ``adjust``: change a route's limit (or one key's) at runtime, fleet-wide."""
+
+    model_config = ConfigDict(extra="forbid")
+    route: str = Field("default", min_length=1, max_length=64)
+    key: str | None = Field(None, min_length=1, max_length=256, description="One client's key; omit for the whole route.")
+    target: Literal["local", "distributed", "both"] = "both"
+    average: float = Field(..., ge=0, le=1e9, description="Tokens per period; 0 = unlimited.")
+    period: float = Field(1.0, ge=0.001, le=86_400)
+    burst: int | None = Field(None, ge=1, le=1_000_000_000)
+    algorithm: Literal["token_bucket", "gcra", "fixed_window", "sliding_window", "sliding_log"] | None = None
+    reason: str = Field("adjusted via API", min_length=1, max_length=500)
+    clear: bool = Field(False, description="Remove the adjustment instead.")
+
+
+AnyDict = dict[str, Any]

@@ -1,0 +1,258 @@
+"""The main job: embedded Redis, three control-plane replicas as separate OS processes,
+a traffic generator, and the dashboard attached to the first replica.
+
+One client (``bob``) spreads bursts over every replica, as seed 004 describes: each
+replica's local bucket sees a third of his traffic and admits it all, while the global
+limit would reject most of it. In shadow mode that shows up as divergence
+(``local_allow_distributed_deny``); flip the route to enforce from the dashboard and the
+global limit takes over. Quitting the dashboard stops everything.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import ctypes
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+DEMO_RULES = """\
+# Rules used by `shadowlimit demo`. The local policy is what every replica enforces on its
+# own today; the distributed policy is the global limit being tried.
+version: 1
+routes:
+  - name: search
+    match: {methods: [GET], path: /api/search/**}
+    key: {strategy: header, header: X-Client-Id}
+    local: {average: 10, period: 1s, burst: 10}
+    distributed: {average: 10, period: 1s, burst: 10}
+  - name: checkout
+    match: {methods: [POST], path: /api/checkout/**}
+    key: {strategy: header, header: X-Client-Id}
+    local: {average: 5, period: 1s, burst: 5}
+    distributed: {average: 8, period: 1s, burst: 8}
+  - name: login
+    match: {methods: [POST], path: /api/login}
+    key: {strategy: header, header: X-Client-Id}
+    local: {algorithm: sliding_window, average: 20, period: 10s}
+    distributed: {algorithm: sliding_window, average: 20, period: 10s}
+    failure_policy: failClosed
+"""
+
+# (client, route path, method, requests per second, spread over all replicas?)
+TRAFFIC = [
+    ("alice", "/api/search/books", "GET", 4.0, False),
+    ("bob", "/api/search/all", "GET", 21.0, True),  # the client who multiplies his limit
+    ("carol", "/api/checkout/cart", "POST", 3.0, False),
+    ("dave", "/api/checkout/cart", "POST", 12.0, True),
+    ("erin", "/api/login", "POST", 1.0, False),
+    ("mallory", "/api/login", "POST", 4.0, True),
+]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _die_with_parent() -> None:  # runs in the child before exec
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except Exception:  # noqa: BLE001 - best effort on non-Linux
+        pass
+    os.setsid()
+
+
+class DemoStack:
+    """Redis + N replicas + traffic; ``stop()`` always leaves nothing behind."""
+
+    def __init__(self, replicas: int = 3, base_port: int = 0) -> None:
+        self.n = replicas
+        self.base_port = base_port
+        self.token = secrets.token_urlsafe(24)
+        self.redis: Any = None
+        self.redis_url = os.environ.get("RATE_LIMIT_REDIS_URL") or None
+        self.procs: list[subprocess.Popen[bytes]] = []
+        self.urls: list[str] = []
+        self.workdir = Path(tempfile.mkdtemp(prefix="shadowlimit-demo-"))
+        self.rules_path = self.workdir / "rules.yaml"
+        self.sent = 0
+        self.errors = 0
+
+    def start(self) -> None:
+        if self.redis_url is None:
+            from limiter.embedded import EmbeddedRedis
+
+            self.redis = EmbeddedRedis().start()
+            self.redis_url = self.redis.url
+        self.rules_path.write_text(DEMO_RULES)
+        env = dict(os.environ)
+        env.update(
+            {
+                "RATE_LIMIT_REDIS_URL": self.redis_url or "",
+                "ENABLE_DISTRIBUTED_RATE_LIMITING": "true",
+                "RATE_LIMIT_RULES_PATH": str(self.rules_path),
+                "SHADOWLIMIT_ADMIN_TOKEN": self.token,
+                "SHADOWLIMIT_NAMESPACE": env.get("SHADOWLIMIT_NAMESPACE", "demo"),
+                "SHADOWLIMIT_GATE_WINDOW_S": env.get("SHADOWLIMIT_GATE_WINDOW_S", "60"),
+                "SHADOWLIMIT_GATE_MIN_SAMPLES": env.get("SHADOWLIMIT_GATE_MIN_SAMPLES", "200"),
+            }
+        )
+        for i in range(self.n):
+            port = self.base_port + i if self.base_port else _free_port()
+            log = open(self.workdir / f"replica-{i + 1}.log", "wb")  # noqa: SIM115 - closed with the process
+            env_i = dict(env, SHADOWLIMIT_INSTANCE_ID=f"replica-{i + 1}")
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "control_plane.cli", "serve", "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning"],
+                env=env_i,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                preexec_fn=_die_with_parent,
+            )
+            self.procs.append(proc)
+            self.urls.append(f"http://127.0.0.1:{port}")
+        self._wait_ready()
+
+    def _wait_ready(self, timeout: float = 30.0) -> None:
+        import httpx
+
+        deadline = time.monotonic() + timeout
+        pending = set(self.urls)
+        while pending and time.monotonic() < deadline:
+            for i, p in enumerate(self.procs):
+                if p.poll() is not None:
+                    tail = (self.workdir / f"replica-{i + 1}.log").read_text(errors="replace")[-2000:]
+                    raise RuntimeError(f"replica {i + 1} exited with {p.returncode}:\n{tail}")
+            for url in list(pending):
+                with contextlib.suppress(httpx.HTTPError):
+                    if httpx.get(url + "/readyz", timeout=1.0).status_code == 200:
+                        pending.discard(url)
+            time.sleep(0.1)
+        if pending:
+            raise RuntimeError(f"replicas not ready after {timeout:.0f}s: {sorted(pending)}")
+
+    async def traffic(self, stop: asyncio.Event) -> None:
+        """Each client sends at its rate, to one replica or spread over all of them."""
+        import httpx
+
+        async with httpx.AsyncClient(timeout=2.0) as http:
+
+            async def client(name: str, path: str, method: str, rps: float, spread: bool) -> None:
+                i = 0
+                home = hash(name) % len(self.urls)
+                while not stop.is_set():
+                    url = self.urls[i % len(self.urls)] if spread else self.urls[home]
+                    i += 1
+                    body = {"method": method, "path": path, "headers": {"X-Client-Id": name}, "client_ip": "127.0.0.1"}
+                    try:
+                        await http.post(url + "/v1/decide", json=body)
+                        self.sent += 1
+                    except httpx.HTTPError:
+                        self.errors += 1
+                    # bursty clients come in clumps; steady ones evenly
+                    delay = 1.0 / rps
+                    if spread and i % 5 == 0:
+                        delay *= 4
+                    elif spread:
+                        delay *= 0.25
+                    with contextlib.suppress(asyncio.TimeoutError):
+                        await asyncio.wait_for(stop.wait(), delay)
+
+            await asyncio.gather(*[client(*t) for t in TRAFFIC])
+
+    def stop(self) -> None:
+        for p in self.procs:
+            if p.poll() is None:
+                p.terminate()
+        deadline = time.monotonic() + 5
+        for p in self.procs:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                p.wait(max(0.1, deadline - time.monotonic()))
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+        if self.redis is not None:
+            self.redis.stop()
+            self.redis = None
+
+    def banner(self) -> str:
+        lines = [
+            "shadowlimit demo is running",
+            f"  redis:      {self.redis_url}" + (" (embedded)" if self.redis is not None else ""),
+        ]
+        for i, u in enumerate(self.urls):
+            lines.append(f"  replica {i + 1}:  {u}   (API docs {u}/docs, metrics {u}/metrics)")
+        lines += [
+            f"  admin token: {self.token}",
+            f"  logs:       {self.workdir}",
+            "",
+            "try:",
+            f"  curl -s {self.urls[0]}/v1/routes | python3 -m json.tool",
+            f"  SHADOWLIMIT_ADMIN_TOKEN={self.token} shadowlimit mode search enforce --url {self.urls[0]} --reason 'try the global limit' --force",
+            f"  shadowlimit dash --url {self.urls[0]} --token {self.token}",
+        ]
+        return "\n".join(lines)
+
+
+def run_demo(args: argparse.Namespace) -> int:
+    stack = DemoStack(replicas=args.replicas, base_port=args.base_port)
+    stop = asyncio.Event()
+    interrupted = False
+
+    def on_signal(*_: Any) -> None:
+        nonlocal interrupted
+        interrupted = True
+        stop.set()
+
+    try:
+        print("starting embedded Redis and control-plane replicas ...", flush=True)
+        stack.start()
+        try:
+            from dashboard.app import ShadowlimitDashboard
+        except ImportError as exc:  # a checkout without the dashboard: run headless
+            print(f"dashboard unavailable ({exc}); running headless", flush=True)
+            args.no_dash = True
+        if args.no_dash:
+            print(stack.banner(), flush=True)
+
+            async def headless() -> None:
+                loop = asyncio.get_running_loop()
+                for sig in (signal.SIGINT, signal.SIGTERM):
+                    loop.add_signal_handler(sig, on_signal)
+                task = asyncio.ensure_future(stack.traffic(stop))
+                if args.duration:
+                    with contextlib.suppress(asyncio.TimeoutError):
+                        await asyncio.wait_for(stop.wait(), args.duration)
+                    stop.set()
+                await task
+
+            asyncio.run(headless())
+            print(f"stopped: {stack.sent} demo requests sent ({stack.errors} errors)")
+            return 0
+        app = ShadowlimitDashboard(stack.urls[0], stack.token, replicas=stack.urls, demo_banner=stack.banner())
+
+        async def with_dash() -> None:
+            task = asyncio.ensure_future(stack.traffic(stop))
+            try:
+                if args.duration:
+                    app.call_later_after = args.duration  # type: ignore[attr-defined]
+                await app.run_async()
+            finally:
+                stop.set()
+                await task
+
+        asyncio.run(with_dash())
+        return 0
+    finally:
+        stack.stop()

@@ -1,0 +1,737 @@
+"""The engine: every decision, the shadow pipeline, rollout state, and the background work.
+
+Decide first, enforce last (envoy's shadow mode): both limiters decide with the same
+timestamp, then :func:`_enforce` picks which answer counts, as a separate step with
+its own metric. In shadow mode the distributed evaluation runs off the hot path: the
+request is queued (bounded; when full, shadow work is dropped and counted, never the
+request delayed) and a worker evaluates queued requests in pipelined batches.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import math
+import time
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from limiter import Decision, LocalLimiter, Policy, RedisLimiter
+from limiter.errors import BackendError
+from limiter.keys import validate_key
+from limiter.policy import make_decision, validate_cost
+from limiter.resilience import BreakerState, CircuitBreaker, FleetMembership, Outcome, ResilientLimiter
+
+from .events import EventHub
+from .hitters import SpaceSaving, WouldBeBlocked
+from .metrics import Metrics
+from .rollout import (
+    AuditEntry,
+    Divergence,
+    GateConfig,
+    GateResult,
+    Mode,
+    RouteState,
+    classify,
+    enforced_by_distributed,
+    evaluate_gate,
+)
+from .rules import RouteRule, Rules, RulesError, RulesWatcher, load_rules
+from .settings import Settings
+from .store import DivergenceStore, RolloutStore, StoreUnavailable, VersionConflict
+
+__all__ = ["DecideInput", "DecideResult", "Engine", "GateRefused", "UnknownRoute"]
+
+log = logging.getLogger("shadowlimit.engine")
+
+
+class UnknownRoute(LookupError):
+    """No route by that name."""
+
+    def __init__(self, route: str) -> None:
+        super().__init__(route)
+        self.route = route
+
+
+class GateRefused(Exception):
+    """A promotion did not pass its gate (and was not forced)."""
+
+    def __init__(self, gate: GateResult) -> None:
+        super().__init__("; ".join(gate.reasons))
+        self.gate = gate
+
+
+@dataclass(frozen=True, slots=True)
+class DecideInput:
+    route: str | None = None
+    method: str | None = None
+    path: str | None = None
+    key: str | None = None
+    client_ip: str | None = None
+    headers: Mapping[str, str] = field(default_factory=dict)
+    cost: int = 1
+    request_id: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class DecideResult:
+    allowed: bool
+    route: str
+    mode: str
+    canary_percent: int
+    enforced_by: str  # local | distributed | failure_policy
+    key: str
+    local: Decision
+    distributed: Decision | None
+    divergence: Divergence | None
+    status_code: int
+    headers: dict[str, str]
+    request_id: str
+    list_match: str | None = None  # allow | deny
+    backend_error: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "allowed": self.allowed,
+            "route": self.route,
+            "mode": self.mode,
+            "canary_percent": self.canary_percent,
+            "enforced_by": self.enforced_by,
+            "key": self.key,
+            "request_id": self.request_id,
+            "status_code": self.status_code,
+            "local": self.local.to_dict(),
+            "distributed": self.distributed.to_dict() if self.distributed is not None else None,
+            "divergence": self.divergence.value if self.divergence is not None else None,
+            "list_match": self.list_match,
+            "backend_error": self.backend_error,
+            "headers": self.headers,
+        }
+
+
+@dataclass(slots=True)
+class _ShadowItem:
+    route: str
+    key: str
+    lkey: str
+    policy: Policy
+    cost: int
+    now_us: int
+    local_allowed: bool
+    request_id: str
+
+
+@dataclass(slots=True)
+class _RouteActivity:
+    """Recent activity of one route: the most active keys and their last decisions."""
+
+    hot: SpaceSaving
+    last: dict[str, tuple[float, bool, str]]  # key -> (at, allowed, enforced_by)
+    minute: int
+    decisions: int = 0
+    rate_window: list[tuple[float, int]] = field(default_factory=list)
+
+
+def _window_s(policy: Policy) -> int:
+    """The IETF header's window: how long the full quota takes to come back."""
+    if policy.unlimited:
+        return 0
+    if policy.algorithm.windowed:
+        return max(1, math.ceil(policy.period))
+    return max(1, math.ceil(policy.burst / (policy.average / policy.period)))
+
+
+def rate_limit_headers(route: str, decision: Decision, policy: Policy, *, shadow_policy: Policy | None, now_s: float) -> dict[str, str]:
+    """Seed 002's X-RateLimit-* and Retry-After, and draft-ietf-httpapi-ratelimit-headers-11.
+
+    In shadow (and the shadowed share of canary), ``RateLimit-Policy`` also describes
+    the distributed limit that is coming, marked with the vendor parameter
+    ``sl-shadow``, so clients can adapt before enforcement starts.
+    """
+    reset_s = math.ceil(decision.reset_after_us / 1_000_000)
+    h = {
+        "X-RateLimit-Limit": str(decision.limit),
+        "X-RateLimit-Remaining": str(max(0, decision.remaining)),
+        "X-RateLimit-Reset": str(int(now_s) + reset_s),
+        "RateLimit-Policy": f'"{route}";q={decision.limit};w={_window_s(policy)}',
+        "RateLimit": f'"{route}";r={max(0, decision.remaining)};t={reset_s}',
+    }
+    if shadow_policy is not None:
+        h["RateLimit-Policy"] += f', "{route}-global";q={shadow_policy.limit};w={_window_s(shadow_policy)};sl-shadow'
+    if not decision.allowed:
+        h["Retry-After"] = str(max(1, math.ceil(decision.retry_after_us / 1_000_000)))
+    return h
+
+
+class Engine:
+    """Runs the limiters for every decision and keeps rollout state in sync."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        redis: RedisLimiter,
+        client: Any,
+        metrics: Metrics | None = None,
+        rules: Rules | None = None,
+        instance_id: str | None = None,
+    ) -> None:
+        self.settings = settings
+        self.instance_id = instance_id or settings.instance_id or uuid.uuid4().hex[:12]
+        self.metrics = metrics or Metrics()
+        self.events = EventHub()
+        self.redis = redis
+        self.client = client
+        self.local = LocalLimiter(max_keys=settings.local_max_keys)
+        self.fleet = FleetMembership(redis, instance_id=self.instance_id, interval_s=2.0)
+        self.breaker = CircuitBreaker(failure_threshold=settings.breaker_failure_threshold, on_transition=self._on_breaker)
+        self.resilient = ResilientLimiter(
+            redis,
+            failure_policy=settings.failure_policy,
+            failure_code=settings.failure_code,
+            fallback=LocalLimiter(max_keys=settings.local_max_keys),
+            breaker=self.breaker,
+            fleet=self.fleet,
+        )
+        self.store = RolloutStore(client, settings.namespace)
+        self.divergence = DivergenceStore(client, settings.namespace)
+        self.blocked = WouldBeBlocked(settings.namespace)
+        self.gate_config = GateConfig(
+            window_s=settings.gate_window_s,
+            min_samples=settings.gate_min_samples,
+            max_new_rejection_rate=settings.gate_max_new_rejection_rate,
+            max_backend_error_rate=settings.gate_max_backend_error_rate,
+        )
+        self.rules = rules or load_rules(settings.rules_path, settings)
+        self.watcher: RulesWatcher | None = None
+        if settings.rules_path is not None:
+            self.watcher = RulesWatcher(settings.rules_path, settings, on_change=self._on_rules, on_error=self._on_rules_error)
+            self.watcher._rules = self.rules  # type: ignore[attr-defined]
+        self._states: dict[str, RouteState] = {}
+        self._adjust: dict[str, dict[str, Policy]] = {}
+        self._pending_rollbacks: dict[str, RouteState] = {}
+        self._queue: asyncio.Queue[_ShadowItem] = asyncio.Queue(settings.shadow_queue_size)
+        self._activity: dict[str, _RouteActivity] = {}
+        self._tasks: list[asyncio.Task[Any]] = []
+        self.started_at = time.time()
+        self.shadow_evaluated = 0
+        self.shadow_dropped = 0
+        self.ready = False
+        self.last_rules_error: str | None = None
+
+    # -- lifecycle ----------------------------------------------------------------------
+
+    async def start(self) -> None:
+        try:
+            await self.redis.load_scripts()
+            await self._sync_states()
+            self.ready = True
+        except (BackendError, StoreUnavailable) as exc:
+            log.warning("Redis not reachable at startup (%s); starting with defaults", exc)
+            self.breaker.record_failure(exc)
+        await self.resilient.start()
+        for name in self.rules.names():
+            self.metrics.set_mode(name, self.state_for(name).mode.value)
+        spawn = asyncio.get_running_loop().create_task
+        self._tasks = [
+            spawn(self._shadow_worker(), name="shadow-worker"),
+            spawn(self._flush_loop(), name="divergence-flush"),
+            spawn(self._resync_loop(), name="rollout-resync"),
+            spawn(self._subscribe_loop(), name="rollout-pubsub"),
+            spawn(self._monitor_loop(), name="breaker-monitor"),
+        ]
+        if self.watcher is not None:
+            self._tasks.append(spawn(self.watcher.run(self.settings.rules_poll_interval_s), name="rules-watcher"))
+
+    async def stop(self) -> None:
+        for t in self._tasks:
+            t.cancel()
+        for t in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await t
+        self._tasks.clear()
+        with contextlib.suppress(Exception):
+            await self._drain_shadow()
+        with contextlib.suppress(Exception):
+            await self.divergence.flush()
+        with contextlib.suppress(Exception):
+            await self.blocked.flush(self.client)
+        await self.resilient.aclose()
+
+    # -- rollout state ------------------------------------------------------------------
+
+    def default_state(self, route: RouteRule | None) -> RouteState:
+        if route is not None and route.initial_mode is not None:
+            return RouteState(mode=route.initial_mode, canary_percent=route.initial_canary_percent, updated_by="rules")
+        return RouteState(mode=Mode(self.settings.default_mode), updated_by="default")
+
+    def state_for(self, name: str) -> RouteState:
+        pending = self._pending_rollbacks.get(name)
+        if pending is not None:
+            return pending
+        st = self._states.get(name)
+        if st is None:
+            st = self.default_state(self.rules.get(name))
+        return st
+
+    def effective_mode(self, name: str) -> tuple[Mode, int]:
+        if not self.settings.enable_distributed_rate_limiting:
+            return Mode.OFF, 0
+        st = self.state_for(name)
+        return st.mode, st.canary_percent
+
+    # -- runtime adjustments (seed 002's adjust) ----------------------------------------
+
+    @property
+    def _adjust_key(self) -> str:
+        return f"rl:{{{self.settings.namespace}}}:adjust"
+
+    def policies(self, rule: RouteRule, key: str) -> tuple[Policy, Policy]:
+        """The (local, distributed) policies for a key: rules, then runtime adjustments."""
+        local, dist = rule.policies_for(key)
+        if self._adjust:
+            for k in (f"{rule.name}\x00{key}", rule.name):
+                adj = self._adjust.get(k)
+                if adj is not None:
+                    return adj.get("local", local), adj.get("distributed", dist)
+        return local, dist
+
+    async def adjust(self, route: str, key: str | None, target: str, policy: Policy | None, *, reason: str, actor: str) -> AuditEntry:
+        """Set (or clear, with ``policy=None``) a runtime limit for a route or one key, fleet-wide."""
+        if self.rules.get(route) is None:
+            raise UnknownRoute(route)
+        field_name = route if key is None else f"{route}\x00{key}"
+        try:
+            if policy is None:
+                await self.client.hdel(self._adjust_key, field_name)
+            else:
+                cur = json.loads(await self.client.hget(self._adjust_key, field_name) or "{}")
+                for t in (("local", "distributed") if target == "both" else (target,)):
+                    cur[t] = policy.to_dict()
+                await self.client.hset(self._adjust_key, field_name, json.dumps(cur))
+            entry = AuditEntry(route=route, actor=actor, from_mode="", to_mode="cleared" if policy is None else policy.describe(), reason=reason + (f" (key {key}, {target})" if key else f" ({target})"), kind="config_change")
+            entry = await self.store.append_audit(entry)
+            await self._load_adjustments()
+        except (OSError, BackendError, StoreUnavailable, ConnectionError) as exc:
+            raise StoreUnavailable(str(exc)) from exc
+        except Exception as exc:  # redis-py errors
+            if type(exc).__module__.startswith("redis"):
+                raise StoreUnavailable(str(exc)) from exc
+            raise
+        return entry
+
+    async def _load_adjustments(self) -> None:
+        raw = await self.client.hgetall(self._adjust_key)
+        adjust: dict[str, dict[str, Policy]] = {}
+        for k, v in (raw or {}).items():
+            k = k.decode() if isinstance(k, bytes) else k
+            try:
+                d = json.loads(v)
+                adjust[k] = {t: Policy(**p) for t, p in d.items() if t in ("local", "distributed")}
+            except (ValueError, TypeError) as exc:
+                log.warning("ignoring bad adjustment %r: %s", k, exc)
+        self._adjust = adjust
+
+    def adjustments(self) -> list[dict[str, Any]]:
+        out = []
+        for k, v in self._adjust.items():
+            route, _, key = k.partition("\x00")
+            out.append({"route": route, "key": key or None, **{t: p.to_dict() for t, p in v.items()}})
+        return out
+
+    async def _sync_states(self) -> None:
+        try:
+            await self._load_adjustments()
+        except Exception as exc:  # noqa: BLE001 - adjustments are best effort; states below raise
+            log.debug("loading adjustments failed: %s", exc)
+        states = await self.store.get_all()
+        changed = [n for n, s in states.items() if self._states.get(n) != s]
+        self._states = states
+        for n in changed:
+            self.metrics.set_mode(n, states[n].mode.value)
+
+    async def _resync_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.settings.rollout_resync_s)
+            try:
+                await self._sync_states()
+                await self._flush_pending_rollbacks()
+            except (StoreUnavailable, BackendError) as exc:
+                log.debug("rollout resync failed: %s", exc)
+
+    async def _subscribe_loop(self) -> None:
+        while True:
+            try:
+                async for event in self.store.subscribe():
+                    if event.get("type") == "mode_change" and isinstance(event.get("state"), dict):
+                        self._states[event["route"]] = RouteState.from_dict(event["state"])
+                        self.metrics.set_mode(event["route"], self._states[event["route"]].mode.value)
+                    self.events.publish(event)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - reconnect on any pub/sub failure
+                log.debug("pub/sub listener failed: %s", exc)
+            await asyncio.sleep(1.0)
+
+    async def gate_for(self, route: str, target: Mode, percent: int) -> GateResult:
+        stats = await self.divergence.window_stats(route, self.gate_config.window_s)
+        return evaluate_gate(self.state_for(route), target, percent, stats, self.gate_config)
+
+    async def set_mode(self, route: str, mode: Mode, *, canary_percent: int = 0, reason: str, actor: str, force: bool = False, automatic: bool = False) -> tuple[RouteState, AuditEntry, GateResult]:
+        """Change a route's mode fleet-wide (atomic in Redis; audited)."""
+        if self.rules.get(route) is None:
+            raise UnknownRoute(route)
+        if mode is not Mode.CANARY:
+            canary_percent = 0
+        try:
+            current = self._states.get(route) or self.default_state(self.rules.get(route))
+            stored = await self.store.get(route)
+            if stored is not None:
+                current = stored
+            gate = await self.gate_for(route, mode, canary_percent)
+        except BackendError as exc:
+            raise StoreUnavailable(str(exc)) from exc
+        if gate.required and not gate.passed and not force:
+            raise GateRefused(gate)
+        new = RouteState(mode=mode, canary_percent=canary_percent, updated_at=time.time(), updated_by=actor, reason=reason, version=current.version + 1)
+        entry = AuditEntry(
+            route=route,
+            actor=actor,
+            from_mode=current.mode.value,
+            to_mode=mode.value,
+            from_percent=current.canary_percent,
+            to_percent=canary_percent,
+            reason=reason,
+            forced=force and gate.required and not gate.passed,
+            automatic=automatic,
+            gate=gate.to_dict(),
+        )
+        entry = await self.store.change(route, new, entry, expected_version=current.version if stored is not None else None)
+        self._states[route] = new
+        self._pending_rollbacks.pop(route, None)
+        self.metrics.set_mode(route, mode.value)
+        self.metrics.mode_changes.labels(route, mode.value, str(automatic).lower()).inc()
+        return new, entry, gate
+
+    # -- decisions ------------------------------------------------------------------------
+
+    def resolve(self, inp: DecideInput) -> tuple[RouteRule, str]:
+        """Route and key for a request (raises UnknownRoute / InvalidKeyError / ValueError)."""
+        if inp.route is not None:
+            rule = self.rules.get(inp.route)
+            if rule is None:
+                raise UnknownRoute(inp.route)
+        else:
+            rule = self.rules.match((inp.method or "GET").upper(), inp.path or "/")
+        if inp.key is not None:
+            key = validate_key(inp.key, field="key")
+        else:
+            key = rule.key.extract(client_ip=inp.client_ip, headers=inp.headers, path=inp.path or "/")
+        return rule, key
+
+    async def decide(self, inp: DecideInput) -> DecideResult:
+        t0 = time.perf_counter()
+        rule, key = self.resolve(inp)
+        result = await self._decide(rule, key, inp.cost, inp.request_id or uuid.uuid4().hex, inp.client_ip)
+        self.metrics.latency.labels(result.mode).observe(time.perf_counter() - t0)
+        return result
+
+    async def _decide(self, rule: RouteRule, key: str, cost: int, request_id: str, client_ip: str | None) -> DecideResult:
+        name = rule.name
+        now_us = time.time_ns() // 1000
+        now_s = now_us / 1_000_000
+        mode, percent = self.effective_mode(name)
+        local_policy, dist_policy = self.policies(rule, key)
+        cost = validate_cost(local_policy, cost)
+        if not dist_policy.unlimited and cost > dist_policy.limit:
+            validate_cost(dist_policy, cost)
+        m = self.metrics
+
+        if rule.deny.matches(key, client_ip):
+            d = make_decision(False, 0, local_policy.limit, local_policy.period_us, 0)
+            m.rejections.labels("deny_list").inc()
+            return self._result(rule, key, mode, percent, "local", d, None, None, 403, request_id, now_s, local_policy, None, list_match="deny")
+        if rule.allow.matches(key, client_ip):
+            d = make_decision(True, local_policy.limit, local_policy.limit, 0, 0)
+            return self._result(rule, key, mode, percent, "local", d, None, None, 200, request_id, now_s, local_policy, None, list_match="allow")
+
+        lkey = f"{name}:{key}"
+        local = self.local.check(lkey, local_policy, cost, now_us)
+        self._note_activity(name, key, now_s)
+        m.requests.labels("local", "allowed" if local.allowed else "denied").inc()
+
+        if mode is Mode.OFF:
+            return self._finish(rule, key, mode, percent, "local", local, None, None, request_id, now_s, local_policy, None)
+        if not enforced_by_distributed(mode, percent, name, key):
+            self._enqueue_shadow(_ShadowItem(name, key, lkey, dist_policy, cost, now_us, local.allowed, request_id))
+            return self._finish(rule, key, mode, percent, "local", local, None, None, request_id, now_s, local_policy, dist_policy)
+
+        fp = rule.failure_policy
+        outcome: Outcome = await self.resilient.check(lkey, dist_policy, cost, now_us, failure_policy=fp, failure_code=rule.failure_code)
+        if outcome.source == "distributed":
+            dist = outcome.decision
+            div = classify(local.allowed, dist.allowed)
+            self._record_comparison(name, key, div, request_id, backend_error=False)
+            m.requests.labels("distributed", "allowed" if dist.allowed else "denied").inc()
+            return self._finish(rule, key, mode, percent, "distributed", dist, local, dist, request_id, now_s, dist_policy, None, div)
+        # Redis failed: the failure policy decides
+        self._record_backend_error(name)
+        m.fallback.labels((fp or self.resilient.failure_policy).value).inc()
+        res = self._finish(rule, key, mode, percent, "failure_policy", outcome.decision, local, None, request_id, now_s, dist_policy, None, None, status=outcome.status_code if outcome.source == "fail_closed" else 429, backend_error=outcome.error)
+        return res
+
+    def _finish(
+        self,
+        rule: RouteRule,
+        key: str,
+        mode: Mode,
+        percent: int,
+        enforced_by: str,
+        enforced: Decision,
+        local: Decision | None,
+        dist: Decision | None,
+        request_id: str,
+        now_s: float,
+        policy: Policy,
+        shadow_policy: Policy | None,
+        div: Divergence | None = None,
+        *,
+        status: int = 429,
+        backend_error: str | None = None,
+    ) -> DecideResult:
+        m = self.metrics
+        allowed = enforced.allowed
+        if not allowed:
+            reason = "local_exhausted" if enforced_by == "local" else "distributed_exhausted" if enforced_by == "distributed" else "backend_error"
+            m.rejections.labels(reason).inc()
+            m.exceeded.labels(enforced_by).inc()
+        m.decisions.labels(rule.name, mode.value, enforced_by, "true" if allowed else "false").inc()
+        m.tokens_remaining.labels("route", rule.name).set(enforced.remaining)
+        act = self._activity.get(rule.name)
+        if act is not None:
+            act.last[key] = (now_s, allowed, enforced_by)
+        return self._result(rule, key, mode, percent, enforced_by, enforced, local if local is not None else enforced, dist, 200 if allowed else status, request_id, now_s, policy, shadow_policy, div=div, backend_error=backend_error)
+
+    def _result(self, rule, key, mode, percent, enforced_by, enforced, local, dist, status, request_id, now_s, policy, shadow_policy, *, div=None, list_match=None, backend_error=None) -> DecideResult:  # type: ignore[no-untyped-def]
+        headers = rate_limit_headers(rule.name, enforced, policy, shadow_policy=shadow_policy, now_s=now_s)
+        return DecideResult(
+            allowed=enforced.allowed,
+            route=rule.name,
+            mode=mode.value,
+            canary_percent=percent,
+            enforced_by=enforced_by,
+            key=key,
+            local=local,
+            distributed=dist,
+            divergence=div,
+            status_code=status,
+            headers=headers,
+            request_id=request_id,
+            list_match=list_match,
+            backend_error=backend_error,
+        )
+
+    # -- shadow pipeline ------------------------------------------------------------------
+
+    def _enqueue_shadow(self, item: _ShadowItem) -> None:
+        try:
+            self._queue.put_nowait(item)
+        except asyncio.QueueFull:
+            self.shadow_dropped += 1
+            self.metrics.shadow_dropped.labels(item.route).inc()
+
+    async def _shadow_worker(self) -> None:
+        q = self._queue
+        size = self.settings.shadow_batch_size
+        while True:
+            batch = [await q.get()]
+            while len(batch) < size:
+                try:
+                    batch.append(q.get_nowait())
+                except asyncio.QueueEmpty:
+                    break
+            self.metrics.shadow_queue.set(q.qsize())
+            try:
+                await self._evaluate_shadow(batch)
+            except Exception:  # noqa: BLE001 - the shadow path must never die
+                log.exception("shadow evaluation failed")
+
+    async def _drain_shadow(self) -> None:
+        batch: list[_ShadowItem] = []
+        while not self._queue.empty():
+            batch.append(self._queue.get_nowait())
+        if batch:
+            await self._evaluate_shadow(batch)
+
+    async def _evaluate_shadow(self, batch: list[_ShadowItem]) -> None:
+        outcomes = await self.resilient.check_many([(i.lkey, i.policy, i.cost, i.now_us) for i in batch])
+        for item, out in zip(batch, outcomes):
+            if out.source != "distributed":
+                self._record_backend_error(item.route)
+                continue
+            self.shadow_evaluated += 1
+            div = classify(item.local_allowed, out.decision.allowed)
+            self._record_comparison(item.route, item.key, div, item.request_id, backend_error=False)
+
+    def _record_comparison(self, route: str, key: str, div: Divergence, request_id: str, *, backend_error: bool) -> None:
+        self.divergence.record(route, div, distributed_attempt=True)
+        self.metrics.divergence.labels(route, div.value).inc()
+        if div is Divergence.LOCAL_ALLOW_DISTRIBUTED_DENY:
+            self.blocked.record(route, key, request_id)
+
+    def _record_backend_error(self, route: str) -> None:
+        self.divergence.record(route, None, backend_error=True, distributed_attempt=True)
+        self.metrics.backend_errors.inc()
+
+    def _note_activity(self, route: str, key: str, now_s: float) -> None:
+        act = self._activity.get(route)
+        minute = int(now_s // 60)
+        if act is None or act.minute != minute:
+            old = act
+            act = _RouteActivity(SpaceSaving(200), old.last if old is not None else {}, minute)
+            if old is not None:
+                # carry the previous minute's hot keys with their counts halved
+                for e in old.hot.top(50):
+                    act.hot.add(e.key, max(1, e.count // 2))
+            self._activity[route] = act
+        act.hot.add(key)
+        act.decisions += 1
+        if len(act.last) > 1000:
+            for k in list(act.last)[:200]:
+                del act.last[k]
+
+    # -- background -----------------------------------------------------------------------
+
+    async def _flush_loop(self) -> None:
+        while True:
+            await asyncio.sleep(1.0)
+            self.metrics.shadow_queue.set(self._queue.qsize())
+            self.metrics.active_clients.labels("local").set(len(self.local))
+            try:
+                await self.divergence.flush()
+                await self.blocked.flush(self.client)
+            except (StoreUnavailable, BackendError, OSError) as exc:
+                log.debug("divergence flush failed: %s", exc)
+            if len(self.local) > 0:
+                self.local.sweep()
+
+    async def _monitor_loop(self) -> None:
+        """Automatic rollback: enforced routes go back to shadow when the breaker stays open."""
+        while True:
+            await asyncio.sleep(1.0)
+            if self.breaker.state is BreakerState.CLOSED:
+                continue
+            open_for = self.breaker.open_for_s()
+            if open_for < self.settings.auto_rollback_after_s:
+                continue
+            for name in self.rules.names():
+                st = self.state_for(name)
+                if st.mode in (Mode.ENFORCE, Mode.CANARY) and name not in self._pending_rollbacks:
+                    rb = RouteState(mode=Mode.SHADOW, updated_at=time.time(), updated_by="shadowlimit/auto-rollback", reason=f"Redis circuit breaker open for {open_for:.0f}s", version=st.version)
+                    self._pending_rollbacks[name] = rb
+                    self.metrics.set_mode(name, "shadow")
+                    self.events.publish({"type": "auto_rollback", "route": name, "from": st.mode.value, "to": "shadow", "reason": rb.reason, "persisted": False})
+                    log.warning("auto-rollback of route %s to shadow: %s", name, rb.reason)
+
+    async def _flush_pending_rollbacks(self) -> None:
+        """Persist automatic rollbacks once Redis answers again (audited as automatic)."""
+        for name, rb in list(self._pending_rollbacks.items()):
+            stored = self._states.get(name)
+            try:
+                if stored is None or stored.mode in (Mode.ENFORCE, Mode.CANARY):
+                    cur = stored or RouteState()
+                    entry = AuditEntry(route=name, actor=rb.updated_by, from_mode=cur.mode.value, to_mode="shadow", from_percent=cur.canary_percent, reason=rb.reason, automatic=True)
+                    new = replace(rb, version=cur.version + 1)
+                    await self.store.change(name, new, entry, expected_version=cur.version if stored is not None else None)
+                    self._states[name] = new
+                    self.metrics.mode_changes.labels(name, "shadow", "true").inc()
+            except VersionConflict:
+                pass  # another replica persisted it first
+            self._pending_rollbacks.pop(name, None)
+
+    def _on_breaker(self, frm: BreakerState, to: BreakerState, reason: str | None) -> None:
+        self.metrics.set_breaker(to.value)
+        self.metrics.breaker_transitions.labels(to.value).inc()
+        self.events.publish({"type": "breaker", "from": frm.value, "to": to.value, "reason": reason, "instance": self.instance_id})
+
+    def _on_rules(self, rules: Rules) -> None:
+        self.rules = rules
+        self.last_rules_error = None
+        self.metrics.rules_reloads.labels("ok").inc()
+        self.metrics.rules_valid.set(1)
+        event = {"type": "rules_reload", "ok": True, "routes": rules.names(), "digest": rules.digest, "instance": self.instance_id}
+        self.events.publish(event)
+        for name in rules.names():
+            self.metrics.set_mode(name, self.state_for(name).mode.value)
+        asyncio.get_running_loop().create_task(self._audit_rules(True, f"{len(rules.names())} routes, digest {rules.digest[:12]}"))
+
+    def _on_rules_error(self, err: RulesError) -> None:
+        self.last_rules_error = str(err)
+        self.metrics.rules_reloads.labels("error").inc()
+        self.metrics.rules_valid.set(0)
+        self.events.publish({"type": "rules_reload", "ok": False, "error": str(err), "instance": self.instance_id})
+        with contextlib.suppress(RuntimeError):
+            asyncio.get_running_loop().create_task(self._audit_rules(False, str(err)))
+
+    async def _audit_rules(self, ok: bool, detail: str) -> None:
+        entry = AuditEntry(route="*", actor=f"instance/{self.instance_id}", from_mode="", to_mode="ok" if ok else "error", reason=detail, kind="rules_reload")
+        with contextlib.suppress(StoreUnavailable, BackendError, Exception):
+            await self.store.append_audit(entry)
+
+    def reload_rules(self) -> Rules:
+        """The admin call: re-read the rules file now (keeps the last good on error)."""
+        if self.watcher is None:
+            raise RulesError("no rules file is configured (RATE_LIMIT_RULES_PATH)")
+        return self.watcher.reload(force=True)
+
+    # -- read models ----------------------------------------------------------------------
+
+    def route_rate(self, name: str) -> float:
+        act = self._activity.get(name)
+        if act is None:
+            return 0.0
+        now = time.time()
+        act.rate_window.append((now, act.decisions))
+        while act.rate_window and now - act.rate_window[0][0] > 10:
+            act.rate_window.pop(0)
+        t0, n0 = act.rate_window[0]
+        return (act.decisions - n0) / (now - t0) if now - t0 > 0.5 else 0.0
+
+    def hot_keys(self, name: str, n: int) -> list[tuple[str, int]]:
+        act = self._activity.get(name)
+        if act is None:
+            return []
+        return [(e.key, e.count) for e in act.hot.top(n)]
+
+    def last_decision(self, name: str, key: str) -> tuple[float, bool, str] | None:
+        act = self._activity.get(name)
+        return None if act is None else act.last.get(key)
+
+    def backend_snapshot(self) -> dict[str, Any]:
+        snap = self.breaker.snapshot().to_dict()
+        snap.update(
+            {
+                "failure_policy": self.resilient.failure_policy.value,
+                "failure_code": self.resilient.failure_code,
+                "redis": self.redis.describe(),
+                "time_source": self.redis.time_source,
+                "live_instances": self.resilient.live_instances,
+                "fleet": self.fleet.members,
+                "instance_id": self.instance_id,
+                "fallback_decisions": self.resilient.fallback_decisions,
+                "backend_errors": self.resilient.backend_errors,
+                "shadow_queue": self._queue.qsize(),
+                "shadow_queue_capacity": self.settings.shadow_queue_size,
+                "shadow_dropped": self.shadow_dropped,
+                "shadow_evaluated": self.shadow_evaluated,
+                "auto_rollback_after_s": self.settings.auto_rollback_after_s,
+                "pending_rollbacks": sorted(self._pending_rollbacks),
+                "distributed_enabled": self.settings.enable_distributed_rate_limiting,
+            }
+        )
+        return snap
+

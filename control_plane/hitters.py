@@ -1,0 +1,265 @@
+"""The "who would be blocked" view: heavy hitters among the requests that the
+distributed limiter denies while the local one allows them.
+
+:class:`SpaceSaving` is the Space-Saving algorithm (Metwally, Agrawal, El Abbadi,
+"Efficient Computation of Frequent and Top-k Elements in Data Streams", 2005):
+at most ``capacity`` counters; a new key that finds the summary full takes over the
+counter with the smallest count ``m`` and starts at ``m + count`` with error bound
+``m``. For every monitored key ``count - error <= true count <= count``, and every
+key whose true count exceeds ``N / capacity`` (``N`` = stream total) is monitored.
+
+Implementation: a dict ``key -> [count, error, last_request_id]`` plus a min-heap of
+``(count, seq, key)`` with lazy updates. Increments only touch the dict (O(1)); the
+heap holds exactly one entry per monitored key, possibly with a stale (too small)
+count. To find the minimum on eviction, stale tops are popped and re-pushed with
+their current count until the top is current. Every re-push pays for at least one
+earlier increment, so ``add`` is amortised O(log k).
+
+:class:`WouldBeBlocked` keeps one summary per route for the current time window
+(``window index = floor(now / window_s)``) and merges the replicas' views in Redis
+(``rl:<ns>:hh:<route>:<window>`` sorted set, ``rl:<ns>:hhid:<route>:<window>`` hash).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import heapq
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from .store import StoreError, translate_errors
+
+__all__ = ["FLEET_TOP_KEEP", "HitterEntry", "SpaceSaving", "WouldBeBlocked"]
+
+log = logging.getLogger(__name__)
+
+#: the fleet sorted set is trimmed to this many members after every flush
+FLEET_TOP_KEEP = 1000
+
+
+@dataclass(frozen=True, slots=True)
+class HitterEntry:
+    key: str
+    count: int  # upper bound of the true count
+    error: int  # overestimation bound: count - error <= true count
+    last_request_id: str | None = None
+
+    @property
+    def guaranteed(self) -> int:
+        """Lower bound of the true count."""
+        return self.count - self.error
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"key": self.key, "count": self.count, "error": self.error, "last_request_id": self.last_request_id}
+
+
+class SpaceSaving:
+    """Bounded-memory heavy hitters (see the module docstring)."""
+
+    __slots__ = ("capacity", "total", "_items", "_heap", "_seq")
+
+    def __init__(self, capacity: int = 100) -> None:
+        if type(capacity) is not int or capacity < 1:
+            raise ValueError(f"capacity: must be a positive int, got {capacity!r}")
+        self.capacity = capacity
+        self.total = 0  # N: sum of all counts added
+        self._items: dict[str, list[Any]] = {}  # key -> [count, error, last_request_id]
+        self._heap: list[tuple[int, int, str]] = []  # one (count, seq, key) per key; count may be stale (low)
+        self._seq = 0
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._items
+
+    def add(self, key: str, count: int = 1, request_id: str | None = None) -> None:
+        if count <= 0:
+            return
+        self.total += count
+        item = self._items.get(key)
+        if item is not None:
+            item[0] += count
+            if request_id is not None:
+                item[2] = request_id
+            return
+        if len(self._items) < self.capacity:
+            self._items[key] = [count, 0, request_id]
+            self._push(count, key)
+            return
+        # evict the minimum: pop until the heap top's count is current
+        heap, items = self._heap, self._items
+        while True:
+            c, _, victim = heap[0]
+            actual = items[victim][0]
+            if c == actual:
+                break
+            heapq.heapreplace(heap, (actual, self._next_seq(), victim))
+        heapq.heappop(heap)
+        del items[victim]
+        items[key] = [c + count, c, request_id]
+        self._push(c + count, key)
+
+    def _next_seq(self) -> int:
+        self._seq += 1
+        return self._seq
+
+    def _push(self, count: int, key: str) -> None:
+        heapq.heappush(self._heap, (count, self._next_seq(), key))
+
+    def get(self, key: str) -> HitterEntry | None:
+        item = self._items.get(key)
+        return None if item is None else HitterEntry(key, item[0], item[1], item[2])
+
+    def top(self, n: int = 10) -> list[HitterEntry]:
+        """The ``n`` largest counters, largest first (O(k log n))."""
+        if n <= 0:
+            return []
+        best = heapq.nlargest(n, self._items.items(), key=lambda kv: (kv[1][0], -kv[1][1]))
+        return [HitterEntry(k, v[0], v[1], v[2]) for k, v in best]
+
+    def entries(self) -> list[HitterEntry]:
+        return [HitterEntry(k, v[0], v[1], v[2]) for k, v in self._items.items()]
+
+    def clear(self) -> None:
+        self._items.clear()
+        self._heap.clear()
+        self.total = 0
+
+
+class WouldBeBlocked:
+    """Per route: who would be blocked by the distributed limit, in the current window.
+
+    ``record`` (sync, no IO) feeds two summaries per route: the window's local view
+    (``top``) and the deltas since the last ``flush``. ``flush`` adds the deltas to
+    the fleet-wide sorted set with ZINCRBY, so every replica adds only what it saw
+    itself. Both summaries are bounded (``capacity`` keys), so the fleet counts are
+    Space-Saving upper bounds: exact while a replica sees fewer than ``capacity``
+    distinct keys per route between two flushes, and overestimated by at most the
+    evicted counters' values otherwise. The id hash is not trimmed with the sorted
+    set; it is bounded by ``capacity`` keys per replica per flush and expires after
+    two windows like the sorted set.
+    """
+
+    def __init__(self, namespace: str = "shadowlimit", window_s: int = 300, capacity: int = 100) -> None:
+        if window_s <= 0:
+            raise ValueError(f"window_s: must be positive, got {window_s!r}")
+        self.namespace = namespace
+        self.window_s = int(window_s)
+        self.capacity = capacity
+        self._windows: dict[str, tuple[int, SpaceSaving]] = {}  # route -> (window, local view)
+        self._deltas: dict[tuple[str, int], SpaceSaving] = {}  # (route, window) -> unflushed
+
+    def window_index(self, now: float | None = None) -> int:
+        return int((time.time() if now is None else now) // self.window_s)
+
+    def zset_key(self, route: str, window: int) -> str:
+        return f"rl:{self.namespace}:hh:{route}:{window}"
+
+    def ids_key(self, route: str, window: int) -> str:
+        return f"rl:{self.namespace}:hhid:{route}:{window}"
+
+    # -- local ---------------------------------------------------------------
+
+    def record(self, route: str, key: str, request_id: str | None = None, now: float | None = None) -> None:
+        w = self.window_index(now)
+        cur = self._windows.get(route)
+        if cur is None or cur[0] < w:  # a new window starts with an empty local view
+            cur = self._windows[route] = (w, SpaceSaving(self.capacity))
+        if cur[0] == w:  # (a late record for an older window only reaches the fleet view)
+            cur[1].add(key, 1, request_id)
+        d = self._deltas.get((route, w))
+        if d is None:
+            d = self._deltas[(route, w)] = SpaceSaving(self.capacity)
+        d.add(key, 1, request_id)
+
+    def top(self, route: str, n: int = 10, now: float | None = None) -> list[dict[str, Any]]:
+        """This replica's view of the current window."""
+        cur = self._windows.get(route)
+        if cur is None or cur[0] != self.window_index(now):
+            return []
+        return [e.to_dict() for e in cur[1].top(n)]
+
+    def routes(self) -> list[str]:
+        return sorted(self._windows)
+
+    # -- fleet ---------------------------------------------------------------
+
+    async def flush(self, client: Any) -> int:
+        """Add the unflushed deltas to the fleet view. Returns the number of
+        (route, window) summaries written. On failure the deltas are kept and
+        :class:`~control_plane.store.StoreUnavailable` is raised."""
+        batch, self._deltas = self._deltas, {}
+        if not batch:
+            return 0
+        ttl = 2 * self.window_s
+        pipe = client.pipeline(transaction=False)
+        for (route, w), ss in batch.items():
+            zkey, ikey = self.zset_key(route, w), self.ids_key(route, w)
+            ids: dict[str, str] = {}
+            for e in ss.entries():
+                pipe.zincrby(zkey, e.count, e.key)
+                if e.last_request_id is not None:
+                    ids[e.key] = e.last_request_id
+            pipe.zremrangebyrank(zkey, 0, -(FLEET_TOP_KEEP + 1))
+            pipe.expire(zkey, ttl)
+            if ids:
+                pipe.hset(ikey, mapping=ids)
+                pipe.expire(ikey, ttl)
+        ok = False
+        try:
+            with translate_errors("flush heavy hitters"):
+                await pipe.execute()
+            ok = True
+        finally:
+            if not ok:
+                self._merge_back(batch)
+        return len(batch)
+
+    def _merge_back(self, batch: dict[tuple[str, int], SpaceSaving]) -> None:
+        for slot, ss in batch.items():
+            d = self._deltas.get(slot)
+            if d is None:
+                self._deltas[slot] = ss
+                continue
+            for e in ss.entries():
+                d.add(e.key, e.count, e.last_request_id)
+
+    async def fleet_top(self, client: Any, route: str, n: int = 10, now: float | None = None) -> list[dict[str, Any]]:
+        """The fleet-wide top ``n`` of the current window (as flushed by every replica)."""
+        if n <= 0:
+            return []
+        w = self.window_index(now)
+        with translate_errors("read heavy hitters"):
+            rows = await client.zrevrange(self.zset_key(route, w), 0, n - 1, withscores=True)
+            if not rows:
+                return []
+            keys = [k for k, _ in rows]
+            ids = await client.hmget(self.ids_key(route, w), keys)
+        return [
+            {"key": _text(k), "count": int(score), "last_request_id": None if rid is None else _text(rid)}
+            for (k, score), rid in zip(rows, ids)
+        ]
+
+    async def run(self, client: Any, interval_s: float = 1.0) -> None:
+        """Flush every ``interval_s`` until cancelled; errors are logged, not raised."""
+        try:
+            while True:
+                await asyncio.sleep(interval_s)
+                try:
+                    await self.flush(client)
+                except StoreError as exc:
+                    log.warning("heavy-hitter flush failed (deltas kept): %s", exc)
+                except Exception:  # noqa: BLE001 - the loop must survive
+                    log.exception("heavy-hitter flush failed")
+        except asyncio.CancelledError:
+            with contextlib.suppress(Exception, asyncio.CancelledError):
+                await asyncio.wait_for(self.flush(client), 1.0)
+            raise
+
+
+def _text(v: Any) -> str:
+    return v.decode("utf-8", "replace") if isinstance(v, (bytes, bytearray)) else str(v)

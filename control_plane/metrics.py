@@ -1,0 +1,77 @@
+"""Prometheus metrics: seed 004's and seed 002's names, plus shadowlimit's own.
+
+Each app gets its own :class:`~prometheus_client.CollectorRegistry`, so several
+control planes (and tests) can live in one process.
+
+========================================  =======  =================================
+metric                                    type     labels
+========================================  =======  =================================
+rate_limit_rejections_total               counter  reason: local_exhausted,
+                                                   distributed_exhausted, backend_error,
+                                                   deny_list
+rate_limit_tokens_remaining               gauge    scope (global/route), route
+rate_limit_backend_errors_total           counter  -
+rate_limit_shadow_divergence_total        counter  route, direction
+rate_limit_requests_total                 counter  limiter_type, status (seed 002)
+rate_limit_exceeded_total                 counter  limiter_type (seed 002)
+rate_limit_active_clients                 gauge    limiter_type (seed 002)
+rate_limit_decision_duration_seconds      hist.    mode
+rate_limit_decisions_total                counter  route, mode, enforced_by, allowed
+rate_limit_shadow_dropped_total           counter  route
+rate_limit_shadow_queue_depth             gauge    -
+rate_limit_route_mode                     gauge    route, mode (1 for the current mode)
+rate_limit_breaker_state                  gauge    state (1 for the current state)
+rate_limit_breaker_transitions_total      counter  to
+rate_limit_fallback_decisions_total       counter  policy
+rate_limit_rules_reload_total             counter  result: ok, error
+rate_limit_rules_valid                    gauge    - (0 while the last reload failed)
+rate_limit_mode_changes_total             counter  route, to, automatic
+========================================  =======  =================================
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+__all__ = ["Metrics"]
+
+_LATENCY_BUCKETS = (0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
+
+
+class Metrics:
+    """All metrics of one control plane."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        r = self.registry = registry or CollectorRegistry()
+        self.rejections = Counter("rate_limit_rejections_total", "Requests rejected, by reason.", ["reason"], registry=r)
+        self.tokens_remaining = Gauge("rate_limit_tokens_remaining", "Last observed tokens remaining.", ["scope", "route"], registry=r)
+        self.backend_errors = Counter("rate_limit_backend_errors_total", "Redis operation failures.", registry=r)
+        self.divergence = Counter("rate_limit_shadow_divergence_total", "Compared local/distributed decision pairs, by direction.", ["route", "direction"], registry=r)
+        self.requests = Counter("rate_limit_requests_total", "Rate-limit checks (seed 002).", ["limiter_type", "status"], registry=r)
+        self.exceeded = Counter("rate_limit_exceeded_total", "Rate-limit violations (seed 002).", ["limiter_type"], registry=r)
+        self.active_clients = Gauge("rate_limit_active_clients", "Keys tracked by the limiter (seed 002).", ["limiter_type"], registry=r)
+        self.latency = Histogram("rate_limit_decision_duration_seconds", "Time to decide one request.", ["mode"], buckets=_LATENCY_BUCKETS, registry=r)
+        self.decisions = Counter("rate_limit_decisions_total", "Decisions by route, mode, enforcer and result.", ["route", "mode", "enforced_by", "allowed"], registry=r)
+        self.shadow_dropped = Counter("rate_limit_shadow_dropped_total", "Shadow evaluations dropped because the queue was full.", ["route"], registry=r)
+        self.shadow_queue = Gauge("rate_limit_shadow_queue_depth", "Shadow evaluations waiting.", registry=r)
+        self.route_mode = Gauge("rate_limit_route_mode", "1 for each route's current mode.", ["route", "mode"], registry=r)
+        self.breaker_state = Gauge("rate_limit_breaker_state", "1 for the Redis circuit breaker's current state.", ["state"], registry=r)
+        self.breaker_transitions = Counter("rate_limit_breaker_transitions_total", "Circuit breaker transitions.", ["to"], registry=r)
+        self.fallback = Counter("rate_limit_fallback_decisions_total", "Decisions made by the failure policy.", ["policy"], registry=r)
+        self.rules_reloads = Counter("rate_limit_rules_reload_total", "Rules file reloads.", ["result"], registry=r)
+        self.rules_valid = Gauge("rate_limit_rules_valid", "1 when the last rules reload succeeded.", registry=r)
+        self.mode_changes = Counter("rate_limit_mode_changes_total", "Rollout mode changes applied.", ["route", "to", "automatic"], registry=r)
+        self.rules_valid.set(1)
+        for s in ("closed", "open", "half_open"):
+            self.breaker_state.labels(s).set(1 if s == "closed" else 0)
+
+    def set_breaker(self, state: str) -> None:
+        for s in ("closed", "open", "half_open"):
+            self.breaker_state.labels(s).set(1 if s == state else 0)
+
+    def set_mode(self, route: str, mode: str) -> None:
+        for m in ("off", "shadow", "canary", "enforce"):
+            self.route_mode.labels(route, m).set(1 if m == mode else 0)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

@@ -1,0 +1,227 @@
+"""Rollout decisions, pure: modes, canary assignment, divergence classes, promotion gates.
+
+Nothing here does IO. The engine asks these functions what to do and the store
+persists the answers.
+
+Modes (seed 004's rollout plan made per route)::
+
+    off      local decision only
+    shadow   local decision enforced; distributed evaluated off the hot path and compared
+    canary   a stable share of keys (by key hash) enforced by the distributed decision
+    enforce  distributed decision enforced; local still computed and compared
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any, Literal
+
+__all__ = [
+    "AuditEntry",
+    "Divergence",
+    "GateConfig",
+    "GateResult",
+    "GateStats",
+    "Mode",
+    "RouteState",
+    "canary_bucket",
+    "classify",
+    "enforced_by_distributed",
+    "evaluate_gate",
+]
+
+
+class Mode(str, Enum):
+    OFF = "off"
+    SHADOW = "shadow"
+    CANARY = "canary"
+    ENFORCE = "enforce"
+
+    @property
+    def rank(self) -> int:
+        return _RANK[self]
+
+
+_RANK = {Mode.OFF: 0, Mode.SHADOW: 1, Mode.CANARY: 2, Mode.ENFORCE: 3}
+
+
+class Divergence(str, Enum):
+    AGREE = "agree"
+    LOCAL_ALLOW_DISTRIBUTED_DENY = "local_allow_distributed_deny"
+    LOCAL_DENY_DISTRIBUTED_ALLOW = "local_deny_distributed_allow"
+
+
+def classify(local_allowed: bool, distributed_allowed: bool) -> Divergence:
+    """Compare one pair of decisions. ``local_allow_distributed_deny`` are the requests
+    that enforcement would newly reject."""
+    if local_allowed == distributed_allowed:
+        return Divergence.AGREE
+    if local_allowed:
+        return Divergence.LOCAL_ALLOW_DISTRIBUTED_DENY
+    return Divergence.LOCAL_DENY_DISTRIBUTED_ALLOW
+
+
+def canary_bucket(route: str, key: str) -> int:
+    """A stable number in [0, 100) for (route, key): the same key always lands in the
+    same bucket on every replica, so a canary share is a stable set of clients."""
+    h = hashlib.blake2b(f"{route}\x00{key}".encode(), digest_size=8).digest()
+    return int.from_bytes(h, "big") % 100
+
+
+def enforced_by_distributed(mode: Mode, canary_percent: int, route: str, key: str) -> bool:
+    if mode is Mode.ENFORCE:
+        return True
+    if mode is Mode.CANARY:
+        return canary_bucket(route, key) < canary_percent
+    return False
+
+
+@dataclass(frozen=True, slots=True)
+class RouteState:
+    """A route's rollout state as stored in Redis."""
+
+    mode: Mode = Mode.SHADOW
+    canary_percent: int = 0
+    updated_at: float = 0.0
+    updated_by: str = "default"
+    reason: str = ""
+    version: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "mode": self.mode.value,
+            "canary_percent": self.canary_percent,
+            "updated_at": self.updated_at,
+            "updated_by": self.updated_by,
+            "reason": self.reason,
+            "version": self.version,
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> RouteState:
+        return cls(
+            mode=Mode(d.get("mode", "shadow")),
+            canary_percent=int(d.get("canary_percent", 0)),
+            updated_at=float(d.get("updated_at", 0.0)),
+            updated_by=str(d.get("updated_by", "")),
+            reason=str(d.get("reason", "")),
+            version=int(d.get("version", 0)),
+        )
+
+    def label(self) -> str:
+        return f"canary {self.canary_percent}%" if self.mode is Mode.CANARY else self.mode.value
+
+
+@dataclass(frozen=True, slots=True)
+class AuditEntry:
+    """One rollout change: who, when, from, to, why, and the gate figures at the time."""
+
+    route: str
+    actor: str
+    from_mode: str
+    to_mode: str
+    reason: str
+    at: float = field(default_factory=time.time)
+    from_percent: int = 0
+    to_percent: int = 0
+    forced: bool = False
+    automatic: bool = False
+    gate: dict[str, Any] | None = None
+    kind: Literal["mode_change", "rules_reload", "config_change", "reset"] = "mode_change"
+    id: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "kind": self.kind,
+            "route": self.route,
+            "actor": self.actor,
+            "at": self.at,
+            "from": self.from_mode,
+            "to": self.to_mode,
+            "from_percent": self.from_percent,
+            "to_percent": self.to_percent,
+            "reason": self.reason,
+            "forced": self.forced,
+            "automatic": self.automatic,
+            "gate": self.gate,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class GateConfig:
+    """Promotion thresholds (defaults: >= 500 compared decisions in 5 minutes, new
+    rejections <= 1%, backend errors <= 0.1%)."""
+
+    window_s: int = 300
+    min_samples: int = 500
+    max_new_rejection_rate: float = 0.01
+    max_backend_error_rate: float = 0.001
+
+
+@dataclass(frozen=True, slots=True)
+class GateStats:
+    """Fleet-wide figures for a route over the gate window."""
+
+    compared: int
+    new_rejections: int  # local_allow_distributed_deny
+    backend_errors: int
+    distributed_attempts: int
+
+    @property
+    def new_rejection_rate(self) -> float:
+        return self.new_rejections / self.compared if self.compared else 0.0
+
+    @property
+    def backend_error_rate(self) -> float:
+        return self.backend_errors / self.distributed_attempts if self.distributed_attempts else 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class GateResult:
+    passed: bool
+    required: bool
+    reasons: tuple[str, ...]
+    stats: GateStats
+    config: GateConfig
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "passed": self.passed,
+            "required": self.required,
+            "reasons": list(self.reasons),
+            "window_s": self.config.window_s,
+            "compared": self.stats.compared,
+            "min_samples": self.config.min_samples,
+            "new_rejections": self.stats.new_rejections,
+            "new_rejection_rate": round(self.stats.new_rejection_rate, 6),
+            "max_new_rejection_rate": self.config.max_new_rejection_rate,
+            "backend_errors": self.stats.backend_errors,
+            "backend_error_rate": round(self.stats.backend_error_rate, 6),
+            "max_backend_error_rate": self.config.max_backend_error_rate,
+        }
+
+
+def evaluate_gate(current: RouteState, target: Mode, target_percent: int, stats: GateStats, config: GateConfig) -> GateResult:
+    """Does moving ``current`` to ``target`` need the gate, and does it pass?
+
+    Only promotions toward enforcement are gated: shadow -> canary, canary -> a larger
+    share or enforce, and any jump into canary or enforce. Moving back (rollback) or to
+    off/shadow is always allowed.
+    """
+    promoting = target in (Mode.CANARY, Mode.ENFORCE) and (
+        target.rank > current.mode.rank or (target is Mode.CANARY and current.mode is Mode.CANARY and target_percent > current.canary_percent)
+    )
+    if not promoting:
+        return GateResult(True, False, (), stats, config)
+    reasons: list[str] = []
+    if stats.compared < config.min_samples:
+        reasons.append(f"only {stats.compared} compared decisions in the last {config.window_s}s (need {config.min_samples})")
+    if stats.new_rejection_rate > config.max_new_rejection_rate:
+        reasons.append(f"new rejections {stats.new_rejection_rate:.2%} exceed {config.max_new_rejection_rate:.2%}")
+    if stats.backend_error_rate > config.max_backend_error_rate:
+        reasons.append(f"backend errors {stats.backend_error_rate:.2%} exceed {config.max_backend_error_rate:.2%}")
+    return GateResult(not reasons, True, tuple(reasons), stats, config)

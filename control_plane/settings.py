@@ -1,0 +1,138 @@
+"""The one settings object: every environment variable, its default, its validation.
+
+Seed 004's variables keep their names and defaults; shadowlimit's own start with
+``SHADOWLIMIT_`` or ``RATE_LIMIT_``. An invalid value stops startup with a message
+naming the variable (:func:`load_settings` raises :class:`SettingsError`).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from pathlib import Path
+
+from pydantic import AliasChoices, Field, SecretStr, ValidationError, field_validator, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from limiter.keys import TrustedProxies
+from limiter.resilience import FailurePolicy
+
+__all__ = ["Settings", "SettingsError", "load_settings"]
+
+
+class SettingsError(ValueError):
+    """A setting is invalid; the message names the environment variable."""
+
+
+def _env(name: str) -> AliasChoices:
+    return AliasChoices(name, name.lower())
+
+
+class Settings(BaseSettings):
+    """Configuration for the control plane, the middleware and the demo."""
+
+    model_config = SettingsConfigDict(env_prefix="", case_sensitive=False, extra="ignore", populate_by_name=True)
+
+    # seed 004
+    enable_distributed_rate_limiting: bool = Field(False, validation_alias=_env("ENABLE_DISTRIBUTED_RATE_LIMITING"), description="Global kill switch: off makes every route behave as mode off.")
+    redis_url: str | None = Field(None, validation_alias=_env("RATE_LIMIT_REDIS_URL"), description="Redis URL; unset starts an embedded redis-server.")
+    global_capacity: int = Field(60, ge=1, validation_alias=_env("RATE_LIMIT_GLOBAL_CAPACITY"), description="Burst of the default route's token bucket.")
+    global_refill_per_sec: float = Field(1.0, ge=0, validation_alias=_env("RATE_LIMIT_GLOBAL_REFILL_PER_SEC"), description="Refill of the default route (tokens per second; 0 = unlimited).")
+    rules_path: Path | None = Field(None, validation_alias=_env("RATE_LIMIT_RULES_PATH"), description="YAML rules file.")
+    # failure handling (seed 000)
+    failure_policy: FailurePolicy = Field(FailurePolicy.IN_MEMORY_FALLBACK, validation_alias=_env("RATE_LIMIT_FAILURE_POLICY"))
+    failure_code: int = Field(429, ge=400, le=599, validation_alias=_env("RATE_LIMIT_FAILURE_CODE"))
+    breaker_failure_threshold: int = Field(5, ge=1, validation_alias=_env("RATE_LIMIT_BREAKER_FAILURES"))
+    redis_connect_timeout_s: float = Field(1.0, gt=0, validation_alias=_env("RATE_LIMIT_REDIS_CONNECT_TIMEOUT"))
+    redis_command_timeout_s: float = Field(0.25, gt=0, validation_alias=_env("RATE_LIMIT_REDIS_COMMAND_TIMEOUT"))
+    time_source: str = Field("local", pattern="^(local|redis)$", validation_alias=_env("RATE_LIMIT_TIME_SOURCE"))
+    # service
+    admin_token: SecretStr | None = Field(None, validation_alias=_env("SHADOWLIMIT_ADMIN_TOKEN"))
+    client_token: SecretStr | None = Field(None, validation_alias=_env("SHADOWLIMIT_CLIENT_TOKEN"), description="Optional bearer token guarding the decide endpoints.")
+    trusted_proxies: str = Field("", validation_alias=_env("SHADOWLIMIT_TRUSTED_PROXIES"), description="Comma-separated CIDRs whose X-Forwarded-For is honoured.")
+    host: str = Field("127.0.0.1", validation_alias=_env("SHADOWLIMIT_HOST"))
+    port: int = Field(8080, ge=0, le=65535, validation_alias=_env("SHADOWLIMIT_PORT"))
+    allow_remote: bool = Field(False, validation_alias=_env("SHADOWLIMIT_ALLOW_REMOTE"), description="Must be true to listen beyond loopback.")
+    namespace: str = Field("shadowlimit", pattern=r"^[A-Za-z0-9_.-]{1,64}$", validation_alias=_env("SHADOWLIMIT_NAMESPACE"))
+    instance_id: str | None = Field(None, validation_alias=_env("SHADOWLIMIT_INSTANCE_ID"))
+    local_max_keys: int = Field(65_536, ge=1, validation_alias=_env("SHADOWLIMIT_LOCAL_MAX_KEYS"))
+    # shadow evaluation
+    shadow_queue_size: int = Field(10_000, ge=1, validation_alias=_env("SHADOWLIMIT_SHADOW_QUEUE_SIZE"))
+    shadow_batch_size: int = Field(256, ge=1, validation_alias=_env("SHADOWLIMIT_SHADOW_BATCH_SIZE"))
+    # rollout gates
+    gate_window_s: int = Field(300, ge=10, validation_alias=_env("SHADOWLIMIT_GATE_WINDOW_S"))
+    gate_min_samples: int = Field(500, ge=0, validation_alias=_env("SHADOWLIMIT_GATE_MIN_SAMPLES"))
+    gate_max_new_rejection_rate: float = Field(0.01, ge=0, le=1, validation_alias=_env("SHADOWLIMIT_GATE_MAX_NEW_REJECTION_RATE"))
+    gate_max_backend_error_rate: float = Field(0.001, ge=0, le=1, validation_alias=_env("SHADOWLIMIT_GATE_MAX_BACKEND_ERROR_RATE"))
+    auto_rollback_after_s: float = Field(30.0, gt=0, validation_alias=_env("SHADOWLIMIT_AUTO_ROLLBACK_AFTER_S"), description="Enforced routes fall back to shadow when the breaker stays open this long.")
+    default_mode: str = Field("shadow", pattern="^(off|shadow|canary|enforce)$", validation_alias=_env("SHADOWLIMIT_DEFAULT_MODE"), description="Mode of a route with no stored state.")
+    # event stream
+    stream_interval_s: float = Field(1.0, gt=0, le=60, validation_alias=_env("SHADOWLIMIT_STREAM_INTERVAL_S"))
+    rules_poll_interval_s: float = Field(1.0, gt=0, validation_alias=_env("SHADOWLIMIT_RULES_POLL_INTERVAL_S"))
+    rollout_resync_s: float = Field(0.5, gt=0, validation_alias=_env("SHADOWLIMIT_ROLLOUT_RESYNC_S"))
+
+    @field_validator("failure_policy", mode="before")
+    @classmethod
+    def _parse_failure_policy(cls, v: object) -> FailurePolicy:
+        return FailurePolicy.parse(v)  # type: ignore[arg-type]
+
+    @field_validator("trusted_proxies")
+    @classmethod
+    def _check_proxies(cls, v: str) -> str:
+        TrustedProxies.parse(v)
+        return v
+
+    @field_validator("redis_url")
+    @classmethod
+    def _check_url(cls, v: str | None) -> str | None:
+        if v is None or not v.strip():
+            return None
+        from limiter.resp import parse_redis_url
+
+        parse_redis_url(v)
+        return v.strip()
+
+    @field_validator("rules_path")
+    @classmethod
+    def _check_rules(cls, v: Path | None) -> Path | None:
+        if v is not None and str(v).strip() and not v.is_file():
+            raise ValueError(f"file {v} does not exist")
+        return v if v is not None and str(v).strip() else None
+
+    @model_validator(mode="after")
+    def _check_listen(self) -> Settings:
+        try:
+            loopback = self.host == "localhost" or ipaddress.ip_address(self.host).is_loopback
+        except ValueError:
+            raise ValueError(f"SHADOWLIMIT_HOST: not an IP address: {self.host!r}") from None
+        if not loopback and not self.allow_remote:
+            raise ValueError(f"SHADOWLIMIT_HOST: {self.host} is not a loopback address; set SHADOWLIMIT_ALLOW_REMOTE=true to listen beyond loopback")
+        return self
+
+    @property
+    def proxies(self) -> TrustedProxies:
+        return TrustedProxies.parse(self.trusted_proxies)
+
+
+_ENV_NAMES = {name: (f.validation_alias.choices[0] if isinstance(f.validation_alias, AliasChoices) else name) for name, f in Settings.model_fields.items()}
+
+
+def env_name(field_name: str) -> str:
+    return str(_ENV_NAMES.get(field_name, field_name.upper()))
+
+
+def load_settings(**overrides: object) -> Settings:
+    """Read the environment (and overrides); raise :class:`SettingsError` naming the variable."""
+    try:
+        return Settings(**overrides)  # type: ignore[arg-type]
+    except ValidationError as exc:
+        lines = []
+        for err in exc.errors():
+            loc = err.get("loc") or ()
+            field = str(loc[0]) if loc else ""
+            msg = err.get("msg", "invalid")
+            msg = msg.removeprefix("Value error, ")
+            if field:
+                lines.append(f"{env_name(field)}: {msg} (got {err.get('input')!r})")
+            else:
+                lines.append(msg)
+        raise SettingsError("invalid configuration:\n  " + "\n  ".join(lines)) from None
