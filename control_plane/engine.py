@@ -133,7 +133,7 @@ class _RouteActivity:
     last: dict[str, tuple[float, bool, str]]  # key -> (at, allowed, enforced_by)
     minute: int
     decisions: int = 0
-    rate_window: list[tuple[float, int]] = field(default_factory=list)
+    per_second: dict[int, int] = field(default_factory=dict)  # unix second -> decisions
 
 
 def _window_s(policy: Policy) -> int:
@@ -600,6 +600,12 @@ class Engine:
             self._activity[route] = act
         act.hot.add(key)
         act.decisions += 1
+        sec = int(now_s)
+        ps = act.per_second
+        ps[sec] = ps.get(sec, 0) + 1
+        if len(ps) > 20:
+            for old_sec in [t for t in ps if t < sec - 15]:
+                del ps[old_sec]
         if len(act.last) > 1000:
             for k in list(act.last)[:200]:
                 del act.last[k]
@@ -690,16 +696,14 @@ class Engine:
 
     # -- read models ----------------------------------------------------------------------
 
-    def route_rate(self, name: str) -> float:
+    def route_rate(self, name: str, window_s: int = 10) -> float:
+        """Decisions per second on this replica over the last ``window_s`` whole seconds."""
         act = self._activity.get(name)
         if act is None:
             return 0.0
-        now = time.time()
-        act.rate_window.append((now, act.decisions))
-        while act.rate_window and now - act.rate_window[0][0] > 10:
-            act.rate_window.pop(0)
-        t0, n0 = act.rate_window[0]
-        return (act.decisions - n0) / (now - t0) if now - t0 > 0.5 else 0.0
+        now = int(time.time())
+        total = sum(n for sec, n in list(act.per_second.items()) if now - window_s <= sec < now)
+        return total / window_s
 
     def hot_keys(self, name: str, n: int) -> list[tuple[str, int]]:
         act = self._activity.get(name)

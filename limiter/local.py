@@ -116,7 +116,8 @@ class LocalLimiter:
             d, _ = decide(state, now_us, policy, 0)
             return BucketView(tokens, policy.limit, state is not None, d.reset_after_us)
         d, _ = decide(state, now_us, policy, 0)
-        return BucketView(float(d.remaining), policy.limit, state is not None, d.reset_after_us)
+        # a key never seen is already at its full allowance: nothing to wait for
+        return BucketView(float(d.remaining), policy.limit, state is not None, d.reset_after_us if state is not None else 0)
 
     def state(self, key: str) -> Any:
         """The raw pure-function state for ``key`` (``None`` when unknown)."""

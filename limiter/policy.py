@@ -210,7 +210,7 @@ class BucketView:
 def validate_cost(policy: Policy, cost: object) -> int:
     """Check a request's cost: a whole number from 1 to the policy's limit."""
     if type(cost) is not int:
-        if isinstance(cost, bool) or not isinstance(cost, (int, float)) or cost != int(cost):
+        if isinstance(cost, bool) or not isinstance(cost, (int, float)) or not math.isfinite(cost) or cost != int(cost):
             raise ValueError(f"cost: must be a whole number >= 1, got {cost!r}")
         cost = int(cost)
     if cost < 1:

@@ -131,10 +131,10 @@ class RedisLimiter:
 
     async def check(self, key: str, policy: Policy, cost: int = 1, now_us: int | None = None) -> Decision:
         """Decide one request atomically in Redis. Raises :class:`BackendError` on failure."""
-        if policy.unlimited:
-            return make_decision(True, policy.limit, policy.limit, 0, 0)
         if type(cost) is not int or cost < 1 or cost > policy.limit:
             cost = validate_cost(policy, cost)
+        if policy.unlimited:
+            return make_decision(True, policy.limit, policy.limit, 0, 0)
         prep = self._prepare(policy)
         rkey = self._prefix + key.encode()
         kpart = b"$%d\r\n%s\r\n" % (len(rkey), rkey)
@@ -154,11 +154,11 @@ class RedisLimiter:
         """
         futs: list[Any] = []
         for key, policy, cost, now_us in requests:
+            if type(cost) is not int or cost < 1 or cost > policy.limit:
+                cost = validate_cost(policy, cost)
             if policy.unlimited:
                 futs.append(make_decision(True, policy.limit, policy.limit, 0, 0))
                 continue
-            if type(cost) is not int or cost < 1 or cost > policy.limit:
-                cost = validate_cost(policy, cost)
             prep = self._prepare(policy)
             rkey = self._prefix + key.encode()
             rest = b"$%d\r\n%s\r\n" % (len(rkey), rkey) + prep.mid + self._tail(now_us, cost)
@@ -182,16 +182,24 @@ class RedisLimiter:
         return out
 
     async def _recover(self, rkey: bytes, prep: _Prepared, rest: bytes, reply: Any) -> list[Any]:
-        """Handle a non-decision reply: NOSCRIPT reloads the script, others raise."""
-        if isinstance(reply, ReplyError) and str(reply).startswith("NOSCRIPT"):
-            reply = await self.backend.call(rkey, prep.eval_head + rest)
-            if type(reply) is list:
-                return reply
+        """Handle a non-decision reply: NOSCRIPT reloads the script; cluster redirects
+        (MOVED, ASK, TRYAGAIN, CLUSTERDOWN) go through the backend's redirect handling,
+        which also corrects its slot table; anything else raises."""
+        for _ in range(4):
+            if not isinstance(reply, ReplyError):
+                break
+            msg = str(reply)
+            if msg.startswith("NOSCRIPT"):
+                reply = await self.backend.call(rkey, prep.eval_head + rest)
+            elif msg.startswith(("MOVED ", "ASK ", "TRYAGAIN", "CLUSTERDOWN")):
+                reply = await self.backend.call(rkey, prep.head + rest)
+            else:
+                break
+        if type(reply) is list:
+            return reply
         if isinstance(reply, ReplyError):
             raise BackendReplyError(f"Redis rejected the {prep.script.name} script: {reply}")
-        if not isinstance(reply, list):
-            raise BackendReplyError(f"unexpected reply from the {prep.script.name} script: {reply!r}")
-        return reply
+        raise BackendReplyError(f"unexpected reply from the {prep.script.name} script: {reply!r}")
 
     # -- reads and admin ------------------------------------------------------------
 
@@ -211,7 +219,7 @@ class RedisLimiter:
         state = await self.raw_state(key, policy.algorithm)
         now = now_arg if isinstance(now_arg, int) else await self.redis_time_us()
         d, _ = decide(state, now, policy, 0)
-        return BucketView(float(d.remaining), policy.limit, state is not None, d.reset_after_us)
+        return BucketView(float(d.remaining), policy.limit, state is not None, d.reset_after_us if state is not None else 0)
 
     async def raw_state(self, key: str, algorithm: Algorithm) -> Any:
         """The pure-function state stored for ``key`` (``None`` when absent)."""

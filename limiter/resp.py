@@ -110,7 +110,10 @@ def parse_redis_url(url: str) -> RedisTarget:
     if u.scheme == "unix":
         if not u.path:
             raise ValueError(f"redis url: unix socket URL needs a path, got {url!r}")
-        db = int(query.get("db", ["0"])[0])
+        try:
+            db = int(query.get("db", ["0"])[0])
+        except ValueError:
+            raise ValueError(f"redis url: database must be a number, got {query.get('db')!r}") from None
         return RedisTarget(Endpoint(host=None, port=None, unix_path=u.path, username=username, password=password, db=db))
     if u.scheme not in ("redis", "rediss", "redis+cluster", "rediss+cluster"):
         raise ValueError(f"redis url: scheme must be redis, rediss, unix or redis+cluster, got {u.scheme!r}")
@@ -134,6 +137,8 @@ def parse_redis_url(url: str) -> RedisTarget:
             port = int(port_s) if port_s else 6379
         except ValueError:
             raise ValueError(f"redis url: bad port in {part!r}") from None
+        if not 1 <= port <= 65535:
+            raise ValueError(f"redis url: port must be 1-65535, got {port} in {part!r}")
         seeds.append(Endpoint(host=host, port=port, use_ssl=use_ssl, username=username, password=password))
     if not seeds:
         raise ValueError(f"redis url: no host in {url!r}")
@@ -205,7 +210,7 @@ class NodeConnection:
                 ctx = ssl_module.create_default_context() if e.use_ssl else None
                 coro = loop.create_connection(lambda: _Protocol(self), e.host, e.port, ssl=ctx)
             transport, _ = await asyncio.wait_for(coro, self.connect_timeout)
-        except (OSError, asyncio.TimeoutError) as exc:
+        except (OSError, OverflowError, asyncio.TimeoutError) as exc:
             kind = "timed out" if isinstance(exc, asyncio.TimeoutError) else str(exc) or type(exc).__name__
             raise BackendUnavailable(f"cannot connect to Redis at {e.label}: {kind}") from exc
         self._transport = transport  # type: ignore[assignment]
