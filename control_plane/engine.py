@@ -126,6 +126,23 @@ class _ShadowItem:
 
 
 @dataclass(slots=True)
+class _Pending:
+    """A decision waiting for the distributed answer (enforce, or the canary share)."""
+
+    rule: RouteRule
+    key: str
+    mode: Mode
+    percent: int
+    lkey: str
+    local: Decision
+    dist_policy: Policy
+    cost: int
+    now_us: int
+    now_s: float
+    request_id: str
+
+
+@dataclass(slots=True)
 class _RouteActivity:
     """Recent activity of one route: the most active keys and their last decisions."""
 
@@ -218,6 +235,7 @@ class Engine:
         self._activity: dict[str, _RouteActivity] = {}
         self._tasks: list[asyncio.Task[Any]] = []
         self.started_at = time.time()
+        self._seq = 0
         self.shadow_evaluated = 0
         self.shadow_dropped = 0
         self.ready = False
@@ -436,11 +454,47 @@ class Engine:
     async def decide(self, inp: DecideInput) -> DecideResult:
         t0 = time.perf_counter()
         rule, key = self.resolve(inp)
-        result = await self._decide(rule, key, inp.cost, inp.request_id or uuid.uuid4().hex, inp.client_ip)
-        self.metrics.latency.labels(result.mode).observe(time.perf_counter() - t0)
-        return result
+        step = self._begin(rule, key, inp.cost, inp.request_id or self._next_id(), inp.client_ip)
+        if isinstance(step, _Pending):
+            outcome = await self.resilient.check(step.lkey, step.dist_policy, step.cost, step.now_us, failure_policy=rule.failure_policy, failure_code=rule.failure_code)
+            step = self._complete(step, outcome)
+        self.metrics.child(self.metrics.latency, step.mode).observe(time.perf_counter() - t0)
+        return step
 
-    async def _decide(self, rule: RouteRule, key: str, cost: int, request_id: str, client_ip: str | None) -> DecideResult:
+    async def decide_many(self, inputs: list[DecideInput]) -> list[DecideResult | Exception]:
+        """Decide many requests; all distributed enforcement goes to Redis as one pipelined
+        burst. Invalid items come back as their exception, in place."""
+        t0 = time.perf_counter()
+        out: list[DecideResult | Exception] = []
+        pending: list[tuple[int, _Pending]] = []
+        for inp in inputs:
+            try:
+                rule, key = self.resolve(inp)
+                step = self._begin(rule, key, inp.cost, inp.request_id or self._next_id(), inp.client_ip)
+            except (UnknownRoute, ValueError) as exc:
+                out.append(exc)
+                continue
+            if isinstance(step, _Pending):
+                pending.append((len(out), step))
+            out.append(step)  # type: ignore[arg-type]
+        if pending:
+            outcomes = await self.resilient.check_many(
+                [(p.lkey, p.dist_policy, p.cost, p.now_us) for _, p in pending],
+                overrides=[(p.rule.failure_policy, p.rule.failure_code) for _, p in pending],
+            )
+            for (i, p), outcome in zip(pending, outcomes):
+                out[i] = self._complete(p, outcome)
+        if inputs:
+            per = (time.perf_counter() - t0) / len(inputs)
+            self.metrics.child(self.metrics.latency, "batch").observe(per)
+        return out
+
+    def _next_id(self) -> str:
+        self._seq += 1
+        return f"{self.instance_id}-{self._seq}"
+
+    def _begin(self, rule: RouteRule, key: str, cost: int, request_id: str, client_ip: str | None) -> DecideResult | _Pending:
+        """Everything up to the distributed call: lists, the local decision, shadow queueing."""
         name = rule.name
         now_us = time.time_ns() // 1000
         now_s = now_us / 1_000_000
@@ -453,36 +507,39 @@ class Engine:
 
         if rule.deny.matches(key, client_ip):
             d = make_decision(False, 0, local_policy.limit, local_policy.period_us, 0)
-            m.rejections.labels("deny_list").inc()
-            return self._result(rule, key, mode, percent, "local", d, None, None, 403, request_id, now_s, local_policy, None, list_match="deny")
+            m.child(m.rejections, "deny_list").inc()
+            return self._result(rule, key, mode, percent, "local", d, d, None, 403, request_id, now_s, local_policy, None, list_match="deny")
         if rule.allow.matches(key, client_ip):
             d = make_decision(True, local_policy.limit, local_policy.limit, 0, 0)
-            return self._result(rule, key, mode, percent, "local", d, None, None, 200, request_id, now_s, local_policy, None, list_match="allow")
+            return self._result(rule, key, mode, percent, "local", d, d, None, 200, request_id, now_s, local_policy, None, list_match="allow")
 
         lkey = f"{name}:{key}"
         local = self.local.check(lkey, local_policy, cost, now_us)
         self._note_activity(name, key, now_s)
-        m.requests.labels("local", "allowed" if local.allowed else "denied").inc()
+        m.child(m.requests, "local", "allowed" if local.allowed else "denied").inc()
 
         if mode is Mode.OFF:
             return self._finish(rule, key, mode, percent, "local", local, None, None, request_id, now_s, local_policy, None)
         if not enforced_by_distributed(mode, percent, name, key):
             self._enqueue_shadow(_ShadowItem(name, key, lkey, dist_policy, cost, now_us, local.allowed, request_id))
             return self._finish(rule, key, mode, percent, "local", local, None, None, request_id, now_s, local_policy, dist_policy)
+        return _Pending(rule, key, mode, percent, lkey, local, dist_policy, cost, now_us, now_s, request_id)
 
-        fp = rule.failure_policy
-        outcome: Outcome = await self.resilient.check(lkey, dist_policy, cost, now_us, failure_policy=fp, failure_code=rule.failure_code)
+    def _complete(self, p: _Pending, outcome: Outcome) -> DecideResult:
+        """The distributed answer is in: compare, then enforce."""
+        m = self.metrics
+        name = p.rule.name
         if outcome.source == "distributed":
             dist = outcome.decision
-            div = classify(local.allowed, dist.allowed)
-            self._record_comparison(name, key, div, request_id, backend_error=False)
-            m.requests.labels("distributed", "allowed" if dist.allowed else "denied").inc()
-            return self._finish(rule, key, mode, percent, "distributed", dist, local, dist, request_id, now_s, dist_policy, None, div)
+            div = classify(p.local.allowed, dist.allowed)
+            self._record_comparison(name, p.key, div, p.request_id, backend_error=False)
+            m.child(m.requests, "distributed", "allowed" if dist.allowed else "denied").inc()
+            return self._finish(p.rule, p.key, p.mode, p.percent, "distributed", dist, p.local, dist, p.request_id, p.now_s, p.dist_policy, None, div)
         # Redis failed: the failure policy decides
         self._record_backend_error(name)
-        m.fallback.labels((fp or self.resilient.failure_policy).value).inc()
-        res = self._finish(rule, key, mode, percent, "failure_policy", outcome.decision, local, None, request_id, now_s, dist_policy, None, None, status=outcome.status_code if outcome.source == "fail_closed" else 429, backend_error=outcome.error)
-        return res
+        m.child(m.fallback, (p.rule.failure_policy or self.resilient.failure_policy).value).inc()
+        status = outcome.status_code if outcome.source == "fail_closed" else 429
+        return self._finish(p.rule, p.key, p.mode, p.percent, "failure_policy", outcome.decision, p.local, None, p.request_id, p.now_s, p.dist_policy, None, None, status=status, backend_error=outcome.error)
 
     def _finish(
         self,
@@ -507,10 +564,10 @@ class Engine:
         allowed = enforced.allowed
         if not allowed:
             reason = "local_exhausted" if enforced_by == "local" else "distributed_exhausted" if enforced_by == "distributed" else "backend_error"
-            m.rejections.labels(reason).inc()
-            m.exceeded.labels(enforced_by).inc()
-        m.decisions.labels(rule.name, mode.value, enforced_by, "true" if allowed else "false").inc()
-        m.tokens_remaining.labels("route", rule.name).set(enforced.remaining)
+            m.child(m.rejections, reason).inc()
+            m.child(m.exceeded, enforced_by).inc()
+        m.child(m.decisions, rule.name, mode.value, enforced_by, "true" if allowed else "false").inc()
+        m.child(m.tokens_remaining, "route", rule.name).set(enforced.remaining)
         act = self._activity.get(rule.name)
         if act is not None:
             act.last[key] = (now_s, allowed, enforced_by)
@@ -542,7 +599,7 @@ class Engine:
             self._queue.put_nowait(item)
         except asyncio.QueueFull:
             self.shadow_dropped += 1
-            self.metrics.shadow_dropped.labels(item.route).inc()
+            self.metrics.child(self.metrics.shadow_dropped, item.route).inc()
 
     async def _shadow_worker(self) -> None:
         q = self._queue
@@ -579,7 +636,7 @@ class Engine:
 
     def _record_comparison(self, route: str, key: str, div: Divergence, request_id: str, *, backend_error: bool) -> None:
         self.divergence.record(route, div, distributed_attempt=True)
-        self.metrics.divergence.labels(route, div.value).inc()
+        self.metrics.child(self.metrics.divergence, route, div.value).inc()
         if div is Divergence.LOCAL_ALLOW_DISTRIBUTED_DENY:
             self.blocked.record(route, key, request_id)
 

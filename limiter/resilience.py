@@ -405,22 +405,30 @@ class ResilientLimiter:
         self._ensure_prober()
         return self._degraded(key, policy, cost, now_us, self.breaker.last_error or "circuit open", failure_policy, failure_code)
 
-    async def check_many(self, requests: Sequence[tuple[str, Policy, int, int | None]]) -> list[Outcome]:
-        """Many decisions in one pipelined burst; per-item fallback on failure."""
+    async def check_many(
+        self,
+        requests: Sequence[tuple[str, Policy, int, int | None]],
+        *,
+        overrides: Sequence[tuple[FailurePolicy | None, int | None]] | None = None,
+    ) -> list[Outcome]:
+        """Many decisions in one pipelined burst; per-item fallback on failure.
+
+        ``overrides`` gives each item's own (failure policy, failure code), if any."""
+        ov = overrides if overrides is not None else [(None, None)] * len(requests)
         if not self.breaker.allow_request():
             self._ensure_prober()
             err = self.breaker.last_error or "circuit open"
-            return [self._degraded(k, p, validate_cost(p, c), n, err, None, None) for k, p, c, n in requests]
+            return [self._degraded(k, p, validate_cost(p, c), n, err, fp, fc) for (k, p, c, n), (fp, fc) in zip(requests, ov)]
         results = await self.redis.check_many(requests)
         out: list[Outcome] = []
         failed = False
-        for (k, p, c, n), r in zip(requests, results):
+        for (k, p, c, n), r, (fp, fc) in zip(requests, results, ov):
             if isinstance(r, Decision):
                 out.append(Outcome(r, "distributed"))
             else:
                 failed = True
                 self.backend_errors += 1
-                out.append(self._degraded(k, p, c, n, str(r), None, None))
+                out.append(self._degraded(k, p, c, n, str(r), fp, fc))
         if failed:
             self.breaker.record_failure(next(r for r in results if not isinstance(r, Decision)))  # type: ignore[arg-type]
             self._ensure_prober()
