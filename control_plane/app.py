@@ -12,14 +12,10 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from limiter import RedisLimiter
-from limiter.redis_limiter import make_redis_py_client
-
 from .api import admin, decide, health, observe, routes, stream
 from .api.deps import ApiError
-from .engine import Engine
-from .metrics import Metrics
 from .settings import Settings, load_settings
+from .wiring import open_engine
 
 __all__ = ["create_app"]
 
@@ -38,36 +34,14 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        embedded = None
-        url = settings.redis_url
-        if url is None:
-            from limiter.embedded import EmbeddedRedis
-
-            embedded = EmbeddedRedis().start()
-            url = embedded.url
-            log.warning("RATE_LIMIT_REDIS_URL is not set: started an embedded redis-server at %s", url)
-        redis = RedisLimiter.from_url(
-            url,
-            namespace=settings.namespace,
-            time_source=settings.time_source,  # type: ignore[arg-type]
-            connect_timeout=settings.redis_connect_timeout_s,
-            command_timeout=settings.redis_command_timeout_s,
-        )
-        client = make_redis_py_client(url, socket_timeout=max(1.0, settings.redis_command_timeout_s * 4), connect_timeout=settings.redis_connect_timeout_s)
-        engine = Engine(settings, redis=redis, client=client, metrics=Metrics())
-        app.state.engine = engine
-        app.state.redis_url = url
-        app.state.embedded = embedded
-        await engine.start()
+        handle = await open_engine(settings)
+        app.state.engine = handle.engine
+        app.state.redis_url = handle.url
+        app.state.embedded = handle.embedded
         try:
             yield
         finally:
-            await engine.stop()
-            await redis.aclose()
-            with contextlib.suppress(Exception):
-                await client.aclose()
-            if embedded is not None:
-                embedded.stop()
+            await handle.aclose()
 
     app = FastAPI(
         title="shadowlimit control plane",

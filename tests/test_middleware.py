@@ -1,0 +1,107 @@
+"""The ASGI middleware embeds the engine in a FastAPI app and follows rollout state in Redis."""
+
+from __future__ import annotations
+
+import asyncio
+import textwrap
+import time
+import uuid
+
+import httpx
+from fastapi import FastAPI
+
+from control_plane.middleware import ShadowLimitMiddleware
+from control_plane.rollout import AuditEntry, Mode, RouteState
+from control_plane.store import RolloutStore
+from limiter.redis_limiter import make_redis_py_client
+from control_plane.settings import load_settings
+
+RULES = textwrap.dedent(
+    """
+    version: 1
+    routes:
+      - name: items
+        match: {methods: [GET], path: /items/**}
+        key: {strategy: header, header: X-Client-Id}
+        local: {average: 1, period: 60s, burst: 3}
+        distributed: {average: 1, period: 60s, burst: 2}
+    """
+)
+
+
+def make_app(redis_url, tmp_path, ns):
+    rules = tmp_path / "rules.yaml"
+    rules.write_text(RULES)
+    settings = load_settings(redis_url=redis_url, enable_distributed_rate_limiting=True, rules_path=str(rules), namespace=ns)
+    app = FastAPI()
+
+    @app.get("/items/{item}")
+    async def item(item: str) -> dict[str, str]:
+        return {"item": item}
+
+    app.add_middleware(ShadowLimitMiddleware, settings=settings)
+    return app
+
+
+async def _lifespan(app):
+    """Drive the ASGI lifespan by hand (httpx's ASGITransport does not)."""
+    queue: asyncio.Queue = asyncio.Queue()
+    sent: asyncio.Queue = asyncio.Queue()
+    await queue.put({"type": "lifespan.startup"})
+
+    async def receive():
+        return await queue.get()
+
+    async def send(msg):
+        await sent.put(msg)
+
+    task = asyncio.create_task(app({"type": "lifespan", "asgi": {"version": "3.0"}}, receive, send))
+    assert (await asyncio.wait_for(sent.get(), 10))["type"] == "lifespan.startup.complete"
+
+    async def stop():
+        await queue.put({"type": "lifespan.shutdown"})
+        await asyncio.wait_for(sent.get(), 10)
+        await task
+
+    return stop
+
+
+async def test_middleware_enforces_local_in_shadow_and_distributed_in_enforce(redis_url, tmp_path):
+    ns = "mw" + uuid.uuid4().hex[:8]
+    app = make_app(redis_url, tmp_path, ns)
+    stop = await _lifespan(app)
+    try:
+        mw = app.middleware_stack
+        while not isinstance(mw, ShadowLimitMiddleware):
+            mw = mw.app
+        engine = mw.engine
+        transport = httpx.ASGITransport(app=app, client=("127.0.0.1", 5000))
+        async with httpx.AsyncClient(transport=transport, base_url="http://app") as http:
+            codes = [(await http.get("/items/1", headers={"X-Client-Id": "alice"})).status_code for _ in range(4)]
+            # shadow: the local policy (burst 3) is enforced
+            assert codes == [200, 200, 200, 429]
+            r = await http.get("/items/1", headers={"X-Client-Id": "bob"})
+            assert r.status_code == 200 and r.json() == {"item": "1"}
+            assert r.headers["x-ratelimit-limit"] == "3"
+            assert "sl-shadow" in r.headers["ratelimit-policy"]
+            denied = await http.get("/items/1", headers={"X-Client-Id": "alice"})
+            assert denied.json()["error"] == "rate limit exceeded" and "retry-after" in denied.headers
+            # missing key header: a clear 400 naming the header
+            bad = await http.get("/items/1")
+            assert bad.status_code == 400 and bad.json()["field"] == "header:X-Client-Id"
+
+            # a control plane elsewhere flips the route to enforce in Redis; the app follows within 1 s
+            client = make_redis_py_client(redis_url)
+            store = RolloutStore(client, ns)
+            new = RouteState(mode=Mode.ENFORCE, updated_by="elsewhere", reason="test", version=1)
+            await store.change("items", new, AuditEntry(route="items", actor="elsewhere", from_mode="shadow", to_mode="enforce", reason="test"), expected_version=None)
+            await client.aclose()
+            t0 = time.monotonic()
+            while engine.state_for("items").mode is not Mode.ENFORCE and time.monotonic() - t0 < 2:
+                await asyncio.sleep(0.02)
+            assert time.monotonic() - t0 < 1.0
+            codes = [(await http.get("/items/2", headers={"X-Client-Id": "carol"})).status_code for _ in range(3)]
+            # the distributed policy (burst 2) now rules
+            assert codes == [200, 200, 429]
+    finally:
+        await stop()
