@@ -19,7 +19,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from .algorithms import ALGORITHMS, decide
+from .algorithms import decide
 from .policy import Algorithm, BucketView, Decision, Policy, make_decision, validate_cost
 
 __all__ = ["LocalLimiter", "LocalKeyInfo"]
@@ -28,8 +28,11 @@ _SWEEP_EVERY = 4096
 _SWEEP_BUDGET = 64
 
 
+_time_ns = time.time_ns
+
+
 def _now_us() -> int:
-    return time.time_ns() // 1000
+    return _time_ns() // 1000
 
 
 class LocalKeyInfo:
@@ -64,7 +67,7 @@ class LocalLimiter:
         # key -> [state, algorithm, last_seen_us, expires_us]; ordered oldest access first
         self._data: OrderedDict[str, list[Any]] = OrderedDict()
         self._lock = threading.Lock()
-        self._ops = 0
+        self._ops = _SWEEP_EVERY
         self.evicted = 0
         self.expired = 0
 
@@ -72,34 +75,38 @@ class LocalLimiter:
         """Decide one request and record it."""
         if now_us is None:
             now_us = self._clock()
-        if type(cost) is not int or cost < 1 or cost > policy.limit:
+        if cost.__class__ is not int or cost < 1 or cost > policy.limit:
             cost = validate_cost(policy, cost)
-        if policy.unlimited:
+        fn = policy.fn
+        if fn is None:  # unlimited
             return make_decision(True, policy.limit, policy.limit, 0, 0)
         alg = policy.algorithm
-        fn = ALGORITHMS[alg]
         data = self._data
-        with self._lock:
+        lock = self._lock
+        lock.acquire()
+        try:
             entry = data.get(key)
             if entry is None:
                 decision, state = fn(None, now_us, policy, cost)
                 if state is not None:
                     if len(data) >= self.max_keys:
                         self._evict()
-                    data[key] = [state, alg, now_us, now_us + policy.ttl_s * 1_000_000 + decision.reset_after_us]
+                    data[key] = [state, alg, now_us, now_us + policy.ttl_us + decision.reset_after_us]
             else:
                 data.move_to_end(key)
                 decision, state = fn(entry[0] if entry[1] is alg else None, now_us, policy, cost)
                 entry[0] = state
                 entry[1] = alg
                 entry[2] = now_us
-                expires = now_us + policy.ttl_s * 1_000_000 + decision.reset_after_us
+                expires = now_us + policy.ttl_us + decision.reset_after_us
                 if expires > entry[3]:
                     entry[3] = expires
-            self._ops += 1
-            if self._ops >= _SWEEP_EVERY:
-                self._ops = 0
+            self._ops -= 1
+            if not self._ops:
+                self._ops = _SWEEP_EVERY
                 self._sweep_front(now_us)
+        finally:
+            lock.release()
         return decision
 
     def peek(self, key: str, policy: Policy, now_us: int | None = None) -> BucketView:

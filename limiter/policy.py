@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from enum import Enum
+from typing import Any
 
 __all__ = ["Algorithm", "BucketView", "Decision", "Policy", "MIN_PERIOD_S", "MAX_PERIOD_S", "make_decision", "validate_cost"]
 
@@ -77,6 +78,8 @@ class Policy:
     rate_per_us: float = field(init=False, repr=False, compare=False)
     emission_us: float = field(init=False, repr=False, compare=False)
     ttl_s: int = field(init=False, repr=False, compare=False)
+    ttl_us: int = field(init=False, repr=False, compare=False)
+    fn: Any = field(init=False, repr=False, compare=False)  # the algorithm's pure function; None when unlimited
 
     def __post_init__(self) -> None:
         s = object.__setattr__
@@ -118,6 +121,8 @@ class Policy:
             s(self, "rate_per_us", 0.0)
             s(self, "emission_us", 0.0)
             s(self, "ttl_s", math.ceil(period) * 2)
+            s(self, "ttl_us", self.ttl_s * 1_000_000)
+            s(self, "fn", None)
             return
         s(self, "limit", math.floor(average) if algorithm.windowed else burst)
         s(self, "rate_per_us", average / period_us)
@@ -126,6 +131,10 @@ class Policy:
         per_s = average / period
         period_s = math.ceil(period)
         s(self, "ttl_s", max(math.ceil(burst / per_s), period_s) + period_s)
+        s(self, "ttl_us", self.ttl_s * 1_000_000)
+        from .algorithms import ALGORITHMS  # runtime import: algorithms imports this module
+
+        s(self, "fn", ALGORITHMS[algorithm])
 
     @classmethod
     def unlimited_policy(cls) -> Policy:
