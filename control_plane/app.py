@@ -23,8 +23,12 @@ log = logging.getLogger("shadowlimit.app")
 
 
 def _field_of(loc: tuple[Any, ...]) -> str:
-    parts = [str(p) for p in loc if p not in ("body", "query", "path", "header")]
-    return ".".join(parts) or "body"
+    parts = [str(p) for p in loc]
+    if parts and parts[0] in ("body", "query", "path", "header", "cookie"):
+        where = parts.pop(0)
+        if not parts:
+            return where
+    return ".".join(parts)
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:

@@ -27,7 +27,7 @@ from limiter.policy import make_decision, validate_cost
 from limiter.resilience import BreakerState, CircuitBreaker, FleetMembership, Outcome, ResilientLimiter
 
 from .events import EventHub
-from .hitters import SpaceSaving, WouldBeBlocked
+from .hitters import WouldBeBlocked
 from .metrics import Metrics
 from .rollout import (
     AuditEntry,
@@ -65,7 +65,7 @@ class GateRefused(Exception):
         self.gate = gate
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class DecideInput:
     route: str | None = None
     method: str | None = None
@@ -144,22 +144,37 @@ class _Pending:
 
 @dataclass(slots=True)
 class _RouteActivity:
-    """Recent activity of one route: the most active keys and their last decisions."""
+    """Recent activity of one route: request counts per key (this minute and the last)
+    and each key's last decision, all bounded."""
 
-    hot: SpaceSaving
+    counts: dict[str, int]
+    previous: dict[str, int]
     last: dict[str, tuple[float, bool, str]]  # key -> (at, allowed, enforced_by)
     minute: int
     decisions: int = 0
     per_second: dict[int, int] = field(default_factory=dict)  # unix second -> decisions
 
 
+_MAX_ACTIVE_KEYS = 2000
+
+
+_WINDOWS: dict[Policy, int] = {}
+
+
 def _window_s(policy: Policy) -> int:
     """The IETF header's window: how long the full quota takes to come back."""
-    if policy.unlimited:
-        return 0
-    if policy.algorithm.windowed:
-        return max(1, math.ceil(policy.period))
-    return max(1, math.ceil(policy.burst / (policy.average / policy.period)))
+    w = _WINDOWS.get(policy)
+    if w is None:
+        if policy.unlimited:
+            w = 0
+        elif policy.algorithm.windowed:
+            w = max(1, math.ceil(policy.period))
+        else:
+            w = max(1, math.ceil(policy.burst / (policy.average / policy.period)))
+        if len(_WINDOWS) > 4096:
+            _WINDOWS.clear()
+        _WINDOWS[policy] = w
+    return w
 
 
 def rate_limit_headers(route: str, decision: Decision, policy: Policy, *, shadow_policy: Policy | None, now_s: float) -> dict[str, str]:
@@ -649,13 +664,14 @@ class Engine:
         minute = int(now_s // 60)
         if act is None or act.minute != minute:
             old = act
-            act = _RouteActivity(SpaceSaving(200), old.last if old is not None else {}, minute)
-            if old is not None:
-                # carry the previous minute's hot keys with their counts halved
-                for e in old.hot.top(50):
-                    act.hot.add(e.key, max(1, e.count // 2))
+            act = _RouteActivity({}, old.counts if old is not None and old.minute == minute - 1 else {}, old.last if old is not None else {}, minute)
             self._activity[route] = act
-        act.hot.add(key)
+        counts = act.counts
+        n = counts.get(key)
+        if n is not None:
+            counts[key] = n + 1
+        elif len(counts) < _MAX_ACTIVE_KEYS:
+            counts[key] = 1
         act.decisions += 1
         sec = int(now_s)
         ps = act.per_second
@@ -663,8 +679,8 @@ class Engine:
         if len(ps) > 20:
             for old_sec in [t for t in ps if t < sec - 15]:
                 del ps[old_sec]
-        if len(act.last) > 1000:
-            for k in list(act.last)[:200]:
+        if len(act.last) > _MAX_ACTIVE_KEYS:
+            for k in list(act.last)[:500]:
                 del act.last[k]
 
     # -- background -----------------------------------------------------------------------
@@ -763,10 +779,14 @@ class Engine:
         return total / window_s
 
     def hot_keys(self, name: str, n: int) -> list[tuple[str, int]]:
+        """The most active keys: requests this minute plus half of last minute's."""
         act = self._activity.get(name)
         if act is None:
             return []
-        return [(e.key, e.count) for e in act.hot.top(n)]
+        score: dict[str, int] = {k: v // 2 for k, v in act.previous.items()}
+        for k, v in act.counts.items():
+            score[k] = score.get(k, 0) + v
+        return sorted(score.items(), key=lambda kv: -kv[1])[:n]
 
     def last_decision(self, name: str, key: str) -> tuple[float, bool, str] | None:
         act = self._activity.get(name)

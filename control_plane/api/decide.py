@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import uuid
 from typing import Any
 
 import orjson
@@ -35,7 +34,7 @@ def _input(req: DecideRequest) -> DecideInput:
         client_ip=req.client_ip,
         headers=req.headers,
         cost=req.cost,
-        request_id=req.request_id or uuid.uuid4().hex,
+        request_id=req.request_id,
     )
 
 
