@@ -255,6 +255,11 @@ class Engine:
         self.shadow_dropped = 0
         self.ready = False
         self.last_rules_error: str | None = None
+        # fleet-wide divergence views, refreshed in the background so that the API and
+        # the event stream never wait on Redis
+        self._views: dict[str, dict[str, Any]] = {}
+        self.views_at: float = 0.0
+        self.views_error: str | None = None
 
     # -- lifecycle ----------------------------------------------------------------------
 
@@ -276,24 +281,22 @@ class Engine:
             spawn(self._resync_loop(), name="rollout-resync"),
             spawn(self._subscribe_loop(), name="rollout-pubsub"),
             spawn(self._monitor_loop(), name="breaker-monitor"),
+            spawn(self._views_loop(), name="views-refresh"),
         ]
         if self.watcher is not None:
             self._tasks.append(spawn(self.watcher.run(self.settings.rules_poll_interval_s), name="rules-watcher"))
 
     async def stop(self) -> None:
+        """Stop background work and flush what is buffered; bounded even when Redis is gone."""
         for t in self._tasks:
             t.cancel()
-        for t in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await t
+        if self._tasks:
+            await asyncio.wait(self._tasks, timeout=3.0)
         self._tasks.clear()
-        with contextlib.suppress(Exception):
-            await self._drain_shadow()
-        with contextlib.suppress(Exception):
-            await self.divergence.flush()
-        with contextlib.suppress(Exception):
-            await self.blocked.flush(self.client)
-        await self.resilient.aclose()
+        final = [self._drain_shadow(), self.divergence.flush(), self.blocked.flush(self.client), self.resilient.aclose()]
+        for step in final:
+            with contextlib.suppress(Exception, asyncio.TimeoutError):
+                await asyncio.wait_for(step, timeout=2.0)
 
     # -- rollout state ------------------------------------------------------------------
 
@@ -684,6 +687,44 @@ class Engine:
                 del act.last[k]
 
     # -- background -----------------------------------------------------------------------
+
+    async def refresh_views(self) -> None:
+        """Read every route's last two hours of fleet-wide counters and top blocked keys."""
+        views: dict[str, dict[str, Any]] = {}
+        for name in self.rules.names():
+            series = await self.divergence.series(name, minutes=120)
+            try:
+                top = await self.blocked.fleet_top(self.client, name, n=10)
+            except (StoreUnavailable, BackendError, OSError):
+                top = self.blocked.top(name, n=10)
+            views[name] = {"series": series, "top": top}
+        self._views = views
+        self.views_at = time.time()
+        self.views_error = None
+
+    async def _views_loop(self) -> None:
+        while True:
+            try:
+                await asyncio.wait_for(self.refresh_views(), timeout=3.0)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - stale views are flagged, never fatal
+                self.views_error = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+            await asyncio.sleep(1.0)
+
+    async def route_view(self, name: str) -> dict[str, Any] | None:
+        """Cached fleet-wide figures for a route (None until the first refresh)."""
+        v = self._views.get(name)
+        if v is None and not self._views:
+            try:
+                await asyncio.wait_for(self.refresh_views(), timeout=2.0)
+            except Exception as exc:  # noqa: BLE001
+                self.views_error = f"{type(exc).__name__}: {exc}"
+            v = self._views.get(name)
+        return v
+
+    def views_age_s(self) -> float | None:
+        return None if not self.views_at else time.time() - self.views_at
 
     async def _flush_loop(self) -> None:
         while True:

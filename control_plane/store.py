@@ -581,12 +581,26 @@ class DivergenceStore:
         """Sums over :meth:`series` plus ``new_rejection_rate``, ``reverse_rate``
         (local_deny_distributed_allow / compared) and ``backend_error_rate``
         (backend_errors / distributed_attempts); rates are 0.0 without samples."""
-        rows = await self.series(route, minutes, now=now)
-        s: dict[str, Any] = {f: sum(r[f] for r in rows) for f in DIVERGENCE_FIELDS}
-        cmp, att = s["compared"], s["distributed_attempts"]
-        s["minutes"] = minutes
-        s["new_rejection_rate"] = s["local_allow_distributed_deny"] / cmp if cmp else 0.0
-        s["reverse_rate"] = s["local_deny_distributed_allow"] / cmp if cmp else 0.0
-        s["backend_error_rate"] = s["backend_errors"] / att if att else 0.0
-        return s
+        return totals_of(await self.series(route, minutes, now=now), minutes)
+
+
+def totals_of(rows: list[dict[str, int]], minutes: int) -> dict[str, Any]:
+    """Sum per-minute rows (as :meth:`DivergenceStore.series` returns) and add the rates."""
+    s: dict[str, Any] = {f: sum(r[f] for r in rows) for f in DIVERGENCE_FIELDS}
+    cmp, att = s["compared"], s["distributed_attempts"]
+    s["minutes"] = minutes
+    s["new_rejection_rate"] = s["local_allow_distributed_deny"] / cmp if cmp else 0.0
+    s["reverse_rate"] = s["local_deny_distributed_allow"] / cmp if cmp else 0.0
+    s["backend_error_rate"] = s["backend_errors"] / att if att else 0.0
+    return s
+
+
+def gate_stats_of(rows: list[dict[str, int]]) -> GateStats:
+    s = {f: sum(r[f] for r in rows) for f in DIVERGENCE_FIELDS}
+    return GateStats(
+        compared=s["compared"],
+        new_rejections=s["local_allow_distributed_deny"],
+        backend_errors=s["backend_errors"],
+        distributed_attempts=s["distributed_attempts"],
+    )
 

@@ -10,7 +10,7 @@ from fastapi import APIRouter, Query
 from limiter.errors import BackendError
 
 from ..engine import Engine
-from ..store import StoreUnavailable
+from ..store import StoreUnavailable, totals_of
 from .deps import ApiError, EngineDep
 from .schemas import ErrorBody
 
@@ -18,16 +18,16 @@ router = APIRouter(prefix="/v1", tags=["observe"])
 
 
 async def divergence_view(engine: Engine, minutes: int = 60) -> dict[str, Any]:
+    """Fleet-wide divergence per route from the engine's cached views (refreshed every
+    second in the background); raises StoreUnavailable when there are none yet."""
     routes: dict[str, Any] = {}
     for name in engine.rules.names():
-        series = await engine.divergence.series(name, minutes=minutes)
-        totals = await engine.divergence.totals(name, minutes=minutes)
-        try:
-            top = await engine.blocked.fleet_top(engine.client, name, n=10)
-        except (StoreUnavailable, BackendError, OSError):
-            top = engine.blocked.top(name, n=10)
-        routes[name] = {"totals": totals, "series": series, "would_be_blocked": top}
-    return {"minutes": minutes, "routes": routes}
+        cached = await engine.route_view(name)
+        if cached is None:
+            raise StoreUnavailable(engine.views_error or "no divergence figures yet")
+        series = cached["series"][-minutes:]
+        routes[name] = {"totals": totals_of(series, minutes), "series": series, "would_be_blocked": cached["top"]}
+    return {"minutes": minutes, "routes": routes, "as_of": engine.views_at, "age_s": engine.views_age_s(), "error": engine.views_error}
 
 
 async def buckets_view(engine: Engine, route: str | None, limit: int) -> dict[str, Any]:

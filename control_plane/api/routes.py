@@ -9,8 +9,8 @@ from fastapi import APIRouter, Query, Request
 from limiter.errors import BackendError
 
 from ..engine import Engine, GateRefused, UnknownRoute
-from ..rollout import Mode
-from ..store import StoreUnavailable
+from ..rollout import Mode, evaluate_gate
+from ..store import StoreUnavailable, gate_stats_of, totals_of
 from .deps import AdminDep, ApiError, EngineDep, actor_of
 from .schemas import ErrorBody, ModeChange
 
@@ -36,15 +36,19 @@ async def route_views(engine: Engine) -> list[dict[str, Any]]:
             "rule": rule.to_dict(),
             "decisions_per_s": round(engine.route_rate(name), 2),
         }
-        try:
-            totals = await engine.divergence.totals(name, minutes=5)
-            gate_target = {Mode.OFF: Mode.SHADOW, Mode.SHADOW: Mode.CANARY, Mode.CANARY: Mode.ENFORCE, Mode.ENFORCE: Mode.ENFORCE}[st.mode]
-            gate = await engine.gate_for(name, gate_target, max(st.canary_percent, 10) if gate_target is Mode.CANARY else st.canary_percent)
-            view["divergence_5m"] = totals
+        cached = await engine.route_view(name)
+        gate_target = {Mode.OFF: Mode.SHADOW, Mode.SHADOW: Mode.CANARY, Mode.CANARY: Mode.ENFORCE, Mode.ENFORCE: Mode.ENFORCE}[st.mode]
+        gate_pct = max(st.canary_percent, 10) if gate_target is Mode.CANARY else st.canary_percent
+        if cached is not None:
+            series = cached["series"]
+            view["divergence_5m"] = totals_of(series[-5:], 5)
+            window_min = max(1, -(-engine.gate_config.window_s // 60))
+            gate = evaluate_gate(st, gate_target, gate_pct, gate_stats_of(series[-window_min:]), engine.gate_config)
             view["gate"] = {"target": gate_target.value, **gate.to_dict()}
-        except (StoreUnavailable, BackendError) as exc:
+        else:
             view["divergence_5m"] = None
-            view["gate"] = {"target": None, "passed": False, "required": True, "reasons": [f"Redis unavailable: {exc}"]}
+            view["gate"] = {"target": gate_target.value, "passed": False, "required": True, "reasons": [f"fleet figures unavailable: {engine.views_error or 'Redis unreachable'}"]}
+        view["figures_age_s"] = engine.views_age_s()
         out.append(view)
     return out
 
@@ -52,7 +56,14 @@ async def route_views(engine: Engine) -> list[dict[str, Any]]:
 @router.get("/routes")
 async def list_routes(engine: EngineDep) -> dict[str, Any]:
     """Routes, their mode (canary with its percent), rates, divergence and gate status."""
-    return {"routes": await route_views(engine), "distributed_enabled": engine.settings.enable_distributed_rate_limiting, "rules_source": engine.rules.source, "rules_error": engine.last_rules_error}
+    return {
+        "routes": await route_views(engine),
+        "distributed_enabled": engine.settings.enable_distributed_rate_limiting,
+        "rules_source": engine.rules.source,
+        "rules_error": engine.last_rules_error,
+        "figures_age_s": engine.views_age_s(),
+        "figures_error": engine.views_error,
+    }
 
 
 @router.put("/routes/{route}/mode", responses=_ERRORS)

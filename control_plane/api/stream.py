@@ -31,10 +31,11 @@ async def snapshot(engine: Engine, route: str | None, minutes: int) -> dict[str,
         snap["divergence"] = None
         snap["divergence_error"] = str(exc)
     try:
-        snap["buckets"] = (await buckets_view(engine, route if route and engine.rules.get(route) else None, 20))["buckets"]
+        view = await asyncio.wait_for(buckets_view(engine, route if route and engine.rules.get(route) else None, 20), timeout=1.5)
+        snap["buckets"] = view["buckets"]
     except Exception as exc:  # noqa: BLE001 - a snapshot must always go out
         snap["buckets"] = []
-        snap["buckets_error"] = str(exc)
+        snap["buckets_error"] = str(exc) or type(exc).__name__
     snap["events"] = engine.events.recent(30)
     return snap
 
