@@ -1,5 +1,5 @@
 """The ``shadowlimit`` command: serve, demo, dash, and admin commands against a running
-control plane (seed 002's CLI: stats, reset, adjust, top, clients, config).
+control plane (seed 002's CLI: stats, reset, adjust, top, clients).
 
 Exit codes scripts can use: 0 ok, 1 refused by the server, 2 bad usage or configuration,
 3 cannot reach the control plane, 4 not authorised, 5 refused by a promotion gate.

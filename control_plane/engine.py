@@ -273,7 +273,7 @@ class Engine:
             self.breaker.record_failure(exc)
         await self.resilient.start()
         for name in self.rules.names():
-            self.metrics.set_mode(name, self.state_for(name).mode.value)
+            self._set_mode_metric(name)
         spawn = asyncio.get_running_loop().create_task
         self._tasks = [
             spawn(self._shadow_worker(), name="shadow-worker"),
@@ -379,6 +379,9 @@ class Engine:
             out.append({"route": route, "key": key or None, **{t: p.to_dict() for t, p in v.items()}})
         return out
 
+    def _set_mode_metric(self, name: str) -> None:
+        self.metrics.set_mode(name, self.effective_mode(name)[0].value)
+
     async def _sync_states(self) -> None:
         try:
             await self._load_adjustments()
@@ -388,7 +391,7 @@ class Engine:
         changed = [n for n, s in states.items() if self._states.get(n) != s]
         self._states = states
         for n in changed:
-            self.metrics.set_mode(n, states[n].mode.value)
+            self._set_mode_metric(n)
 
     async def _resync_loop(self) -> None:
         while True:
@@ -405,7 +408,7 @@ class Engine:
                 async for event in self.store.subscribe():
                     if event.get("type") == "mode_change" and isinstance(event.get("state"), dict):
                         self._states[event["route"]] = RouteState.from_dict(event["state"])
-                        self.metrics.set_mode(event["route"], self._states[event["route"]].mode.value)
+                        self._set_mode_metric(event["route"])
                     self.events.publish(event)
             except asyncio.CancelledError:
                 raise
@@ -446,10 +449,10 @@ class Engine:
             automatic=automatic,
             gate=gate.to_dict(),
         )
-        entry = await self.store.change(route, new, entry, expected_version=current.version if stored is not None else None)
+        entry = await self.store.change(route, new, entry, expected_version=current.version)
         self._states[route] = new
         self._pending_rollbacks.pop(route, None)
-        self.metrics.set_mode(route, mode.value)
+        self._set_mode_metric(route)
         self.metrics.mode_changes.labels(route, mode.value, str(automatic).lower()).inc()
         return new, entry, gate
 
@@ -557,7 +560,8 @@ class Engine:
         self._record_backend_error(name)
         m.child(m.fallback, (p.rule.failure_policy or self.resilient.failure_policy).value).inc()
         status = outcome.status_code if outcome.source == "fail_closed" else 429
-        return self._finish(p.rule, p.key, p.mode, p.percent, "failure_policy", outcome.decision, p.local, None, p.request_id, p.now_s, p.dist_policy, None, None, status=status, backend_error=outcome.error)
+        reason = "fallback_exhausted" if outcome.source == "fallback" else "backend_error"
+        return self._finish(p.rule, p.key, p.mode, p.percent, "failure_policy", outcome.decision, p.local, None, p.request_id, p.now_s, p.dist_policy, None, None, status=status, backend_error=outcome.error, reject_reason=reason)
 
     def _finish(
         self,
@@ -577,11 +581,12 @@ class Engine:
         *,
         status: int = 429,
         backend_error: str | None = None,
+        reject_reason: str | None = None,
     ) -> DecideResult:
         m = self.metrics
         allowed = enforced.allowed
         if not allowed:
-            reason = "local_exhausted" if enforced_by == "local" else "distributed_exhausted" if enforced_by == "distributed" else "backend_error"
+            reason = reject_reason or ("local_exhausted" if enforced_by == "local" else "distributed_exhausted" if enforced_by == "distributed" else "backend_error")
             m.child(m.rejections, reason).inc()
             m.child(m.exceeded, enforced_by).inc()
         m.child(m.decisions, rule.name, mode.value, enforced_by, "true" if allowed else "false").inc()
@@ -643,7 +648,7 @@ class Engine:
             await self._evaluate_shadow(batch)
 
     async def _evaluate_shadow(self, batch: list[_ShadowItem]) -> None:
-        outcomes = await self.resilient.check_many([(i.lkey, i.policy, i.cost, i.now_us) for i in batch])
+        outcomes = await self.resilient.check_many([(i.lkey, i.policy, i.cost, i.now_us) for i in batch], degrade=False)
         for item, out in zip(batch, outcomes):
             if out.source != "distributed":
                 self._record_backend_error(item.route)
@@ -753,7 +758,7 @@ class Engine:
                 if st.mode in (Mode.ENFORCE, Mode.CANARY) and name not in self._pending_rollbacks:
                     rb = RouteState(mode=Mode.SHADOW, updated_at=time.time(), updated_by="shadowlimit/auto-rollback", reason=f"Redis circuit breaker open for {open_for:.0f}s", version=st.version)
                     self._pending_rollbacks[name] = rb
-                    self.metrics.set_mode(name, "shadow")
+                    self._set_mode_metric(name)
                     self.events.publish({"type": "auto_rollback", "route": name, "from": st.mode.value, "to": "shadow", "reason": rb.reason, "persisted": False})
                     log.warning("auto-rollback of route %s to shadow: %s", name, rb.reason)
 
@@ -763,10 +768,10 @@ class Engine:
             stored = self._states.get(name)
             try:
                 if stored is None or stored.mode in (Mode.ENFORCE, Mode.CANARY):
-                    cur = stored or RouteState()
+                    cur = stored or self.default_state(self.rules.get(name))
                     entry = AuditEntry(route=name, actor=rb.updated_by, from_mode=cur.mode.value, to_mode="shadow", from_percent=cur.canary_percent, reason=rb.reason, automatic=True)
                     new = replace(rb, version=cur.version + 1)
-                    await self.store.change(name, new, entry, expected_version=cur.version if stored is not None else None)
+                    await self.store.change(name, new, entry, expected_version=cur.version)
                     self._states[name] = new
                     self.metrics.mode_changes.labels(name, "shadow", "true").inc()
             except VersionConflict:
@@ -786,7 +791,7 @@ class Engine:
         event = {"type": "rules_reload", "ok": True, "routes": rules.names(), "digest": rules.digest, "instance": self.instance_id}
         self.events.publish(event)
         for name in rules.names():
-            self.metrics.set_mode(name, self.state_for(name).mode.value)
+            self._set_mode_metric(name)
         asyncio.get_running_loop().create_task(self._audit_rules(True, f"{len(rules.names())} routes, digest {rules.digest[:12]}"))
 
     def _on_rules_error(self, err: RulesError) -> None:

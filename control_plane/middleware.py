@@ -60,7 +60,11 @@ class ShadowLimitMiddleware:
         if scope["type"] != "http" or self.engine is None or scope.get("path", "/") in self.exclude_paths:
             await self.app(scope, receive, send)
             return
-        headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope.get("headers", [])}
+        headers: dict[str, str] = {}
+        for k, v in scope.get("headers", []):
+            name = k.decode("latin-1").lower()
+            value = v.decode("latin-1")
+            headers[name] = f"{headers[name]}, {value}" if name in headers else value  # repeated lines join (RFC 9110)
         client = scope.get("client")
         inp = DecideInput(method=scope.get("method", "GET"), path=scope.get("path", "/"), client_ip=client[0] if client else None, headers=headers)
         try:

@@ -104,6 +104,9 @@ _MAX_NODES = 200_000
 _MAX_PATTERN_LENGTH = 1024
 _API_KEY_ID = re.compile(r"apikey:[0-9a-f]{32}")
 _ROUTE_NAME = re.compile(r"[A-Za-z0-9_.\-]{1,64}")
+# bucket keys are rl:<ns>:<route>:<key>; these names would collide with the control
+# plane's own keys (rl:<ns>:div:..., rl:<ns>:hh:..., rl:<ns>:fleet, rl:<ns>:extcache:...)
+RESERVED_ROUTE_NAMES = frozenset({"div", "hh", "hhid", "fleet", "extcache"})
 _HTTP_TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
 _PARAM = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
 _MAX_RAW_API_KEY_BYTES = 8192
@@ -1014,6 +1017,8 @@ class _Validator:
         name = self.string(r["name"], (*path, "name"))
         if _ROUTE_NAME.fullmatch(name) is None:
             raise self.error((*path, "name"), f"must be 1-64 characters of [A-Za-z0-9_.-], got {name!r}")
+        if name in RESERVED_ROUTE_NAMES:
+            raise self.error((*path, "name"), f"{name!r} is reserved (it would share Redis keys with shadowlimit's own data); reserved: {', '.join(sorted(RESERVED_ROUTE_NAMES))}")
 
         # match
         methods: frozenset[str] | None = None

@@ -132,7 +132,8 @@ def load_settings(**overrides: object) -> Settings:
             msg = err.get("msg", "invalid")
             msg = msg.removeprefix("Value error, ")
             if field:
-                lines.append(f"{env_name(field)}: {msg} (got {err.get('input')!r})")
+                got = f" (got {err.get('input')!r})" if "got " not in msg else ""
+                lines.append(f"{env_name(field)}: {msg}{got}")
             else:
                 lines.append(msg)
         raise SettingsError("invalid configuration:\n  " + "\n  ".join(lines)) from None

@@ -249,7 +249,8 @@ class CircuitBreaker:
             self.on_transition(frm, to, reason)
 
 
-Source = Literal["distributed", "fallback", "pass_through", "fail_closed"]
+Source = Literal["distributed", "fallback", "pass_through", "fail_closed", "skipped"]
+_SKIPPED = make_decision(True, 0, 0, 0, 0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -410,14 +411,19 @@ class ResilientLimiter:
         requests: Sequence[tuple[str, Policy, int, int | None]],
         *,
         overrides: Sequence[tuple[FailurePolicy | None, int | None]] | None = None,
+        degrade: bool = True,
     ) -> list[Outcome]:
         """Many decisions in one pipelined burst; per-item fallback on failure.
 
-        ``overrides`` gives each item's own (failure policy, failure code), if any."""
+        ``overrides`` gives each item's own (failure policy, failure code), if any.
+        With ``degrade=False`` (shadow evaluation) a failed item is not decided by the
+        failure policy at all: its outcome has source ``"skipped"``."""
         ov = overrides if overrides is not None else [(None, None)] * len(requests)
         if not self.breaker.allow_request():
             self._ensure_prober()
             err = self.breaker.last_error or "circuit open"
+            if not degrade:
+                return [Outcome(_SKIPPED, "skipped", err) for _ in requests]
             return [self._degraded(k, p, validate_cost(p, c), n, err, fp, fc) for (k, p, c, n), (fp, fc) in zip(requests, ov)]
         results = await self.redis.check_many(requests)
         out: list[Outcome] = []
@@ -428,7 +434,7 @@ class ResilientLimiter:
             else:
                 failed = True
                 self.backend_errors += 1
-                out.append(self._degraded(k, p, c, n, str(r), fp, fc))
+                out.append(self._degraded(k, p, c, n, str(r), fp, fc) if degrade else Outcome(_SKIPPED, "skipped", str(r)))
         if failed:
             self.breaker.record_failure(next(r for r in results if not isinstance(r, Decision)))  # type: ignore[arg-type]
             self._ensure_prober()

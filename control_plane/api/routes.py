@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from fastapi import APIRouter, Query, Request
@@ -10,7 +11,7 @@ from limiter.errors import BackendError
 
 from ..engine import Engine, GateRefused, UnknownRoute
 from ..rollout import Mode, evaluate_gate
-from ..store import StoreUnavailable, gate_stats_of, totals_of
+from ..store import StoreUnavailable, VersionConflict, gate_stats_of, totals_of
 from .deps import AdminDep, ApiError, EngineDep, actor_of
 from .schemas import ErrorBody, ModeChange
 
@@ -42,7 +43,9 @@ async def route_views(engine: Engine) -> list[dict[str, Any]]:
         if cached is not None:
             series = cached["series"]
             view["divergence_5m"] = totals_of(series[-5:], 5)
-            window_min = max(1, -(-engine.gate_config.window_s // 60))
+            # the same whole minutes DivergenceStore.window_stats sums for the real gate
+            now = time.time()
+            window_min = max(1, (int(now // 60) - int((now - engine.gate_config.window_s) // 60)) + 1)
             gate = evaluate_gate(st, gate_target, gate_pct, gate_stats_of(series[-window_min:]), engine.gate_config)
             view["gate"] = {"target": gate_target.value, **gate.to_dict()}
         else:
@@ -79,6 +82,9 @@ async def set_mode(route: str, change: ModeChange, request: Request, engine: Eng
         raise ApiError(409, "gate_failed", "promotion refused by the gate: " + "; ".join(exc.gate.reasons) + " (use force with a reason to override)", gate=exc.gate.to_dict()) from exc
     except StoreUnavailable as exc:
         raise ApiError(503, "backend_unavailable", f"Redis is unreachable, so the mode was not changed (nothing was written): {exc}") from exc
+    except VersionConflict as exc:
+        cur = exc.current.to_dict() if exc.current is not None else None
+        raise ApiError(409, "conflict", f"the route was changed concurrently (now {cur['mode'] if cur else 'unset'}); read it again and retry", current=cur) from exc
     return {"route": route, "state": state.to_dict(), "audit": entry.to_dict(), "gate": gate.to_dict()}
 
 
