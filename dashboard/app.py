@@ -1,0 +1,86 @@
+"""The terminal dashboard for the shadowlimit control plane (a thin App; the view is
+:class:`~dashboard.screen.DashboardScreen`).
+
+Usage::
+
+    python -m dashboard --url http://127.0.0.1:8080 --token "$SHADOWLIMIT_ADMIN_TOKEN"
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from textual.app import App, SystemCommand
+from textual.binding import Binding
+from textual.screen import Screen
+
+from .modals import HelpScreen
+from .models import Snapshot
+from .screen import DashboardScreen
+
+__all__ = ["ShadowlimitDashboard", "run_dashboard"]
+
+DEMO_HINT = "demo: ? shows URLs & token"
+
+
+class ShadowlimitDashboard(App[int]):
+    """Routes, buckets, backend, divergence and audit of one control plane, live.
+
+    ``snapshot`` renders that fixed snapshot without connecting (tests, screenshots).
+    """
+
+    CSS_PATH = "dashboard.tcss"
+    TITLE = "shadowlimit"
+    BINDINGS = [
+        Binding("q", "quit", "Quit"),
+        Binding("question_mark", "help", "Help", key_display="?"),
+    ]
+
+    #: ``shadowlimit demo --duration N`` sets this: quit after N seconds.
+    call_later_after: float | None = None
+
+    def __init__(self, url: str, token: str | None = None, *, replicas: list[str] | None = None, demo_banner: str | None = None, snapshot: Snapshot | None = None) -> None:
+        super().__init__()
+        self.url = url.rstrip("/")
+        self.token = token or None
+        urls = [u.rstrip("/") for u in (replicas or [])]
+        self.replicas = [self.url] + [u for u in urls if u != self.url]
+        self.demo_banner = demo_banner
+        self.fixed_snapshot = snapshot
+
+    def on_mount(self) -> None:
+        self.push_screen(DashboardScreen(self.replicas, self.token, hint=DEMO_HINT if self.demo_banner else None, snapshot=self.fixed_snapshot))
+        if self.call_later_after:
+            self.set_timer(self.call_later_after, self.exit)
+
+    @property
+    def dashboard(self) -> DashboardScreen | None:
+        return next((s for s in self.screen_stack if isinstance(s, DashboardScreen)), None)
+
+    def action_help(self) -> None:
+        if isinstance(self.screen, HelpScreen):
+            return
+        dash = self.dashboard
+        url = dash.client.url if dash else self.url
+        self.push_screen(HelpScreen(url, self.token is not None, self.replicas, self.demo_banner))
+
+    def get_system_commands(self, screen: Screen[object]) -> Iterable[SystemCommand]:
+        yield from super().get_system_commands(screen)
+        yield SystemCommand("Help", "Keys, panels and (in the demo) the URLs and admin token", self.action_help)
+        dash = self.dashboard
+        if dash is None or dash.fixed is not None:
+            return
+        yield SystemCommand("Reconnect", "Reconnect to the control plane now", dash.action_reconnect)
+        if len(self.replicas) > 1:
+            yield SystemCommand("Next replica", "Follow the next control-plane replica", dash.action_next_replica)
+        route = dash.selected
+        if route:
+            for mode, label in (("off", "off"), ("shadow", "shadow"), ("canary", "canary (asks the percent)"), ("enforce", "enforce")):
+                yield SystemCommand(f"Set {route} to {mode}", f"Move route {route} to {label}; asks for a reason", lambda m=mode: dash.action_mode(m))
+
+
+def run_dashboard(url: str, token: str | None = None, *, replicas: list[str] | None = None) -> int:
+    """Run the dashboard in this terminal until the user quits; returns the exit code."""
+    app = ShadowlimitDashboard(url, token, replicas=replicas)
+    app.run()
+    return app.return_code or 0

@@ -1,0 +1,237 @@
+"""The dashboard's one client for the control plane: HTTP (httpx, async) and the SSE stream.
+
+It speaks only HTTP, so the dashboard works against a remote control plane too; it never
+imports the control plane. Errors are translated here, once::
+
+    ClientError
+    ├── ControlPlaneUnavailable   cannot connect, timed out, stream broke, or 503
+    └── ApiError(status, error, message)
+        ├── Unauthorized          401 / 403: missing, wrong or disabled admin token
+        └── GateRefused(gate)     409 gate_failed: the promotion gate said no
+
+Usage::
+
+    client = ControlPlaneClient("http://127.0.0.1:8080", token="...")
+    async for item in client.stream(route="search"):
+        ...  # Snapshot or EventView
+    await client.aclose()
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+
+from .models import (
+    AuditEntryView,
+    BackendView,
+    BucketView,
+    DivergenceView,
+    EventView,
+    GateView,
+    ModeChangeResult,
+    RouteView,
+    Snapshot,
+)
+
+__all__ = [
+    "ApiError",
+    "AuditEntryView",
+    "BackendView",
+    "BucketView",
+    "ClientError",
+    "ControlPlaneClient",
+    "ControlPlaneUnavailable",
+    "DivergenceView",
+    "EventView",
+    "GateRefused",
+    "ModeChangeResult",
+    "RouteView",
+    "Snapshot",
+    "Unauthorized",
+    "parse_sse",
+]
+
+#: Snapshots arrive about every second; this long without a byte means the stream is dead.
+STREAM_READ_TIMEOUT_S = 10.0
+
+
+class ClientError(Exception):
+    """Anything that went wrong talking to the control plane."""
+
+
+class ControlPlaneUnavailable(ClientError):
+    """The control plane (or its Redis, on a 503) could not be reached."""
+
+
+class ApiError(ClientError):
+    """The control plane answered with an error body ``{"error", "message", ...}``."""
+
+    def __init__(self, status: int, error: str, message: str, body: dict[str, Any] | None = None) -> None:
+        super().__init__(f"{status} {error}: {message}")
+        self.status = status
+        self.error = error
+        self.message = message
+        self.body = body or {}
+
+
+class Unauthorized(ApiError):
+    """401/403: the admin token is missing, wrong, or the server has none configured."""
+
+
+class GateRefused(ApiError):
+    """409: the promotion gate refused; ``gate`` holds its reasons and figures."""
+
+    def __init__(self, gate: GateView, message: str = "promotion refused by the gate", body: dict[str, Any] | None = None) -> None:
+        super().__init__(409, "gate_failed", message, body)
+        self.gate = gate
+
+
+def _error_from(resp: httpx.Response) -> ClientError:
+    try:
+        body = resp.json()
+    except ValueError:
+        body = {}
+    if not isinstance(body, dict):
+        body = {}
+    error = str(body.get("error") or "http_error")
+    message = str(body.get("message") or resp.reason_phrase or f"HTTP {resp.status_code}")
+    if resp.status_code in (401, 403):
+        return Unauthorized(resp.status_code, error, message, body)
+    if resp.status_code == 409 and error == "gate_failed":
+        gate = GateView.parse(body.get("gate")) or GateView(passed=False, required=True, reasons=(message,))
+        return GateRefused(gate, message, body)
+    if resp.status_code in (502, 503, 504):
+        return ControlPlaneUnavailable(f"{resp.status_code} {error}: {message}")
+    return ApiError(resp.status_code, error, message, body)
+
+
+def parse_sse(lines: list[str]) -> tuple[str, str] | None:
+    """One SSE message's lines (without the blank terminator) -> ``(event, data)``;
+    ``None`` for messages without data (``retry:``, comments)."""
+    event = "message"
+    data: list[str] = []
+    for line in lines:
+        if not line or line.startswith(":"):
+            continue
+        name, _, value = line.partition(":")
+        value = value.removeprefix(" ")
+        if name == "event":
+            event = value
+        elif name == "data":
+            data.append(value)
+    return (event, "\n".join(data)) if data else None
+
+
+class ControlPlaneClient:
+    """Async HTTP client for one control-plane replica (its URL and optional admin token)."""
+
+    def __init__(self, url: str, token: str | None = None, *, timeout: float = 5.0, transport: httpx.AsyncBaseTransport | None = None) -> None:
+        self.url = url.rstrip("/")
+        self.token = token or None
+        self._timeout = timeout
+        self._transport = transport
+        self._http: httpx.AsyncClient | None = None
+
+    @property
+    def has_token(self) -> bool:
+        return self.token is not None
+
+    def _client(self) -> httpx.AsyncClient:
+        if self._http is None:
+            self._http = httpx.AsyncClient(base_url=self.url, timeout=self._timeout, transport=self._transport, headers={"X-Shadowlimit-Actor": "dashboard"})
+        return self._http
+
+    async def aclose(self) -> None:
+        if self._http is not None:
+            http, self._http = self._http, None
+            await http.aclose()
+
+    async def _request(self, method: str, path: str, *, params: dict[str, Any] | None = None, body: Any = None, admin: bool = False) -> Any:
+        headers = {"Authorization": f"Bearer {self.token}"} if admin and self.token else {}
+        try:
+            resp = await self._client().request(method, path, params=params, json=body, headers=headers)
+        except httpx.HTTPError as exc:
+            raise ControlPlaneUnavailable(f"{self.url}: {type(exc).__name__}: {exc}".rstrip(": ")) from exc
+        if resp.status_code >= 400:
+            raise _error_from(resp)
+        try:
+            return resp.json()
+        except ValueError as exc:
+            raise ApiError(resp.status_code, "bad_response", f"not JSON: {resp.text[:200]!r}") from exc
+
+    # -- reads ---------------------------------------------------------------------------
+
+    async def routes(self) -> list[RouteView]:
+        data = await self._request("GET", "/v1/routes")
+        return [RouteView.parse(r) for r in data.get("routes") or ()]
+
+    async def buckets(self, route: str | None = None, limit: int = 20) -> list[BucketView]:
+        params: dict[str, Any] = {"limit": limit} | ({"route": route} if route else {})
+        data = await self._request("GET", "/v1/buckets", params=params)
+        return [BucketView.parse(b) for b in data.get("buckets") or ()]
+
+    async def backend(self) -> BackendView:
+        return BackendView.parse(await self._request("GET", "/v1/backend"))
+
+    async def divergence(self, minutes: int = 60) -> DivergenceView | None:
+        return DivergenceView.parse(await self._request("GET", "/v1/divergence", params={"minutes": minutes}))
+
+    async def audit(self, limit: int = 50, route: str | None = None) -> list[AuditEntryView]:
+        params: dict[str, Any] = {"limit": limit} | ({"route": route} if route else {})
+        data = await self._request("GET", "/v1/rollout/audit", params=params)
+        return [AuditEntryView.parse(e) for e in data.get("entries") or ()]
+
+    # -- the one write -------------------------------------------------------------------
+
+    async def set_mode(self, route: str, mode: str, *, canary_percent: int = 0, reason: str, force: bool = False) -> ModeChangeResult:
+        """``PUT /v1/routes/{route}/mode``; raises :class:`GateRefused`, :class:`Unauthorized`,
+        :class:`ControlPlaneUnavailable` or :class:`ApiError`."""
+        if not self.token:
+            raise Unauthorized(401, "unauthorized", "changing a route's mode needs the admin token (--token or SHADOWLIMIT_ADMIN_TOKEN)")
+        body = {"mode": mode, "canary_percent": canary_percent if mode == "canary" else 0, "reason": reason, "force": force}
+        data = await self._request("PUT", f"/v1/routes/{route}/mode", body=body, admin=True)
+        return ModeChangeResult.parse(data)
+
+    # -- the live stream -----------------------------------------------------------------
+
+    async def stream(self, route: str | None = None, minutes: int = 60) -> AsyncIterator[Snapshot | EventView]:
+        """Yield :class:`Snapshot` and :class:`EventView` items from ``GET /v1/stream`` until
+        the stream breaks (raises :class:`ControlPlaneUnavailable`). Reconnecting is the
+        caller's job."""
+        params: dict[str, Any] = {"minutes": minutes} | ({"route": route} if route else {})
+        timeout = httpx.Timeout(self._timeout, read=STREAM_READ_TIMEOUT_S)
+        try:
+            async with self._client().stream("GET", "/v1/stream", params=params, timeout=timeout, headers={"Accept": "text/event-stream"}) as resp:
+                if resp.status_code >= 400:
+                    await resp.aread()
+                    raise _error_from(resp)
+                lines: list[str] = []
+                async for line in resp.aiter_lines():
+                    if line:
+                        lines.append(line)
+                        continue
+                    msg, lines = parse_sse(lines), []
+                    if msg is None:
+                        continue
+                    item = _decode(*msg)
+                    if item is not None:
+                        yield item
+        except httpx.HTTPError as exc:
+            raise ControlPlaneUnavailable(f"stream broke: {type(exc).__name__}: {exc}".rstrip(": ")) from exc
+        raise ControlPlaneUnavailable("the server ended the stream")
+
+
+def _decode(event: str, data: str) -> Snapshot | EventView | None:
+    try:
+        payload = json.loads(data)
+    except ValueError:
+        return None
+    if event == "snapshot":
+        return Snapshot.parse(payload)
+    if event == "event":
+        return EventView.parse(payload)
+    return None

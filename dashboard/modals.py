@@ -1,0 +1,215 @@
+"""Dialogs: canary percent, confirm a mode change (gate figures + reason), a refused gate
+(why, and force with a reason), and help. Each dismisses with its answer; none does IO."""
+
+from __future__ import annotations
+
+from rich.text import Text
+from textual import on
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Horizontal, Vertical, VerticalScroll
+from textual.screen import ModalScreen
+from textual.widgets import Button, Input, Label, Static
+
+from .models import GateView, RouteView
+from .render import gate_figures, gate_problems, mode_text
+
+__all__ = ["ConfirmModeScreen", "GateRefusedScreen", "HelpScreen", "PercentScreen", "is_promotion"]
+
+_RANK = {"off": 0, "shadow": 1, "canary": 2, "enforce": 3}
+
+
+def is_promotion(route: RouteView, mode: str, percent: int) -> bool:
+    """Would the server gate this move? (Only for display; the server decides.)"""
+    cur = route.state.mode
+    return mode in ("canary", "enforce") and (_RANK.get(mode, 0) > _RANK.get(cur, 0) or (mode == cur == "canary" and percent > route.state.canary_percent))
+
+
+def _change(route: RouteView, mode: str, percent: int) -> Text:
+    t = Text.assemble(("Move ", ""), (route.name, "bold"), (": ", ""))
+    t.append_text(mode_text(route.state.mode, route.state.canary_percent))
+    t.append(" → ")
+    t.append_text(mode_text(mode, percent))
+    return t
+
+
+class PercentScreen(ModalScreen[int | None]):
+    """Ask which share of keys (1-100 %) the distributed limit should enforce."""
+
+    BINDINGS = [Binding("escape", "cancel", "Cancel")]
+
+    def __init__(self, route: RouteView) -> None:
+        super().__init__()
+        self.route = route
+
+    def compose(self) -> ComposeResult:
+        cur = self.route.state.canary_percent if self.route.state.mode == "canary" else 0
+        suggestion = min(100, max(10, cur * 2)) if cur else 10
+        with Vertical(classes="dialog"):
+            yield Label(Text.assemble(("Canary for ", ""), (self.route.name, "bold")), classes="dialog-title")
+            yield Static("Share of keys (by key hash, stable across replicas) enforced by the distributed limit, 1-100 %.")
+            yield Input(str(suggestion), type="integer", placeholder="percent", id="percent")
+            yield Label("", id="percent-error", classes="error")
+            with Horizontal(classes="buttons"):
+                yield Button("Next", variant="primary", id="ok")
+                yield Button("Cancel", id="cancel")
+
+    def _submit(self) -> None:
+        raw = self.query_one("#percent", Input).value.strip()
+        if not raw.isdigit() or not 1 <= int(raw) <= 100:
+            self.query_one("#percent-error", Label).update("enter a whole number from 1 to 100")
+            return
+        self.dismiss(int(raw))
+
+    @on(Input.Submitted)
+    @on(Button.Pressed, "#ok")
+    def _ok(self) -> None:
+        self._submit()
+
+    @on(Button.Pressed, "#cancel")
+    def action_cancel(self) -> None:
+        self.dismiss(None)
+
+
+class _ReasonDialog(ModalScreen[str | None]):
+    """Shared: a reason input that must not be empty, confirm and cancel buttons."""
+
+    BINDINGS = [Binding("escape", "cancel", "Cancel")]
+    CONFIRM = "Confirm"
+    VARIANT = "primary"
+
+    def __init__(self, reason: str = "") -> None:
+        super().__init__()
+        self._reason = reason
+
+    def reason_widgets(self) -> ComposeResult:
+        yield Input(self._reason, placeholder="reason (required, goes to the audit trail)", id="reason")
+        with Horizontal(classes="buttons"):
+            yield Button(self.CONFIRM, variant=self.VARIANT, id="ok", disabled=not self._reason.strip())  # type: ignore[arg-type]
+            yield Button("Cancel", id="cancel")
+
+    def on_mount(self) -> None:
+        self.query_one("#reason", Input).focus()
+
+    @on(Input.Changed, "#reason")
+    def _changed(self, event: Input.Changed) -> None:
+        self.query_one("#ok", Button).disabled = not event.value.strip()
+
+    @on(Input.Submitted, "#reason")
+    @on(Button.Pressed, "#ok")
+    def _ok(self) -> None:
+        reason = self.query_one("#reason", Input).value.strip()
+        if reason:
+            self.dismiss(reason)
+        else:
+            self.notify("a reason is required", severity="warning")
+
+    @on(Button.Pressed, "#cancel")
+    def action_cancel(self) -> None:
+        self.dismiss(None)
+
+
+class ConfirmModeScreen(_ReasonDialog):
+    """Confirm a mode change: what changes, the gate figures, and a required reason."""
+
+    def __init__(self, route: RouteView, mode: str, percent: int) -> None:
+        super().__init__()
+        self.route, self.mode, self.percent = route, mode, percent
+
+    def compose(self) -> ComposeResult:
+        gated = is_promotion(self.route, self.mode, self.percent)
+        with Vertical(classes="dialog"):
+            yield Label(_change(self.route, self.mode, self.percent), classes="dialog-title")
+            if gated:
+                gate = self.route.gate
+                verdict = Text("This is a promotion: the server checks the gate. ")
+                if gate is not None and gate.has_figures:
+                    verdict.append("Gate figures now:", style="bold")
+                yield Static(verdict, id="gate-verdict")
+                yield Static(gate_figures(gate), id="gate-figures")
+                if gate is not None and gate.has_figures and gate.required and not gate.passed:
+                    yield Static(Text("Likely refused: " + "; ".join(gate_problems(gate)), style="#f7768e"))
+            else:
+                yield Static(Text("Not a promotion: no gate applies.", style="dim"), id="gate-verdict")
+            yield self._reason_label()
+            yield from self.reason_widgets()
+
+    @staticmethod
+    def _reason_label() -> Label:
+        return Label("Why?", classes="field-label")
+
+
+class GateRefusedScreen(_ReasonDialog):
+    """The server refused the promotion: show why, offer to force it with a reason."""
+
+    CONFIRM = "Force"
+    VARIANT = "error"
+
+    def __init__(self, route: RouteView, mode: str, percent: int, gate: GateView, reason: str) -> None:
+        super().__init__(reason)
+        self.route, self.mode, self.percent, self.gate = route, mode, percent, gate
+
+    def compose(self) -> ComposeResult:
+        with Vertical(classes="dialog -refused"):
+            yield Label(Text("The gate refused this promotion", style="bold #f7768e"), classes="dialog-title")
+            yield Static(_change(self.route, self.mode, self.percent))
+            reasons = Text()
+            for r in self.gate.reasons or ("refused",):
+                reasons.append(f"  ✘ {r}\n", style="#f7768e")
+            yield Static(reasons.rstrip() or reasons, id="gate-reasons")
+            yield Static(gate_figures(self.gate), id="gate-figures")
+            yield Static("Forcing overrides the gate; the audit trail records it as forced, with your reason.")
+            yield Label("Reason for forcing", classes="field-label")
+            yield from self.reason_widgets()
+
+
+HELP = """\
+[b]Keys[/b]
+  ↑/↓        select a route (the buckets panel follows it)
+  o s c e    move the selected route to off / shadow / canary (asks the percent) / enforce
+  r          reconnect now          n   next replica (when several are known)
+  ?          this help              q   quit            ctrl+p   command palette
+
+[b]Rollout[/b]
+  Every change asks for a reason and shows the gate figures. A promotion the gate refuses
+  (409) shows why and can be forced with a reason. The tables change only when the control
+  plane says so (stream or a fresh read), never on a guess. Without an admin token the
+  dashboard is read-only.
+
+[b]Panels[/b]
+  Routes      effective mode, decisions/s, divergence (5 min) with the last 15 minutes,
+              new rejections (local allowed, distributed would deny), backend errors, gate
+  Buckets     the selected route's most active keys: tokens left locally and globally
+  Backend     the Redis circuit breaker, the failure policy in force, the live fleet
+  Divergence  the last hour per route: agree, new rejections, reverse (one column a minute)
+  Audit       mode changes, rules reloads, breaker transitions, as they happen
+
+[b]Connection[/b]
+  LIVE when snapshots arrive; STALE keeps the last data on screen and retries with backoff
+  (0.5 s doubling to 10 s).
+"""
+
+
+class HelpScreen(ModalScreen[None]):
+    BINDINGS = [Binding("escape,question_mark,q", "close", "Close")]
+
+    def __init__(self, url: str, has_token: bool, replicas: list[str], banner: str | None) -> None:
+        super().__init__()
+        self.url, self.has_token, self.replicas, self.banner = url, has_token, replicas, banner
+
+    def compose(self) -> ComposeResult:
+        with VerticalScroll(classes="dialog help"):
+            yield Label("shadowlimit dashboard", classes="dialog-title")
+            yield Static(HELP, markup=True)
+            conn = f"[b]Connected to[/b] {self.url}  ·  admin token: {'set' if self.has_token else 'not set (read-only)'}"
+            if len(self.replicas) > 1:
+                conn += "\n[b]Replicas[/b] " + "  ".join(self.replicas)
+            yield Static(conn)
+            if self.banner:
+                yield Label("Demo", classes="field-label")
+                yield Static(Text(self.banner), id="demo-banner")
+            yield Button("Close", id="close")
+
+    @on(Button.Pressed, "#close")
+    def action_close(self) -> None:
+        self.dismiss(None)

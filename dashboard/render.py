@@ -1,0 +1,149 @@
+"""Pure formatting helpers shared by the widgets: sparklines, bars, rates, times."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+
+from rich.text import Text
+
+from .models import GateView
+
+__all__ = ["BREAKER_STYLE", "MODE_STYLE", "ago", "bar", "clock", "gate_figures", "gate_problems", "gate_text", "mode_text", "pct", "spark_text", "sparkline"]
+
+BLOCKS = " ▁▂▃▄▅▆▇█"
+
+MODE_STYLE = {"off": "dim", "shadow": "bold #7aa2f7", "canary": "bold #e0af68", "enforce": "bold #9ece6a"}
+BREAKER_STYLE = {"closed": "bold #1e1e1e on #9ece6a", "open": "bold #1e1e1e on #f7768e", "half_open": "bold #1e1e1e on #e0af68"}
+
+
+def sparkline(values: Sequence[float], width: int | None = None, *, top: float | None = None) -> str:
+    """Unicode sparkline of the last ``width`` values; 0 shows as the lowest tick only when
+    some value is non-zero, a blank when all are zero."""
+    vals = list(values)[-width:] if width else list(values)
+    if width and len(vals) < width:
+        vals = [0.0] * (width - len(vals)) + vals
+    hi = top if top is not None else max(vals, default=0.0)
+    if hi <= 0:
+        return "▁" * len(vals) if vals else ""
+    out = []
+    for v in vals:
+        if v <= 0:
+            out.append("▁")
+        else:
+            out.append(BLOCKS[max(1, min(8, round(v / hi * 8)))])
+    return "".join(out)
+
+
+def spark_text(values: Sequence[float], width: int, colour: str, *, top: float | None = None, zero: str = "#3b4261") -> Text:
+    """:func:`sparkline` as Text: minutes with data in ``colour``, empty minutes dim."""
+    vals = list(values)[-width:]
+    vals = [0.0] * (width - len(vals)) + vals
+    text = Text()
+    for ch, v in zip(sparkline(vals, width, top=top), vals):
+        text.append(ch, style=colour if v > 0 else zero)
+    return text
+
+
+def bar(value: float, maximum: float, width: int, *, style: str = "#7aa2f7", empty: str = "#3b4261") -> Text:
+    """A horizontal bar ``value / maximum`` in ``width`` cells with eighth-cell precision."""
+    text = Text()
+    if maximum <= 0 or width <= 0:
+        return Text("·" * max(0, width), style=empty)
+    frac = max(0.0, min(1.0, value / maximum))
+    eighths = round(frac * width * 8)
+    full, part = divmod(eighths, 8)
+    text.append("█" * full, style=style)
+    if part and full < width:
+        text.append(" ▏▎▍▌▋▊▉"[part], style=f"{style} on {empty}")
+        full += 1
+    text.append(" " * (width - full), style=f"on {empty}")
+    return text
+
+
+def pct(rate: float | None, digits: int = 1) -> str:
+    if rate is None:
+        return "—"
+    if rate == 0:
+        return "0%"
+    if rate < 0.001:
+        return "<0.1%"
+    return f"{rate * 100:.{digits}f}%"
+
+
+def ago(at: float | None, now: float) -> str:
+    """``3s ago`` style, relative to ``now`` (the snapshot's time, so renders are stable)."""
+    if not at:
+        return "—"
+    d = max(0.0, now - at)
+    if d < 1:
+        return "now"
+    if d < 90:
+        return f"{d:.0f}s ago"
+    if d < 5400:
+        return f"{d / 60:.0f}m ago"
+    return f"{d / 3600:.1f}h ago"
+
+
+def clock(at: float | None) -> str:
+    if not at:
+        return "--:--:--"
+    return time.strftime("%H:%M:%S", time.localtime(at))
+
+
+def mode_text(mode: str, percent: int = 0) -> Text:
+    label = f"canary {percent}%" if mode == "canary" else mode
+    return Text(label, style=MODE_STYLE.get(mode, ""))
+
+
+def gate_text(gate: GateView | None) -> Text:
+    """Compact gate status for a table cell: ``✔ pass → canary`` or why not, from the figures."""
+    if gate is None:
+        return Text("—", style="dim")
+    if gate.target is None:
+        return Text("? " + (gate.reasons[0] if gate.reasons else "unknown"), style="#e0af68")
+    if not gate.required:
+        return Text("fully enforced" if gate.target == "enforce" else f"no gate → {gate.target}", style="dim")
+    if gate.passed:
+        return Text(f"✔ pass → {gate.target}", style="bold #9ece6a")
+    problems = gate_problems(gate)
+    text = Text(f"✘ {gate.target}: {problems[0]}", style="#f7768e")
+    if len(problems) > 1:
+        text.append(f" (+{len(problems) - 1} more)", style="dim #f7768e")
+    return text
+
+
+def gate_problems(gate: GateView) -> list[str]:
+    """The gate's failed checks, short and most serious first (full sentences are in
+    ``gate.reasons``)."""
+    if not gate.has_figures:
+        return list(gate.reasons) or ["refused"]
+    out = []
+    if gate.new_rejection_rate is not None and gate.max_new_rejection_rate is not None and gate.new_rejection_rate > gate.max_new_rejection_rate:
+        out.append(f"new rej {pct(gate.new_rejection_rate)} > {pct(gate.max_new_rejection_rate)}")
+    if gate.backend_error_rate is not None and gate.max_backend_error_rate is not None and gate.backend_error_rate > gate.max_backend_error_rate:
+        out.append(f"errors {pct(gate.backend_error_rate, 2)} > {pct(gate.max_backend_error_rate, 2)}")
+    if gate.min_samples is not None and (gate.compared or 0) < gate.min_samples:
+        out.append(f"samples {gate.compared}/{gate.min_samples}")
+    return out or list(gate.reasons) or ["refused"]
+
+
+def gate_figures(gate: GateView | None) -> Text:
+    """Multi-line gate figures for the confirmation and refusal dialogs."""
+    t = Text()
+    if gate is None or not gate.has_figures:
+        t.append("no gate figures available" + (f": {gate.reasons[0]}" if gate and gate.reasons else ""), style="dim")
+        return t
+    window = f"last {gate.window_s}s" if gate.window_s else "gate window"
+
+    def row(label: str, value: str, limit: str, ok: bool) -> None:
+        t.append(f"  {label:<18}", style="bold")
+        t.append(f"{value:<12}", style="#9ece6a" if ok else "bold #f7768e")
+        t.append(f"{limit}\n", style="dim")
+
+    row("compared", f"{gate.compared:,}", f"need ≥ {gate.min_samples:,} ({window})", (gate.compared or 0) >= (gate.min_samples or 0))
+    nr, mnr = gate.new_rejection_rate or 0.0, gate.max_new_rejection_rate or 0.0
+    row("new rejections", pct(nr, 2), f"max {pct(mnr, 2)}" + (f" · {gate.new_rejections:,} requests" if gate.new_rejections is not None else ""), nr <= mnr)
+    be, mbe = gate.backend_error_rate or 0.0, gate.max_backend_error_rate or 0.0
+    row("backend errors", pct(be, 2), f"max {pct(mbe, 2)}", be <= mbe)
+    return t

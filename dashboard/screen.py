@@ -1,0 +1,314 @@
+"""The main view: routes, buckets, backend, divergence and audit, fed by the live stream.
+
+All IO runs in workers calling :mod:`dashboard.client`; widgets only get typed views.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Sequence
+from dataclasses import replace
+
+from textual import on, work
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Horizontal, VerticalScroll
+from textual.screen import Screen
+from textual.timer import Timer
+from textual.widgets import Footer, Header
+
+from .chart import DivergenceChart
+from .client import ApiError, ClientError, ControlPlaneClient, ControlPlaneUnavailable, GateRefused, Unauthorized
+from .modals import ConfirmModeScreen, GateRefusedScreen, PercentScreen
+from .models import AuditEntryView, ConnectionState, EventView, RouteView, Snapshot
+from .widgets import AuditPanel, BackendPanel, BucketsTable, ConnectionBar, RoutesTable
+
+__all__ = ["BACKOFF_INITIAL_S", "BACKOFF_MAX_S", "DashboardScreen"]
+
+BACKOFF_INITIAL_S = 0.5
+BACKOFF_MAX_S = 10.0
+STREAM_MINUTES = 60
+AUDIT_KINDS_WITHOUT_ENTRY = {"breaker", "auto_rollback"}
+AUDIT_KEEP = 100
+
+
+class DashboardScreen(Screen[None]):
+    """One view of one control-plane replica (``n`` moves to the next known replica)."""
+
+    BINDINGS = [
+        Binding("o", "mode('off')", "Off"),
+        Binding("s", "mode('shadow')", "Shadow"),
+        Binding("c", "mode('canary')", "Canary %"),
+        Binding("e", "mode('enforce')", "Enforce"),
+        Binding("r", "reconnect", "Reconnect"),
+        Binding("n", "next_replica", "Next replica"),
+    ]
+
+    def __init__(self, urls: Sequence[str], token: str | None, *, hint: str | None = None, snapshot: Snapshot | None = None) -> None:
+        super().__init__()
+        self.urls = list(urls)
+        self.token = token
+        self.hint = hint
+        self.fixed = snapshot
+        self.client = ControlPlaneClient(self.urls[0], token)
+        self.snapshot: Snapshot | None = None
+        self.selected: str | None = None
+        self.conn = ConnectionState("fixed" if snapshot else "connecting", self.client.url, self.client.has_token, hint=hint)
+        self._audit: dict[tuple[str, str, str, int], AuditEntryView] = {}
+        self._events: dict[int, EventView] = {}
+        self._applied_at = 0.0  # monotonic time the last snapshot was shown
+        self._restart: Timer | None = None
+
+    def compose(self) -> ComposeResult:
+        yield Header()
+        yield ConnectionBar(id="connection")
+        yield RoutesTable(id="routes", classes="panel")
+        with Horizontal(id="middle"):
+            yield BucketsTable(id="buckets", classes="panel")
+            with VerticalScroll(id="backend-box", classes="panel"):
+                yield BackendPanel(id="backend")
+        with Horizontal(id="bottom"):
+            with VerticalScroll(id="chart-box", classes="panel"):
+                yield DivergenceChart(id="chart")
+            with VerticalScroll(id="audit-box", classes="panel"):
+                yield AuditPanel(id="audit")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        titles = {"routes": "Routes", "buckets": "Buckets", "backend-box": "Backend", "chart-box": "Divergence · last hour", "audit-box": "Audit & events"}
+        for wid, title in titles.items():
+            self.query_one(f"#{wid}").border_title = title
+        self.query_one(BackendPanel).show(None)
+        self.query_one(DivergenceChart).show(None, [], None)
+        self._render_audit()
+        self._show_conn()
+        self.query_one(RoutesTable).focus()
+        if self.fixed is not None:
+            self.show_snapshot(self.fixed)
+        else:
+            self.run_stream()
+            self.load_audit()
+
+    async def on_unmount(self) -> None:
+        await self.client.aclose()
+
+    # -- rendering (no IO) --------------------------------------------------------------
+
+    def _torn_down(self) -> bool:
+        """While the app shuts down the panels go before the workers are cancelled."""
+        return not self.query(ConnectionBar)
+
+    def show_snapshot(self, snap: Snapshot) -> None:
+        """Render one snapshot: every panel, from these figures only."""
+        if self._torn_down():
+            return
+        self.snapshot = snap
+        self._applied_at = time.monotonic()
+        if self.selected is None or snap.route(self.selected) is None:
+            self.selected = snap.routes[0].name if snap.routes else None
+        self.query_one(RoutesTable).show(snap.routes, snap.divergence, self.selected)
+        self._show_buckets()
+        self.query_one(BackendPanel).show(snap.backend, self.urls)
+        self.query_one(DivergenceChart).show(snap.divergence, [r.name for r in snap.routes], self.selected)
+        for ev in snap.events:
+            self._note_event(ev)
+        self._render_audit()
+        self.conn = replace(self.conn, instance_id=snap.instance_id, data_at=snap.at)
+        self._show_conn()
+
+    def _show_buckets(self) -> None:
+        snap, route = self.snapshot, self.selected
+        if snap is None or self._torn_down():
+            return
+        box = self.query_one("#buckets")
+        rv = snap.route(route)
+        title = f"Buckets · {route}" if route else "Buckets"
+        if rv is not None and (rv.local_policy or rv.distributed_policy):
+            lp = rv.local_policy.describe() if rv.local_policy else "?"
+            dp = rv.distributed_policy.describe() if rv.distributed_policy else "?"
+            box.border_subtitle = f"local {lp} · global {dp}"
+        box.border_title = title
+        self.query_one(BucketsTable).show([b for b in snap.buckets if b.route == route], snap.at)
+
+    def _note_event(self, ev: EventView) -> None:
+        if ev.audit is not None:
+            self._audit[ev.audit.identity] = ev.audit
+        elif ev.type in AUDIT_KINDS_WITHOUT_ENTRY:
+            self._events[ev.seq] = ev
+
+    def _render_audit(self) -> None:
+        if self._torn_down():
+            return
+        items: list[AuditEntryView | EventView] = [*self._audit.values(), *self._events.values()]
+        items.sort(key=lambda i: i.at, reverse=True)
+        for old in items[AUDIT_KEEP:]:  # keep memory bounded on a long-running dashboard
+            if isinstance(old, AuditEntryView):
+                self._audit.pop(old.identity, None)
+            else:
+                self._events.pop(old.seq, None)
+        self.query_one(AuditPanel).show(items[:AUDIT_KEEP])
+
+    def _show_conn(self) -> None:
+        if self._torn_down():
+            return
+        self.query_one(ConnectionBar).show(self.conn)
+        self.set_class(self.conn.status == "stale", "-stale")
+        self.sub_title = self.client.url
+
+    def _set_conn(self, status: str, *, retry_in_s: float | None = None, error: str | None = None) -> None:
+        self.conn = replace(self.conn, status=status, url=self.client.url, retry_in_s=retry_in_s, error=error)
+        self._show_conn()
+
+    # -- the stream (IO in a worker) ----------------------------------------------------
+
+    @work(exclusive=True, group="stream")
+    async def run_stream(self) -> None:
+        """Follow ``/v1/stream``; on a break keep the data, mark it stale, retry with backoff."""
+        backoff = BACKOFF_INITIAL_S
+        if self.conn.status != "live":
+            self._set_conn("connecting")
+        while True:
+            error = "stream ended"
+            try:
+                async for item in self.client.stream(route=self.selected, minutes=STREAM_MINUTES):
+                    if isinstance(item, Snapshot):
+                        was = self.conn.status
+                        self.show_snapshot(item)
+                        backoff = BACKOFF_INITIAL_S
+                        if was != "live":
+                            self._set_conn("live")
+                            if was == "stale":
+                                self.load_audit()
+                    else:
+                        self._on_event(item)
+            except ClientError as exc:
+                error = str(exc)
+            deadline = time.monotonic() + backoff
+            while (left := deadline - time.monotonic()) > 0:
+                self._set_conn("stale", retry_in_s=left, error=error)
+                await asyncio.sleep(min(0.25, left))
+            self._set_conn("stale", retry_in_s=0, error=error)
+            backoff = min(backoff * 2, BACKOFF_MAX_S)
+
+    def _on_event(self, ev: EventView) -> None:
+        self._note_event(ev)
+        self._render_audit()
+        if ev.type in ("mode_change", "auto_rollback", "rules_reload"):
+            self.refresh_routes()
+
+    @work(exclusive=True, group="audit")
+    async def load_audit(self) -> None:
+        try:
+            entries = await self.client.audit(limit=50)
+        except ClientError:
+            return  # the stream's state already says whether the control plane is there
+        for e in entries:
+            self._audit[e.identity] = e
+        self._render_audit()
+
+    @work(exclusive=True, group="routes")
+    async def refresh_routes(self) -> None:
+        """Re-read ``/v1/routes`` right after a change event (dropped if a newer snapshot won)."""
+        started = time.monotonic()
+        try:
+            routes = await self.client.routes()
+        except ClientError:
+            return
+        snap = self.snapshot
+        if snap is None or self._applied_at > started:
+            return
+        self.show_snapshot(Snapshot(snap.at, snap.instance_id, snap.backend, tuple(routes), snap.divergence, snap.buckets, ()))
+
+    @on(RoutesTable.Selected)
+    def _route_selected(self, event: RoutesTable.Selected) -> None:
+        if event.route == self.selected:
+            return
+        self.selected = event.route
+        self._show_buckets()
+        if self.snapshot is not None:
+            self.query_one(DivergenceChart).show(self.snapshot.divergence, [r.name for r in self.snapshot.routes], self.selected)
+        if self.fixed is None:
+            if self._restart is not None:
+                self._restart.stop()
+            self._restart = self.set_timer(0.3, self.run_stream)  # the stream carries this route's buckets
+
+    def action_reconnect(self) -> None:
+        if self.fixed is None:
+            self.run_stream()
+            self.load_audit()
+
+    def action_next_replica(self) -> None:
+        if self.fixed is not None or len(self.urls) < 2:
+            return
+        i = (self.urls.index(self.client.url) + 1) % len(self.urls) if self.client.url in self.urls else 0
+        old, self.client = self.client, ControlPlaneClient(self.urls[i], self.token)
+        self._events.clear()
+        self._set_conn("connecting")
+        self.run_stream()
+        self.load_audit()
+        self._close(old)
+        self.notify(f"now following {self.client.url}")
+
+    @work(group="close")
+    async def _close(self, client: ControlPlaneClient) -> None:
+        await client.aclose()
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        if action == "next_replica":
+            return len(self.urls) > 1
+        if action == "reconnect":
+            return self.fixed is None
+        return True
+
+    # -- rollout toggles ----------------------------------------------------------------
+
+    def action_mode(self, mode: str) -> None:
+        if not self.client.has_token:
+            self.notify("Changing a route's mode needs the admin token: start the dashboard with --token (or SHADOWLIMIT_ADMIN_TOKEN).", title="Read-only", severity="warning")
+            return
+        route = self.snapshot.route(self.selected) if self.snapshot else None
+        if route is None:
+            self.notify("No route selected yet (waiting for data).", severity="warning")
+            return
+        self.change_mode(route, mode)
+
+    @work(exclusive=True, group="mode")
+    async def change_mode(self, route: RouteView, mode: str) -> None:
+        """Ask (percent, then reason), send, and report what the server answered."""
+        percent = 0
+        if mode == "canary":
+            answer = await self.app.push_screen_wait(PercentScreen(route))
+            if answer is None:
+                return
+            percent = answer
+        reason = await self.app.push_screen_wait(ConfirmModeScreen(route, mode, percent))
+        if reason is None:
+            return
+        force = False
+        while True:
+            try:
+                result = await self.client.set_mode(route.name, mode, canary_percent=percent, reason=reason, force=force)
+            except GateRefused as exc:
+                forced = await self.app.push_screen_wait(GateRefusedScreen(route, mode, percent, exc.gate, reason))
+                if forced is None:
+                    self.notify(f"{route.name} not changed: the gate refused and it was not forced.", severity="warning")
+                    return
+                reason, force = forced, True
+                continue
+            except Unauthorized as exc:
+                self.notify(f"The control plane refused the token: {exc.message}", title=f"{exc.status} {exc.error}", severity="error")
+                return
+            except ControlPlaneUnavailable as exc:
+                self.notify(f"{route.name} not changed: {exc}", title="Control plane unavailable", severity="error")
+                return
+            except ApiError as exc:
+                self.notify(exc.message, title=f"{exc.status} {exc.error}", severity="error")
+                return
+            st = result.state
+            label = f"canary {st.canary_percent}%" if st.mode == "canary" else st.mode
+            forced_txt = " (forced)" if result.audit.forced else ""
+            self.notify(f"{result.route} is now {label}{forced_txt} — version {st.version}, confirmed by the control plane.", title="Mode changed")
+            self.refresh_routes()
+            return
+

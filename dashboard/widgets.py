@@ -1,0 +1,245 @@
+"""Render-only widgets: each is handed typed views and draws them; user intent goes up as
+messages. No widget talks to the control plane."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from rich.console import RenderableType
+from rich.table import Table
+from rich.text import Text
+from textual.message import Message
+from textual.widgets import DataTable, Static
+
+from .models import AuditEntryView, BackendView, BucketSide, BucketView, ConnectionState, DivergenceView, EventView, RouteView
+from .render import BREAKER_STYLE, ago, bar, clock, gate_text, mode_text, pct, spark_text
+
+__all__ = ["AuditPanel", "BackendPanel", "BucketsTable", "ConnectionBar", "RoutesTable"]
+
+SPARK_MINUTES = 12
+
+
+class RoutesTable(DataTable[Text | str]):
+    """Every route: mode, rate, divergence (with a sparkline of recent minutes), gate."""
+
+    class Selected(Message):
+        """The user moved to another route."""
+
+        def __init__(self, route: str) -> None:
+            super().__init__()
+            self.route = route
+
+    COLUMNS = (("route", "Route"), ("mode", "Mode"), ("rate", "Dec/s"), ("div", f"Diverged 5m · {SPARK_MINUTES}m"), ("newrej", "New rej. 5m"), ("errors", "Errors 5m"), ("gate", "Gate (next step)"))
+
+    def __init__(self, **kwargs: object) -> None:
+        super().__init__(cursor_type="row", zebra_stripes=True, **kwargs)  # type: ignore[arg-type]
+        self._names: list[str] = []
+
+    def on_mount(self) -> None:
+        for key, label in self.COLUMNS:
+            self.add_column(label, key=key)
+
+    def show(self, routes: Sequence[RouteView], divergence: DivergenceView | None, selected: str | None) -> None:
+        names = [r.name for r in routes]
+        if names != self._names:
+            self.clear()
+            for r in routes:
+                self.add_row(*self._cells(r, divergence), key=r.name)
+            self._names = names
+            if selected in names:
+                self.move_cursor(row=names.index(selected), animate=False)
+            return
+        for r in routes:
+            for (col, _), cell in zip(self.COLUMNS, self._cells(r, divergence)):
+                self.update_cell(r.name, col, cell, update_width=True)
+
+    @staticmethod
+    def _cells(r: RouteView, divergence: DivergenceView | None) -> list[Text | str]:
+        mode = mode_text(r.mode, r.canary_percent)
+        if r.stored_mode != r.mode:
+            mode.append(f" (stored {r.stored_mode})", style="dim")
+        d = r.divergence_5m
+        series = divergence.routes[r.name].series if divergence and r.name in divergence.routes else ()
+        rates = [(p.local_allow_distributed_deny + p.local_deny_distributed_allow) / p.compared if p.compared else 0.0 for p in series]
+        div = Text(f"{pct(d.divergence_rate) if d else '—':>6} ", style="bold" if d and d.divergence_rate else "")
+        div.append_text(spark_text(rates, SPARK_MINUTES, "#f7768e"))
+        if d is None:
+            newrej, errors = Text("Redis unavailable", style="#e0af68"), Text("—")
+        else:
+            newrej = Text(f"{d.local_allow_distributed_deny:,}", style="bold #f7768e" if d.local_allow_distributed_deny else "")
+            newrej.append(f" ({pct(d.new_rejection_rate)})", style="dim")
+            errors = Text(f"{d.backend_errors:,}", style="bold #f7768e" if d.backend_errors else "")
+            errors.append(f" ({pct(d.backend_error_rate, 2)})", style="dim")
+        return [Text(r.name, style="bold"), mode, f"{r.decisions_per_s:,.1f}", div, newrej, errors, gate_text(r.gate)]
+
+    def on_data_table_row_highlighted(self, event: DataTable.RowHighlighted) -> None:
+        event.stop()
+        if event.row_key.value is not None:
+            self.post_message(self.Selected(event.row_key.value))
+
+
+def _side(side: BucketSide | None, width: int) -> Text:
+    if side is None:
+        return Text("— (not read)", style="dim")
+    cap = side.burst or side.limit
+    low = cap > 0 and side.tokens < cap * 0.2
+    t = bar(side.tokens, cap, width, style="#f7768e" if low else "#7aa2f7")
+    t.append(f" {side.tokens:.1f}/{cap}", style="bold #f7768e" if low else "")
+    return t
+
+
+class BucketsTable(DataTable[Text | str]):
+    """The selected route's most active keys: local and distributed tokens against the burst."""
+
+    BAR = 8
+    BY = {"local": "local", "distributed": "global", "failure_policy": "fail-policy"}
+
+    def __init__(self, **kwargs: object) -> None:
+        super().__init__(show_cursor=False, zebra_stripes=True, **kwargs)  # type: ignore[arg-type]
+
+    def on_mount(self) -> None:
+        self.add_column("Key", key="key")
+        self.add_column("Req", key="req")
+        self.add_column("Local (replica)", key="local")
+        self.add_column("Global (Redis)", key="dist")
+        self.add_column("Last decision", key="last")  # ✔/✘ and who decided (local, global = Redis)
+
+    def show(self, buckets: Sequence[BucketView], now: float) -> None:
+        self.clear()
+        for b in buckets:
+            last = Text("—", style="dim")
+            if b.last_decision is not None:
+                ld = b.last_decision
+                last = Text("✔ " if ld.allowed else "✘ ", style="#9ece6a" if ld.allowed else "bold #f7768e")
+                last.append(self.BY.get(ld.enforced_by, ld.enforced_by), style="#9ece6a" if ld.allowed else "bold #f7768e")
+                last.append(f" {ago(ld.at, now)}", style="dim")
+            self.add_row(Text(b.key, style="bold"), f"{b.recent_requests:,}", _side(b.local, self.BAR), _side(b.distributed, self.BAR), last, key=b.key)
+
+
+class BackendPanel(Static):
+    """Circuit breaker (coloured by state), failure policy and the live fleet."""
+
+    def show(self, backend: BackendView | None, replicas: Sequence[str] = ()) -> None:
+        self.update(self._render_backend(backend, replicas))
+
+    @staticmethod
+    def _render_backend(b: BackendView | None, replicas: Sequence[str]) -> RenderableType:
+        if b is None:
+            return Text("waiting for the first snapshot …", style="dim")
+        grid = Table.grid(padding=(0, 1))
+        grid.add_column(style="dim", no_wrap=True, min_width=10)
+        grid.add_column(ratio=1)
+
+        def row(label: str, value: str | Text, style: str = "") -> None:
+            grid.add_row(label, Text(value, style=style) if isinstance(value, str) else value)
+
+        row("breaker", Text.assemble((f" {b.state.replace('_', '-').upper()} ", BREAKER_STYLE.get(b.state, "bold"))))
+        row("failures", f"{b.consecutive_failures} in a row · {b.total_failures} total", "bold #f7768e" if b.consecutive_failures else "")
+        row("last error", b.last_error or "—", "#f7768e" if b.last_error and b.state != "closed" else "dim")
+        if b.state == "open":
+            probe = f"in {b.next_probe_in_s:.1f}s" if b.next_probe_in_s is not None else "due"
+            row("next probe", f"{probe} (attempt {b.probe_attempt + 1})", "bold #e0af68")
+        elif b.state == "half_open":
+            row("next probe", "probing now", "bold #e0af68")
+        closed = b.failure_policy.replace("_", "").lower() == "failclosed"
+        row("on failure", f"{b.failure_policy or '?'}" + (f" (answers {b.failure_code})" if closed else ""), "bold")
+        row("instances", f"{b.live_instances} live: " + (", ".join(b.fleet) if b.fleet else b.instance_id))
+        row("following", b.instance_id + (f" (1 of {len(replicas)} replicas)" if len(replicas) > 1 else ""))
+        row("redis", b.redis or "?", "dim")
+        cap = f"/{b.shadow_queue_capacity:,}" if b.shadow_queue_capacity else ""
+        row("shadow", f"queue {b.shadow_queue:,}{cap} · dropped {b.shadow_dropped:,} · {b.shadow_evaluated:,} evaluated", "bold #f7768e" if b.shadow_dropped else "")
+        if b.pending_rollbacks:
+            row("rollback", "pending: " + ", ".join(b.pending_rollbacks), "bold #f7768e")
+        if not b.distributed_enabled:
+            row("kill switch", "distributed limiting is DISABLED: every route runs as off", "bold #e0af68")
+        return grid
+
+
+def _audit_entry(e: AuditEntryView) -> Text:
+    t = Text()
+    if e.kind == "mode_change":
+        t.append(f"{e.route} ", style="bold")
+        t.append_text(mode_text(e.from_mode, e.from_percent))
+        t.append(" → ")
+        t.append_text(mode_text(e.to_mode, e.to_percent))
+        if e.forced:
+            t.append(" FORCED", style="bold #f7768e")
+        if e.automatic:
+            t.append(" AUTO", style="bold #e0af68")
+    elif e.kind == "rules_reload":
+        t.append("rules reload ", style="bold")
+        t.append(e.to_mode, style="#9ece6a" if e.to_mode == "ok" else "bold #f7768e")
+    else:
+        t.append(f"{e.kind.replace('_', ' ')} {e.route} ", style="bold")
+        t.append(e.to_mode)
+    t.append(f"\n{e.actor}", style="dim")
+    if e.reason:
+        t.append(f" · “{e.reason}”", style="italic")
+    return t
+
+
+def _event_entry(e: EventView) -> Text:
+    d = e.data
+    t = Text()
+    if e.type == "breaker":
+        t.append("breaker ", style="bold")
+        t.append(f"{d.get('from', '?')} → ")
+        to = str(d.get("to", "?"))
+        t.append(to, style={"closed": "#9ece6a", "open": "bold #f7768e"}.get(to, "#e0af68"))
+        detail = " · ".join(str(x) for x in (d.get("instance"), d.get("reason")) if x)
+    elif e.type == "auto_rollback":
+        t.append(f"{e.route} auto-rollback ", style="bold #f7768e")
+        t.append(f"{d.get('from', '?')} → {d.get('to', 'shadow')}")
+        detail = str(d.get("reason") or "")
+    else:
+        t.append(e.type.replace("_", " "), style="bold")
+        detail = str(d.get("error") or "")
+    if detail:
+        t.append(f"\n{detail}", style="dim")
+    return t
+
+
+class AuditPanel(Static):
+    """Latest audited changes (mode changes, rules reloads, ...) and live events, newest first."""
+
+    def show(self, items: Sequence[AuditEntryView | EventView]) -> None:
+        if not items:
+            self.update(Text("no changes recorded yet", style="dim"))
+            return
+        grid = Table.grid(padding=(0, 1))
+        grid.add_column(style="dim", no_wrap=True)
+        grid.add_column(ratio=1)
+        for i in items:
+            grid.add_row(clock(i.at), _audit_entry(i) if isinstance(i, AuditEntryView) else _event_entry(i))
+        self.update(grid)
+
+
+class ConnectionBar(Static):
+    """Always visible: live / stale (reconnecting in N s) / connecting, and where to."""
+
+    def show(self, c: ConnectionState) -> None:
+        self.set_classes(f"-{c.status}")
+        t = Text()
+        badge = {
+            "live": (" ● LIVE ", "bold #1e1e1e on #9ece6a"),
+            "stale": (" ◌ STALE ", "bold #1e1e1e on #e0af68"),
+            "connecting": (" … CONNECTING ", "bold #1e1e1e on #7aa2f7"),
+            "fixed": (" ■ FIXED SNAPSHOT ", "bold #1e1e1e on #bb9af7"),
+        }[c.status]
+        t.append(*badge)
+        stale = c.status == "stale"
+        if stale:
+            t.append(f" reconnecting in {c.retry_in_s:.0f}s" if c.retry_in_s and c.retry_in_s >= 0.5 else " reconnecting now", style="bold #e0af68")
+            if c.data_at:
+                t.append(f" · showing data from {clock(c.data_at)}", style="bold #e0af68")
+        t.append(f"  {c.url}", style="bold")
+        if c.instance_id:
+            t.append(f" · {c.instance_id}", style="dim")
+        if c.data_at and not stale:
+            t.append(f" · data as of {clock(c.data_at)}", style="dim")
+        t.append(" · token ✔" if c.has_token else " · read-only (no token)", style="dim" if c.has_token else "#e0af68")
+        if stale and c.error:
+            t.append(f" · {c.error}", style="#e0af68")
+        if c.hint:
+            t.append(f" · {c.hint}", style="italic #bb9af7")
+        self.update(t)

@@ -1,0 +1,523 @@
+"""The terminal dashboard, driven with Textual's pilot against a real control plane on
+loopback (uvicorn in a thread, the session's embedded Redis); plus snapshot tests of the
+main screen fed a fixed :class:`~dashboard.models.Snapshot`."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import uvicorn
+from textual.pilot import Pilot
+from textual.widgets import Input
+
+from dashboard.app import ShadowlimitDashboard
+from dashboard.client import ControlPlaneClient, GateRefused, Unauthorized
+from dashboard.modals import ConfirmModeScreen, GateRefusedScreen, PercentScreen
+from dashboard.screen import DashboardScreen
+from dashboard.widgets import AuditPanel, BucketsTable, ConnectionBar, RoutesTable
+
+TOKEN = "t0ken"
+SIZE = (160, 50)
+
+# search: the global limit is stricter than the local one, so shadow mode shows new
+# rejections (local allowed, distributed would deny) for a busy client.
+RULES = """\
+version: 1
+routes:
+  - name: search
+    match: {methods: [GET], path: /api/search/**}
+    key: {strategy: header, header: X-Client-Id}
+    local: {average: 10, period: 1s, burst: 20}
+    distributed: {average: 5, period: 1s, burst: 5}
+  - name: checkout
+    match: {methods: [POST], path: /api/checkout/**}
+    key: {strategy: header, header: X-Client-Id}
+    local: {average: 5, period: 1s, burst: 5}
+    distributed: {average: 8, period: 1s, burst: 8}
+"""
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class ControlPlane:
+    """A real control plane (``create_app``) served by uvicorn in a background thread."""
+
+    def __init__(self, redis_url: str, rules_path: Path, *, namespace: str, port: int | None = None, **overrides: Any) -> None:
+        self.redis_url, self.rules_path, self.namespace = redis_url, rules_path, namespace
+        self.port = port or _free_port()
+        self.overrides = overrides
+        self.server: uvicorn.Server | None = None
+        self.thread: threading.Thread | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> ControlPlane:
+        from control_plane.app import create_app
+        from control_plane.settings import load_settings
+
+        settings = load_settings(
+            redis_url=self.redis_url,
+            enable_distributed_rate_limiting=True,
+            admin_token=TOKEN,
+            rules_path=self.rules_path,
+            namespace=self.namespace,
+            **{"gate_min_samples": 0, "stream_interval_s": 0.5, **self.overrides},
+        )
+        config = uvicorn.Config(create_app(settings), host="127.0.0.1", port=self.port, log_level="warning", timeout_graceful_shutdown=1, lifespan="on")
+        self.server = uvicorn.Server(config)
+        self.thread = threading.Thread(target=self.server.run, name=f"control-plane-{self.port}", daemon=True)
+        self.thread.start()
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(f"{self.url}/healthz", timeout=1).status_code == 200:
+                    return self
+            except httpx.HTTPError:
+                pass
+            if not self.thread.is_alive():
+                break
+            time.sleep(0.05)
+        raise RuntimeError(f"control plane on {self.url} did not come up")
+
+    def stop(self) -> None:
+        if self.server is not None and self.thread is not None:
+            self.server.should_exit = True
+            self.thread.join(15)
+            assert not self.thread.is_alive(), "uvicorn did not stop"
+        self.server = self.thread = None
+
+    def restart(self) -> ControlPlane:
+        """Start again on the same port, Redis and namespace (state survives in Redis)."""
+        return ControlPlane(self.redis_url, self.rules_path, namespace=self.namespace, port=self.port, **self.overrides).start()
+
+
+@pytest.fixture
+def control_plane(redis_server: Any, tmp_path: Path) -> Iterator[Callable[..., ControlPlane]]:
+    """Factory: ``control_plane(**settings_overrides)`` starts one; all stop at teardown."""
+    rules = tmp_path / "rules.yaml"
+    rules.write_text(RULES)
+    started: list[ControlPlane] = []
+
+    def start(**overrides: Any) -> ControlPlane:
+        cp = ControlPlane(redis_server.url, rules, namespace=f"dash{uuid.uuid4().hex[:10]}", **overrides).start()
+        started.append(cp)
+        return cp
+
+    yield start
+    for cp in started:
+        cp.stop()
+
+
+async def traffic(url: str, n: int = 30, *, route: str = "search", key: str = "bob") -> None:
+    async with httpx.AsyncClient(base_url=url) as c:
+        for _ in range(n):
+            r = await c.post("/v1/decide", json={"route": route, "key": key})
+            assert r.status_code in (200, 429), r.text
+
+
+async def wait_for(pilot: Pilot[Any], predicate: Callable[[], Any], timeout: float = 15.0, what: str = "condition") -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        await pilot.pause(0.1)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def dash(app: ShadowlimitDashboard) -> DashboardScreen:
+    screen = app.dashboard
+    assert screen is not None
+    return screen
+
+
+def cell(app: ShadowlimitDashboard, table: type[RoutesTable] | type[BucketsTable], row: str, col: str) -> str:
+    value = dash(app).query_one(table).get_cell(row, col)
+    return getattr(value, "plain", str(value))
+
+
+def connection_text(app: ShadowlimitDashboard) -> str:
+    bar = dash(app).query_one(ConnectionBar)
+    return str(bar.render())
+
+
+def plain(widget: Any, width: int = 120) -> str:
+    """What a Static shows, as plain text (Text or a rich table)."""
+    import io
+
+    from rich.console import Console
+
+    console = Console(width=width, file=io.StringIO(), color_system=None)
+    console.print(widget.content)
+    return console.file.getvalue()  # type: ignore[attr-defined,no-any-return]
+
+
+def server_routes(url: str) -> dict[str, dict[str, Any]]:
+    return {r["name"]: r for r in httpx.get(f"{url}/v1/routes", timeout=5).json()["routes"]}
+
+
+async def until_live(pilot: Pilot[Any], app: ShadowlimitDashboard) -> None:
+    await wait_for(pilot, lambda: app.dashboard is not None and dash(app).conn.status == "live" and dash(app).snapshot is not None, what="the dashboard to go live")
+
+
+async def type_reason(pilot: Pilot[Any], reason: str) -> None:
+    await pilot.press(*["space" if ch == " " else ch for ch in reason])
+
+
+# -- against a real control plane ---------------------------------------------------------
+
+
+async def test_routes_and_buckets_show_the_servers_figures(control_plane: Callable[..., ControlPlane], tmp_path: Path) -> None:
+    cp = control_plane()
+    await traffic(cp.url, 30)  # local burst 20, global burst 5: 15 new rejections
+    await traffic(cp.url, 4, route="checkout", key="carol")
+    await asyncio.sleep(1.3)  # divergence counters are flushed to Redis every second
+    app = ShadowlimitDashboard(cp.url, TOKEN)
+    async with app.run_test(size=SIZE) as pilot:
+        await until_live(pilot, app)
+        server = server_routes(cp.url)
+        new_rej = server["search"]["divergence_5m"]["local_allow_distributed_deny"]
+        assert new_rej >= 10  # about 15, plus whatever the global bucket refilled meanwhile
+
+        def same_new_rejections() -> bool:
+            nonlocal server
+            server = server_routes(cp.url)
+            lad = server["search"]["divergence_5m"]["local_allow_distributed_deny"]
+            return cell(app, RoutesTable, "search", "newrej").startswith(f"{lad:,} ")
+
+        await wait_for(pilot, same_new_rejections, what="the server's new rejections in the routes table")
+        assert cell(app, RoutesTable, "search", "mode") == "shadow"
+        assert cell(app, RoutesTable, "checkout", "mode") == "shadow"
+        rate = server["search"]["divergence_5m"]["new_rejection_rate"]
+        assert f"({rate * 100:.1f}%)" in cell(app, RoutesTable, "search", "newrej")
+        assert cell(app, RoutesTable, "search", "errors").startswith("0 ")
+        assert "canary" in cell(app, RoutesTable, "search", "gate")
+        assert "new rej" in cell(app, RoutesTable, "search", "gate")  # why not: the rate is over 1%
+
+        # the buckets follow the selected route (search, the first row) and match /v1/buckets
+        buckets = httpx.get(f"{cp.url}/v1/buckets", params={"route": "search"}).json()["buckets"]
+        bob = next(b for b in buckets if b["key"] == "bob")
+        await wait_for(pilot, lambda: "bob" in dash(app).query_one(BucketsTable).rows, what="bob's bucket")
+        assert cell(app, BucketsTable, "bob", "req") == str(bob["recent_requests"])
+        assert cell(app, BucketsTable, "bob", "local").strip().endswith(f"/{bob['local']['burst']}")
+        assert cell(app, BucketsTable, "bob", "dist").strip().endswith(f"/{bob['distributed']['burst']}")
+        assert "local" in cell(app, BucketsTable, "bob", "last")
+
+        # live: more traffic shows up without doing anything
+        await traffic(cp.url, 10, key="dave")
+        await wait_for(pilot, lambda: "dave" in dash(app).query_one(BucketsTable).rows and cell(app, BucketsTable, "dave", "req") == "10", what="dave's 10 requests to appear live")
+
+        # moving to checkout shows checkout's keys
+        await pilot.press("down")
+        await wait_for(pilot, lambda: set(dash(app).query_one(BucketsTable).rows) == {"carol"}, what="checkout's buckets")
+        assert "Backend" in str(dash(app).query_one("#backend-box").border_title)
+        assert "CLOSED" in plain(dash(app).query_one("#backend"))
+
+        # a screenshot of the real thing (SHADOWLIMIT_DASH_SCREENSHOTS=dir keeps a copy)
+        svg = Path(app.save_screenshot("dashboard.svg", path=str(tmp_path)))
+        assert "checkout" in svg.read_text()
+        keep = os.environ.get("SHADOWLIMIT_DASH_SCREENSHOTS")
+        if keep:
+            Path(keep).mkdir(parents=True, exist_ok=True)
+            shutil.copy(svg, Path(keep) / "dashboard-real-server-160x50.svg")
+
+
+async def test_toggle_with_a_reason_changes_the_mode_on_the_server(control_plane: Callable[..., ControlPlane]) -> None:
+    cp = control_plane()
+    await traffic(cp.url, 3)
+    app = ShadowlimitDashboard(cp.url, TOKEN)
+    async with app.run_test(size=SIZE) as pilot:
+        await until_live(pilot, app)
+        await pilot.press("o")
+        await wait_for(pilot, lambda: isinstance(app.screen, ConfirmModeScreen), what="the confirmation")
+        assert "no gate" in str(app.screen.query_one("#gate-verdict").render()).lower()
+        await pilot.press("enter")  # no reason yet: refused locally, the dialog stays
+        await pilot.pause(0.2)
+        assert isinstance(app.screen, ConfirmModeScreen)
+        assert server_routes(cp.url)["search"]["stored_mode"] == "shadow"
+        await type_reason(pilot, "pause the rollout")
+        await pilot.press("enter")
+        await wait_for(pilot, lambda: server_routes(cp.url)["search"]["stored_mode"] == "off", what="the server to store off")
+        await wait_for(pilot, lambda: cell(app, RoutesTable, "search", "mode") == "off", what="the table to show off")
+        entry = httpx.get(f"{cp.url}/v1/rollout/audit").json()["entries"][0]
+        assert (entry["route"], entry["from"], entry["to"], entry["reason"]) == ("search", "shadow", "off", "pause the rollout")
+        assert entry["actor"].startswith("dashboard@")
+        await wait_for(pilot, lambda: "pause the rollout" in plain(dash(app).query_one(AuditPanel)), what="the audit panel")
+
+        # canary asks the percent first; the gate passes (gate_min_samples=0, no divergence)
+        await pilot.press("s")
+        await wait_for(pilot, lambda: isinstance(app.screen, ConfirmModeScreen))
+        await type_reason(pilot, "back to shadow")
+        await pilot.press("enter")
+        await wait_for(pilot, lambda: cell(app, RoutesTable, "search", "mode") == "shadow", what="shadow")
+        await pilot.press("c")
+        await wait_for(pilot, lambda: isinstance(app.screen, PercentScreen), what="the percent prompt")
+        app.screen.query_one("#percent", Input).value = ""
+        await pilot.press("2", "5", "enter")
+        await wait_for(pilot, lambda: isinstance(app.screen, ConfirmModeScreen))
+        assert "promotion" in str(app.screen.query_one("#gate-verdict").render())
+        await type_reason(pilot, "quarter")
+        await pilot.press("enter")
+        await wait_for(pilot, lambda: cell(app, RoutesTable, "search", "mode") == "canary 25%", what="canary 25%")
+        search = server_routes(cp.url)["search"]
+        assert (search["stored_mode"], search["canary_percent"]) == ("canary", 25)
+
+
+async def test_a_refused_gate_shows_why_and_force_works(control_plane: Callable[..., ControlPlane]) -> None:
+    cp = control_plane(gate_min_samples=10_000)
+    await traffic(cp.url, 5)
+    app = ShadowlimitDashboard(cp.url, TOKEN)
+    async with app.run_test(size=SIZE) as pilot:
+        await until_live(pilot, app)
+        assert "samples" in cell(app, RoutesTable, "search", "gate")  # why not, in the table already
+        await pilot.press("e")
+        await wait_for(pilot, lambda: isinstance(app.screen, ConfirmModeScreen))
+        figures = str(app.screen.query_one("#gate-figures").render())
+        assert "need ≥ 10,000" in figures
+        await type_reason(pilot, "go global")
+        await pilot.press("enter")
+        await wait_for(pilot, lambda: isinstance(app.screen, GateRefusedScreen), what="the refusal")
+        reasons = str(app.screen.query_one("#gate-reasons").render())
+        assert "need 10000" in reasons and "compared decisions" in reasons
+        assert server_routes(cp.url)["search"]["stored_mode"] == "shadow"  # nothing changed
+        assert cell(app, RoutesTable, "search", "mode") == "shadow"
+        # the reason is carried over; forcing sends force=true with it
+        assert app.screen.query_one("#reason", Input).value == "go global"
+        await pilot.press("enter")
+        await wait_for(pilot, lambda: server_routes(cp.url)["search"]["stored_mode"] == "enforce", what="the forced change")
+        await wait_for(pilot, lambda: cell(app, RoutesTable, "search", "mode") == "enforce", what="the table to show enforce")
+        entry = httpx.get(f"{cp.url}/v1/rollout/audit").json()["entries"][0]
+        assert entry["forced"] is True and entry["to"] == "enforce" and entry["reason"] == "go global"
+        await wait_for(pilot, lambda: "FORCED" in plain(dash(app).query_one(AuditPanel)), what="the forced entry in the audit panel")
+
+        # cancelling the refusal leaves the server alone
+        await pilot.press("c")
+        await wait_for(pilot, lambda: isinstance(app.screen, PercentScreen))
+        await pilot.press("escape")
+        await wait_for(pilot, lambda: isinstance(app.screen, DashboardScreen))
+        assert server_routes(cp.url)["search"]["stored_mode"] == "enforce"
+
+
+async def test_without_a_token_the_toggles_say_they_need_one(control_plane: Callable[..., ControlPlane]) -> None:
+    cp = control_plane()
+    app = ShadowlimitDashboard(cp.url, None)
+    async with app.run_test(size=SIZE) as pilot:
+        await until_live(pilot, app)
+        assert "read-only" in connection_text(app)
+        for key in ("e", "c", "o", "s"):
+            await pilot.press(key)
+            await pilot.pause(0.1)
+            assert isinstance(app.screen, DashboardScreen)  # no dialog, no request
+        messages = [n.message for n in app._notifications]
+        assert messages and all("needs the admin token" in m for m in messages)
+        assert httpx.get(f"{cp.url}/v1/rollout/audit").json()["entries"] == []
+        assert server_routes(cp.url)["search"]["stored_mode"] == "shadow"
+
+
+async def test_a_lost_control_plane_marks_the_data_stale_and_reconnects(control_plane: Callable[..., ControlPlane]) -> None:
+    cp = control_plane()
+    await traffic(cp.url, 8)
+    app = ShadowlimitDashboard(cp.url, TOKEN)
+    async with app.run_test(size=SIZE) as pilot:
+        await until_live(pilot, app)
+        assert "LIVE" in connection_text(app)
+        before = dash(app).snapshot
+        assert before is not None
+        await asyncio.to_thread(cp.stop)
+        await wait_for(pilot, lambda: dash(app).conn.status == "stale", what="stale")
+        text = connection_text(app)
+        assert "STALE" in text and "reconnecting" in text and "showing data from" in text
+        assert dash(app).has_class("-stale")
+        # the last data stays on screen
+        assert cell(app, RoutesTable, "search", "mode") == "shadow"
+        assert "bob" in dash(app).query_one(BucketsTable).rows
+        await pilot.pause(1.5)
+        assert dash(app).conn.status == "stale"
+
+        back = await asyncio.to_thread(cp.restart)
+        try:
+            await wait_for(pilot, lambda: dash(app).conn.status == "live", timeout=20, what="the reconnect")
+            assert "LIVE" in connection_text(app) and not dash(app).has_class("-stale")
+            snap = dash(app).snapshot
+            assert snap is not None and snap.at > before.at and snap.instance_id != before.instance_id
+        finally:
+            await asyncio.to_thread(back.stop)
+
+
+async def test_client_translates_errors(control_plane: Callable[..., ControlPlane]) -> None:
+    cp = control_plane(gate_min_samples=10_000)
+    bad = ControlPlaneClient(cp.url, "wrong")
+    good = ControlPlaneClient(cp.url, TOKEN)
+    try:
+        with pytest.raises(Unauthorized) as unauthorized:
+            await bad.set_mode("search", "off", reason="x")
+        assert unauthorized.value.status == 401
+        with pytest.raises(GateRefused) as refused:
+            await good.set_mode("search", "enforce", reason="x")
+        assert refused.value.gate.min_samples == 10_000 and not refused.value.gate.passed
+        result = await good.set_mode("search", "enforce", reason="x", force=True)
+        assert result.state.mode == "enforce" and result.audit.forced
+        assert [r.name for r in await good.routes()][:2] == ["search", "checkout"]
+        assert (await good.audit())[0].to_mode == "enforce"
+    finally:
+        await bad.aclose()
+        await good.aclose()
+
+
+# -- snapshot tests: the main screen fed a fixed Snapshot (no connection) -----------------
+
+AT = 1_700_000_000.0
+
+
+def _gate(target: str, compared: int, min_samples: int, new_rej: int, errors: int = 0, attempts: int | None = None) -> dict[str, Any]:
+    rate = new_rej / compared if compared else 0.0
+    erate = errors / (attempts or compared) if (attempts or compared) else 0.0
+    reasons = []
+    if compared < min_samples:
+        reasons.append(f"only {compared} compared decisions in the last 300s (need {min_samples})")
+    if rate > 0.01:
+        reasons.append(f"new rejections {rate:.2%} exceed 1.00%")
+    return {"target": target, "passed": not reasons, "required": True, "reasons": reasons, "window_s": 300, "compared": compared, "min_samples": min_samples,
+            "new_rejections": new_rej, "new_rejection_rate": rate, "max_new_rejection_rate": 0.01, "backend_errors": errors, "backend_error_rate": erate, "max_backend_error_rate": 0.001}
+
+
+def _series(minutes: int, agree: Callable[[int], int], lad: Callable[[int], int], lda: Callable[[int], int]) -> list[dict[str, int]]:
+    start = int(AT // 60 * 60) - 60 * (minutes - 1)
+    out = []
+    for i in range(minutes):
+        a, b, c = agree(i), lad(i), lda(i)
+        out.append({"minute": start + 60 * i, "agree": a, "local_allow_distributed_deny": b, "local_deny_distributed_allow": c, "compared": a + b + c, "backend_errors": 0, "distributed_attempts": a + b + c})
+    return out
+
+
+def _totals(series: list[dict[str, int]]) -> dict[str, Any]:
+    keys = ("agree", "local_allow_distributed_deny", "local_deny_distributed_allow", "compared", "backend_errors", "distributed_attempts")
+    t: dict[str, Any] = {k: sum(p[k] for p in series) for k in keys}
+    t["new_rejection_rate"] = t["local_allow_distributed_deny"] / t["compared"] if t["compared"] else 0.0
+    t["reverse_rate"] = t["local_deny_distributed_allow"] / t["compared"] if t["compared"] else 0.0
+    t["backend_error_rate"] = 0.0
+    return t
+
+
+def _policy(avg: float, burst: int, algo: str = "token_bucket") -> dict[str, Any]:
+    return {"algorithm": algo, "average": avg, "period": 1.0, "burst": burst}
+
+
+def _route(name: str, mode: str, percent: int, rate: float, series: list[dict[str, int]], gate: dict[str, Any], local: dict[str, Any], dist: dict[str, Any]) -> dict[str, Any]:
+    return {"name": name, "mode": mode, "stored_mode": mode, "canary_percent": percent,
+            "state": {"mode": mode, "canary_percent": percent, "updated_at": AT - 600, "updated_by": "dashboard@127.0.0.1", "reason": "", "version": 3},
+            "rule": {"name": name, "local": local, "distributed": dist}, "decisions_per_s": rate, "divergence_5m": _totals(series[-5:]), "gate": gate}
+
+
+def _bucket(route: str, key: str, n: int, local: float, lburst: int, dist: float, dburst: int, allowed: bool, by: str, age: float) -> dict[str, Any]:
+    return {"route": route, "key": key, "recent_requests": n,
+            "local": {"tokens": local, "limit": lburst, "exists": True, "reset_after_us": 0, "burst": lburst, "policy": _policy(lburst, lburst)},
+            "distributed": {"tokens": dist, "limit": dburst, "exists": True, "reset_after_us": 0, "burst": dburst, "policy": _policy(dburst, dburst)},
+            "last_decision": {"at": AT - age, "allowed": allowed, "enforced_by": by}}
+
+
+def fixed_snapshot() -> dict[str, Any]:
+    search = _series(60, lambda i: 400 + (i * 37) % 180, lambda i: 0 if i < 20 else 20 + (i * 13) % 60, lambda i: (i * 7) % 5)
+    checkout = _series(60, lambda i: 150 + (i * 11) % 40, lambda i: 0, lambda i: 10 + (i * 3) % 9)
+    login = _series(60, lambda i: 30 if i > 40 else 0, lambda i: 0, lambda i: 0)
+    divergence = {"minutes": 60, "routes": {
+        "search": {"totals": _totals(search), "series": search, "would_be_blocked": [{"key": "bob", "count": 1840, "last_request_id": "r1"}, {"key": "mallory", "count": 96, "last_request_id": "r2"}]},
+        "checkout": {"totals": _totals(checkout), "series": checkout, "would_be_blocked": []},
+        "login": {"totals": _totals(login), "series": login, "would_be_blocked": []},
+    }}
+    audit = lambda at, route, frm, to, pf, pt, reason, forced=False, kind="mode_change": {"seq": int(at), "at": at, "type": kind, "route": route, "audit": {  # noqa: E731
+        "id": f"{int(at)}-0", "kind": kind, "route": route, "actor": "dashboard@127.0.0.1", "at": at, "from": frm, "to": to, "from_percent": pf, "to_percent": pt, "reason": reason, "forced": forced, "automatic": False, "gate": None}}
+    return {
+        "at": AT,
+        "instance_id": "replica-1",
+        "backend": {"state": "open", "consecutive_failures": 7, "last_error": "TimeoutError: Redis did not answer within 250 ms", "next_probe_in_s": 3.4, "probe_attempt": 2, "total_failures": 19,
+                    "failure_policy": "inMemoryFallback", "failure_code": 429, "redis": "127.0.0.1:6379", "live_instances": 3, "fleet": ["replica-1", "replica-2", "replica-3"], "instance_id": "replica-1",
+                    "shadow_queue": 12, "shadow_queue_capacity": 10000, "shadow_dropped": 0, "shadow_evaluated": 48213, "pending_rollbacks": [], "distributed_enabled": True},
+        "routes": [
+            _route("search", "shadow", 0, 21.3, search, _gate("canary", 2514, 500, 312), _policy(10, 10), _policy(10, 10)),
+            _route("checkout", "canary", 25, 14.8, checkout, _gate("enforce", 890, 500, 0), _policy(5, 5), _policy(8, 8)),
+            _route("login", "off", 0, 0.5, login, {"target": "shadow", "passed": True, "required": False, "reasons": [], "compared": 150, "min_samples": 500}, _policy(2, 20, "sliding_window"), _policy(2, 20, "sliding_window")),
+        ],
+        "divergence": divergence,
+        "buckets": [
+            _bucket("search", "bob", 1260, 7.5, 10, 0.4, 10, True, "local", 0.3),
+            _bucket("search", "alice", 240, 9.0, 10, 8.2, 10, True, "local", 2.0),
+            _bucket("search", "mallory", 96, 2.0, 10, 0.0, 10, False, "local", 14.0),
+            _bucket("checkout", "carol", 180, 4.0, 5, 6.5, 8, True, "distributed", 1.0),
+        ],
+        "events": [
+            audit(AT - 3600, "search", "off", "shadow", 0, 0, "start measuring"),
+            audit(AT - 1800, "checkout", "shadow", "canary", 0, 10, "divergence under 1% for a day"),
+            audit(AT - 600, "checkout", "canary", "canary", 10, 25, "widen the canary", forced=True),
+            {"seq": 900, "at": AT - 42, "type": "breaker", "from": "closed", "to": "open", "reason": "TimeoutError", "instance": "replica-1"},
+            {"seq": 901, "at": AT - 30, "type": "rules_reload", "route": "*", "audit": {"kind": "rules_reload", "route": "*", "actor": "instance/replica-1", "at": AT - 30, "from": "", "to": "ok", "reason": "3 routes, digest 9f2c4e1a7b3d"}},
+        ],
+    }
+
+
+@pytest.fixture
+def utc() -> Iterator[None]:
+    """Clock times in the snapshots are rendered in local time: pin it."""
+    old = os.environ.get("TZ")
+    os.environ["TZ"] = "UTC"
+    time.tzset()
+    yield
+    if old is None:
+        del os.environ["TZ"]
+    else:
+        os.environ["TZ"] = old
+    time.tzset()
+
+
+def fixed_app(token: str | None = TOKEN, **kwargs: Any) -> ShadowlimitDashboard:
+    from dashboard.models import Snapshot
+
+    return ShadowlimitDashboard("http://control-plane.test:8080", token, snapshot=Snapshot.parse(fixed_snapshot()), **kwargs)
+
+
+def test_snapshot_main_screen_160x50(snap_compare: Any, utc: None) -> None:
+    assert snap_compare(fixed_app(), terminal_size=SIZE)
+
+
+def test_snapshot_main_screen_120x40(snap_compare: Any, utc: None) -> None:
+    assert snap_compare(fixed_app(None), terminal_size=(120, 40))
+
+
+def test_snapshot_confirm_dialog(snap_compare: Any, utc: None) -> None:
+    assert snap_compare(fixed_app(), press=["e"], terminal_size=SIZE)
+
+
+def test_snapshot_gate_refused_dialog(snap_compare: Any, utc: None) -> None:
+    from dashboard.models import GateView, Snapshot
+
+    snap = Snapshot.parse(fixed_snapshot())
+    gate = GateView.parse(_gate("enforce", 2514, 500, 312))
+    assert gate is not None
+
+    async def refuse(pilot: Pilot[Any]) -> None:
+        route = snap.route("search")
+        assert route is not None
+        await pilot.app.push_screen(GateRefusedScreen(route, "enforce", 0, gate, "try the global limit"))
+
+    assert snap_compare(fixed_app(), run_before=refuse, terminal_size=SIZE)
+
+
+def test_snapshot_help_with_demo_banner(snap_compare: Any, utc: None) -> None:
+    banner = "shadowlimit demo is running\n  replica 1:  http://127.0.0.1:8081\n  admin token: demo-token"
+    assert snap_compare(fixed_app(replicas=["http://control-plane.test:8080", "http://127.0.0.1:8082"], demo_banner=banner), press=["question_mark"], terminal_size=SIZE)
