@@ -1,0 +1,108 @@
+"""The main job: `shadowlimit demo` starts Redis and three replicas as separate OS processes,
+serves decisions on all of them, and leaves nothing behind when it stops (or is killed)."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+
+def _pids_with(pattern: str) -> list[int]:
+    out = []
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            cmd = (d / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if pattern in cmd:
+            out.append(int(d.name))
+    return out
+
+
+def _start_demo(extra: list[str]) -> tuple[subprocess.Popen[str], list[str], str]:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "control_plane.cli", "demo", "--no-dash", *extra],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={k: v for k, v in os.environ.items() if k != "RATE_LIMIT_REDIS_URL"},
+    )
+    urls: list[str] = []
+    token = ""
+    deadline = time.monotonic() + 60
+    assert proc.stdout is not None
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        if not line:
+            break
+        if m := re.search(r"replica \d:\s+(http://127\.0\.0\.1:\d+)", line):
+            urls.append(m.group(1))
+        if m := re.search(r"admin token: (\S+)", line):
+            token = m.group(1)
+        if line.startswith("try:"):
+            break
+    assert len(urls) == 3, f"demo did not print three replicas: {urls}"
+    return proc, urls, token
+
+
+def _wait_gone(pattern: str, timeout: float = 10.0) -> list[int]:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        left = _pids_with(pattern)
+        if not left:
+            return []
+        time.sleep(0.1)
+    return _pids_with(pattern)
+
+
+def test_demo_serves_on_every_replica_and_stops_cleanly():
+    proc, urls, token = _start_demo(["--duration", "6"])
+    ports = [u.rsplit(":", 1)[1] for u in urls]
+    try:
+        for url in urls:
+            r = httpx.post(url + "/v1/decide", json={"route": "search", "key": "test-client"}, timeout=5)
+            assert r.status_code in (200, 429), r.text
+            assert r.json()["route"] == "search"
+        # the three replicas share one fleet and one rollout state
+        deadline = time.monotonic() + 5
+        live = 0
+        while time.monotonic() < deadline and live != 3:  # heartbeats every 2 s
+            live = httpx.get(urls[0] + "/v1/backend", timeout=5).json()["live_instances"]
+            time.sleep(0.2)
+        assert live == 3
+        assert token
+        proc.wait(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0
+    for port in ports:
+        assert _wait_gone(f"--port {port}") == [], f"replica on port {port} left running"
+
+
+def test_killing_the_demo_leaves_no_orphans():
+    proc, urls, _ = _start_demo([])
+    ports = [u.rsplit(":", 1)[1] for u in urls]
+    redis_port = None
+    for pid in _pids_with("redis-server 127.0.0.1:"):
+        try:
+            if int(Path(f"/proc/{pid}/stat").read_text().split()[3]) == proc.pid:
+                cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+                redis_port = cmd.split("127.0.0.1:")[1].split()[0]
+        except OSError:
+            continue
+    assert redis_port is not None, "the demo's embedded redis-server was not found"
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=10)
+    for port in ports:
+        assert _wait_gone(f"--port {port}") == [], f"replica on port {port} orphaned"
+    assert _wait_gone(f"redis-server 127.0.0.1:{redis_port}") == [], "embedded redis-server orphaned"
