@@ -22,11 +22,11 @@ class ApiError(Exception):
         self.details = details
 
 
-def get_engine(request: Request) -> Engine:
+async def get_engine(request: Request) -> Engine:
     return request.app.state.engine  # type: ignore[no-any-return]
 
 
-def get_settings(request: Request) -> Settings:
+async def get_settings(request: Request) -> Settings:
     return request.app.state.settings  # type: ignore[no-any-return]
 
 
@@ -38,7 +38,7 @@ def _bearer(request: Request) -> str | None:
     return token.strip()
 
 
-def require_admin(request: Request) -> str:
+async def require_admin(request: Request) -> str:
     """Mutating endpoints: ``Authorization: Bearer <admin token>``, compared in constant time."""
     settings: Settings = request.app.state.settings
     if settings.admin_token is None or not settings.admin_token.get_secret_value():
@@ -51,7 +51,7 @@ def require_admin(request: Request) -> str:
     return "admin"
 
 
-def require_client(request: Request) -> None:
+async def require_client(request: Request) -> None:
     """The data plane: open on loopback unless SHADOWLIMIT_CLIENT_TOKEN is set."""
     settings: Settings = request.app.state.settings
     if settings.client_token is None or not settings.client_token.get_secret_value():
