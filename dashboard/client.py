@@ -56,7 +56,7 @@ __all__ = [
 ]
 
 #: Snapshots arrive about every second; this long without a byte means the stream is dead.
-STREAM_READ_TIMEOUT_S = 10.0
+STREAM_READ_TIMEOUT_S = 5.0  # snapshots come every ~1 s: five missing ones mean the stream is stale
 
 
 class ClientError(Exception):
