@@ -26,6 +26,16 @@ rate_limit_fallback_decisions_total       counter  policy
 rate_limit_rules_reload_total             counter  result: ok, error
 rate_limit_rules_valid                    gauge    - (0 while the last reload failed)
 rate_limit_mode_changes_total             counter  route, to, automatic
+rate_limit_external_calls_total           counter  result: ok, timeout, error, invalid
+rate_limit_external_errors_total          counter  reason: timeout, error, invalid,
+                                                   overloaded, circuit_open, internal
+rate_limit_external_cache_total           counter  result: hit, miss, stale
+rate_limit_external_breaker_transitions_total
+                                          counter  to: open, half_open, closed
+rate_limit_external_limits_total          counter  route, source: external, cache,
+                                                   stale, static
+rate_limit_external_backend_url_rejected_total
+                                          counter  -
 ========================================  =======  =================================
 """
 
@@ -129,6 +139,12 @@ class Metrics:
         self.rules_reloads = Counter("rate_limit_rules_reload_total", "Rules file reloads.", ["result"], registry=r)
         self.rules_valid = Gauge("rate_limit_rules_valid", "1 when the last rules reload succeeded.", registry=r)
         self.mode_changes = Counter("rate_limit_mode_changes_total", "Rollout mode changes applied.", ["route", "to", "automatic"], registry=r)
+        self.external_calls = FastCounter("rate_limit_external_calls_total", "Calls to external limits services, by result.", ["result"], registry=r)
+        self.external_errors = FastCounter("rate_limit_external_errors_total", "External limits lookups that got no answer from the service, by reason.", ["reason"], registry=r)
+        self.external_cache = FastCounter("rate_limit_external_cache_total", "External limits cache lookups (hit, miss) and stale copies used.", ["result"], registry=r)
+        self.external_breaker_transitions = FastCounter("rate_limit_external_breaker_transitions_total", "Per-key external limits circuit breaker transitions.", ["to"], registry=r)
+        self.external_limits = FastCounter("rate_limit_external_limits_total", "Decisions on routes with external limits, by where the limits came from.", ["route", "source"], registry=r)
+        self.external_backend_url_rejected = FastCounter("rate_limit_external_backend_url_rejected_total", "backend_url values dropped (host not allow-listed or not a URL).", [], registry=r)
         self.rules_valid.set(1)
         for s in ("closed", "open", "half_open"):
             self.breaker_state.labels(s).set(1 if s == "closed" else 0)

@@ -30,6 +30,12 @@ Schema (see ``examples/rules.yaml`` for a commented example)::
         failure_code: 503
         mode: shadow                 # initial mode when Redis has no stored state
         canary_percent: 10           # only with mode: canary
+        external:                    # optional: per-key limits from a limits service
+          url: http://limits:8080/limits   # POSTed {key, headers, method, path}
+          timeout: 5s                # default 5s, at most 60s
+          cache_ttl: 60s             # default 60s; 0 caches only answers with cache hints
+          max_concurrent_requests: 50
+          header_filter: {allow_list: [X-Tenant-Id]}   # or deny_list; credentials never go
 
 Details worth knowing:
 
@@ -48,6 +54,9 @@ Details worth knowing:
   built-in one.
 - Trusted proxies for ``clientIP`` keys come from ``SHADOWLIMIT_TRUSTED_PROXIES``
   (``settings.proxies``), never from the file.
+- A route's ``external`` answer replaces its ``local``/``distributed`` policies (and
+  tenant overrides) for that key, in both limiters; the file's policies are the fallback
+  when the service cannot answer (see :mod:`control_plane.external`).
 - YAML 1.1 reads ``off``/``on``/``yes``/``no`` as booleans; this loader does not (only
   ``true``/``false`` are booleans), so ``mode: off`` means the mode ``"off"``.
 """
@@ -60,7 +69,6 @@ import hashlib
 import ipaddress
 import json
 import logging
-import math
 import os
 import re
 import threading
@@ -78,6 +86,8 @@ from limiter.keys import KeyExtractor, KeyStrategy, api_key_id, validate_key
 from limiter.policy import Algorithm, Policy
 from limiter.resilience import FailurePolicy
 
+from .durations import parse_duration
+from .external import DEFAULT_CACHE_TTL_S, DEFAULT_MAX_CONCURRENT, DEFAULT_TIMEOUT_S, ExternalConfig, check_service_url, is_sensitive_header
 from .rollout import Mode
 
 if TYPE_CHECKING:
@@ -161,40 +171,7 @@ def _rebuild_rules_error(message: str, path: str | None, line: int | None, field
 
 
 # ---------------------------------------------------------------------------------------
-# durations and path patterns
-
-_DURATION_PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ms|s|m|h|d)")
-_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
-_BARE_NUMBER = re.compile(r"(\d+(?:\.\d*)?|\.\d+)")
-
-
-def parse_duration(value: object) -> float:
-    """Seconds from a number (``1``, ``0.5``) or a duration string.
-
-    Strings are a bare number of seconds (``"1.5"``) or one or more number+unit parts
-    with units ``ms s m h d`` (``"500ms"``, ``"1s"``, ``"1.5s"``, ``"1m30s"``).
-    Raises :class:`ValueError` (``"period: ..."``).
-    """
-    if isinstance(value, bool):
-        raise ValueError(f"period: must be a number of seconds or a duration like 500ms, 1s, 1m, 1h, got {value!r}")
-    if isinstance(value, (int, float)):
-        v = float(value)
-        if not math.isfinite(v):
-            raise ValueError(f"period: must be finite, got {value!r}")
-        return v
-    if isinstance(value, str):
-        text = value.strip().replace(" ", "")
-        if _BARE_NUMBER.fullmatch(text):
-            return float(text)
-        pos, total = 0, 0.0
-        for m in _DURATION_PART.finditer(text):
-            if m.start() != pos:
-                break
-            total += float(m.group(1)) * _UNITS[m.group(2)]
-            pos = m.end()
-        if text and pos == len(text):
-            return total
-    raise ValueError(f"period: invalid duration {value!r}; use a number of seconds or a duration like 500ms, 1s, 1.5s, 1m, 1h")
+# path patterns (durations: control_plane.durations)
 
 
 class _Wild:
@@ -447,6 +424,7 @@ class RouteRule:
     initial_mode: Mode | None = None
     initial_canary_percent: int = 0
     line: int | None = None
+    external: ExternalConfig | None = None
     _segments: tuple[_Segment, ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -535,6 +513,7 @@ class RouteRule:
             "mode": self.initial_mode.value if self.initial_mode is not None else None,
             "canary_percent": self.initial_canary_percent,
             "line": self.line,
+            "external": self.external.to_dict() if self.external is not None else None,
         }
 
 
@@ -793,14 +772,19 @@ _TOP_KEYS = ("version", "defaults", "routes")
 _DEFAULTS_KEYS = ("key", "failure_policy", "failure_code")
 _ROUTE_KEYS = (
     "name", "match", "key", "local", "distributed", "overrides", "allow", "deny",
-    "failure_policy", "failure_code", "mode", "canary_percent",
+    "failure_policy", "failure_code", "mode", "canary_percent", "external",
 )
 _MATCH_KEYS = ("methods", "path")
 _KEY_KEYS = ("strategy", "header", "api_key_header", "forwarded_mode", "max_length")
 _POLICY_KEYS = ("algorithm", "average", "period", "burst")
 _OVERRIDE_KEYS = ("api_keys", "tenants")
+_EXTERNAL_KEYS = ("url", "timeout", "cache_ttl", "max_concurrent_requests", "header_filter")
+_HEADER_FILTER_KEYS = ("allow_list", "deny_list")
 _HINTS = {
     ("key", "trusted_proxies"): "trusted proxies are not set in the rules file; they come from SHADOWLIMIT_TRUSTED_PROXIES",
+    ("external", "enabled"): "a route asks its limits service whenever it has an external block; remove the block to turn that off",
+    ("external", "http"): "give the service's address as external.url (only HTTP limits services are supported)",
+    ("external", "grpc"): "only HTTP limits services are supported: give external.url",
 }
 _MISSING = object()
 
@@ -918,6 +902,57 @@ class _Validator:
 
     def failure_code(self, value: Any, path: _Path) -> int:
         return self.integer(value, path, 400, 599)
+
+    def duration(self, value: Any, path: _Path, lo: float, hi: float, *, allow_zero: bool) -> float:
+        try:
+            seconds = parse_duration(value)
+        except ValueError as exc:
+            raise self.error(path, _bare(exc, "period")) from None
+        if not (lo <= seconds <= hi) or (seconds == 0 and not allow_zero):
+            low = f"from {lo:g}s" if allow_zero else "more than 0s"
+            raise self.error(path, f"must be {low} up to {hi:g}s, got {value!r}")
+        return seconds
+
+    def header_list(self, value: Any, path: _Path) -> list[str]:
+        if not isinstance(value, list):
+            raise self.error(path, f"must be a list of header names, got {_type_name(value)}")
+        out: list[str] = []
+        for i, item in enumerate(value):
+            name = self.string(item, (*path, i))
+            if _HTTP_TOKEN.fullmatch(name) is None:
+                raise self.error((*path, i), f"{name!r} is not an HTTP header name")
+            out.append(name)
+        return out
+
+    def external(self, value: Any, path: _Path, key: KeyExtractor) -> ExternalConfig:
+        m = self.mapping(value, path, _EXTERNAL_KEYS, required=("url",))
+        url = self.string(m["url"], (*path, "url"))
+        try:
+            check_service_url(url)
+        except ValueError as exc:
+            raise self.error((*path, "url"), _bare(exc, "url")) from None
+        timeout = self.duration(m["timeout"], (*path, "timeout"), 0.0, 60.0, allow_zero=False) if "timeout" in m else DEFAULT_TIMEOUT_S
+        cache_ttl = self.duration(m["cache_ttl"], (*path, "cache_ttl"), 0.0, 86_400.0, allow_zero=True) if "cache_ttl" in m else DEFAULT_CACHE_TTL_S
+        conc = self.integer(m["max_concurrent_requests"], (*path, "max_concurrent_requests"), 1, 10_000) if "max_concurrent_requests" in m else DEFAULT_MAX_CONCURRENT
+        secret = (key.api_key_header,) if key.strategy is KeyStrategy.API_KEY and key.api_key_header else ()
+        allow: list[str] | None = None
+        deny: list[str] = []
+        if "header_filter" in m:
+            hp = (*path, "header_filter")
+            hf = self.mapping(m["header_filter"], hp, _HEADER_FILTER_KEYS)
+            if "allow_list" in hf and "deny_list" in hf:
+                raise self.error((*hp, "deny_list"), "give allow_list (only these headers are sent) or deny_list (these are not), not both")
+            if "allow_list" in hf:
+                allow = self.header_list(hf["allow_list"], (*hp, "allow_list"))
+                for i, name in enumerate(allow):
+                    if is_sensitive_header(name) or name.lower() in {h.lower() for h in secret}:
+                        raise self.error((*hp, "allow_list", i), f"{name!r} carries credentials and is never sent to the limits service")
+            if "deny_list" in hf:
+                deny = self.header_list(hf["deny_list"], (*hp, "deny_list"))
+        try:
+            return ExternalConfig(url=url, timeout_s=timeout, cache_ttl_s=cache_ttl, max_concurrent_requests=conc, allow_list=tuple(allow) if allow is not None else None, deny_list=tuple(deny), secret_headers=secret)
+        except ValueError as exc:  # checked above; kept as a safety net
+            raise self.value_error(path, exc, _EXTERNAL_KEYS) from None
 
     def methods(self, value: Any, path: _Path) -> frozenset[str] | None:
         items = [value] if isinstance(value, str) else value
@@ -1107,6 +1142,8 @@ class _Validator:
                 mode = None
             if mode is None:
                 raise self.error((*path, "mode"), f"must be one of {', '.join(m.value for m in Mode)}, got {mv!r}")
+        external = self.external(r["external"], (*path, "external"), key) if "external" in r else None
+
         percent = 0
         if "canary_percent" in r:
             percent = self.integer(r["canary_percent"], (*path, "canary_percent"), 0, 100)
@@ -1130,6 +1167,7 @@ class _Validator:
                 initial_mode=mode,
                 initial_canary_percent=percent,
                 line=self.line(path),
+                external=external,
             )
         except ValueError as exc:  # already checked above; kept as a safety net
             raise self.value_error(path, exc, _ROUTE_KEYS) from None

@@ -9,12 +9,16 @@ from __future__ import annotations
 
 import ipaddress
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from pydantic import AliasChoices, Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from limiter.keys import TrustedProxies
 from limiter.resilience import FailurePolicy
+
+if TYPE_CHECKING:
+    from .external import BackendHosts
 
 __all__ = ["Settings", "SettingsError", "load_settings"]
 
@@ -69,6 +73,8 @@ class Settings(BaseSettings):
     stream_interval_s: float = Field(1.0, gt=0, le=60, validation_alias=_env("SHADOWLIMIT_STREAM_INTERVAL_S"))
     rules_poll_interval_s: float = Field(1.0, gt=0, validation_alias=_env("SHADOWLIMIT_RULES_POLL_INTERVAL_S"))
     rollout_resync_s: float = Field(0.5, gt=0, validation_alias=_env("SHADOWLIMIT_ROLLOUT_RESYNC_S"))
+    # external limits services (routes with an `external` block)
+    external_backend_hosts: str = Field("", validation_alias=_env("SHADOWLIMIT_EXTERNAL_BACKEND_HOSTS"), description="Comma-separated hosts (host, host:port, *.domain) a limits service's backend_url may point at; empty drops every backend_url.")
 
     @field_validator("failure_policy", mode="before")
     @classmethod
@@ -79,6 +85,14 @@ class Settings(BaseSettings):
     @classmethod
     def _check_proxies(cls, v: str) -> str:
         TrustedProxies.parse(v)
+        return v
+
+    @field_validator("external_backend_hosts")
+    @classmethod
+    def _check_backend_hosts(cls, v: str) -> str:
+        from .external import BackendHosts
+
+        BackendHosts(v)
         return v
 
     @field_validator("redis_url")
@@ -111,6 +125,12 @@ class Settings(BaseSettings):
     @property
     def proxies(self) -> TrustedProxies:
         return TrustedProxies.parse(self.trusted_proxies)
+
+    @property
+    def backend_hosts(self) -> BackendHosts:
+        from .external import BackendHosts
+
+        return BackendHosts(self.external_backend_hosts)
 
 
 _ENV_NAMES = {name: (f.validation_alias.choices[0] if isinstance(f.validation_alias, AliasChoices) else name) for name, f in Settings.model_fields.items()}
