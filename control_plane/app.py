@@ -12,7 +12,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from .api import admin, decide, health, observe, routes, stream
+from .api import admin, decide, external, health, observe, routes, stream
 from .api.deps import ApiError
 from .settings import Settings, load_settings
 from .wiring import open_engine
@@ -77,6 +77,6 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         log.exception("unexpected error")
         return JSONResponse({"error": "internal_error", "message": f"{type(exc).__name__}: {exc}"}, status_code=500)
 
-    for r in (decide.router, routes.router, observe.router, admin.router, stream.router, health.router):
+    for r in (decide.router, routes.router, observe.router, external.router, admin.router, stream.router, health.router):
         app.include_router(r)
     return app

@@ -24,9 +24,10 @@ from limiter import Decision, LocalLimiter, Policy, RedisLimiter
 from limiter.errors import BackendError
 from limiter.keys import validate_key
 from limiter.policy import make_decision, validate_cost
-from limiter.resilience import BreakerState, CircuitBreaker, FleetMembership, Outcome, ResilientLimiter
+from limiter.resilience import BreakerState, CircuitBreaker, FailurePolicy, FleetMembership, Outcome, ResilientLimiter
 
 from .events import EventHub
+from .external import ExternalLimits, ExternalManager, Resolution
 from .hitters import WouldBeBlocked
 from .metrics import Metrics
 from .rollout import (
@@ -93,6 +94,8 @@ class DecideResult:
     request_id: str
     list_match: str | None = None  # allow | deny
     backend_error: str | None = None
+    limits_source: str | None = None  # external | cache | stale | static, on routes with external limits
+    backend_url: str | None = None  # from the limits service, allow-listed hosts only
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -109,6 +112,8 @@ class DecideResult:
             "divergence": self.divergence.value if self.divergence is not None else None,
             "list_match": self.list_match,
             "backend_error": self.backend_error,
+            "limits_source": self.limits_source,
+            "backend_url": self.backend_url,
             "headers": self.headers,
         }
 
@@ -140,6 +145,8 @@ class _Pending:
     now_us: int
     now_s: float
     request_id: str
+    failure_policy: FailurePolicy | None = None
+    failure_code: int | None = None
 
 
 @dataclass(slots=True)
@@ -153,6 +160,7 @@ class _RouteActivity:
     minute: int
     decisions: int = 0
     per_second: dict[int, int] = field(default_factory=dict)  # unix second -> decisions
+    external: dict[str, tuple[Policy, Policy]] = field(default_factory=dict)  # key -> last external policies
 
 
 _MAX_ACTIVE_KEYS = 2000
@@ -197,6 +205,11 @@ def rate_limit_headers(route: str, decision: Decision, policy: Policy, *, shadow
     if not decision.allowed:
         h["Retry-After"] = str(max(1, math.ceil(decision.retry_after_us / 1_000_000)))
     return h
+
+
+def _with_source(result: DecideResult, res: Resolution) -> DecideResult:
+    """A decision on a route with external limits says where its limits came from."""
+    return replace(result, limits_source=res.source, backend_url=res.limits.backend_url if res.limits is not None else None)
 
 
 class Engine:
@@ -260,6 +273,18 @@ class Engine:
         self._views: dict[str, dict[str, Any]] = {}
         self.views_at: float = 0.0
         self.views_error: str | None = None
+        # routes with an `external` block: per-key limits from a limits service
+        self.external = ExternalManager(
+            namespace=settings.namespace,
+            client=client,
+            backend_hosts=settings.backend_hosts,
+            cache_ok=lambda: self.breaker.state is not BreakerState.OPEN,
+            cache_timeout_s=max(0.05, settings.redis_command_timeout_s * 2),
+            metrics=self.metrics,
+            publish=self.events.publish,
+            instance_id=self.instance_id,
+        )
+        self.external.configure(self.rules.all_routes)
 
     # -- lifecycle ----------------------------------------------------------------------
 
@@ -293,7 +318,7 @@ class Engine:
         if self._tasks:
             await asyncio.wait(self._tasks, timeout=3.0)
         self._tasks.clear()
-        final = [self._drain_shadow(), self.divergence.flush(), self.blocked.flush(self.client), self.resilient.aclose()]
+        final = [self.external.aclose(), self._drain_shadow(), self.divergence.flush(), self.blocked.flush(self.client), self.resilient.aclose()]
         for step in final:
             with contextlib.suppress(Exception, asyncio.TimeoutError):
                 await asyncio.wait_for(step, timeout=2.0)
@@ -326,9 +351,10 @@ class Engine:
     def _adjust_key(self) -> str:
         return f"rl:{{{self.settings.namespace}}}:adjust"
 
-    def policies(self, rule: RouteRule, key: str) -> tuple[Policy, Policy]:
-        """The (local, distributed) policies for a key: rules, then runtime adjustments."""
-        local, dist = rule.policies_for(key)
+    def policies(self, rule: RouteRule, key: str, base: tuple[Policy, Policy] | None = None) -> tuple[Policy, Policy]:
+        """The (local, distributed) policies for a key: rules (or ``base``, the limits
+        service's answer), then runtime adjustments."""
+        local, dist = base if base is not None else rule.policies_for(key)
         if self._adjust:
             for k in (f"{rule.name}\x00{key}", rule.name):
                 adj = self._adjust.get(k)
@@ -472,26 +498,54 @@ class Engine:
             key = rule.key.extract(client_ip=inp.client_ip, headers=inp.headers, path=inp.path or "/")
         return rule, key
 
+    @staticmethod
+    def _listed(rule: RouteRule, key: str, client_ip: str | None) -> bool:
+        return rule.deny.matches(key, client_ip) or rule.allow.matches(key, client_ip)
+
     async def decide(self, inp: DecideInput) -> DecideResult:
         t0 = time.perf_counter()
         rule, key = self.resolve(inp)
-        step = self._begin(rule, key, inp.cost, inp.request_id or self._next_id(), inp.client_ip)
+        res: Resolution | None = None
+        if rule.external is not None and not self._listed(rule, key, inp.client_ip):
+            res = await self.external.resolve(rule, key, inp.method, inp.path, inp.headers)
+        step = self._begin(rule, key, inp.cost, inp.request_id or self._next_id(), inp.client_ip, res.limits if res is not None else None)
         if isinstance(step, _Pending):
-            outcome = await self.resilient.check(step.lkey, step.dist_policy, step.cost, step.now_us, failure_policy=rule.failure_policy, failure_code=rule.failure_code)
+            outcome = await self.resilient.check(step.lkey, step.dist_policy, step.cost, step.now_us, failure_policy=step.failure_policy, failure_code=step.failure_code)
             step = self._complete(step, outcome)
+        if res is not None:
+            step = _with_source(step, res)
         self.metrics.child(self.metrics.latency, step.mode).observe(time.perf_counter() - t0)
         return step
 
     async def decide_many(self, inputs: list[DecideInput]) -> list[DecideResult | Exception]:
         """Decide many requests; all distributed enforcement goes to Redis as one pipelined
-        burst. Invalid items come back as their exception, in place."""
+        burst (external limits, if any, are looked up concurrently first). Invalid items
+        come back as their exception, in place."""
         t0 = time.perf_counter()
         out: list[DecideResult | Exception] = []
         pending: list[tuple[int, _Pending]] = []
-        for inp in inputs:
+        resolved: list[tuple[RouteRule, str] | Exception] = []
+        lookups: list[int] = []
+        for i, inp in enumerate(inputs):
             try:
-                rule, key = self.resolve(inp)
-                step = self._begin(rule, key, inp.cost, inp.request_id or self._next_id(), inp.client_ip)
+                rk = self.resolve(inp)
+            except (UnknownRoute, ValueError) as exc:
+                resolved.append(exc)
+                continue
+            resolved.append(rk)
+            if rk[0].external is not None and not self._listed(rk[0], rk[1], inp.client_ip):
+                lookups.append(i)
+        ext: dict[int, Resolution] = {}
+        if lookups:
+            got = await asyncio.gather(*[self.external.resolve(resolved[i][0], resolved[i][1], inputs[i].method, inputs[i].path, inputs[i].headers) for i in lookups])  # type: ignore[index]
+            ext = dict(zip(lookups, got))
+        for i, (inp, rk) in enumerate(zip(inputs, resolved)):
+            if isinstance(rk, Exception):
+                out.append(rk)
+                continue
+            res = ext.get(i)
+            try:
+                step = self._begin(rk[0], rk[1], inp.cost, inp.request_id or self._next_id(), inp.client_ip, res.limits if res is not None else None)
             except (UnknownRoute, ValueError) as exc:
                 out.append(exc)
                 continue
@@ -501,10 +555,14 @@ class Engine:
         if pending:
             outcomes = await self.resilient.check_many(
                 [(p.lkey, p.dist_policy, p.cost, p.now_us) for _, p in pending],
-                overrides=[(p.rule.failure_policy, p.rule.failure_code) for _, p in pending],
+                overrides=[(p.failure_policy, p.failure_code) for _, p in pending],
             )
             for (i, p), outcome in zip(pending, outcomes):
                 out[i] = self._complete(p, outcome)
+        for i, res in ext.items():  # ``out`` has one entry per input, in order
+            r = out[i]
+            if isinstance(r, DecideResult):
+                out[i] = _with_source(r, res)
         if inputs:
             per = (time.perf_counter() - t0) / len(inputs)
             self.metrics.child(self.metrics.latency, "batch").observe(per)
@@ -514,13 +572,26 @@ class Engine:
         self._seq += 1
         return f"{self.instance_id}-{self._seq}"
 
-    def _begin(self, rule: RouteRule, key: str, cost: int, request_id: str, client_ip: str | None) -> DecideResult | _Pending:
-        """Everything up to the distributed call: lists, the local decision, shadow queueing."""
+    def _begin(self, rule: RouteRule, key: str, cost: int, request_id: str, client_ip: str | None, ext: ExternalLimits | None = None) -> DecideResult | _Pending:
+        """Everything up to the distributed call: lists, the local decision, shadow queueing.
+
+        ``ext`` is the limits service's answer for this key (routes with ``external``):
+        its policy replaces the rules' in both limiters, its ``tenant_key`` the bucket
+        key (``t:<tenant_key>``) and its failure policy/code the route's.
+        """
         name = rule.name
         now_us = time.time_ns() // 1000
         now_s = now_us / 1_000_000
         mode, percent = self.effective_mode(name)
-        local_policy, dist_policy = self.policies(rule, key)
+        fp, fc = rule.failure_policy, rule.failure_code
+        if ext is None:
+            local_policy, dist_policy = self.policies(rule, key)
+            bkey = key
+        else:
+            bkey = ext.bucket_key(key)
+            local_policy, dist_policy = self.policies(rule, bkey, (ext.policy, ext.policy))
+            fp = ext.failure_policy or fp
+            fc = ext.failure_code or fc
         cost = validate_cost(local_policy, cost)
         if not dist_policy.unlimited and cost > dist_policy.limit:
             validate_cost(dist_policy, cost)
@@ -534,9 +605,12 @@ class Engine:
             d = make_decision(True, local_policy.limit, local_policy.limit, 0, 0)
             return self._result(rule, key, mode, percent, "local", d, d, None, 200, request_id, now_s, local_policy, None, list_match="allow")
 
+        key = bkey
         lkey = f"{name}:{key}"
         local = self.local.check(lkey, local_policy, cost, now_us)
         self._note_activity(name, key, now_s)
+        if ext is not None:
+            self._activity[name].external[key] = (local_policy, dist_policy)
         m.child(m.requests, "local", "allowed" if local.allowed else "denied").inc()
 
         if mode is Mode.OFF:
@@ -544,7 +618,7 @@ class Engine:
         if not enforced_by_distributed(mode, percent, name, key):
             self._enqueue_shadow(_ShadowItem(name, key, lkey, dist_policy, cost, now_us, local.allowed, request_id))
             return self._finish(rule, key, mode, percent, "local", local, None, None, request_id, now_s, local_policy, dist_policy)
-        return _Pending(rule, key, mode, percent, lkey, local, dist_policy, cost, now_us, now_s, request_id)
+        return _Pending(rule, key, mode, percent, lkey, local, dist_policy, cost, now_us, now_s, request_id, fp, fc)
 
     def _complete(self, p: _Pending, outcome: Outcome) -> DecideResult:
         """The distributed answer is in: compare, then enforce."""
@@ -558,7 +632,7 @@ class Engine:
             return self._finish(p.rule, p.key, p.mode, p.percent, "distributed", dist, p.local, dist, p.request_id, p.now_s, p.dist_policy, None, div)
         # Redis failed: the failure policy decides
         self._record_backend_error(name)
-        m.child(m.fallback, (p.rule.failure_policy or self.resilient.failure_policy).value).inc()
+        m.child(m.fallback, (p.failure_policy or self.resilient.failure_policy).value).inc()
         status = outcome.status_code if outcome.source == "fail_closed" else 429
         reason = "fallback_exhausted" if outcome.source == "fallback" else "backend_error"
         return self._finish(p.rule, p.key, p.mode, p.percent, "failure_policy", outcome.decision, p.local, None, p.request_id, p.now_s, p.dist_policy, None, None, status=status, backend_error=outcome.error, reject_reason=reason)
@@ -673,6 +747,8 @@ class Engine:
         if act is None or act.minute != minute:
             old = act
             act = _RouteActivity({}, old.counts if old is not None and old.minute == minute - 1 else {}, old.last if old is not None else {}, minute)
+            if old is not None:
+                act.external = old.external
             self._activity[route] = act
         counts = act.counts
         n = counts.get(key)
@@ -690,6 +766,9 @@ class Engine:
         if len(act.last) > _MAX_ACTIVE_KEYS:
             for k in list(act.last)[:500]:
                 del act.last[k]
+        if len(act.external) > _MAX_ACTIVE_KEYS:
+            for k in list(act.external)[:500]:
+                del act.external[k]
 
     # -- background -----------------------------------------------------------------------
 
@@ -785,6 +864,7 @@ class Engine:
 
     def _on_rules(self, rules: Rules) -> None:
         self.rules = rules
+        self.external.configure(rules.all_routes)
         self.last_rules_error = None
         self.metrics.rules_reloads.labels("ok").inc()
         self.metrics.rules_valid.set(1)
@@ -833,6 +913,16 @@ class Engine:
         for k, v in act.counts.items():
             score[k] = score.get(k, 0) + v
         return sorted(score.items(), key=lambda kv: -kv[1])[:n]
+
+    def key_policies(self, rule: RouteRule, key: str) -> tuple[Policy, Policy]:
+        """The policies a key was last decided with: the limits service's for keys on
+        routes with external limits, else the rules' (with adjustments)."""
+        act = self._activity.get(rule.name)
+        if act is not None and act.external:
+            p = act.external.get(key)
+            if p is not None:
+                return p
+        return self.policies(rule, key)
 
     def last_decision(self, name: str, key: str) -> tuple[float, bool, str] | None:
         act = self._activity.get(name)

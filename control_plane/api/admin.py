@@ -63,7 +63,7 @@ async def clients(engine: EngineDep, route: str | None = Query(None, max_length=
         rule = engine.rules.get(r)
         view = None
         if rule is not None:
-            lp, _ = engine.policies(rule, key)
+            lp, _ = engine.key_policies(rule, key)
             view = engine.local.peek(info.key, lp).to_dict()
         out.append({"route": r, "key": key, "algorithm": info.algorithm.value, "last_seen_us": info.last_seen_us, "local": view})
         if len(out) >= limit:

@@ -39,7 +39,7 @@ async def buckets_view(engine: Engine, route: str | None, limit: int) -> dict[st
             raise ApiError(404, "unknown_route", f"no route named {name!r}", field="route")
         hot = engine.hot_keys(name, limit)
         lkeys = [f"{name}:{k}" for k, _ in hot]
-        pols = [engine.policies(rule, k) for k, _ in hot]
+        pols = [engine.key_policies(rule, k) for k, _ in hot]
 
         async def dist_peek(lk: str, p: Any) -> Any:
             if engine.breaker.state.value == "open":

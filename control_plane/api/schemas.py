@@ -47,6 +47,8 @@ class DecideResponse(BaseModel):
     divergence: Literal["agree", "local_allow_distributed_deny", "local_deny_distributed_allow"] | None
     list_match: Literal["allow", "deny"] | None = None
     backend_error: str | None = None
+    limits_source: Literal["external", "cache", "stale", "static"] | None = Field(None, description="Routes with external limits: where this decision's limits came from (null on other routes).")
+    backend_url: str | None = Field(None, description="A backend URL the limits service named for this key (allow-listed hosts only).")
     headers: dict[str, str]
     error: str | None = None
     message: str | None = None

@@ -36,6 +36,7 @@ async def snapshot(engine: Engine, route: str | None, minutes: int) -> dict[str,
     except Exception as exc:  # noqa: BLE001 - a snapshot must always go out
         snap["buckets"] = []
         snap["buckets_error"] = str(exc) or type(exc).__name__
+    snap["external"] = engine.external.snapshot(limit=50)
     snap["events"] = engine.events.recent(30)
     return snap
 
@@ -47,8 +48,9 @@ def _sse(event: str, data: Any, event_id: int | None = None) -> bytes:
 
 @router.get("/stream")
 async def stream(request: Request, engine: EngineDep, route: str | None = Query(None, max_length=64), minutes: int = Query(30, ge=1, le=120), interval: float | None = Query(None, ge=0.2, le=60)) -> StreamingResponse:
-    """A ``snapshot`` event every interval (routes, buckets, divergence, backend) and
-    ``event`` events (mode changes, breaker transitions, rules reloads) as they happen."""
+    """A ``snapshot`` event every interval (routes, buckets, divergence, backend, external
+    limits) and ``event`` events (mode changes, breaker transitions, rules reloads) as they
+    happen."""
     period = interval or engine.settings.stream_interval_s
     queue = engine.events.subscribe()
 
