@@ -31,6 +31,7 @@ from .models import (
     BucketView,
     DivergenceView,
     EventView,
+    ExternalView,
     GateView,
     ModeChangeResult,
     RouteView,
@@ -47,6 +48,7 @@ __all__ = [
     "ControlPlaneUnavailable",
     "DivergenceView",
     "EventView",
+    "ExternalView",
     "GateRefused",
     "ModeChangeResult",
     "RouteView",
@@ -176,6 +178,10 @@ class ControlPlaneClient:
 
     async def backend(self) -> BackendView:
         return BackendView.parse(await self._request("GET", "/v1/backend"))
+
+    async def external(self) -> ExternalView | None:
+        """Routes with external limits: per-key breakers, cache and call figures."""
+        return ExternalView.parse(await self._request("GET", "/v1/external"))
 
     async def divergence(self, minutes: int = 60) -> DivergenceView | None:
         return DivergenceView.parse(await self._request("GET", "/v1/divergence", params={"minutes": minutes}))

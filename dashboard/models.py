@@ -20,6 +20,8 @@ __all__ = [
     "DivergenceTotals",
     "DivergenceView",
     "EventView",
+    "ExternalBreakerView",
+    "ExternalView",
     "GateView",
     "LastDecision",
     "MinutePoint",
@@ -373,6 +375,66 @@ class BackendView:
 
 
 @dataclass(frozen=True, slots=True)
+class ExternalBreakerView:
+    """One key's circuit breaker in front of a route's limits service."""
+
+    route: str
+    key: str
+    state: str
+    failures: int
+    next_probe_in_s: float | None
+    last_error: str | None
+
+    @classmethod
+    def parse(cls, d: Any) -> ExternalBreakerView:
+        d = _d(d)
+        return cls(_s(d.get("route")), _s(d.get("key")), _s(d.get("state"), "closed"), _i(d.get("failures")), _fo(d.get("next_probe_in_s")), _so(d.get("last_error")))
+
+
+@dataclass(frozen=True, slots=True)
+class ExternalView:
+    """Routes whose limits come from a limits service: breakers, cache, calls (``/v1/external``)."""
+
+    routes: tuple[str, ...] = ()
+    breakers_total: int = 0
+    breakers_open: int = 0
+    breakers_half_open: int = 0
+    breakers: tuple[ExternalBreakerView, ...] = ()
+    cache_enabled: bool = True
+    cache_available: bool = True
+    cache_hits: int = 0
+    cache_misses: int = 0
+    stale_used: int = 0
+    hit_ratio: float | None = None
+    calls_ok: int = 0
+    calls_failed: int = 0
+    static_fallbacks: int = 0
+
+    @classmethod
+    def parse(cls, d: Any) -> ExternalView | None:
+        if not isinstance(d, dict):
+            return None
+        cache = _d(d.get("cache"))
+        calls = {str(k): _i(v) for k, v in _d(d.get("calls")).items()}
+        return cls(
+            routes=tuple(_s(_d(r).get("route")) for r in d.get("routes") or ()),
+            breakers_total=_i(d.get("breakers_total")),
+            breakers_open=_i(d.get("breakers_open")),
+            breakers_half_open=_i(d.get("breakers_half_open")),
+            breakers=tuple(ExternalBreakerView.parse(b) for b in d.get("breakers") or ()),
+            cache_enabled=bool(cache.get("enabled", True)),
+            cache_available=bool(cache.get("available", True)),
+            cache_hits=_i(cache.get("hit")),
+            cache_misses=_i(cache.get("miss")),
+            stale_used=_i(cache.get("stale")),
+            hit_ratio=_fo(cache.get("hit_ratio")),
+            calls_ok=calls.get("ok", 0),
+            calls_failed=sum(v for k, v in calls.items() if k != "ok"),
+            static_fallbacks=_i(_d(d.get("sources")).get("static")),
+        )
+
+
+@dataclass(frozen=True, slots=True)
 class AuditEntryView:
     """One audited change: a mode change, rules reload, config change or reset."""
 
@@ -444,6 +506,7 @@ class Snapshot:
     divergence: DivergenceView | None
     buckets: tuple[BucketView, ...]
     events: tuple[EventView, ...] = ()
+    external: ExternalView | None = None
 
     @classmethod
     def parse(cls, d: Any) -> Snapshot:
@@ -456,6 +519,7 @@ class Snapshot:
             divergence=DivergenceView.parse(d.get("divergence")),
             buckets=tuple(BucketView.parse(b) for b in d.get("buckets") or ()),
             events=tuple(EventView.parse(e) for e in d.get("events") or ()),
+            external=ExternalView.parse(d.get("external")),
         )
 
     def route(self, name: str | None) -> RouteView | None:

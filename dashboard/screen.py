@@ -109,7 +109,7 @@ class DashboardScreen(Screen[None]):
             self.selected = snap.routes[0].name if snap.routes else None
         self.query_one(RoutesTable).show(snap.routes, snap.divergence, self.selected)
         self._show_buckets()
-        self.query_one(BackendPanel).show(snap.backend, self.urls)
+        self.query_one(BackendPanel).show(snap.backend, self.urls, snap.external)
         self.query_one(DivergenceChart).show(snap.divergence, [r.name for r in snap.routes], self.selected)
         for ev in snap.events:
             self._note_event(ev)
@@ -134,7 +134,7 @@ class DashboardScreen(Screen[None]):
     def _note_event(self, ev: EventView) -> None:
         if ev.audit is not None:
             self._audit[ev.audit.identity] = ev.audit
-        elif ev.type in AUDIT_KINDS_WITHOUT_ENTRY:
+        elif ev.type in AUDIT_KINDS_WITHOUT_ENTRY or (ev.type == "external_breaker" and ev.data.get("to") != "half_open"):
             self._events[ev.seq] = ev
 
     def _render_audit(self) -> None:
@@ -218,7 +218,7 @@ class DashboardScreen(Screen[None]):
         snap = self.snapshot
         if snap is None or self._applied_at > started:
             return
-        self.show_snapshot(Snapshot(snap.at, snap.instance_id, snap.backend, tuple(routes), snap.divergence, snap.buckets, ()))
+        self.show_snapshot(replace(snap, routes=tuple(routes), events=()))
 
     @on(RoutesTable.Selected)
     def _route_selected(self, event: RoutesTable.Selected) -> None:

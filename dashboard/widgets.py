@@ -11,7 +11,7 @@ from rich.text import Text
 from textual.message import Message
 from textual.widgets import DataTable, Static
 
-from .models import AuditEntryView, BackendView, BucketSide, BucketView, ConnectionState, DivergenceView, EventView, RouteView
+from .models import AuditEntryView, BackendView, BucketSide, BucketView, ConnectionState, DivergenceView, EventView, ExternalView, RouteView
 from .render import BREAKER_STYLE, ago, bar, clock, gate_text, mode_text, pct, spark_text
 
 __all__ = ["AuditPanel", "BackendPanel", "BucketsTable", "ConnectionBar", "RoutesTable"]
@@ -117,13 +117,14 @@ class BucketsTable(DataTable[Text | str]):
 
 
 class BackendPanel(Static):
-    """Circuit breaker (coloured by state), failure policy and the live fleet."""
+    """Circuit breaker (coloured by state), failure policy and the live fleet; and, when
+    routes take their limits from a limits service, its per-key breakers and cache."""
 
-    def show(self, backend: BackendView | None, replicas: Sequence[str] = ()) -> None:
-        self.update(self._render_backend(backend, replicas))
+    def show(self, backend: BackendView | None, replicas: Sequence[str] = (), external: ExternalView | None = None) -> None:
+        self.update(self._render_backend(backend, replicas, external))
 
     @staticmethod
-    def _render_backend(b: BackendView | None, replicas: Sequence[str]) -> RenderableType:
+    def _render_backend(b: BackendView | None, replicas: Sequence[str], external: ExternalView | None = None) -> RenderableType:
         if b is None:
             return Text("waiting for the first snapshot …", style="dim")
         grid = Table.grid(padding=(0, 1))
@@ -152,7 +153,46 @@ class BackendPanel(Static):
             row("rollback", "pending: " + ", ".join(b.pending_rollbacks), "bold #f7768e")
         if not b.distributed_enabled:
             row("kill switch", "distributed limiting is DISABLED: every route runs as off", "bold #e0af68")
+        if external is not None and external.routes:
+            _external_rows(row, external)
         return grid
+
+
+def _external_rows(row: Any, x: ExternalView) -> None:
+    """Three or four short lines: per-key breakers, cache, calls, and which keys are open."""
+    t = Text()
+    t.append(f"{x.breakers_open} open", style="bold #f7768e" if x.breakers_open else "#9ece6a")
+    if x.breakers_half_open:
+        t.append(f" · {x.breakers_half_open} probing", style="bold #e0af68")
+    t.append(f" / {x.breakers_total:,} breakers")
+    if len(x.routes) > 1:
+        t.append(f" ({len(x.routes)} routes)", style="dim")
+    row("ext limits", t)
+    if not x.cache_enabled:
+        row("ext cache", "off (no Redis): every lookup calls the service", "#e0af68")
+    else:
+        c = Text(f"hit {pct(x.hit_ratio) if x.hit_ratio is not None else '—'}", style="bold" if x.cache_available else "dim")
+        c.append(f" ({x.cache_hits:,}/{x.cache_hits + x.cache_misses:,}) · stale {x.stale_used:,}", style="" if x.cache_available else "dim")
+        if not x.cache_available:
+            c.append(" · skipped: Redis down", style="bold #e0af68")
+        row("ext cache", c)
+    calls = Text(f"{x.calls_ok:,} ok · ")
+    calls.append(f"{x.calls_failed:,} failed", style="bold #f7768e" if x.calls_failed else "")
+    calls.append(" · ")
+    calls.append(f"{x.static_fallbacks:,} static", style="#e0af68" if x.static_fallbacks else "dim")
+    row("ext calls", calls)
+    open_ = [br for br in x.breakers if br.state != "closed"][:3]
+    if open_:
+        keys = Text()
+        for i, br in enumerate(open_):
+            if i:
+                keys.append(", ")
+            keys.append(f"{br.route}/{br.key}", style="bold #f7768e" if br.state == "open" else "bold #e0af68")
+            probe = "probing" if br.state == "half_open" else (f"probe in {br.next_probe_in_s:.0f}s" if br.next_probe_in_s is not None else "probe due")
+            keys.append(f" ({probe})", style="dim")
+        if x.breakers_open + x.breakers_half_open > len(open_):
+            keys.append(f" +{x.breakers_open + x.breakers_half_open - len(open_)} more", style="dim")
+        row("open keys", keys)
 
 
 def _audit_entry(e: AuditEntryView) -> Text:
@@ -183,6 +223,12 @@ def _event_entry(e: EventView) -> Text:
     t = Text()
     if e.type == "breaker":
         t.append("breaker ", style="bold")
+        t.append(f"{d.get('from', '?')} → ")
+        to = str(d.get("to", "?"))
+        t.append(to, style={"closed": "#9ece6a", "open": "bold #f7768e"}.get(to, "#e0af68"))
+        detail = " · ".join(str(x) for x in (d.get("instance"), d.get("reason")) if x)
+    elif e.type == "external_breaker":
+        t.append(f"ext limits {d.get('route', '?')}/{d.get('key', '?')} ", style="bold")
         t.append(f"{d.get('from', '?')} → ")
         to = str(d.get("to", "?"))
         t.append(to, style={"closed": "#9ece6a", "open": "bold #f7768e"}.get(to, "#e0af68"))

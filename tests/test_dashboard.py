@@ -521,3 +521,95 @@ def test_snapshot_gate_refused_dialog(snap_compare: Any, utc: None) -> None:
 def test_snapshot_help_with_demo_banner(snap_compare: Any, utc: None) -> None:
     banner = "shadowlimit demo is running\n  replica 1:  http://127.0.0.1:8081\n  admin token: demo-token"
     assert snap_compare(fixed_app(replicas=["http://control-plane.test:8080", "http://127.0.0.1:8082"], demo_banner=banner), press=["question_mark"], terminal_size=SIZE)
+
+
+# -- external limits in the Backend panel -------------------------------------------------
+
+
+def _external_snapshot() -> dict[str, Any]:
+    return {
+        "routes": [{"route": "tenants", "url": "http://limits.internal:9100/limits"}],
+        "breakers": [
+            {"route": "tenants", "key": "initech", "state": "open", "failures": 5, "next_probe_in_s": 12.4, "last_error": "the limits service answered HTTP 500"},
+            {"route": "tenants", "key": "hooli", "state": "half_open", "failures": 5, "next_probe_in_s": 0.0, "last_error": "timeout"},
+            {"route": "tenants", "key": "acme", "state": "closed", "failures": 0, "next_probe_in_s": None, "last_error": None},
+        ],
+        "breakers_total": 14, "breakers_open": 1, "breakers_half_open": 1,
+        "cache": {"enabled": True, "available": True, "hit": 1234, "miss": 96, "stale": 4, "hit_ratio": 0.9278, "errors": 0},
+        "calls": {"ok": 80, "timeout": 3, "error": 12, "invalid": 1}, "errors": {"error": 12},
+        "sources": {"external": 80, "cache": 1234, "stale": 4, "static": 12},
+    }
+
+
+def test_backend_panel_shows_external_limits() -> None:
+    import io
+
+    from rich.console import Console
+
+    from dashboard.models import BackendView, ExternalView
+    from dashboard.widgets import BackendPanel
+
+    ext = ExternalView.parse(_external_snapshot())
+    assert ext is not None and ext.calls_failed == 16 and ext.hit_ratio == 0.9278
+    console = Console(width=100, file=io.StringIO(), color_system=None)
+    console.print(BackendPanel._render_backend(BackendView.parse(fixed_snapshot()["backend"]), [], ext))
+    text = " ".join(console.file.getvalue().split())  # type: ignore[attr-defined]
+    assert "ext limits 1 open · 1 probing / 14 breakers" in text
+    assert "ext cache hit 92.8% (1,234/1,330) · stale 4" in text
+    assert "ext calls 80 ok · 16 failed · 12 static" in text
+    assert "open keys tenants/initech (probe in 12s), tenants/hooli (probing)" in text
+    # no routes with external limits: no external lines at all
+    console = Console(width=100, file=io.StringIO(), color_system=None)
+    console.print(BackendPanel._render_backend(BackendView.parse(fixed_snapshot()["backend"]), [], ExternalView.parse({"routes": []})))
+    assert "ext limits" not in console.file.getvalue()  # type: ignore[attr-defined]
+    # without Redis the cache line says so
+    off = ExternalView.parse({**_external_snapshot(), "cache": {"enabled": False}})
+    console = Console(width=100, file=io.StringIO(), color_system=None)
+    console.print(BackendPanel._render_backend(BackendView.parse(fixed_snapshot()["backend"]), [], off))
+    assert "off (no Redis)" in console.file.getvalue()  # type: ignore[attr-defined]
+
+
+def test_snapshot_backend_with_external_limits(snap_compare: Any, utc: None) -> None:
+    from dashboard.models import Snapshot
+
+    data = fixed_snapshot()
+    data["external"] = _external_snapshot()
+    data["events"].append({"seq": 902, "at": AT - 20, "type": "external_breaker", "route": "tenants", "key": "initech", "from": "closed", "to": "open", "failures": 5, "reason": "the limits service answered HTTP 500", "instance": "replica-1"})
+    app = ShadowlimitDashboard("http://control-plane.test:8080", TOKEN, snapshot=Snapshot.parse(data))
+    assert snap_compare(app, terminal_size=(160, 60))
+
+
+async def test_backend_panel_follows_a_real_limits_service(redis_server: Any, tmp_path: Path) -> None:
+    from ext_service import Answer, AppServer, Script, scripted_app
+
+    script = Script()
+    script.default = Answer(status=500, body={"error": "tenant db down"})
+    script.answers["acme"] = Answer(body={"average": 50, "burst": 50, "period": "1s"})
+    with AppServer(scripted_app(script)) as svc:
+        rules = tmp_path / "rules.yaml"
+        rules.write_text(RULES + f"""\
+  - name: tenants
+    match: {{path: /api/tenants/**}}
+    key: {{strategy: header, header: X-Tenant-Id}}
+    local: {{average: 3, period: 1s}}
+    external: {{url: {svc.url}/limits, timeout: 1s}}
+""")
+        cp = ControlPlane(redis_server.url, rules, namespace=f"dash{uuid.uuid4().hex[:10]}").start()
+        try:
+            async with httpx.AsyncClient(base_url=cp.url) as c:
+                for key in ["acme"] * 3 + ["broken"] * 5:
+                    r = await c.post("/v1/decide", json={"method": "GET", "path": "/api/tenants/x", "headers": {"X-Tenant-Id": key}})
+                    assert r.status_code in (200, 429), r.text
+            client = ControlPlaneClient(cp.url)
+            ext = await client.external()
+            await client.aclose()
+            assert ext is not None and ext.routes == ("tenants",) and ext.breakers_open == 1 and ext.cache_hits == 2
+            app = ShadowlimitDashboard(cp.url, TOKEN)
+            async with app.run_test(size=SIZE) as pilot:
+                await until_live(pilot, app)
+                await wait_for(pilot, lambda: "ext limits" in plain(dash(app).query_one("#backend")), what="the external lines")
+                text = " ".join(plain(dash(app).query_one("#backend")).split())
+                assert "1 open / 2 breakers" in text and "(2/8)" in text and "tenants/broken" in text
+                await wait_for(pilot, lambda: "ext limits tenants/broken" in plain(dash(app).query_one(AuditPanel)), what="the breaker event in the audit panel")
+        finally:
+            cp.stop()
