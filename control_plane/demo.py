@@ -1,11 +1,15 @@
 """The main job: embedded Redis, three control-plane replicas as separate OS processes,
-a traffic generator, and the dashboard attached to the first replica.
+the example limits service (``examples/limits_service.py``), a traffic generator, and the
+dashboard attached to the first replica.
 
 One client (``bob``) spreads bursts over every replica, as seed 004 describes: each
 replica's local bucket sees a third of his traffic and admits it all, while the global
 limit would reject most of it. In shadow mode that shows up as divergence
 (``local_allow_distributed_deny``); flip the route to enforce from the dashboard and the
-global limit takes over. Quitting the dashboard stops everything.
+global limit takes over. The ``tenants`` route takes each tenant's limits from the
+limits service (acme 50/s, globex 5/s), cached in Redis; stop the service and decisions
+fall back to the stale copy, then to the rules file's limits. Quitting the dashboard
+stops everything.
 """
 
 from __future__ import annotations
@@ -48,6 +52,22 @@ routes:
     failure_policy: failClosed
 """
 
+# Per-tenant limits from the example limits service; the policies here are the fallback.
+DEMO_TENANTS_ROUTE = """\
+  - name: tenants
+    match: {methods: [GET], path: /api/tenants/**}
+    key: {strategy: header, header: X-Tenant-Id}
+    local: {average: 3, period: 1s, burst: 3}
+    distributed: {average: 3, period: 1s, burst: 3}
+    external:
+      url: @LIMITS_URL@
+      timeout: 500ms
+      cache_ttl: 30s
+      header_filter: {allow_list: [X-Tenant-Id, X-Plan]}
+"""
+
+LIMITS_SERVICE = Path(__file__).resolve().parent.parent / "examples" / "limits_service.py"
+
 # (client, route path, method, requests per second, spread over all replicas?)
 TRAFFIC = [
     ("alice", "/api/search/books", "GET", 4.0, False),
@@ -56,6 +76,8 @@ TRAFFIC = [
     ("dave", "/api/checkout/cart", "POST", 12.0, True),
     ("erin", "/api/login", "POST", 1.0, False),
     ("mallory", "/api/login", "POST", 4.0, True),
+    ("acme", "/api/tenants/orders", "GET", 20.0, True),  # 50/s from the limits service
+    ("globex", "/api/tenants/orders", "GET", 8.0, True),  # 5/s: rejected in bursts
 ]
 
 
@@ -75,7 +97,7 @@ def _die_with_parent() -> None:  # runs in the child before exec
 
 
 class DemoStack:
-    """Redis + N replicas + traffic; ``stop()`` always leaves nothing behind."""
+    """Redis + the limits service + N replicas + traffic; ``stop()`` always leaves nothing behind."""
 
     def __init__(self, replicas: int = 3, base_port: int = 0) -> None:
         self.n = replicas
@@ -85,6 +107,8 @@ class DemoStack:
         self.redis_url = os.environ.get("RATE_LIMIT_REDIS_URL") or None
         self.procs: list[subprocess.Popen[bytes]] = []
         self.urls: list[str] = []
+        self.limits_proc: subprocess.Popen[bytes] | None = None
+        self.limits_url: str | None = None
         self.workdir = Path(tempfile.mkdtemp(prefix="shadowlimit-demo-"))
         self.rules_path = self.workdir / "rules.yaml"
         self.sent = 0
@@ -96,7 +120,10 @@ class DemoStack:
 
             self.redis = EmbeddedRedis().start()
             self.redis_url = self.redis.url
-        self.rules_path.write_text(DEMO_RULES)
+        rules = DEMO_RULES
+        if self._start_limits_service():
+            rules += DEMO_TENANTS_ROUTE.replace("@LIMITS_URL@", f"{self.limits_url}/limits")
+        self.rules_path.write_text(rules)
         env = dict(os.environ)
         env.update(
             {
@@ -107,6 +134,7 @@ class DemoStack:
                 "SHADOWLIMIT_NAMESPACE": env.get("SHADOWLIMIT_NAMESPACE", "demo"),
                 "SHADOWLIMIT_GATE_WINDOW_S": env.get("SHADOWLIMIT_GATE_WINDOW_S", "60"),
                 "SHADOWLIMIT_GATE_MIN_SAMPLES": env.get("SHADOWLIMIT_GATE_MIN_SAMPLES", "200"),
+                "SHADOWLIMIT_EXTERNAL_BACKEND_HOSTS": env.get("SHADOWLIMIT_EXTERNAL_BACKEND_HOSTS", "*.backend.internal"),
             }
         )
         for i in range(self.n):
@@ -123,6 +151,33 @@ class DemoStack:
             self.procs.append(proc)
             self.urls.append(f"http://127.0.0.1:{port}")
         self._wait_ready()
+
+    def _start_limits_service(self, timeout: float = 15.0) -> bool:
+        """The example limits service as its own process (False when the checkout has none)."""
+        import httpx
+
+        if not LIMITS_SERVICE.is_file():
+            print(f"{LIMITS_SERVICE} not found: the demo runs without the tenants route", flush=True)
+            return False
+        port = _free_port()
+        log = open(self.workdir / "limits-service.log", "wb")  # noqa: SIM115 - closed with the process
+        self.limits_proc = subprocess.Popen(
+            [sys.executable, str(LIMITS_SERVICE), "--host", "127.0.0.1", "--port", str(port)],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            preexec_fn=_die_with_parent,
+        )
+        self.limits_url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.limits_proc.poll() is not None:
+                tail = (self.workdir / "limits-service.log").read_text(errors="replace")[-2000:]
+                raise RuntimeError(f"the limits service exited with {self.limits_proc.returncode}:\n{tail}")
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(self.limits_url + "/healthz", timeout=1.0).status_code == 200:
+                    return True
+            time.sleep(0.1)
+        raise RuntimeError(f"the limits service was not up after {timeout:.0f}s")
 
     def _wait_ready(self, timeout: float = 30.0) -> None:
         import httpx
@@ -154,7 +209,7 @@ class DemoStack:
                 while not stop.is_set():
                     url = self.urls[i % len(self.urls)] if spread else self.urls[home]
                     i += 1
-                    body = {"method": method, "path": path, "headers": {"X-Client-Id": name}, "client_ip": "127.0.0.1"}
+                    body = {"method": method, "path": path, "headers": {"X-Client-Id": name, "X-Tenant-Id": name}, "client_ip": "127.0.0.1"}
                     try:
                         await http.post(url + "/v1/decide", json=body)
                         self.sent += 1
@@ -172,11 +227,12 @@ class DemoStack:
             await asyncio.gather(*[client(*t) for t in TRAFFIC])
 
     def stop(self) -> None:
-        for p in self.procs:
+        procs = [*self.procs, *([self.limits_proc] if self.limits_proc is not None else [])]
+        for p in procs:
             if p.poll() is None:
                 p.terminate()
         deadline = time.monotonic() + 5
-        for p in self.procs:
+        for p in procs:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 p.wait(max(0.1, deadline - time.monotonic()))
             if p.poll() is None:
@@ -193,12 +249,15 @@ class DemoStack:
         ]
         for i, u in enumerate(self.urls):
             lines.append(f"  replica {i + 1}:  {u}   (API docs {u}/docs, metrics {u}/metrics)")
+        if self.limits_url:
+            lines.append(f"  limits:     {self.limits_url}/limits   (examples/limits_service.py; route tenants)")
         lines += [
             f"  admin token: {self.token}",
             f"  logs:       {self.workdir}",
             "",
             "try:",
             f"  curl -s {self.urls[0]}/v1/routes | python3 -m json.tool",
+            *([f"  curl -s {self.urls[0]}/v1/external | python3 -m json.tool"] if self.limits_url else []),
             f"  SHADOWLIMIT_ADMIN_TOKEN={self.token} shadowlimit mode search enforce --url {self.urls[0]} --reason 'try the global limit' --force",
             f"  shadowlimit dash --url {self.urls[0]} --token {self.token}",
         ]

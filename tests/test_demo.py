@@ -1,5 +1,6 @@
-"""The main job: `shadowlimit demo` starts Redis and three replicas as separate OS processes,
-serves decisions on all of them, and leaves nothing behind when it stops (or is killed)."""
+"""The main job: `shadowlimit demo` starts Redis, the example limits service and three
+replicas as separate OS processes, serves decisions on all of them, and leaves nothing
+behind when it stops (or is killed)."""
 
 from __future__ import annotations
 
@@ -28,7 +29,7 @@ def _pids_with(pattern: str) -> list[int]:
     return out
 
 
-def _start_demo(extra: list[str]) -> tuple[subprocess.Popen[str], list[str], str]:
+def _start_demo(extra: list[str]) -> tuple[subprocess.Popen[str], list[str], str, str]:
     proc = subprocess.Popen(
         [sys.executable, "-m", "control_plane.cli", "demo", "--no-dash", *extra],
         stdout=subprocess.PIPE,
@@ -38,6 +39,7 @@ def _start_demo(extra: list[str]) -> tuple[subprocess.Popen[str], list[str], str
     )
     urls: list[str] = []
     token = ""
+    limits = ""
     deadline = time.monotonic() + 60
     assert proc.stdout is not None
     while time.monotonic() < deadline:
@@ -48,10 +50,13 @@ def _start_demo(extra: list[str]) -> tuple[subprocess.Popen[str], list[str], str
             urls.append(m.group(1))
         if m := re.search(r"admin token: (\S+)", line):
             token = m.group(1)
+        if m := re.search(r"limits:\s+(http://127\.0\.0\.1:\d+)/limits", line):
+            limits = m.group(1)
         if line.startswith("try:"):
             break
     assert len(urls) == 3, f"demo did not print three replicas: {urls}"
-    return proc, urls, token
+    assert limits, "demo did not print the limits service"
+    return proc, urls, token, limits
 
 
 def _wait_gone(pattern: str, timeout: float = 10.0) -> list[int]:
@@ -65,13 +70,20 @@ def _wait_gone(pattern: str, timeout: float = 10.0) -> list[int]:
 
 
 def test_demo_serves_on_every_replica_and_stops_cleanly():
-    proc, urls, token = _start_demo(["--duration", "6"])
+    proc, urls, token, limits = _start_demo(["--duration", "6"])
     ports = [u.rsplit(":", 1)[1] for u in urls]
+    limits_port = limits.rsplit(":", 1)[1]
     try:
         for url in urls:
             r = httpx.post(url + "/v1/decide", json={"route": "search", "key": "test-client"}, timeout=5)
             assert r.status_code in (200, 429), r.text
             assert r.json()["route"] == "search"
+            # the tenants route takes each tenant's limits from the limits service
+            r = httpx.post(url + "/v1/decide", json={"method": "GET", "path": "/api/tenants/x", "headers": {"X-Tenant-Id": "initech"}}, timeout=5)
+            assert r.status_code in (200, 429), r.text
+            assert r.json()["route"] == "tenants" and r.json()["limits_source"] == "external"
+            assert r.headers["X-RateLimit-Limit"] == "20"
+        assert httpx.get(limits + "/stats", timeout=5).json()["total"] > 0
         # the three replicas share one fleet and one rollout state
         deadline = time.monotonic() + 5
         live = 0
@@ -87,11 +99,13 @@ def test_demo_serves_on_every_replica_and_stops_cleanly():
     assert proc.returncode == 0
     for port in ports:
         assert _wait_gone(f"--port {port}") == [], f"replica on port {port} left running"
+    assert _wait_gone(f"--port {limits_port}") == [], "limits service left running"
 
 
 def test_killing_the_demo_leaves_no_orphans():
-    proc, urls, _ = _start_demo([])
+    proc, urls, _, limits = _start_demo([])
     ports = [u.rsplit(":", 1)[1] for u in urls]
+    ports.append(limits.rsplit(":", 1)[1])
     redis_port = None
     for pid in _pids_with("redis-server 127.0.0.1:"):
         try:
@@ -104,5 +118,5 @@ def test_killing_the_demo_leaves_no_orphans():
     proc.send_signal(signal.SIGKILL)
     proc.wait(timeout=10)
     for port in ports:
-        assert _wait_gone(f"--port {port}") == [], f"replica on port {port} orphaned"
+        assert _wait_gone(f"--port {port}") == [], f"process on port {port} orphaned"
     assert _wait_gone(f"redis-server 127.0.0.1:{redis_port}") == [], "embedded redis-server orphaned"
