@@ -56,7 +56,7 @@ def route(path: str, methods=None, name: str = "r", **kw) -> RouteRule:
 
 def test_example_file_loads(settings):
     rules = load_rules(EXAMPLE, settings)
-    assert rules.names() == ["search", "checkout", "login", "internal", "default"]
+    assert rules.names() == ["search", "checkout", "login", "internal", "tenants", "default"]
     assert rules.source == str(EXAMPLE)
     assert len(rules.digest) == 64
 
@@ -75,6 +75,11 @@ def test_example_file_loads(settings):
     assert checkout.policies_for("acme:checkout") == (Policy(average=500, burst=100),) * 2
     assert checkout.deny.matches("bad-tenant:checkout", None)
     assert checkout.failure_code == 503
+
+    tenants = rules.get("tenants")
+    assert tenants.external is not None and tenants.external.url == "http://127.0.0.1:9100/limits"
+    assert (tenants.external.timeout_s, tenants.external.cache_ttl_s, tenants.external.max_concurrent_requests) == (0.5, 60.0, 50)
+    assert tenants.external.allow_list == ("x-tenant-id", "x-plan")
 
     login = rules.get("login")
     assert login.local.algorithm is Algorithm.SLIDING_WINDOW and login.local.period == 60.0 and login.local.average == 5
