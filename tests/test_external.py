@@ -10,7 +10,7 @@ import asyncio
 import email.utils
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -892,5 +892,19 @@ def test_resolvers_survive_reloads_with_the_same_block():
     assert m._resolvers == {}
 
 
-# keep the helper visible to type checkers
-_: Callable[..., Any] = make_rule
+
+async def test_cache_and_stale_copy_on_standalone_and_cluster(any_redis_url, script, service):
+    """The fresh and stale copies share a hash tag: one MGET reads both, on a cluster too."""
+    script.default = Answer(body={"average": 31, "burst": 3, "period": "1s"}, headers={"Cache-Control": "max-age=1"})
+    rule = make_rule(limits_url(service))
+    ns = f"ext-{uuid.uuid4().hex[:8]}"
+    async with manager(any_redis_url, namespace=ns) as m:
+        assert (await resolve(m, rule)).source == "external"
+        await settle(m)
+        assert (await resolve(m, rule)).source == "cache"
+        await asyncio.sleep(1.1)  # the fresh copy expires; the stale one stays
+        script.default = Answer(status=500)
+        res = await resolve(m, rule)
+        assert res.source == "stale" and res.limits.average == 31
+        assert m.cache_errors == 0
+    assert script.calls == 2
