@@ -6,8 +6,8 @@ same inputs it gives the same decisions as :class:`~limiter.redis_limiter.RedisL
 
 Memory is bounded by ``max_keys`` (seed 000: 65,536): at the cap about 10% of the
 least recently used keys are evicted at once. Keys idle longer than their TTL are
-dropped by :meth:`LocalLimiter.sweep` (also run incrementally every few thousand
-checks), which cannot change a decision: a key is only dropped once its state is
+dropped by :meth:`LocalLimiter.sweep` (also run incrementally, a few keys each time
+a new key arrives), which cannot change a decision: a key is only dropped once its state is
 equivalent to a fresh one.
 """
 
@@ -24,8 +24,7 @@ from .policy import Algorithm, BucketView, Decision, Policy, make_decision, vali
 
 __all__ = ["LocalLimiter", "LocalKeyInfo"]
 
-_SWEEP_EVERY = 4096
-_SWEEP_BUDGET = 64
+_SWEEP_BUDGET = 8  # idle keys looked at per new key
 
 
 _time_ns = time.time_ns
@@ -64,17 +63,17 @@ class LocalLimiter:
             raise ValueError(f"max_keys: must be >= 1, got {max_keys!r}")
         self.max_keys = max_keys
         self._clock = clock
+        self._custom_clock = clock is not _now_us  # the default clock is inlined in check()
         # key -> [state, algorithm, last_seen_us, expires_us]; ordered oldest access first
         self._data: OrderedDict[str, list[Any]] = OrderedDict()
         self._lock = threading.Lock()
-        self._ops = _SWEEP_EVERY
         self.evicted = 0
         self.expired = 0
 
     def check(self, key: str, policy: Policy, cost: int = 1, now_us: int | None = None) -> Decision:
         """Decide one request and record it."""
         if now_us is None:
-            now_us = self._clock()
+            now_us = self._clock() if self._custom_clock else _time_ns() // 1000
         if cost.__class__ is not int or cost < 1 or cost > policy.limit:
             cost = validate_cost(policy, cost)
         fn = policy.fn
@@ -89,6 +88,8 @@ class LocalLimiter:
             if entry is None:
                 decision, state = fn(None, now_us, policy, cost)
                 if state is not None:
+                    # idle keys are dropped as new ones arrive (and by sweep())
+                    self._sweep_front(now_us)
                     if len(data) >= self.max_keys:
                         self._evict()
                     data[key] = [state, alg, now_us, now_us + policy.ttl_us + decision.reset_after_us]
@@ -101,10 +102,6 @@ class LocalLimiter:
                 expires = now_us + policy.ttl_us + decision.reset_after_us
                 if expires > entry[3]:
                     entry[3] = expires
-            self._ops -= 1
-            if not self._ops:
-                self._ops = _SWEEP_EVERY
-                self._sweep_front(now_us)
         finally:
             lock.release()
         return decision
