@@ -280,8 +280,9 @@ def test_sweep_removes_keys_idle_past_their_ttl(alg):
     policy = POLICIES[alg]
     lim = LocalLimiter()
     lim.check("old", policy, cost=3, now_us=T0)
-    lim.check("young", policy, now_us=T0 + 10 * SEC)
     (old,) = [i for i in lim.items() if i.key == "old"]
+    # just before "old" expires (inserting a key also sweeps idle ones)
+    lim.check("young", policy, now_us=old.expires_us - 1)
     assert old.expires_us >= T0 + policy.ttl_s * SEC
     assert lim.sweep(old.expires_us - 1) == 0
     assert lim.keys() == ["old", "young"]
@@ -290,6 +291,17 @@ def test_sweep_removes_keys_idle_past_their_ttl(alg):
     assert lim.expired == 1
     assert lim.sweep(T0 + 1000 * SEC) == 1
     assert len(lim) == 0 and lim.expired == 2
+
+
+def test_inserting_a_key_drops_idle_ones():
+    policy = POLICIES[Algorithm.TOKEN_BUCKET]
+    lim = LocalLimiter()
+    lim.check("old", policy, now_us=T0)
+    (old,) = list(lim.items())
+    lim.check("new", policy, now_us=old.expires_us)
+    assert lim.keys() == ["new"] and lim.expired == 1
+
+
 
 
 @pytest.mark.parametrize("alg", ALGS, ids=str)
