@@ -749,6 +749,8 @@ class Engine:
             act = _RouteActivity({}, old.counts if old is not None and old.minute == minute - 1 else {}, old.last if old is not None else {}, minute)
             if old is not None:
                 act.external = old.external
+                act.per_second = old.per_second  # decisions/s must not drop at the minute boundary
+                act.decisions = old.decisions
             self._activity[route] = act
         counts = act.counts
         n = counts.get(key)

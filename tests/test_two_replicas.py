@@ -75,8 +75,20 @@ def test_divergence_is_counted_fleet_wide_once(replicas):
     def totals(c):
         return c.get("/v1/divergence").json()["routes"]["search"]
 
-    wait_until(lambda: totals(ca)["totals"]["compared"] >= n and totals(cb)["totals"]["compared"] >= n, 5.0, 0.1, "fleet-wide comparisons")
+    def settled():
+        # counters and the "would be blocked" sets are flushed every second and each
+        # replica's view of them is refreshed every second: wait until both have it all
+        x, y = totals(ca), totals(cb)
+        blocked = x["totals"]["local_allow_distributed_deny"]
+        return (
+            x["totals"]["compared"] >= n
+            and x == y
+            and (blocked == 0 or (x["would_be_blocked"] and x["would_be_blocked"][0]["count"] == blocked))
+        )
+
+    wait_until(settled, 10.0, 0.1, "fleet-wide comparisons on both replicas")
     time.sleep(1.2)  # one more flush interval on both replicas: nothing may be added twice
+    wait_until(lambda: totals(ca) == totals(cb), 5.0, 0.1, "both replicas' views refreshed")
     ta, tb = totals(ca), totals(cb)
     assert ta["totals"] == tb["totals"]
     t = ta["totals"]
