@@ -1,0 +1,149 @@
+"""``python -m bench [--quick] [--only local|distributed|memory|profile] [--out docs/benchmarks.md]``.
+
+Starts a private embedded redis-server (loopback only) for the Redis sections and
+stops it at the end; writes ``bench/results/latest.json`` and the Markdown report.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from .harness import CpuAccount, Settings, environment, log
+
+SECTIONS = ("local", "distributed", "memory", "profile")
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def _extra_sections() -> list[str]:
+    from . import report
+
+    cp = report.control_plane_section(ROOT / "bench" / "results" / "control_plane.json")
+    return [cp] if cp else []
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    ap = argparse.ArgumentParser(prog="python -m bench", description="shadowlimit benchmarks vs limits and PyrateLimiter")
+    ap.add_argument("--quick", action="store_true", help="short runs (smoke test, < 60 s)")
+    ap.add_argument("--only", choices=SECTIONS, action="append", help="run only this section (repeatable)")
+    ap.add_argument("--out", default=None, help="Markdown report path (default: docs/benchmarks.md)")
+    ap.add_argument("--json", default=None, help="raw results path (default: bench/results/latest.json)")
+    ap.add_argument("--render-only", action="store_true", help="only rewrite the Markdown report from the existing JSON results")
+    args = ap.parse_args(argv)
+
+    if args.render_only:
+        from . import report
+
+        json_path = Path(args.json).resolve() if args.json else ROOT / "bench" / "results" / "latest.json"
+        results = json.loads(json_path.read_text(encoding="utf-8"))
+        out_path = Path(args.out).resolve() if args.out else ROOT / "docs" / "benchmarks.md"
+        _write_atomic(out_path, report.render(results, Settings(**results["settings"]), _extra_sections()))
+        log(f"bench: rendered {out_path} from {json_path}")
+        return 0
+
+    settings = Settings.make(args.quick)
+    sections = list(args.only or SECTIONS)
+    t_start = time.perf_counter()
+    env = environment(argv)
+    env["quick"] = settings.quick
+    results: dict[str, Any] = {"environment": env, "settings": settings.__dict__, "sections": sections}
+    log(f"bench: {env['cpu']} x{env['cores']}, {env['python']}, load {env['loadavg_start']}, sections {sections}{' (quick)' if settings.quick else ''}")
+    if env["loadavg_start"][0] > 0.7 * (env["cores"] or 1):
+        log(f"bench: warning: the machine is busy (load {env['loadavg_start'][0]}); numbers will be noisy")
+
+    from . import report
+
+    cpu = CpuAccount()
+    env["background_cpu"] = {}
+
+    if "local" in sections:
+        from .local import run_local
+
+        log("bench: local ...")
+        t0 = time.perf_counter()
+        snap = cpu.snapshot()
+        results["local"] = run_local(settings)
+        env["background_cpu"]["local"] = CpuAccount.background(snap, cpu.snapshot())
+        env.setdefault("section_s", {})["local"] = round(time.perf_counter() - t0, 1)
+        results["local_baselines"] = report.local_ratios(results["local"])
+
+    needs_redis = any(s in sections for s in ("distributed", "memory", "profile"))
+    server = None
+    try:
+        url = None
+        if needs_redis:
+            import redis
+
+            from limiter.embedded import EmbeddedRedis
+
+            server = EmbeddedRedis().start()
+            cpu.attach_redis(server.pid)
+            url = server.url
+            r = redis.Redis.from_url(url)
+            env["redis_server"] = r.info("server")["redis_version"]
+            r.close()
+            log(f"bench: embedded redis-server {env['redis_server']} at {url}")
+        if "distributed" in sections:
+            from .distributed import run_distributed
+
+            log("bench: distributed ...")
+            t0 = time.perf_counter()
+            snap = cpu.snapshot()
+            results["distributed"] = run_distributed(settings, url)  # type: ignore[arg-type]
+            env["background_cpu"]["distributed"] = CpuAccount.background(snap, cpu.snapshot())
+            env.setdefault("section_s", {})["distributed"] = round(time.perf_counter() - t0, 1)
+            report.distributed_ratios(results["distributed"])
+        if "memory" in sections:
+            from .memory import run_memory
+
+            log("bench: memory ...")
+            t0 = time.perf_counter()
+            snap = cpu.snapshot()
+            results["memory"] = run_memory(settings, url)  # type: ignore[arg-type]
+            env["background_cpu"]["memory"] = CpuAccount.background(snap, cpu.snapshot())
+            env.setdefault("section_s", {})["memory"] = round(time.perf_counter() - t0, 1)
+        if "profile" in sections:
+            from .profiling import run_profile
+
+            log("bench: profile ...")
+            t0 = time.perf_counter()
+            snap = cpu.snapshot()
+            results["profile"] = run_profile(settings, url)
+            env["background_cpu"]["profile"] = CpuAccount.background(snap, cpu.snapshot())
+            env.setdefault("section_s", {})["profile"] = round(time.perf_counter() - t0, 1)
+    finally:
+        if server is not None:
+            server.stop()
+
+    env["loadavg_end"] = [round(x, 2) for x in os.getloadavg()]
+    env["duration_s"] = round(time.perf_counter() - t_start, 1)
+    results["targets"] = report.compute_targets(results, settings.concurrency)
+
+    json_path = Path(args.json).resolve() if args.json else ROOT / "bench" / "results" / "latest.json"
+    _write_atomic(json_path, json.dumps(results, indent=1, default=str) + "\n")
+    out_path = Path(args.out).resolve() if args.out else ROOT / "docs" / "benchmarks.md"
+    _write_atomic(out_path, report.render(results, settings, _extra_sections()))
+    log(f"bench: sections took {env.get('section_s')}")
+    log(f"bench: average cores used by other processes meanwhile: { {k: v['other_cores'] for k, v in env['background_cpu'].items()} }")
+    log(f"bench: wrote {json_path.relative_to(ROOT) if json_path.is_relative_to(ROOT) else json_path} and "
+        f"{out_path.relative_to(ROOT) if out_path.is_relative_to(ROOT) else out_path} in {env['duration_s']:.0f} s")
+    for t in results["targets"]:
+        log(f"  target {'MET    ' if t['met'] else 'NOT MET'} {t['target']}: {t['measured']}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,249 @@
+"""Control-plane benchmark: ``POST /v1/decide`` under load from a separate process.
+
+One control plane (``shadowlimit serve`` in its own process, embedded Redis) and one
+load generator in another process: ``wrk`` (Debian's package; installed on demand when
+running as root) with a Lua script that POSTs decide requests over many keys. For each
+mode (off, shadow, canary 50%, enforce) it records requests/s and the p50/p99 latency
+wrk measures; then the batch endpoint's decisions/s with batches of 1,000.
+
+Run: ``python -m bench.control_plane [--seconds 10] [--connections 32]``; the report
+lands in ``bench/results/control_plane.json`` and is rendered into docs/benchmarks.md by
+``python -m bench``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import platform
+import re
+import secrets
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+RULES = """\
+version: 1
+routes:
+  - name: api
+    match: {path: /api/**}
+    key: {strategy: header, header: X-Client-Id}
+    local: {average: 1000000, period: 1s, burst: 1000000}
+    distributed: {average: 1000000, period: 1s, burst: 1000000}
+"""
+
+WRK_LUA = """\
+local counter = 0
+request = function()
+  counter = counter + 1
+  local body = '{"route":"api","key":"k' .. (counter % 1000) .. '"}'
+  return wrk.format("POST", "/v1/decide", {["Content-Type"] = "application/json"}, body)
+end
+done = function(summary, latency, requests)
+  io.write(string.format("JSON{\\"requests\\":%d,\\"duration_us\\":%d,\\"errors\\":%d,\\"non2xx\\":%d,\\"p50_us\\":%d,\\"p90_us\\":%d,\\"p99_us\\":%d,\\"mean_us\\":%.1f}\\n",
+    summary.requests, summary.duration, summary.errors.connect + summary.errors.read + summary.errors.write + summary.errors.timeout,
+    summary.errors.status, latency:percentile(50), latency:percentile(90), latency:percentile(99), latency.mean))
+end
+"""
+
+MODES: list[tuple[str, int]] = [("off", 0), ("shadow", 0), ("canary", 50), ("enforce", 0)]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def ensure_wrk() -> str:
+    path = shutil.which("wrk")
+    if path:
+        return path
+    if os.geteuid() == 0 and shutil.which("apt-get"):
+        env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
+        subprocess.run(["apt-get", "install", "-y", "-qq", "wrk"], check=False, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        path = shutil.which("wrk")
+        if path:
+            return path
+    raise SystemExit("bench.control_plane needs wrk (apt-get install wrk)")
+
+
+class Server:
+    """A control plane in its own process, on a free loopback port."""
+
+    def __init__(self, workdir: Path) -> None:
+        self.port = _free_port()
+        self.token = secrets.token_hex(12)
+        self.url = f"http://127.0.0.1:{self.port}"
+        rules = workdir / "rules.yaml"
+        rules.write_text(RULES)
+        env = dict(
+            os.environ,
+            ENABLE_DISTRIBUTED_RATE_LIMITING="true",
+            RATE_LIMIT_RULES_PATH=str(rules),
+            SHADOWLIMIT_ADMIN_TOKEN=self.token,
+            SHADOWLIMIT_NAMESPACE="bench",
+        )
+        env.pop("RATE_LIMIT_REDIS_URL", None)
+        self.log = open(workdir / "server.log", "wb")  # noqa: SIM115
+        self.proc = subprocess.Popen([sys.executable, "-m", "control_plane.cli", "serve", "--port", str(self.port), "--log-level", "warning"], env=env, stdout=self.log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(self.url + "/readyz", timeout=1).status_code == 200:
+                    return
+            if self.proc.poll() is not None:
+                break
+            time.sleep(0.1)
+        self.stop()
+        raise SystemExit(f"control plane did not start: see {workdir / 'server.log'}")
+
+    def set_mode(self, mode: str, percent: int) -> None:
+        r = httpx.put(
+            f"{self.url}/v1/routes/api/mode",
+            json={"mode": mode, "canary_percent": percent, "reason": "benchmark", "force": True},
+            headers={"Authorization": f"Bearer {self.token}"},
+            timeout=10,
+        )
+        r.raise_for_status()
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.log.close()
+
+
+def run_wrk(wrk: str, url: str, script: Path, seconds: float, connections: int) -> dict[str, Any]:
+    out = subprocess.run(
+        [wrk, "-t1", f"-c{connections}", f"-d{max(1, round(seconds))}s", "--latency", "-s", str(script), url],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    m = re.search(r"JSON(\{.*\})", out)
+    if not m:
+        raise RuntimeError(f"unexpected wrk output:\n{out}")
+    data = json.loads(m.group(1))
+    data["rps"] = data["requests"] / (data["duration_us"] / 1e6)
+    return data
+
+
+def run_batch(url: str, seconds: float, size: int = 1000) -> dict[str, Any]:
+    body = json.dumps({"requests": [{"route": "api", "key": f"b{i % 1000}"} for i in range(size)]})
+    headers = {"Content-Type": "application/json"}
+    with httpx.Client(timeout=30) as c:
+        c.post(url + "/v1/decide/batch", content=body, headers=headers).raise_for_status()
+        n = 0
+        t0 = time.perf_counter()
+        while time.perf_counter() - t0 < seconds:
+            c.post(url + "/v1/decide/batch", content=body, headers=headers).raise_for_status()
+            n += size
+        dt = time.perf_counter() - t0
+    return {"decisions": n, "seconds": dt, "decisions_per_s": n / dt, "batch_size": size}
+
+
+def measure(seconds: float = 8.0, connections: int = 32, repeats: int = 3) -> dict[str, Any]:
+    wrk = ensure_wrk()
+    work = Path(tempfile.mkdtemp(prefix="shadowlimit-bench-cp-"))
+    script = work / "decide.lua"
+    script.write_text(WRK_LUA)
+    server = Server(work)
+    results: dict[str, Any] = {"modes": {}, "batch": {}}
+    try:
+        run_wrk(wrk, server.url, script, 2, connections)  # warm-up
+        for mode, pct in MODES:
+            server.set_mode(mode, pct)
+            time.sleep(0.5)
+            runs = [run_wrk(wrk, server.url, script, seconds, connections) for _ in range(repeats)]
+            results["modes"][f"{mode}{f' {pct}%' if pct else ''}"] = {
+                "runs": runs,
+                "rps": statistics.median(r["rps"] for r in runs),
+                "p50_us": statistics.median(r["p50_us"] for r in runs),
+                "p99_us": statistics.median(r["p99_us"] for r in runs),
+                "non2xx": sum(r["non2xx"] for r in runs),
+                "errors": sum(r["errors"] for r in runs),
+            }
+        for mode, pct in (("off", 0), ("shadow", 0), ("enforce", 0)):
+            server.set_mode(mode, pct)
+            runs = [run_batch(server.url, seconds / 2) for _ in range(repeats)]
+            results["batch"][mode] = {"runs": runs, "decisions_per_s": statistics.median(r["decisions_per_s"] for r in runs)}
+    finally:
+        server.stop()
+    results["meta"] = {
+        "date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
+        "wrk": subprocess.run([wrk, "-v"], capture_output=True, text=True).stdout.splitlines()[0] if True else "",
+        "connections": connections,
+        "seconds_per_run": seconds,
+        "repeats": repeats,
+        "python": platform.python_version(),
+        "load_avg": os.getloadavg(),
+    }
+    return results
+
+
+def render(results: dict[str, Any]) -> str:
+    """A markdown section for docs/benchmarks.md."""
+    meta = results["meta"]
+    off = results["modes"].get("off", {})
+    lines = [
+        "## Control plane: `POST /v1/decide` under load",
+        "",
+        f"One `shadowlimit serve` process (uvicorn, one worker, embedded Redis) and `wrk` in another process on loopback: "
+        f"{meta['connections']} connections, {meta['seconds_per_run']:g} s per run, median of {meta['repeats']} runs; "
+        f"1,000 keys round robin, limit 1e6/s so every request is decided in full. Both processes and Redis share the 2 cores. "
+        f"{meta['wrk']}; measured {meta['date']}.",
+        "",
+        "| mode | requests/s | p50 | p99 | p50 vs off | non-2xx |",
+        "|---|--:|--:|--:|--:|--:|",
+    ]
+    for name, r in results["modes"].items():
+        ratio = r["p50_us"] / off["p50_us"] if off.get("p50_us") else float("nan")
+        lines.append(f"| {name} | {r['rps']:,.0f} | {r['p50_us'] / 1000:.2f} ms | {r['p99_us'] / 1000:.2f} ms | {ratio:.2f}x | {r['non2xx']} |")
+    lines += ["", "Batch endpoint (`POST /v1/decide/batch`, 1,000 decisions per request, one client):", "", "| mode | decisions/s |", "|---|--:|"]
+    for name, r in results["batch"].items():
+        lines.append(f"| {name} | {r['decisions_per_s']:,.0f} |")
+    shadow = results["modes"].get("shadow", {})
+    p50_ok = shadow and off and shadow["p50_us"] <= off["p50_us"] * 1.10
+    best_batch = max((r["decisions_per_s"] for r in results["batch"].values()), default=0)
+    lines += [
+        "",
+        "| target | measured | met? |",
+        "|---|---|---|",
+        f"| shadow p50 within 10% of off | {shadow.get('p50_us', 0) / 1000:.2f} ms vs {off.get('p50_us', 0) / 1000:.2f} ms | {'met' if p50_ok else '**not met**'} |",
+        f"| batch endpoint >= 50,000 decisions/s | {best_batch:,.0f} (best mode) | {'met' if best_batch >= 50_000 else '**not met**'} |",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--seconds", type=float, default=8.0)
+    ap.add_argument("--connections", type=int, default=32)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--out", default="bench/results/control_plane.json")
+    args = ap.parse_args(argv)
+    results = measure(args.seconds, args.connections, args.repeats)
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(results, indent=2))
+    print(render(results))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
