@@ -38,7 +38,6 @@ __all__ = ["RedisLimiter", "TimeSource"]
 
 TimeSource = Literal["local", "redis"]
 Backend = StandaloneBackend | ClusterBackend
-_REDIS_NOW = b"$1\r\nr\r\n"
 _NAMESPACE = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 
 
@@ -49,10 +48,11 @@ def _now_us() -> int:
 class _Prepared:
     """Pre-encoded RESP pieces of one (script, policy) pair."""
 
-    __slots__ = ("script", "head", "eval_head", "mid")
+    __slots__ = ("script", "head", "eval_head", "mid", "policy")
 
     def __init__(self, script: Script, policy: Policy) -> None:
         a1, a2, a3 = policy_args(policy)
+        self.policy = policy
         self.script = script
         self.head = b"*9\r\n$7\r\nEVALSHA\r\n$40\r\n%s\r\n$1\r\n1\r\n" % script.sha.encode()
         src = script.source_bytes
@@ -82,6 +82,7 @@ class RedisLimiter:
         self._clock = clock
         self._prefix = f"rl:{namespace}:".encode()
         self._prepared: dict[Policy, _Prepared] = {}
+        self._by_id: dict[int, _Prepared] = {}
         self._url = url
         self._client: Any = None
 
@@ -110,24 +111,31 @@ class RedisLimiter:
     # -- the hot path -------------------------------------------------------------
 
     def _prepare(self, policy: Policy) -> _Prepared:
+        # looked up by identity first: hashing a dataclass on every check is not free
+        p = self._by_id.get(id(policy))
+        if p is not None and p.policy is policy:
+            return p
         p = self._prepared.get(policy)
         if p is None:
             if len(self._prepared) > 4096:
                 self._prepared.clear()
             p = self._prepared[policy] = _Prepared(SCRIPTS[policy.algorithm], policy)
+        if len(self._by_id) > 4096:
+            self._by_id.clear()
+        self._by_id[id(policy)] = p
         return p
 
     def redis_key(self, key: str) -> bytes:
         return self._prefix + key.encode()
 
-    def _tail(self, now_us: int | None, cost: int) -> bytes:
+    def _rest(self, rkey: bytes, prep: _Prepared, now_us: int | None, cost: int) -> bytes:
+        """Everything after the script reference: KEYS[1], ARGV[1..5], in one format."""
         if self.time_source == "redis":
-            now_b = _REDIS_NOW
+            nb = b"r"
         else:
-            n = str(self._clock() if now_us is None else now_us).encode()
-            now_b = b"$%d\r\n%s\r\n" % (len(n), n)
-        c = str(cost).encode()
-        return now_b + b"$%d\r\n%s\r\n" % (len(c), c)
+            nb = b"%d" % (self._clock() if now_us is None else now_us)
+        cb = b"%d" % cost
+        return b"$%d\r\n%b\r\n%b$%d\r\n%b\r\n$%d\r\n%b\r\n" % (len(rkey), rkey, prep.mid, len(nb), nb, len(cb), cb)
 
     async def check(self, key: str, policy: Policy, cost: int = 1, now_us: int | None = None) -> Decision:
         """Decide one request atomically in Redis. Raises :class:`BackendError` on failure."""
@@ -137,8 +145,7 @@ class RedisLimiter:
             return make_decision(True, policy.limit, policy.limit, 0, 0)
         prep = self._prepare(policy)
         rkey = self._prefix + key.encode()
-        kpart = b"$%d\r\n%s\r\n" % (len(rkey), rkey)
-        rest = kpart + prep.mid + self._tail(now_us, cost)
+        rest = self._rest(rkey, prep, now_us, cost)
         payload = prep.head + rest
         fut = self.backend.send_now(rkey, payload)
         reply = await (fut if fut is not None else self.backend.call(rkey, payload))
@@ -161,7 +168,7 @@ class RedisLimiter:
                 continue
             prep = self._prepare(policy)
             rkey = self._prefix + key.encode()
-            rest = b"$%d\r\n%s\r\n" % (len(rkey), rkey) + prep.mid + self._tail(now_us, cost)
+            rest = self._rest(rkey, prep, now_us, cost)
             fut = self.backend.send_now(rkey, prep.head + rest)
             if fut is None:
                 fut = asyncio.ensure_future(self.backend.call(rkey, prep.head + rest))
