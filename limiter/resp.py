@@ -17,6 +17,7 @@ Addresses: ``redis://[user:pass@]host:port/db``, ``rediss://`` (TLS),
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import ssl as ssl_module
 from collections import deque
 from dataclasses import dataclass, field
@@ -368,19 +369,40 @@ class _NodeClient:
 
 
 class StandaloneBackend:
-    """One Redis server (or a proxy / sentinel-managed primary address)."""
+    """One Redis server (or a proxy / sentinel-managed primary address).
+
+    Commands go over ``connections`` pipelined connections (2 by default), each asyncio
+    task sticking to one of them (so one task's commands stay in order). With a single
+    connection client and server take turns: Redis idles while the client works through
+    a batch of replies, the client idles while Redis runs the next batch. Two groups of
+    tasks on two connections fall out of step and keep both busy.
+    """
 
     cluster = False
 
-    def __init__(self, endpoint: Endpoint, *, connect_timeout: float = 1.0, command_timeout: float | None = 0.5) -> None:
+    def __init__(self, endpoint: Endpoint, *, connect_timeout: float = 1.0, command_timeout: float | None = 0.5, connections: int = 2) -> None:
+        if connections < 1:
+            raise ValueError(f"connections: must be >= 1, got {connections!r}")
         self.endpoint = endpoint
-        self._node = _NodeClient(endpoint, connect_timeout, command_timeout)
+        self._nodes = [_NodeClient(endpoint, connect_timeout, command_timeout) for _ in range(connections)]
+        self._node = self._nodes[0]
+        self._slot: contextvars.ContextVar[_NodeClient] = contextvars.ContextVar(f"shadowlimit-conn-{id(self)}")
+        self._next = 0
+
+    def _pick(self) -> _NodeClient:
+        node = self._slot.get(None)
+        if node is None:
+            nodes = self._nodes
+            node = nodes[self._next % len(nodes)]
+            self._next += 1
+            self._slot.set(node)
+        return node
 
     def send_now(self, key: bytes, payload: bytes) -> asyncio.Future[Any] | None:
-        return self._node.send_now(payload)
+        return self._pick().send_now(payload)
 
     async def call(self, key: bytes | None, payload: bytes) -> Any:
-        return await self._node.call(payload)
+        return await self._pick().call(payload)
 
     async def call_all(self, payload: bytes) -> list[Any]:
         return [await self._node.call(payload)]
@@ -389,7 +411,8 @@ class StandaloneBackend:
         return self.endpoint.label
 
     async def aclose(self) -> None:
-        self._node.close()
+        for n in self._nodes:
+            n.close()
 
 
 _ASKING = encode_command("ASKING")
