@@ -158,7 +158,6 @@ class _RouteActivity:
     previous: dict[str, int]
     last: dict[str, tuple[float, bool, str]]  # key -> (at, allowed, enforced_by)
     minute: int
-    decisions: int = 0
     per_second: dict[int, int] = field(default_factory=dict)  # unix second -> decisions
     external: dict[str, tuple[Policy, Policy]] = field(default_factory=dict)  # key -> last external policies
 
@@ -254,8 +253,8 @@ class Engine:
         self.rules = rules or load_rules(settings.rules_path, settings)
         self.watcher: RulesWatcher | None = None
         if settings.rules_path is not None:
-            self.watcher = RulesWatcher(settings.rules_path, settings, on_change=self._on_rules, on_error=self._on_rules_error)
-            self.watcher._rules = self.rules  # type: ignore[attr-defined]
+            # the rules were just loaded: the watcher starts from them instead of reading the file again
+            self.watcher = RulesWatcher(settings.rules_path, settings, on_change=self._on_rules, on_error=self._on_rules_error, initial=self.rules)
         self._states: dict[str, RouteState] = {}
         self._adjust: dict[str, dict[str, Policy]] = {}
         self._pending_rollbacks: dict[str, RouteState] = {}
@@ -750,7 +749,6 @@ class Engine:
             if old is not None:
                 act.external = old.external
                 act.per_second = old.per_second  # decisions/s must not drop at the minute boundary
-                act.decisions = old.decisions
             self._activity[route] = act
         counts = act.counts
         n = counts.get(key)
@@ -758,7 +756,6 @@ class Engine:
             counts[key] = n + 1
         elif len(counts) < _MAX_ACTIVE_KEYS:
             counts[key] = 1
-        act.decisions += 1
         sec = int(now_s)
         ps = act.per_second
         ps[sec] = ps.get(sec, 0) + 1

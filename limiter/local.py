@@ -181,8 +181,8 @@ class LocalLimiter:
 
     def _evict(self) -> None:
         """Evict about 10% least recently used keys (caller holds the lock)."""
-        n = max(1, self.max_keys // 10)
+        n = min(max(1, self.max_keys // 10), len(self._data))
         data = self._data
-        for _ in range(min(n, len(data))):
+        for _ in range(n):
             data.popitem(last=False)
         self.evicted += n

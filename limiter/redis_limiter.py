@@ -8,7 +8,7 @@ Decision(allowed=True, remaining=19, limit=20, retry_after_us=0, reset_after_us=
 Keys are ``rl:<namespace>:<key>`` (no hash tag: every key is sharded on its own in
 Redis Cluster). Scripts run by EVALSHA; after a Redis restart or ``SCRIPT FLUSH``
 the ``NOSCRIPT`` reply is answered by re-sending the script with EVAL, which also
-caches it again. Concurrent checks share one pipelined connection per node (see
+caches it again. Concurrent checks share pipelined connections (two to a standalone server, one per cluster master; see
 :mod:`limiter.resp`).
 """
 

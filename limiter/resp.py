@@ -2,8 +2,8 @@
 
 Why not redis-py here: a rate-limit check is one EVALSHA whose arguments are mostly
 the same bytes every time. redis-py encodes every argument on every call and, in
-async mode, pays one write and one awaited read per command. This module keeps one
-connection per Redis node, appends each command's pre-encoded bytes to a buffer,
+async mode, pays one write and one awaited read per command. This module keeps pipelined
+connections (two to a standalone server, one per cluster master), appends each command's pre-encoded bytes to a buffer,
 flushes the buffer once per event-loop iteration (so 100 concurrent checks become
 one write and one read), and matches replies to futures in order with hiredis, the
 same C parser redis-py uses. redis-py still does everything that is not the hot path

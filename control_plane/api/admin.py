@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from fastapi import APIRouter, Query, Request
@@ -36,7 +37,7 @@ async def stats(engine: EngineDep) -> dict[str, Any]:
     m = engine.metrics
     return {
         "instance_id": engine.instance_id,
-        "uptime_s": round(__import__("time").time() - engine.started_at, 1),
+        "uptime_s": round(time.time() - engine.started_at, 1),
         "requests": {
             lt: {"allowed": int(_counter_total(m.requests, limiter_type=lt, status="allowed")), "denied": int(_counter_total(m.requests, limiter_type=lt, status="denied"))}
             for lt in ("local", "distributed")
