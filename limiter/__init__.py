@@ -13,7 +13,7 @@ from .errors import (
     CircuitOpenError,
     LimiterError,
 )
-from .local import LocalLimiter
+from .local import LocalLimiter, speedups_available
 from .policy import Algorithm, BucketView, Decision, Policy
 from .redis_limiter import RedisLimiter
 
@@ -30,4 +30,5 @@ __all__ = [
     "LocalLimiter",
     "Policy",
     "RedisLimiter",
+    "speedups_available",
 ]

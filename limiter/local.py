@@ -13,16 +13,28 @@ equivalent to a fresh one.
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from .algorithms import decide
+from .algorithms import decide, token_bucket
 from .policy import Algorithm, BucketView, Decision, Policy, make_decision, validate_cost
 
-__all__ = ["LocalLimiter", "LocalKeyInfo"]
+try:  # the C hot path (limiter/_speedups.c); optional, same answers
+    from ._speedups import FastCheck as _FastCheck
+except ImportError:  # pragma: no cover - only where no compiler was available at install
+    _FastCheck = None
+
+__all__ = ["LocalLimiter", "LocalKeyInfo", "speedups_available"]
+
+
+def speedups_available() -> bool:
+    """True when the C hot path of :meth:`LocalLimiter.check` is built and not disabled
+    with ``SHADOWLIMIT_PURE_PYTHON=1``."""
+    return _FastCheck is not None and os.environ.get("SHADOWLIMIT_PURE_PYTHON", "") in ("", "0")
 
 _SWEEP_BUDGET = 8  # idle keys looked at per new key
 
@@ -58,7 +70,7 @@ class LocalLimiter:
     19
     """
 
-    def __init__(self, max_keys: int = 65_536, *, clock: Callable[[], int] = _now_us) -> None:
+    def __init__(self, max_keys: int = 65_536, *, clock: Callable[[], int] = _now_us, speedups: bool | None = None) -> None:
         if max_keys < 1:
             raise ValueError(f"max_keys: must be >= 1, got {max_keys!r}")
         self.max_keys = max_keys
@@ -69,9 +81,26 @@ class LocalLimiter:
         self._lock = threading.Lock()
         self.evicted = 0
         self.expired = 0
+        if speedups is None:
+            speedups = speedups_available()
+        elif speedups and _FastCheck is None:
+            raise RuntimeError("speedups: the C extension limiter._speedups is not built (reinstall with a C compiler)")
+        self.accelerated = bool(speedups)
+        if speedups:
+            # an instance attribute shadows the method: lim.check(...) goes straight to C,
+            # which handles a known token-bucket key and hands everything else to _check_py
+            self.check = _FastCheck(  # type: ignore[method-assign]
+                self._data, self._lock, self._check_py, clock if self._custom_clock else None, Decision, Algorithm.TOKEN_BUCKET, token_bucket
+            )
 
     def check(self, key: str, policy: Policy, cost: int = 1, now_us: int | None = None) -> Decision:
-        """Decide one request and record it."""
+        """Decide one request and record it.
+
+        With the C extension built, instances replace this method by its C version,
+        which takes the same arguments and gives the same answers; this Python code is
+        the reference and handles every case the C path hands back (new keys,
+        eviction, algorithms other than the token bucket, bad input).
+        """
         if now_us is None:
             now_us = self._clock() if self._custom_clock else _time_ns() // 1000
         if cost.__class__ is not int or cost < 1 or cost > policy.limit:
@@ -105,6 +134,8 @@ class LocalLimiter:
         finally:
             lock.release()
         return decision
+
+    _check_py = check
 
     def peek(self, key: str, policy: Policy, now_us: int | None = None) -> BucketView:
         """The key's allowance now, without consuming or recording anything."""

@@ -72,13 +72,16 @@ def test_pure_local_and_lua_agree(any_redis_url, data):
     seq = data.draw(sequences(policy))
     key = f"k{next(_ids)}"
     redis_results = _run_redis(any_redis_url, policy, seq, key)
-    local = LocalLimiter()
+    local = LocalLimiter(speedups=True)  # the C hot path (fails loudly when not built)
+    local_py = LocalLimiter(speedups=False)  # the pure-Python LocalLimiter
     state = None
     now = T0
     for i, ((step, cost), (rd, rstate)) in enumerate(zip(seq, redis_results)):
         now += step
         pd, state = decide(state, now, policy, cost)
         ld = local.check(key, policy, cost, now)
-        assert pd == ld == rd, f"step {i}: pure={pd} local={ld} redis={rd} policy={policy}"
+        lpd = local_py.check(key, policy, cost, now)
+        assert pd == ld == lpd == rd, f"step {i}: pure={pd} local(C)={ld} local(py)={lpd} redis={rd} policy={policy}"
+        assert local.state(key) == local_py.state(key), f"step {i}: C state {local.state(key)!r} != Python {local_py.state(key)!r}"
         # the stored state round-trips exactly (17 significant digits)
         assert rstate == state, f"step {i}: stored state {rstate!r} != pure {state!r}"

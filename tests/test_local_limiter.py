@@ -30,6 +30,15 @@ POLICIES = {
 ALGS = list(Algorithm)
 
 
+@pytest.fixture(autouse=True, params=["c", "python"])
+def implementation(request, monkeypatch):
+    """Every test here runs twice: with the C hot path of check() and with the pure
+    Python LocalLimiter (SHADOWLIMIT_PURE_PYTHON=1), which must behave the same."""
+    monkeypatch.setenv("SHADOWLIMIT_PURE_PYTHON", "1" if request.param == "python" else "0")
+    assert LocalLimiter().accelerated == (request.param == "c"), "the C extension limiter._speedups is not built"
+    return request.param
+
+
 def _pure(policy: Policy, requests: list[tuple[int, int]]) -> list[Decision]:
     state = None
     out = []

@@ -19,6 +19,7 @@ def test_limiter_public_names():
         "LocalLimiter",
         "Policy",
         "RedisLimiter",
+        "speedups_available",
     ]
     for name in limiter.__all__:
         assert getattr(limiter, name) is not None
