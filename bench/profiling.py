@@ -51,6 +51,8 @@ from limiter.policy import make_decision, Decision
 p = Policy(average=1e9, burst=10**9)
 lim = LocalLimiter(); chk = lim.check
 chk('hot-key', p)
+limpy = LocalLimiter(speedups=False); chkpy = limpy.check
+chkpy('hot-key', p)
 now = time.time_ns() // 1000
 state = (now, 5.0e8)
 lock = threading.Lock()
@@ -63,6 +65,8 @@ class Plain:
     stmts = [
         ("LocalLimiter.check(key, policy)  [whole call, reads clock]", "chk('hot-key', p)"),
         ("LocalLimiter.check(key, policy, 1, now_us)", "chk('hot-key', p, 1, now)"),
+        ("  same, pure-Python path (speedups=False)  [reads clock]", "chkpy('hot-key', p)"),
+        ("  same, pure-Python path (speedups=False), caller now_us", "chkpy('hot-key', p, 1, now)"),
         ("algorithms.token_bucket(state, now, policy, 1)  [math + Decision]", "token_bucket(state, now, p, 1)"),
         ("policy.make_decision(...)  [5 slot-descriptor __set__ calls]", "make_decision(True, 1, 2, 0, 0)"),
         ("Decision(...)  [frozen dataclass __init__]", "Decision(True, 1, 2, 0, 0)"),

@@ -245,7 +245,9 @@ def _profile_section(results: dict[str, Any]) -> list[str]:
         out += [
             "### `LocalLimiter.check`, hot key, token bucket: component costs",
             "",
-            "Each line timed on its own with `timeit` (best of 5); the parts overlap (the `token_bucket` line includes `make_decision`).",
+            "Each line timed on its own with `timeit` (best of 5); the parts overlap (the `token_bucket` line includes `make_decision`). "
+            "`LocalLimiter.check` runs its C hot path (`limiter/_speedups.c`) for a known token-bucket key; the pure-Python rows are the same "
+            "limiter with `speedups=False`, which is what the component rows below add up to.",
             "",
             "| Component | ns |",
             "|---|--:|",
