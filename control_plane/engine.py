@@ -1124,8 +1124,13 @@ class Engine:
     async def _shadow_worker(self) -> None:
         q = self._queue
         size = self.settings.shadow_batch_size
+        linger = self.settings.shadow_linger_ms / 1000
         while True:
             batch = [await q.get()]
+            if linger and q.qsize() < size - 1:
+                # off the hot path: a few ms of waiting turns many one-item round trips
+                # into one pipelined batch, which leaves the event loop to the requests
+                await asyncio.sleep(linger)
             while len(batch) < size:
                 try:
                     batch.append(q.get_nowait())

@@ -62,6 +62,13 @@ class Settings(BaseSettings):
     # shadow evaluation
     shadow_queue_size: int = Field(10_000, ge=1, validation_alias=_env("SHADOWLIMIT_SHADOW_QUEUE_SIZE"))
     shadow_batch_size: int = Field(256, ge=1, validation_alias=_env("SHADOWLIMIT_SHADOW_BATCH_SIZE"))
+    shadow_linger_ms: float = Field(
+        2.0,
+        ge=0,
+        le=1000,
+        validation_alias=_env("SHADOWLIMIT_SHADOW_LINGER_MS"),
+        description="How long the shadow worker waits for more requests before sending a batch that is not full (0: send at once).",
+    )
     # rollout gates
     gate_window_s: int = Field(300, ge=10, validation_alias=_env("SHADOWLIMIT_GATE_WINDOW_S"))
     gate_min_samples: int = Field(500, ge=0, validation_alias=_env("SHADOWLIMIT_GATE_MIN_SAMPLES"))
