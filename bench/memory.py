@@ -16,7 +16,6 @@ Policies have a long window (1000 per minute; shadowlimit token buckets: burst
 from __future__ import annotations
 
 import asyncio
-import itertools
 import time
 from typing import Any
 

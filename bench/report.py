@@ -116,7 +116,7 @@ def _env_section(env: dict[str, Any]) -> list[str]:
         f"redis-py {v.get('redis')}, hiredis {v.get('hiredis')}, coredis {v.get('coredis')}, uvloop {v.get('uvloop')} |",
         f"| Load average | {' / '.join(str(x) for x in env['loadavg_start'])} at start, "
         f"{' / '.join(str(x) for x in env.get('loadavg_end', []))} at end (1/5/15 min) |",
-        f"| Other processes' CPU during the run | "
+        "| Other processes' CPU during the run | "
         + (", ".join(f"{k}: {v['other_cores']:.2f}" for k, v in env.get("background_cpu", {}).items()) or "-")
         + f" (average cores used by processes other than the benchmark and its Redis; the machine has {env['cores']}) |",
         f"| Run time | {env.get('duration_s', 0):.0f} s ({', '.join(f'{k} {v:.0f} s' for k, v in env.get('section_s', {}).items())})"

@@ -284,6 +284,56 @@ class _Plan:
         """The same for decisions enforced by the distributed answer."""
         self.d_limit, self.d_limit_s, self.d_policy_h = limit, str(limit), f'"{self.name}";q={limit};w={_window_s(self.dp)}'
 
+    def result(self, decision: Decision, local: Decision, dist: Decision | None, div: Divergence | None, key: str, request_id: str, now_s: float, as_dicts: bool) -> Any:
+        """One fast-path answer, enforced by ``decision`` (the local one when ``dist`` is
+        None): rate_limit_headers() from the plan's cached parts, then the DecideResult,
+        or its ``to_dict()`` form when ``as_dicts``."""
+        name = self.name
+        allowed = decision.allowed
+        limit = decision.limit
+        if dist is None:
+            if limit != self.l_limit:
+                self.local_headers(limit)
+            limit_s, policy_h = self.l_limit_s, self.l_policy_h
+        else:
+            if limit != self.d_limit:
+                self.dist_headers(limit)
+            limit_s, policy_h = self.d_limit_s, self.d_policy_h
+        remaining = decision.remaining
+        rem = str(remaining) if remaining > 0 else "0"
+        reset_s = math.ceil(decision.reset_after_us / 1_000_000)
+        headers = {
+            "X-RateLimit-Limit": limit_s,
+            "X-RateLimit-Remaining": rem,
+            "X-RateLimit-Reset": str(int(now_s) + reset_s),
+            "RateLimit-Policy": policy_h,
+            "RateLimit": f'"{name}";r={rem};t={reset_s}',
+        }
+        if not allowed:
+            headers["Retry-After"] = str(max(1, math.ceil(decision.retry_after_us / 1_000_000)))
+        enforced_by = "local" if dist is None else "distributed"
+        status = 200 if allowed else 429
+        if not as_dicts:
+            return DecideResult(allowed=allowed, route=name, mode=self.mode_value, canary_percent=self.percent, enforced_by=enforced_by, key=key, local=local, distributed=dist, divergence=div, status_code=status, headers=headers, request_id=request_id)
+        return {
+            "allowed": allowed,
+            "route": name,
+            "mode": self.mode_value,
+            "canary_percent": self.percent,
+            "enforced_by": enforced_by,
+            "key": key,
+            "request_id": request_id,
+            "status_code": status,
+            "local": local.to_dict(),
+            "distributed": None if dist is None else dist.to_dict(),
+            "divergence": None if div is None else div.value,
+            "list_match": None,
+            "backend_error": None,
+            "limits_source": None,
+            "backend_url": None,
+            "headers": headers,
+        }
+
     def count_divergence(self, m: Metrics, div: Divergence) -> None:
         n = self.div.get(div)
         if n is None:
@@ -709,7 +759,6 @@ class Engine:
         free: int | None = None  # room left in the shadow queue (-1: unbounded), None: not known
         time_ns = time.time_ns
         instance_id = self.instance_id
-        ceil = math.ceil
         dirty = False
         try:
             for i in range(n):
@@ -822,43 +871,7 @@ class Engine:
                     m.child(m.tokens_remaining, "route", name)
                 p.remaining = local.remaining
                 act.last[key] = (now_s, allowed, "local")
-                # rate_limit_headers(name, local, lp, shadow_policy=dp or None, now_s=now_s)
-                limit = local.limit
-                if limit != p.l_limit:
-                    p.local_headers(limit)
-                remaining = local.remaining
-                rem = str(remaining) if remaining > 0 else "0"
-                reset_s = ceil(local.reset_after_us / 1_000_000)
-                headers = {
-                    "X-RateLimit-Limit": p.l_limit_s,
-                    "X-RateLimit-Remaining": rem,
-                    "X-RateLimit-Reset": str(int(now_s) + reset_s),
-                    "RateLimit-Policy": p.l_policy_h,
-                    "RateLimit": f'"{name}";r={rem};t={reset_s}',
-                }
-                if not allowed:
-                    headers["Retry-After"] = str(max(1, ceil(local.retry_after_us / 1_000_000)))
-                if as_dicts:
-                    out[i] = {
-                        "allowed": allowed,
-                        "route": name,
-                        "mode": p.mode_value,
-                        "canary_percent": p.percent,
-                        "enforced_by": "local",
-                        "key": key,
-                        "request_id": request_id,
-                        "status_code": 200 if allowed else 429,
-                        "local": local.to_dict(),
-                        "distributed": None,
-                        "divergence": None,
-                        "list_match": None,
-                        "backend_error": None,
-                        "limits_source": None,
-                        "backend_url": None,
-                        "headers": headers,
-                    }
-                else:
-                    out[i] = DecideResult(allowed=allowed, route=name, mode=p.mode_value, canary_percent=p.percent, enforced_by="local", key=key, local=local, distributed=None, divergence=None, status_code=200 if allowed else 429, headers=headers, request_id=request_id)
+                out[i] = p.result(local, local, None, None, key, request_id, now_s, as_dicts)
         finally:
             self._flush_plans(plans)
 
@@ -913,42 +926,7 @@ class Engine:
                     act = activity.get(name)
                     if act is not None:
                         act.last[key] = (now_s, allowed, "distributed")
-                    limit = dist.limit
-                    if limit != p.d_limit:
-                        p.dist_headers(limit)
-                    remaining = dist.remaining
-                    rem = str(remaining) if remaining > 0 else "0"
-                    reset_s = ceil(dist.reset_after_us / 1_000_000)
-                    headers = {
-                        "X-RateLimit-Limit": p.d_limit_s,
-                        "X-RateLimit-Remaining": rem,
-                        "X-RateLimit-Reset": str(int(now_s) + reset_s),
-                        "RateLimit-Policy": p.d_policy_h,
-                        "RateLimit": f'"{name}";r={rem};t={reset_s}',
-                    }
-                    if not allowed:
-                        headers["Retry-After"] = str(max(1, ceil(dist.retry_after_us / 1_000_000)))
-                    if as_dicts:
-                        out[i] = {
-                            "allowed": allowed,
-                            "route": name,
-                            "mode": p.mode_value,
-                            "canary_percent": p.percent,
-                            "enforced_by": "distributed",
-                            "key": key,
-                            "request_id": request_id,
-                            "status_code": 200 if allowed else 429,
-                            "local": local.to_dict(),
-                            "distributed": dist.to_dict(),
-                            "divergence": div.value,
-                            "list_match": None,
-                            "backend_error": None,
-                            "limits_source": None,
-                            "backend_url": None,
-                            "headers": headers,
-                        }
-                    else:
-                        out[i] = DecideResult(allowed=allowed, route=name, mode=p.mode_value, canary_percent=p.percent, enforced_by="distributed", key=key, local=local, distributed=dist, divergence=div, status_code=200 if allowed else 429, headers=headers, request_id=request_id)
+                    out[i] = p.result(dist, local, dist, div, key, request_id, now_s, as_dicts)
             finally:
                 self._flush_plans(plans)
         for i, res in ext.items():  # ``out`` has one entry per input, in order

@@ -4,6 +4,7 @@ messages. No widget talks to the control plane."""
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 from rich.console import RenderableType
 from rich.table import Table

@@ -54,6 +54,7 @@ typedef struct {
     vectorcallfunc vectorcall;
 } FastCheck;
 
+static PyObject *one; /* the default cost */
 static PyObject *str_algorithm, *str_fn, *str_burst_f, *str_rate_per_us, *str_limit, *str_ttl_us, *str_cost, *str_now_us;
 
 static int
@@ -249,12 +250,6 @@ FastCheck_vectorcall(PyObject *callable, PyObject *const *args, size_t nargsf, P
     FastCheck *self = (FastCheck *)callable;
     Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
     PyObject *key = NULL, *policy = NULL, *cost = NULL, *now = NULL;
-    static PyObject *one = NULL;
-    if (one == NULL) {
-        one = PyLong_FromLong(1);
-        if (one == NULL)
-            return NULL;
-    }
     if (nargs > 4) {
         PyErr_Format(PyExc_TypeError, "check() takes at most 4 arguments (%zd given)", nargs);
         return NULL;
@@ -561,6 +556,8 @@ PyInit__speedups(void)
     INTERN(str_cost, "cost");
     INTERN(str_now_us, "now_us");
 #undef INTERN
+    if ((one = PyLong_FromLong(1)) == NULL)
+        return NULL;
     if (PyType_Ready(&FastCheckType) < 0)
         return NULL;
     PyObject *m = PyModule_Create(&speedups_module);

@@ -27,7 +27,7 @@ from urllib.parse import parse_qs, unquote, urlparse
 import hiredis
 from redis.crc import key_slot
 
-from .errors import BackendError, BackendReplyError, BackendTimeout, BackendUnavailable
+from .errors import BackendError, BackendTimeout, BackendUnavailable
 
 __all__ = [
     "ClusterBackend",

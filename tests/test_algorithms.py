@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from limiter import Algorithm, Policy
-from limiter.algorithms import decide, fixed_window, gcra, sliding_log, sliding_window, token_bucket, token_bucket_tokens
+from limiter.algorithms import decide, fixed_window, sliding_log, sliding_window, token_bucket, token_bucket_tokens
 
 T0 = 1_700_000_000_000_000
 

@@ -7,7 +7,6 @@ from typing import Any
 
 from fastapi import APIRouter, Query, Request
 
-from limiter.errors import BackendError
 
 from ..engine import Engine, GateRefused, UnknownRoute
 from ..rollout import Mode, evaluate_gate
