@@ -16,6 +16,7 @@ import logging
 import math
 import time
 import uuid
+from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -134,16 +135,72 @@ class DecideResult:
         }
 
 
-@dataclass(slots=True)
-class _ShadowItem:
-    route: str
-    key: str
-    lkey: str
-    policy: Policy
-    cost: int
-    now_us: int
-    local_allowed: bool
-    request_id: str
+# One request waiting for its shadow evaluation, as a plain tuple (the cheapest thing
+# to build on the request path): (lkey, dist_policy, cost, now_us, route, key,
+# local_allowed, request_id). The first four are RedisLimiter's request.
+_ShadowItem = tuple[str, Policy, int, int, str, str, bool, str]
+
+
+class _ShadowQueue:
+    """The bounded queue between the request path and the shadow worker.
+
+    A request appends without ever waiting (a full queue refuses with
+    ``asyncio.QueueFull``: the shadow work is dropped, never the request delayed);
+    the one worker waits for work and takes it in batches. Leaner than
+    ``asyncio.Queue``, which keeps getter/putter futures and task accounting that a
+    single consumer does not need."""
+
+    __slots__ = ("_queue", "_waiter", "maxsize")
+
+    def __init__(self, maxsize: int) -> None:
+        self._queue: deque[_ShadowItem] = deque()
+        self._waiter: asyncio.Future[None] | None = None
+        self.maxsize = maxsize
+
+    def __len__(self) -> int:
+        return len(self._queue)
+
+    def qsize(self) -> int:
+        return len(self._queue)
+
+    def empty(self) -> bool:
+        return not self._queue
+
+    def put_nowait(self, item: _ShadowItem) -> None:
+        q = self._queue
+        if len(q) >= self.maxsize:
+            raise asyncio.QueueFull
+        q.append(item)
+        w = self._waiter
+        if w is not None:
+            self._waiter = None
+            if not w.done():
+                w.set_result(None)
+
+    def get_nowait(self) -> _ShadowItem:
+        if not self._queue:
+            raise asyncio.QueueEmpty
+        return self._queue.popleft()
+
+    def take(self, n: int) -> list[_ShadowItem]:
+        """Up to ``n`` items, oldest first."""
+        q = self._queue
+        if len(q) <= n:
+            batch = list(q)
+            q.clear()
+            return batch
+        popleft = q.popleft
+        return [popleft() for _ in range(n)]
+
+    async def wait(self) -> None:
+        """Until something is queued."""
+        while not self._queue:
+            w = self._waiter = asyncio.get_running_loop().create_future()
+            try:
+                await w
+            finally:
+                if self._waiter is w:
+                    self._waiter = None
 
 
 @dataclass(slots=True)
@@ -181,23 +238,42 @@ class _RouteActivity:
 _MAX_ACTIVE_KEYS = 2000
 
 
-_WINDOWS: dict[Policy, int] = {}
+_WINDOWS: dict[int, tuple[Policy, int]] = {}  # id(policy) -> (policy, window)
 
 
 def _window_s(policy: Policy) -> int:
     """The IETF header's window: how long the full quota takes to come back."""
-    w = _WINDOWS.get(policy)
-    if w is None:
-        if policy.unlimited:
-            w = 0
-        elif policy.algorithm.windowed:
-            w = max(1, math.ceil(policy.period))
-        else:
-            w = max(1, math.ceil(policy.burst / (policy.average / policy.period)))
-        if len(_WINDOWS) > 4096:
-            _WINDOWS.clear()
-        _WINDOWS[policy] = w
+    # looked up by identity (the policy kept in the entry guards against a reused id):
+    # hashing a Policy dataclass on every request is not free
+    e = _WINDOWS.get(id(policy))
+    if e is not None and e[0] is policy:
+        return e[1]
+    if policy.unlimited:
+        w = 0
+    elif policy.algorithm.windowed:
+        w = max(1, math.ceil(policy.period))
+    else:
+        w = max(1, math.ceil(policy.burst / (policy.average / policy.period)))
+    if len(_WINDOWS) > 4096:
+        _WINDOWS.clear()
+    _WINDOWS[id(policy)] = (policy, w)
     return w
+
+
+_SHADOW_POLICIES: dict[tuple[str, int], tuple[Policy, str]] = {}  # (route, id(policy)) -> (policy, text)
+
+
+def _shadow_policy_text(route: str, policy: Policy) -> str:
+    """The ``RateLimit-Policy`` item that announces the distributed limit to come."""
+    k = (route, id(policy))
+    e = _SHADOW_POLICIES.get(k)
+    if e is not None and e[0] is policy:
+        return e[1]
+    text = f', "{route}-global";q={policy.limit};w={_window_s(policy)};sl-shadow'
+    if len(_SHADOW_POLICIES) > 4096:
+        _SHADOW_POLICIES.clear()
+    _SHADOW_POLICIES[k] = (policy, text)
+    return text
 
 
 def rate_limit_headers(route: str, decision: Decision, policy: Policy, *, shadow_policy: Policy | None, now_s: float) -> dict[str, str]:
@@ -216,7 +292,7 @@ def rate_limit_headers(route: str, decision: Decision, policy: Policy, *, shadow
         "RateLimit": f'"{route}";r={max(0, decision.remaining)};t={reset_s}',
     }
     if shadow_policy is not None:
-        h["RateLimit-Policy"] += f', "{route}-global";q={shadow_policy.limit};w={_window_s(shadow_policy)};sl-shadow'
+        h["RateLimit-Policy"] += _shadow_policy_text(route, shadow_policy)
     if not decision.allowed:
         h["Retry-After"] = str(max(1, math.ceil(decision.retry_after_us / 1_000_000)))
     return h
@@ -277,7 +353,7 @@ class _Plan:
         name = self.name
         h = f'"{name}";q={limit};w={_window_s(self.lp)}'
         if self.mode is not Mode.OFF:
-            h += f', "{name}-global";q={self.dp.limit};w={_window_s(self.dp)};sl-shadow'
+            h += _shadow_policy_text(name, self.dp)
         self.l_limit, self.l_limit_s, self.l_policy_h = limit, str(limit), h
 
     def dist_headers(self, limit: int) -> None:
@@ -426,7 +502,7 @@ class Engine:
         self._states: dict[str, RouteState] = {}
         self._adjust: dict[str, dict[str, Policy]] = {}
         self._pending_rollbacks: dict[str, RouteState] = {}
-        self._queue: asyncio.Queue[_ShadowItem] = asyncio.Queue(settings.shadow_queue_size)
+        self._queue = _ShadowQueue(settings.shadow_queue_size)
         self._activity: dict[str, _RouteActivity] = {}
         self._tasks: list[asyncio.Task[Any]] = []
         self.started_at = time.time()
@@ -850,7 +926,7 @@ class Engine:
                     if free is None:
                         free = queue.maxsize - queue.qsize() if queue.maxsize > 0 else -1
                     if free:
-                        queue_put(_ShadowItem(name, key, lkey, p.dp, cost, now_us, allowed, request_id))
+                        queue_put((lkey, p.dp, cost, now_us, name, key, allowed, request_id))
                         free -= 1
                     else:
                         if not p.dropped:
@@ -1017,7 +1093,7 @@ class Engine:
         if mode is Mode.OFF:
             return self._finish(rule, key, mode, percent, "local", local, None, None, request_id, now_s, local_policy, None)
         if not enforced_by_distributed(mode, percent, name, key):
-            self._enqueue_shadow(_ShadowItem(name, key, lkey, dist_policy, cost, now_us, local.allowed, request_id))
+            self._enqueue_shadow((lkey, dist_policy, cost, now_us, name, key, local.allowed, request_id))
             return self._finish(rule, key, mode, percent, "local", local, None, None, request_id, now_s, local_policy, dist_policy)
         return _Pending(rule, key, mode, percent, lkey, local, dist_policy, cost, now_us, now_s, request_id, fp, fc)
 
@@ -1097,66 +1173,62 @@ class Engine:
             self._queue.put_nowait(item)
         except asyncio.QueueFull:
             self.shadow_dropped += 1
-            self.metrics.child(self.metrics.shadow_dropped, item.route).inc()
+            self.metrics.child(self.metrics.shadow_dropped, item[4]).inc()
 
     async def _shadow_worker(self) -> None:
         q = self._queue
         size = self.settings.shadow_batch_size
         linger = self.settings.shadow_linger_ms / 1000
         while True:
-            batch = [await q.get()]
-            if linger and q.qsize() < size - 1:
+            await q.wait()
+            if linger and len(q) < size:
                 # off the hot path: a few ms of waiting turns many one-item round trips
                 # into one pipelined batch, which leaves the event loop to the requests
                 await asyncio.sleep(linger)
-            while len(batch) < size:
-                try:
-                    batch.append(q.get_nowait())
-                except asyncio.QueueEmpty:
-                    break
-            self.metrics.shadow_queue.set(q.qsize())
+            batch = q.take(size)
+            self.metrics.shadow_queue.set(len(q))
             try:
                 await self._evaluate_shadow(batch)
             except Exception:  # noqa: BLE001 - the shadow path must never die
                 log.exception("shadow evaluation failed")
 
     async def _drain_shadow(self) -> None:
-        batch: list[_ShadowItem] = []
-        while not self._queue.empty():
-            batch.append(self._queue.get_nowait())
+        batch = self._queue.take(len(self._queue))
         if batch:
             await self._evaluate_shadow(batch)
 
     async def _evaluate_shadow(self, batch: list[_ShadowItem]) -> None:
-        outcomes = await self.resilient.check_many([(i.lkey, i.policy, i.cost, i.now_us) for i in batch], degrade=False)
-        # _record_comparison per item, with the divergence counter and shadow_evaluated
-        # added up and applied once (no await in between)
+        verdicts = await self.resilient.compare_many([item[:4] for item in batch])
+        # what _record_comparison / _record_backend_error do per item, added up per
+        # route and applied once (no await in between)
         m = self.metrics
-        record = self.divergence.record
-        counts: dict[tuple[str, Divergence], int] = {}
-        evaluated = 0
+        per_route: dict[str, list[int]] = {}  # route -> [agree, ladd, ldda, backend errors]
+        blocked = self.blocked.record
         try:
-            for item, out in zip(batch, outcomes):
-                if out.source != "distributed":
-                    self._record_backend_error(item.route)
-                    continue
-                evaluated += 1
-                route = item.route
-                local_allowed = item.local_allowed
-                div = _AGREE if local_allowed == out.decision.allowed else _LADD if local_allowed else _LDDA
-                record(route, div, distributed_attempt=True)
-                k = (route, div)
-                n = counts.get(k)
-                if n is None:
-                    m.child(m.divergence, route, div.value)  # created in first-seen order
-                    n = 0
-                counts[k] = n + 1
-                if div is _LADD:
-                    self.blocked.record(route, item.key, item.request_id)
+            for item, dist_allowed in zip(batch, verdicts):
+                route = item[4]
+                c = per_route.get(route)
+                if c is None:
+                    c = per_route[route] = [0, 0, 0, 0]
+                if dist_allowed is None:
+                    c[3] += 1
+                elif item[6] == dist_allowed:
+                    c[0] += 1
+                elif dist_allowed:
+                    c[2] += 1
+                else:
+                    c[1] += 1
+                    blocked(route, item[5], item[7])
         finally:
-            self.shadow_evaluated += evaluated
-            for (route, div), n in counts.items():
-                m.child(m.divergence, route, div.value).inc(n)
+            record = self.divergence.add
+            for route, (agree, ladd, ldda, errors) in per_route.items():
+                record(route, agree=agree, ladd=ladd, ldda=ldda, backend_errors=errors)
+                self.shadow_evaluated += agree + ladd + ldda
+                for div, n in ((_AGREE, agree), (_LADD, ladd), (_LDDA, ldda)):
+                    if n:
+                        m.child(m.divergence, route, div.value).inc(n)
+                if errors:
+                    m.backend_errors.inc(errors)
 
     def _record_comparison(self, route: str, key: str, div: Divergence, request_id: str, *, backend_error: bool) -> None:
         self.divergence.record(route, div, distributed_attempt=True)

@@ -468,6 +468,22 @@ class DivergenceStore:
         elif distributed_attempt:
             c[_F_ATT] += 1
 
+    def add(self, route: str, *, agree: int = 0, ladd: int = 0, ldda: int = 0, backend_errors: int = 0, now: float | None = None) -> None:
+        """Count many decisions of one route at once, as that many :meth:`record` calls
+        would: ``agree``, ``ladd`` (local allow, distributed deny) and ``ldda`` compared
+        pairs, and ``backend_errors`` distributed calls that failed."""
+        slot = (route, _minute(time.time() if now is None else now))
+        c = self._pending.get(slot)
+        if c is None:
+            c = self._pending[slot] = [0, 0, 0, 0, 0, 0]
+        compared = agree + ladd + ldda
+        c[_F_AGREE] += agree
+        c[_F_LADD] += ladd
+        c[_F_LDDA] += ldda
+        c[_F_CMP] += compared
+        c[_F_ERR] += backend_errors
+        c[_F_ATT] += compared + backend_errors
+
     def pending(self) -> dict[tuple[str, int], dict[str, int]]:
         """Unflushed deltas (a copy), keyed by (route, minute)."""
         return {k: dict(zip(DIVERGENCE_FIELDS, v)) for k, v in self._pending.items()}

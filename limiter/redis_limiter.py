@@ -158,34 +158,64 @@ class RedisLimiter:
 
         Each item is ``(key, policy, cost, now_us)``. Failures are returned in place
         (one bad key does not fail the batch); invalid costs raise ``ValueError``.
+        The batch goes out as one write per connection with one future for all its
+        replies (see :meth:`NodeConnection.send_many`), not one future per command.
         """
-        futs: list[Any] = []
-        for key, policy, cost, now_us in requests:
+        return await self._many(requests, False)
+
+    async def allowed_many(self, requests: Sequence[tuple[str, Policy, int, int | None]]) -> list[bool | BackendError]:
+        """:meth:`check_many` when only the verdicts matter (shadow comparisons): the
+        same scripts, the same state changes, ``True``/``False`` instead of a
+        :class:`Decision` per item."""
+        return await self._many(requests, True)
+
+    async def _many(self, requests: Sequence[tuple[str, Policy, int, int | None]], verdicts: bool) -> list[Any]:
+        out: list[Any] = [None] * len(requests)
+        keys: list[bytes] = []
+        payloads: list[bytes] = []
+        meta: list[tuple[int, bytes, _Prepared, bytes]] = []
+        prefix = self._prefix
+        for i, (key, policy, cost, now_us) in enumerate(requests):
             if type(cost) is not int or cost < 1 or cost > policy.limit:
                 cost = validate_cost(policy, cost)
             if policy.unlimited:
-                futs.append(make_decision(True, policy.limit, policy.limit, 0, 0))
+                out[i] = True if verdicts else make_decision(True, policy.limit, policy.limit, 0, 0)
                 continue
             prep = self._prepare(policy)
-            rkey = self._prefix + key.encode()
+            rkey = prefix + key.encode()
             rest = self._rest(rkey, prep, now_us, cost)
-            fut = self.backend.send_now(rkey, prep.head + rest)
-            if fut is None:
-                fut = asyncio.ensure_future(self.backend.call(rkey, prep.head + rest))
-            futs.append((fut, rkey, prep, rest))
-        out: list[Decision | BackendError] = []
-        for item in futs:
-            if isinstance(item, Decision):
-                out.append(item)
-                continue
-            fut, rkey, prep, rest = item
+            keys.append(rkey)
+            payloads.append(prep.head + rest)
+            meta.append((i, rkey, prep, rest))
+        if not payloads:
+            return out
+        groups: list[tuple[Any, list[int]]] = []
+        for fut, idx in self.backend.send_many(keys, payloads):
+            if fut is None:  # the connection must be (re)opened: one call per command
+                fut = asyncio.ensure_future(asyncio.gather(*(self.backend.call(keys[j], payloads[j]) for j in idx), return_exceptions=True))
+            groups.append((fut, idx))
+        for fut, idx in groups:
             try:
-                reply = await fut
-                if type(reply) is not list:
-                    reply = await self._recover(rkey, prep, rest, reply)
-                out.append(make_decision(reply[0] == 1, reply[1], reply[2], reply[3], reply[4]))
+                replies = await fut
             except BackendError as exc:
-                out.append(exc)
+                for j in idx:
+                    out[meta[j][0]] = exc
+                continue
+            for j, reply in zip(idx, replies):
+                pos = meta[j][0]
+                if type(reply) is not list:
+                    if isinstance(reply, BaseException) and not isinstance(reply, ReplyError):  # from the one-by-one calls
+                        if not isinstance(reply, BackendError):
+                            raise reply
+                        out[pos] = reply
+                        continue
+                    _, rkey, prep, rest = meta[j]
+                    try:
+                        reply = await self._recover(rkey, prep, rest, reply)
+                    except BackendError as exc:
+                        out[pos] = exc
+                        continue
+                out[pos] = reply[0] == 1 if verdicts else make_decision(reply[0] == 1, reply[1], reply[2], reply[3], reply[4])
         return out
 
     async def _recover(self, rkey: bytes, prep: _Prepared, rest: bytes, reply: Any) -> list[Any]:

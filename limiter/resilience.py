@@ -442,6 +442,34 @@ class ResilientLimiter:
             self.breaker.record_success()
         return out
 
+    async def compare_many(self, requests: Sequence[tuple[str, Policy, int, int | None]]) -> list[bool | None]:
+        """Shadow evaluation: Redis's verdict on each request (``True`` allowed), or
+        ``None`` where it could not give one (breaker open, or the call failed). Nothing
+        is degraded to the failure policy; failures are counted and feed the breaker as
+        in :meth:`check_many`."""
+        if not self.breaker.allow_request():
+            self._ensure_prober()
+            return [None] * len(requests)
+        results = await self.redis.allowed_many(requests)
+        error: BackendError | None = None
+        for r in results:
+            if type(r) is not bool:
+                error = r  # type: ignore[assignment]
+                break
+        if error is None:
+            self.breaker.record_success()
+            return results  # type: ignore[return-value]
+        out: list[bool | None] = []
+        for r in results:
+            if type(r) is bool:
+                out.append(r)
+            else:
+                self.backend_errors += 1
+                out.append(None)
+        self.breaker.record_failure(error)
+        self._ensure_prober()
+        return out
+
     def _degraded(
         self,
         key: str,

@@ -169,6 +169,33 @@ class _Protocol(asyncio.Protocol):
         self.conn._on_lost(exc)
 
 
+class _Collector:
+    """The replies of one :meth:`NodeConnection.send_many` batch, gathered for its one
+    future. It stands in the pending queue once per command, with a future's
+    ``done``/``set_result``/``set_exception``, so replies and failures reach it in order
+    like any other command's."""
+
+    __slots__ = ("fut", "n", "replies")
+
+    def __init__(self, fut: asyncio.Future[list[Any]], n: int) -> None:
+        self.fut = fut
+        self.n = n
+        self.replies: list[Any] = []
+
+    def done(self) -> bool:
+        return self.fut.done()
+
+    def set_result(self, reply: Any) -> None:
+        replies = self.replies
+        replies.append(reply)
+        if len(replies) == self.n:
+            self.fut.set_result(replies)
+
+    def set_exception(self, exc: BaseException) -> None:
+        if not self.fut.done():
+            self.fut.set_exception(exc)
+
+
 class NodeConnection:
     """One pipelined connection to one Redis node.
 
@@ -252,13 +279,37 @@ class NodeConnection:
             return fut
         self._pending.append(fut)
         self._wbuf.append(payload)
+        self._queued(loop)
+        return fut
+
+    def send_many(self, payloads: list[bytes]) -> asyncio.Future[list[Any]]:
+        """Queue many encoded commands at once; one future resolves to the list of
+        their replies, in order (one future and one pending entry per batch instead of
+        per command). A failure fails the whole batch."""
+        loop = self._loop
+        assert loop is not None
+        fut: asyncio.Future[list[Any]] = loop.create_future()
+        if self._closed:
+            fut.set_exception(BackendUnavailable(f"connection to Redis at {self.endpoint.label} is closed"))
+            return fut
+        n = len(payloads)
+        if n == 0:
+            fut.set_result([])
+            return fut
+        self._pending.extend([_Collector(fut, n)] * n)
+        self._wbuf.extend(payloads)
+        self._queued(loop)
+        return fut
+
+    def _queued(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Commands were queued: flush at the end of this loop iteration, and watch for
+        a stalled server."""
         if not self._flush_scheduled:
             self._flush_scheduled = True
             loop.call_soon(self._flush)
         if self._watch is None and self.command_timeout:
             self._mark = self._progress
             self._watch = loop.call_later(self.command_timeout, self._check_stall)
-        return fut
 
     def _flush(self) -> None:
         self._flush_scheduled = False
@@ -356,6 +407,13 @@ class _NodeClient:
             return None
         return conn.send(payload)
 
+    def send_many_now(self, payloads: list[bytes]) -> asyncio.Future[list[Any]] | None:
+        """:meth:`send_now` for a batch: one future for all the replies."""
+        conn = self._conn
+        if conn is None or conn._closed:
+            return None
+        return conn.send_many(payloads)
+
     async def call(self, payload: bytes) -> Any:
         fut = self.send_now(payload)
         if fut is None:
@@ -400,6 +458,12 @@ class StandaloneBackend:
 
     def send_now(self, key: bytes, payload: bytes) -> asyncio.Future[Any] | None:
         return self._pick().send_now(payload)
+
+    def send_many(self, keys: list[bytes], payloads: list[bytes]) -> list[tuple[asyncio.Future[list[Any]] | None, list[int]]]:
+        """Queue a batch without awaiting: ``(future of the replies, positions)`` per
+        connection used; a ``None`` future means those positions must go through
+        :meth:`call` one by one (the connection must be reopened first)."""
+        return [(self._pick().send_many_now(payloads), list(range(len(payloads))))]
 
     async def call(self, key: bytes | None, payload: bytes) -> Any:
         return await self._pick().call(payload)
@@ -483,6 +547,34 @@ class ClusterBackend:
         if node is None:
             return None
         return node.send_now(payload)
+
+    def send_many(self, keys: list[bytes], payloads: list[bytes]) -> list[tuple[asyncio.Future[list[Any]] | None, list[int]]]:
+        """Queue a batch without awaiting, one pipelined write per master: ``(future of
+        the replies, positions)`` per master; positions whose slot has no known owner or
+        whose connection is down come last with a ``None`` future (use :meth:`call`)."""
+        slots = self._slots
+        groups: dict[int, tuple[_NodeClient, list[int]]] = {}
+        loose: list[int] = []
+        for i, key in enumerate(keys):
+            node = slots[key_slot(key)]
+            if node is None:
+                loose.append(i)
+                continue
+            g = groups.get(id(node))
+            if g is None:
+                groups[id(node)] = (node, [i])
+            else:
+                g[1].append(i)
+        out: list[tuple[asyncio.Future[list[Any]] | None, list[int]]] = []
+        for node, idx in groups.values():
+            fut = node.send_many_now([payloads[i] for i in idx])
+            if fut is None:
+                loose.extend(idx)
+            else:
+                out.append((fut, idx))
+        if loose:
+            out.append((None, sorted(loose)))
+        return out
 
     async def call(self, key: bytes | None, payload: bytes) -> Any:
         slot = key_slot(key) if key is not None else 0

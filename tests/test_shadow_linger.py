@@ -8,7 +8,7 @@ import types
 
 import pytest
 
-from control_plane.engine import Engine
+from control_plane.engine import Engine, _ShadowQueue
 from control_plane.settings import SettingsError, load_settings
 
 
@@ -21,7 +21,7 @@ async def _batches(linger_ms: float, items: int, batch_size: int = 256, *, waiti
         sizes.append(len(batch))
 
     fake = types.SimpleNamespace(
-        _queue=asyncio.Queue(100),
+        _queue=_ShadowQueue(100),
         settings=types.SimpleNamespace(shadow_batch_size=batch_size, shadow_linger_ms=linger_ms),
         metrics=types.SimpleNamespace(shadow_queue=types.SimpleNamespace(set=lambda v: None)),
         _evaluate_shadow=evaluate,
@@ -60,3 +60,27 @@ def test_linger_setting_is_validated():
     assert load_settings(shadow_linger_ms=0).shadow_linger_ms == 0
     with pytest.raises(SettingsError, match="SHADOWLIMIT_SHADOW_LINGER_MS"):
         load_settings(shadow_linger_ms=-1)
+
+
+async def test_shadow_queue_refuses_when_full_and_wakes_the_worker():
+    q = _ShadowQueue(2)
+    waiter = asyncio.create_task(q.wait())
+    await asyncio.sleep(0)
+    assert not waiter.done()
+    q.put_nowait("a")
+    await asyncio.wait_for(waiter, 1)
+    q.put_nowait("b")
+    with pytest.raises(asyncio.QueueFull):
+        q.put_nowait("c")
+    assert q.qsize() == len(q) == 2 and not q.empty()
+    assert q.take(1) == ["a"] and q.take(5) == ["b"] and q.empty()
+    with pytest.raises(asyncio.QueueEmpty):
+        q.get_nowait()
+    # a cancelled wait leaves no waiter behind: the next put does not trip over it
+    w2 = asyncio.create_task(q.wait())
+    await asyncio.sleep(0)
+    w2.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await w2
+    q.put_nowait("d")
+    assert q.get_nowait() == "d"

@@ -1,0 +1,227 @@
+"""Batched sends: many commands, one write and one future (``NodeConnection.send_many``,
+the backends' ``send_many``), and what is built on them: ``RedisLimiter.check_many`` /
+``allowed_many``, ``ResilientLimiter.compare_many`` and ``DivergenceStore.add``.
+
+Real Redis (standalone and the 3-master cluster) for the protocol; a scripted loopback
+server for the failures a real one will not produce on demand.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+
+import pytest
+import redis as redis_sync
+from hiredis import ReplyError
+
+from control_plane.rollout import Divergence
+from control_plane.store import DivergenceStore
+from limiter import BackendError, BackendTimeout, BackendUnavailable, Decision, Policy, RedisLimiter
+from limiter.resilience import CircuitBreaker, ResilientLimiter
+from limiter.resp import Endpoint, NodeConnection, encode_command
+
+T0 = 1_700_000_000_000_000
+POLICY = Policy(average=10, period=1.0, burst=5, algorithm="token_bucket")
+
+
+def _endpoint(url: str) -> Endpoint:
+    host, port = url.split("//", 1)[1].split("/", 1)[0].rsplit(":", 1)
+    return Endpoint(host=host, port=int(port))
+
+
+@contextlib.asynccontextmanager
+async def _conn(endpoint: Endpoint, **kw):
+    c = NodeConnection(endpoint, **kw)
+    await c.connect()
+    try:
+        yield c
+    finally:
+        c.close()
+
+
+# --------------------------------------------------------------------------- #
+# NodeConnection.send_many on a real server
+# --------------------------------------------------------------------------- #
+
+
+async def test_send_many_keeps_order_with_single_sends(redis_url):
+    async with _conn(_endpoint(redis_url)) as c:
+        first = c.send(encode_command("INCR", "n"))
+        batch = c.send_many([encode_command("INCR", "n") for _ in range(5)])
+        last = c.send(encode_command("INCR", "n"))
+        assert await first == 1
+        assert await batch == [2, 3, 4, 5, 6]
+        assert await last == 7
+        assert await c.send_many([]) == []
+
+
+async def test_send_many_gives_error_replies_in_place(redis_url):
+    redis_sync.Redis.from_url(redis_url).hset("h", "f", "v")
+    async with _conn(_endpoint(redis_url)) as c:
+        out = await c.send_many([encode_command("INCR", "a"), encode_command("INCR", "h"), encode_command("INCR", "a")])
+        assert out[0] == 1 and out[2] == 2
+        assert isinstance(out[1], ReplyError) and "WRONGTYPE" in str(out[1])
+
+
+async def test_a_cancelled_batch_does_not_shift_later_replies(redis_url):
+    async with _conn(_endpoint(redis_url)) as c:
+        batch = c.send_many([encode_command("ECHO", f"b{i}") for i in range(3)])
+        batch.cancel()
+        assert await c.send(encode_command("ECHO", "after")) == b"after"
+        assert await c.send_many([encode_command("ECHO", "x"), encode_command("ECHO", "y")]) == [b"x", b"y"]
+
+
+# --------------------------------------------------------------------------- #
+# failures: a scripted loopback server
+# --------------------------------------------------------------------------- #
+
+
+@contextlib.asynccontextmanager
+async def _scripted(on_command):
+    """A loopback server that answers the connection handshake (+OK), then hands every
+    later command count to ``on_command(writer, n_so_far)``."""
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        seen = 0
+        try:
+            while True:
+                line = await reader.readline()
+                if not line:
+                    return
+                if not line.startswith(b"*"):
+                    continue
+                for _ in range(int(line[1:]) * 2):  # $len + data per argument
+                    await reader.readline()
+                seen += 1
+                if seen == 1:
+                    writer.write(b"+OK\r\n")  # CLIENT SETNAME
+                    continue
+                await on_command(writer, seen - 1)
+        except (ConnectionError, asyncio.CancelledError):
+            pass
+        finally:
+            writer.close()
+
+    server = await asyncio.start_server(handle, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        yield Endpoint(host="127.0.0.1", port=port)
+    finally:
+        server.close()
+        await server.wait_closed()
+
+
+async def test_a_connection_lost_mid_batch_fails_the_whole_batch_once():
+    async def two_then_close(writer, n):
+        if n <= 3:
+            writer.write(b"+OK\r\n")
+        if n == 3:
+            await writer.drain()
+            writer.close()
+
+    async with _scripted(two_then_close) as ep, _conn(ep) as c:
+        single = c.send(encode_command("PING"))
+        batch = c.send_many([encode_command("PING") for _ in range(5)])
+        assert await single == b"OK"
+        with pytest.raises(BackendUnavailable):
+            await asyncio.wait_for(batch, 5)
+        assert c.closed
+
+
+async def test_a_stalled_server_times_the_batch_out():
+    async def never(writer, n):
+        return None
+
+    async with _scripted(never) as ep, _conn(ep, command_timeout=0.2) as c:
+        batch = c.send_many([encode_command("PING") for _ in range(3)])
+        with pytest.raises(BackendTimeout):
+            await asyncio.wait_for(batch, 5)
+
+
+# --------------------------------------------------------------------------- #
+# backends and the limiter
+# --------------------------------------------------------------------------- #
+
+
+async def test_cluster_send_many_groups_by_master_and_keeps_positions(redis_cluster):
+    for host, port in redis_cluster.nodes:
+        redis_sync.Redis(host=host, port=port).flushall()
+    rl = RedisLimiter.from_url(redis_cluster.url, namespace="bs")
+    try:
+        await rl.ping()  # slot table and a connection to every master
+        keys = [f"k{i}".encode() for i in range(60)]
+        groups = rl.backend.send_many(keys, [encode_command("INCR", k) for k in keys])
+        assert len(groups) == 3 and all(f is not None for f, _ in groups)
+        assert sorted(i for _, idx in groups for i in idx) == list(range(60))
+        for fut, idx in groups:
+            assert await fut == [1] * len(idx)
+        # a master whose connection is down: its positions come back for one-by-one calls
+        down = rl.backend._slots[redis_sync.cluster.key_slot(keys[0])]
+        down.close()
+        groups = rl.backend.send_many(keys, [encode_command("INCR", k) for k in keys])
+        loose = [idx for f, idx in groups if f is None]
+        assert len(groups) == 3 and len(loose) == 1 and 0 in loose[0]
+        assert all(rl.backend._slots[redis_sync.cluster.key_slot(keys[i])] is down for i in loose[0])
+        for fut, _ in groups:
+            if fut is not None:
+                await fut
+    finally:
+        await rl.aclose()
+
+
+async def test_check_many_and_allowed_many_match_one_by_one_checks(any_redis_url):
+    keys = [f"u{i % 7}" for i in range(40)]  # repeated keys: order within a key matters
+    requests = [(k, POLICY, 1 + i % 2, T0 + i) for i, k in enumerate(keys)]
+    async with contextlib.AsyncExitStack() as stack:
+        one, many, verdicts = (RedisLimiter.from_url(any_redis_url, namespace=ns) for ns in ("one", "many", "verdicts"))
+        for rl in (one, many, verdicts):
+            stack.push_async_callback(rl.aclose)
+        expected = [await one.check(k, p, c, n) for k, p, c, n in requests]
+        got = await many.check_many(requests)
+        assert got == expected and all(isinstance(d, Decision) for d in got)
+        assert await verdicts.allowed_many(requests) == [d.allowed for d in expected]
+        assert any(not d.allowed for d in expected) and any(d.allowed for d in expected)
+
+
+async def test_allowed_many_reports_a_failing_key_in_place(any_redis_url):
+    async with contextlib.AsyncExitStack() as stack:
+        rl = RedisLimiter.from_url(any_redis_url, namespace="bad")
+        stack.push_async_callback(rl.aclose)
+        client = redis_sync.RedisCluster.from_url(any_redis_url.replace("redis+cluster", "redis")) if "cluster" in any_redis_url else redis_sync.Redis.from_url(any_redis_url)
+        client.set(rl.redis_key("broken"), b"not a hash")
+        out = await rl.allowed_many([("a", POLICY, 1, T0), ("broken", POLICY, 1, T0), ("a", POLICY, 1, T0)])
+        assert out[0] is True and out[2] is True
+        assert isinstance(out[1], BackendError)
+
+
+async def test_compare_many_feeds_the_breaker_and_never_degrades(redis_url):
+    redis_sync.Redis.from_url(redis_url).set("rl:cmp:broken", b"not a hash")
+    rl = RedisLimiter.from_url(redis_url, namespace="cmp")
+    breaker = CircuitBreaker(failure_threshold=1, backoff_initial_s=30, backoff_max_s=30)
+    res = ResilientLimiter(rl, failure_policy="passThrough", breaker=breaker)
+    try:
+        assert await res.compare_many([("a", POLICY, 5, T0), ("a", POLICY, 1, T0)]) == [True, False]
+        assert breaker.consecutive_failures == 0
+        out = await res.compare_many([("a", POLICY, 1, T0), ("broken", POLICY, 1, T0)])
+        assert out == [False, None]  # the bucket is empty; the broken key has no verdict
+        assert res.backend_errors == 1 and breaker.state.value == "open"
+        # breaker open: no verdicts at all, no call to Redis, nothing decided by the policy
+        assert await res.compare_many([("a", POLICY, 1, T0 + 10**7)]) == [None]
+        assert res.fallback_decisions == 0
+    finally:
+        await res.aclose()
+        await rl.aclose()
+
+
+def test_divergence_add_counts_like_record():
+    one, many = DivergenceStore(None, "ns"), DivergenceStore(None, "ns")
+    now = 1_700_000_030.0
+    for div, n in ((Divergence.AGREE, 4), (Divergence.LOCAL_ALLOW_DISTRIBUTED_DENY, 2), (Divergence.LOCAL_DENY_DISTRIBUTED_ALLOW, 1)):
+        for _ in range(n):
+            one.record("r", div, distributed_attempt=True, now=now)
+    for _ in range(3):
+        one.record("r", None, backend_error=True, distributed_attempt=True, now=now)
+    many.add("r", agree=4, ladd=2, ldda=1, backend_errors=3, now=now)
+    assert many.pending() == one.pending()
+    assert list(many.pending().values())[0]["compared"] == 7
