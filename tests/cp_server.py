@@ -27,6 +27,7 @@ import httpx
 import uvicorn
 
 from control_plane.app import create_app
+from control_plane.hitters import WouldBeBlocked
 from control_plane.settings import Settings, load_settings
 
 __all__ = [
@@ -89,6 +90,16 @@ def write_rules(directory: Path, text: str = RULES_YAML, name: str = "rules.yaml
 
 def admin_headers(token: str = ADMIN_TOKEN) -> dict[str, str]:
     return {"Authorization": f"Bearer {token}"}
+
+
+def clear_of_blocked_window_edge(margin_s: float = 20.0) -> None:
+    """The "would be blocked" view covers the current window only (5 minutes by
+    default): a test that crossed into the next window would find it empty. Called first,
+    this waits out the last ``margin_s`` seconds of a window."""
+    window_s = WouldBeBlocked().window_s
+    left = window_s - time.time() % window_s
+    if left < margin_s:
+        time.sleep(left + 0.1)
 
 
 def wait_until(fn: Callable[[], T], timeout: float, interval: float = 0.05, what: str = "condition") -> T:

@@ -19,6 +19,7 @@ from cp_server import (
     RULES_YAML,
     ControlPlaneServer,
     admin_headers,
+    clear_of_blocked_window_edge,
     metric_value,
     wait_until,
     write_rules,
@@ -455,6 +456,7 @@ def test_audit_newest_first_with_route_filter(make_cp):
 
 
 def test_divergence_view(http):
+    clear_of_blocked_window_edge()
     for i in range(6):
         r = decide(http, method="GET", path="/api/export/all", headers={"X-Client-Id": "mallory"}, request_id=f"m-{i}")
         assert r.status_code == 200  # local allows 100, shadow enforces local

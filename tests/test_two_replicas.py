@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from cp_server import ControlPlaneServer, admin_headers, unique_namespace, wait_until, write_rules
+from cp_server import ControlPlaneServer, admin_headers, clear_of_blocked_window_edge, unique_namespace, wait_until, write_rules
 
 BURST = 10
 RATE = 10.0  # tokens per second (search: average 10 per 1 s, burst 10, both limiters)
@@ -67,6 +67,7 @@ def test_local_limit_over_admits_while_distributed_holds(replicas):
 
 def test_divergence_is_counted_fleet_wide_once(replicas):
     a, b, ca, cb = replicas
+    clear_of_blocked_window_edge()
     n = 40
     decisions, _ = _spread([ca, cb], n, "bob")
     assert all(d["mode"] == "shadow" and d["enforced_by"] == "local" and d["distributed"] is None for d in decisions)
