@@ -6,7 +6,7 @@ running as root) with a Lua script that POSTs decide requests over many keys. Fo
 mode (off, shadow, canary 50%, enforce) it records requests/s and the p50/p99 latency
 wrk measures; then the batch endpoint's decisions/s with batches of 1,000.
 
-Run: ``python -m bench.control_plane [--seconds 3] [--repeats 12] [--connections 32]``; the report
+Run: ``python -m bench.control_plane [--seconds 3] [--repeats 20] [--connections 32]``; the report
 lands in ``bench/results/control_plane.json`` and is rendered into docs/benchmarks.md by
 ``python -m bench``.
 """
@@ -171,7 +171,7 @@ def run_batch(url: str, seconds: float, size: int = 1000) -> dict[str, Any]:
     return {"decisions": n, "seconds": dt, "decisions_per_s": n / dt, "batch_size": size}
 
 
-def measure(seconds: float = 3.0, connections: int = 32, repeats: int = 12) -> dict[str, Any]:
+def measure(seconds: float = 3.0, connections: int = 32, repeats: int = 20) -> dict[str, Any]:
     wrk = ensure_wrk()
     work = Path(tempfile.mkdtemp(prefix="shadowlimit-bench-cp-"))
     script = work / "decide.lua"
@@ -275,7 +275,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seconds", type=float, default=3.0)
     ap.add_argument("--connections", type=int, default=32)
-    ap.add_argument("--repeats", type=int, default=12)
+    ap.add_argument("--repeats", type=int, default=20)
     ap.add_argument("--out", default="bench/results/control_plane.json")
     args = ap.parse_args(argv)
     results = measure(args.seconds, args.connections, args.repeats)

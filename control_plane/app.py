@@ -14,6 +14,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from .api import admin, decide, external, health, observe, routes, stream
 from .api.deps import ApiError
+from .gctune import tune_gc
 from .settings import Settings, load_settings
 from .wiring import open_engine
 
@@ -42,9 +43,14 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         app.state.engine = handle.engine
         app.state.redis_url = handle.url
         app.state.embedded = handle.embedded
+        # after everything is loaded and started: the startup heap is frozen out of the
+        # collector's way (see gctune)
+        tuning = tune_gc() if settings.gc_tuning else None
         try:
             yield
         finally:
+            if tuning is not None:
+                tuning.undo()
             await handle.aclose()
 
     app = FastAPI(

@@ -69,6 +69,12 @@ class Settings(BaseSettings):
         validation_alias=_env("SHADOWLIMIT_SHADOW_LINGER_MS"),
         description="How long the shadow worker waits for more requests before sending a batch that is not full (0: send at once).",
     )
+    # the server process
+    gc_tuning: bool = Field(
+        True,
+        validation_alias=_env("SHADOWLIMIT_GC_TUNING"),
+        description="After startup, freeze the startup heap out of the garbage collector's way and raise the young-generation threshold, so full collections do not stall requests.",
+    )
     # rollout gates
     gate_window_s: int = Field(300, ge=10, validation_alias=_env("SHADOWLIMIT_GATE_WINDOW_S"))
     gate_min_samples: int = Field(500, ge=0, validation_alias=_env("SHADOWLIMIT_GATE_MIN_SAMPLES"))

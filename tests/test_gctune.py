@@ -1,0 +1,59 @@
+"""GC tuning of the control plane's process (control_plane/gctune.py): applied once
+the app has started, undone when it stops, and switched off by SHADOWLIMIT_GC_TUNING."""
+
+from __future__ import annotations
+
+import gc
+
+import pytest
+
+from control_plane.app import create_app
+from control_plane.gctune import YOUNG_THRESHOLD, tune_gc
+from control_plane.settings import SettingsError, load_settings
+
+
+@pytest.fixture
+def gc_state():
+    """Start from the interpreter's defaults and put the test process back as it was."""
+    before = gc.get_threshold()
+    gc.unfreeze()
+    gc.set_threshold(700, 10, 10)
+    yield
+    gc.unfreeze()
+    gc.set_threshold(*before)
+
+
+def test_tune_freezes_the_heap_and_raises_the_young_threshold(gc_state):
+    tuning = tune_gc()
+    assert gc.get_threshold() == (YOUNG_THRESHOLD, 10, 10)
+    assert gc.get_freeze_count() == tuning.frozen > 1000  # the test process's modules at least
+    tuning.undo()
+    assert gc.get_threshold() == (700, 10, 10)
+    assert gc.get_freeze_count() == 0
+
+
+def test_tune_never_lowers_a_higher_threshold(gc_state):
+    gc.set_threshold(100_000, 20, 30)
+    tuning = tune_gc()
+    assert gc.get_threshold() == (100_000, 20, 30)
+    tuning.undo()
+    assert gc.get_threshold() == (100_000, 20, 30)
+
+
+@pytest.mark.parametrize("enabled", [True, False])
+async def test_the_app_tunes_while_it_runs(gc_state, redis_url, enabled):
+    app = create_app(load_settings(redis_url=redis_url, namespace="gct", rules_path=None, gc_tuning=enabled))
+    async with app.router.lifespan_context(app):
+        if enabled:
+            assert gc.get_threshold()[0] == YOUNG_THRESHOLD and gc.get_freeze_count() > 0
+        else:
+            assert gc.get_threshold()[0] == 700 and gc.get_freeze_count() == 0
+    assert gc.get_threshold() == (700, 10, 10) and gc.get_freeze_count() == 0
+
+
+def test_setting_is_validated(monkeypatch):
+    monkeypatch.setenv("SHADOWLIMIT_GC_TUNING", "false")
+    assert load_settings().gc_tuning is False
+    monkeypatch.setenv("SHADOWLIMIT_GC_TUNING", "sometimes")
+    with pytest.raises(SettingsError, match="SHADOWLIMIT_GC_TUNING"):
+        load_settings()
