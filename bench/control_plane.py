@@ -212,6 +212,7 @@ def measure(seconds: float = 3.0, connections: int = 32, repeats: int = 20) -> d
             results["batch"][mode] = {"runs": runs, "decisions_per_s": statistics.median(r["decisions_per_s"] for r in runs)}
     finally:
         server.stop()
+    results["engine"] = measure_engine()
     results["meta"] = {
         "date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
         "wrk": subprocess.run([wrk, "-v"], capture_output=True, text=True).stdout.splitlines()[0],
@@ -222,6 +223,75 @@ def measure(seconds: float = 3.0, connections: int = 32, repeats: int = 20) -> d
         "load_avg": os.getloadavg(),
     }
     return results
+
+
+def measure_engine(seconds: float = 1.0, repeats: int = 10, tasks: int = 32) -> dict[str, Any]:
+    """The engine alone, in this process (no HTTP): ``tasks`` concurrent callers of
+    ``Engine.decide`` on the same rules and an embedded Redis, interleaved across modes as
+    above. The process's CPU time per decision says what each mode adds to a decision,
+    shadow worker included, without the HTTP stack's cost and noise around it."""
+    import asyncio
+
+    from control_plane.engine import DecideInput
+    from control_plane.gctune import tune_gc
+    from control_plane.rollout import Mode
+    from control_plane.settings import load_settings
+    from control_plane.wiring import open_engine
+
+    async def run() -> dict[str, list[float]]:
+        work = Path(tempfile.mkdtemp(prefix="shadowlimit-bench-engine-"))
+        rules = work / "rules.yaml"
+        rules.write_text(RULES)
+        handle = await open_engine(load_settings(rules_path=rules, enable_distributed_rate_limiting=True, namespace="bench-engine", redis_url=None))
+        tuning = tune_gc()  # as `shadowlimit serve` does
+        engine = handle.engine
+        inputs = [DecideInput(route="api", key=f"k{i}") for i in range(1000)]
+        done = [0]
+        per_mode: dict[str, list[float]] = {}
+
+        async def caller(offset: int, stop: list[bool]) -> None:
+            i = offset
+            while not stop[0]:
+                await engine.decide(inputs[i % 1000])
+                i += 1
+                done[0] += 1
+                await asyncio.sleep(0)  # one decision per task per loop turn, like requests
+
+        try:
+            for _ in range(repeats):
+                for mode, pct in MODES:
+                    await engine.set_mode("api", Mode(mode), canary_percent=pct, reason="benchmark", actor="bench", force=True)
+                    await asyncio.sleep(0.2)
+                    stop = [False]
+                    done[0] = 0
+                    workers = [asyncio.ensure_future(caller(k * 31, stop)) for k in range(tasks)]
+                    cpu0 = time.process_time()
+                    await asyncio.sleep(seconds)
+                    stop[0] = True
+                    await asyncio.gather(*workers)
+                    await engine._drain_shadow()  # the shadow work this run queued is part of its cost
+                    cpu1 = time.process_time()
+                    per_mode.setdefault(f"{mode}{f' {pct}%' if pct else ''}", []).append((cpu1 - cpu0) / done[0] * 1e6)
+        finally:
+            tuning.undo()
+            await handle.aclose()
+        return per_mode
+
+    per_mode = asyncio.run(run())
+    off = per_mode["off"]
+    return {
+        "seconds_per_run": seconds,
+        "repeats": repeats,
+        "tasks": tasks,
+        "modes": {
+            name: {
+                "runs_us": runs,
+                "cpu_us_per_decision": statistics.median(runs),
+                "added_vs_off_us": statistics.median(r - o for r, o in zip(runs, off)),
+            }
+            for name, runs in per_mode.items()
+        },
+    }
 
 
 def render(results: dict[str, Any]) -> str:
@@ -255,6 +325,20 @@ def render(results: dict[str, Any]) -> str:
     lines += ["", "Batch endpoint (`POST /v1/decide/batch`, 1,000 decisions per request, one client):", "", "| mode | decisions/s |", "|---|--:|"]
     for name, r in results["batch"].items():
         lines.append(f"| {name} | {r['decisions_per_s']:,.0f} |")
+    engine = results.get("engine")
+    if engine:
+        lines += [
+            "",
+            f"The engine alone, in the benchmark's own process (no HTTP): {engine['tasks']} tasks calling `Engine.decide` "
+            f"on the same rules, {engine['seconds_per_run']:g} s per run, median of {engine['repeats']} interleaved rounds; "
+            "process CPU time per decision, shadow worker and Redis client included. "
+            '"Added" is the median of each round\'s difference from that round\'s off run.',
+            "",
+            "| mode | CPU per decision | added vs off |",
+            "|---|--:|--:|",
+        ]
+        for name, r in engine["modes"].items():
+            lines.append(f"| {name} | {r['cpu_us_per_decision']:.1f} µs | {r['added_vs_off_us']:+.1f} µs |")
     shadow = results["modes"].get("shadow", {})
     # met only when both estimates agree: the ratio of the medians and the paired one
     p50_ok = bool(shadow and off) and shadow["p50_us"] <= off["p50_us"] * 1.10 and shadow.get("p50_vs_off_paired", 99.0) <= 1.10

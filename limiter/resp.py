@@ -171,9 +171,8 @@ class _Protocol(asyncio.Protocol):
 
 class _Collector:
     """The replies of one :meth:`NodeConnection.send_many` batch, gathered for its one
-    future. It stands in the pending queue once per command, with a future's
-    ``done``/``set_result``/``set_exception``, so replies and failures reach it in order
-    like any other command's."""
+    future. It stands once in the connection's pending queue and takes the next ``n``
+    replies (see ``_on_data``); a failure reaches it like any waiting future."""
 
     __slots__ = ("fut", "n", "replies")
 
@@ -184,12 +183,6 @@ class _Collector:
 
     def done(self) -> bool:
         return self.fut.done()
-
-    def set_result(self, reply: Any) -> None:
-        replies = self.replies
-        replies.append(reply)
-        if len(replies) == self.n:
-            self.fut.set_result(replies)
 
     def set_exception(self, exc: BaseException) -> None:
         if not self.fut.done():
@@ -214,7 +207,7 @@ class NodeConnection:
         self.command_timeout = command_timeout
         self._transport: asyncio.Transport | None = None
         self._reader = hiredis.Reader()
-        self._pending: deque[asyncio.Future[Any]] = deque()
+        self._pending: deque[asyncio.Future[Any] | _Collector] = deque()
         self._wbuf: list[bytes] = []
         self._flush_scheduled = False
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -296,7 +289,7 @@ class NodeConnection:
         if n == 0:
             fut.set_result([])
             return fut
-        self._pending.extend([_Collector(fut, n)] * n)
+        self._pending.append(_Collector(fut, n))
         self._wbuf.extend(payloads)
         self._queued(loop)
         return fut
@@ -324,15 +317,31 @@ class NodeConnection:
         pending = self._pending
         self._progress += 1
         while True:
+            if not pending:
+                if reader.gets() is not False:  # pragma: no cover - protocol desync, cannot happen with RESP2
+                    self._fail(BackendUnavailable("unexpected reply from Redis"))
+                return
+            head = pending[0]
+            if type(head) is _Collector:
+                # a batch: its replies are the next n, taken without a call per reply
+                replies = head.replies
+                n = head.n
+                gets = reader.gets
+                while len(replies) < n:
+                    reply = gets()
+                    if reply is False:
+                        return
+                    replies.append(reply)
+                pending.popleft()
+                if not head.fut.done():
+                    head.fut.set_result(replies)
+                continue
             reply = reader.gets()
             if reply is False:
                 return
-            if not pending:  # pragma: no cover - protocol desync, cannot happen with RESP2
-                self._fail(BackendUnavailable("unexpected reply from Redis"))
-                return
-            fut = pending.popleft()
-            if not fut.done():
-                fut.set_result(reply)
+            pending.popleft()
+            if not head.done():
+                head.set_result(reply)
 
     def _check_stall(self) -> None:
         self._watch = None

@@ -129,6 +129,20 @@ async def test_a_connection_lost_mid_batch_fails_the_whole_batch_once():
         assert c.closed
 
 
+async def test_replies_trickling_in_one_by_one_reach_the_right_futures():
+    async def numbered(writer, n):
+        writer.write(b":%d\r\n" % n)
+        await writer.drain()
+        await asyncio.sleep(0.01)  # each reply in its own segment: many data_received calls
+
+    async with _scripted(numbered) as ep, _conn(ep) as c:
+        first = c.send(encode_command("PING"))
+        batch = c.send_many([encode_command("PING") for _ in range(3)])
+        last = c.send(encode_command("PING"))
+        again = c.send_many([encode_command("PING") for _ in range(2)])
+        assert await asyncio.wait_for(asyncio.gather(first, batch, last, again), 5) == [1, [2, 3, 4], 5, [6, 7]]
+
+
 async def test_a_stalled_server_times_the_batch_out():
     async def never(writer, n):
         return None
