@@ -14,7 +14,9 @@ Two standard remedies, applied once the app has started, and undone when it stop
 - a young-generation threshold of 20,000 objects instead of 700, so fewer collections run
   while requests are in flight, and fewer of their objects are promoted.
 
-Reference cycles are still collected, just in fewer, cheaper passes.
+Reference cycles are still collected, just in fewer, cheaper passes, except among the
+objects frozen at startup: garbage there (say, a rules set replaced later) waits until
+the app stops.
 ``SHADOWLIMIT_GC_TUNING=false`` leaves the collector alone. The ASGI middleware never
 touches it, because the process belongs to the host application.
 """
@@ -22,29 +24,53 @@ touches it, because the process belongs to the host application.
 from __future__ import annotations
 
 import gc
-from dataclasses import dataclass
+import threading
+from dataclasses import dataclass, field
 
 __all__ = ["GcTuning", "YOUNG_THRESHOLD", "tune_gc"]
 
 YOUNG_THRESHOLD = 20_000
 
+# Tuning is process-wide, and several apps can run in one process (tests run two replicas
+# as threads): the first tune saves the collector's state, the last undo restores it.
+_lock = threading.Lock()
+_users = 0
+_saved_threshold: tuple[int, int, int] = (700, 10, 10)
+_host_froze = False  # the process had frozen objects of its own before the first tune
 
-@dataclass(frozen=True)
+
+@dataclass
 class GcTuning:
-    """What :func:`tune_gc` changed, so that :meth:`undo` can put it back."""
+    """One user of the tuning; :meth:`undo` (once) releases it."""
 
-    previous_threshold: tuple[int, int, int]
     frozen: int
+    _done: bool = field(default=False, repr=False)
 
     def undo(self) -> None:
-        gc.set_threshold(*self.previous_threshold)
-        gc.unfreeze()
+        """Release this user; the last one restores the threshold and, unless the host
+        had frozen objects of its own, unfreezes (a host's own freeze is never undone)."""
+        global _users
+        with _lock:
+            if self._done:
+                return
+            self._done = True
+            _users -= 1
+            if _users == 0:
+                gc.set_threshold(*_saved_threshold)
+                if not _host_froze:
+                    gc.unfreeze()
 
 
 def tune_gc(young_threshold: int = YOUNG_THRESHOLD) -> GcTuning:
     """Collect once, freeze what survives, and raise the young threshold (never lower it)."""
-    previous = gc.get_threshold()
-    gc.collect()
-    gc.freeze()
-    gc.set_threshold(max(previous[0], young_threshold), previous[1], previous[2])
-    return GcTuning(previous, gc.get_freeze_count())
+    global _users, _saved_threshold, _host_froze
+    with _lock:
+        if _users == 0:
+            _saved_threshold = gc.get_threshold()
+            _host_froze = gc.get_freeze_count() > 0
+        _users += 1
+        gc.collect()
+        gc.freeze()
+        t0, t1, t2 = gc.get_threshold()
+        gc.set_threshold(max(t0, young_threshold), t1, t2)
+        return GcTuning(gc.get_freeze_count())

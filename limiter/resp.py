@@ -185,7 +185,14 @@ class _Collector:
         return self.fut.done()
 
     def set_exception(self, exc: BaseException) -> None:
-        if not self.fut.done():
+        """The connection failed: commands already answered keep their replies (Redis
+        ran them), the rest get ``exc`` in place; with no reply yet the future fails."""
+        if self.fut.done():
+            return
+        replies = self.replies
+        if replies:
+            self.fut.set_result(replies + [exc] * (self.n - len(replies)))
+        else:
             self.fut.set_exception(exc)
 
 
@@ -278,7 +285,8 @@ class NodeConnection:
     def send_many(self, payloads: list[bytes]) -> asyncio.Future[list[Any]]:
         """Queue many encoded commands at once; one future resolves to the list of
         their replies, in order (one future and one pending entry per batch instead of
-        per command). A failure fails the whole batch."""
+        per command). If the connection fails before any reply, the future fails; after
+        some, the replies that arrived are kept and the rest are the error, in place."""
         loop = self._loop
         assert loop is not None
         fut: asyncio.Future[list[Any]] = loop.create_future()

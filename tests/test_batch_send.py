@@ -112,21 +112,51 @@ async def _scripted(on_command):
         await server.wait_closed()
 
 
-async def test_a_connection_lost_mid_batch_fails_the_whole_batch_once():
-    async def two_then_close(writer, n):
+async def test_a_connection_lost_mid_batch_keeps_the_replies_that_arrived():
+    async def three_then_close(writer, n):
         if n <= 3:
-            writer.write(b"+OK\r\n")
+            writer.write(b":%d\r\n" % n)
         if n == 3:
             await writer.drain()
             writer.close()
 
-    async with _scripted(two_then_close) as ep, _conn(ep) as c:
+    async with _scripted(three_then_close) as ep, _conn(ep) as c:
         single = c.send(encode_command("PING"))
         batch = c.send_many([encode_command("PING") for _ in range(5)])
-        assert await single == b"OK"
-        with pytest.raises(BackendUnavailable):
-            await asyncio.wait_for(batch, 5)
+        assert await single == 1
+        out = await asyncio.wait_for(batch, 5)
+        # Redis ran the first two: their replies stand; the other three failed in place
+        assert out[:2] == [2, 3]
+        assert len(out) == 5 and all(isinstance(e, BackendUnavailable) for e in out[2:])
         assert c.closed
+        # a batch sent on the dead connection fails as a whole
+        with pytest.raises(BackendUnavailable):
+            await c.send_many([encode_command("PING")])
+
+
+async def test_check_many_keeps_the_decisions_redis_made_before_the_connection_dropped():
+    """Scripts Redis already ran consumed their tokens: those items are decisions, only
+    the unanswered ones are errors (so enforcement does not send them to the failure policy)."""
+    reply = b"*5\r\n:1\r\n:4\r\n:5\r\n:0\r\n:0\r\n"
+
+    async def two_then_close(writer, n):
+        if n <= 2:
+            writer.write(reply)
+        if n == 2:
+            await writer.drain()
+            writer.close()
+
+    async with _scripted(two_then_close) as ep:
+        from limiter.resp import StandaloneBackend
+
+        rl = RedisLimiter(StandaloneBackend(ep, connections=1))
+        try:
+            await rl.backend._nodes[0].connection()
+            out = await asyncio.wait_for(rl.check_many([(f"k{i}", POLICY, 1, T0) for i in range(4)]), 5)
+            assert [type(x).__name__ for x in out] == ["Decision", "Decision", "BackendUnavailable", "BackendUnavailable"]
+            assert out[0].allowed and out[0].remaining == 4
+        finally:
+            await rl.aclose()
 
 
 async def test_replies_trickling_in_one_by_one_reach_the_right_futures():

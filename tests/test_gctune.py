@@ -7,6 +7,7 @@ import gc
 
 import pytest
 
+from control_plane import gctune
 from control_plane.app import create_app
 from control_plane.gctune import YOUNG_THRESHOLD, tune_gc
 from control_plane.settings import SettingsError, load_settings
@@ -16,9 +17,11 @@ from control_plane.settings import SettingsError, load_settings
 def gc_state():
     """Start from the interpreter's defaults and put the test process back as it was."""
     before = gc.get_threshold()
+    assert gctune._users == 0, "another test left the GC tuned"
     gc.unfreeze()
     gc.set_threshold(700, 10, 10)
     yield
+    gctune._users = 0  # a failed test may not have undone its tuning
     gc.unfreeze()
     gc.set_threshold(*before)
 
@@ -26,7 +29,7 @@ def gc_state():
 def test_tune_freezes_the_heap_and_raises_the_young_threshold(gc_state):
     tuning = tune_gc()
     assert gc.get_threshold() == (YOUNG_THRESHOLD, 10, 10)
-    assert gc.get_freeze_count() == tuning.frozen > 1000  # the test process's modules at least
+    assert tuning.frozen > 1000 and gc.get_freeze_count() > 1000  # the test process's modules at least
     tuning.undo()
     assert gc.get_threshold() == (700, 10, 10)
     assert gc.get_freeze_count() == 0
@@ -38,6 +41,25 @@ def test_tune_never_lowers_a_higher_threshold(gc_state):
     assert gc.get_threshold() == (100_000, 20, 30)
     tuning.undo()
     assert gc.get_threshold() == (100_000, 20, 30)
+
+
+def test_two_users_the_last_undo_restores(gc_state):
+    a = tune_gc()
+    b = tune_gc()
+    a.undo()
+    a.undo()  # idempotent: does not release b's share
+    assert gc.get_threshold()[0] == YOUNG_THRESHOLD and gc.get_freeze_count() > 0
+    b.undo()
+    assert gc.get_threshold() == (700, 10, 10) and gc.get_freeze_count() == 0
+
+
+def test_a_host_freeze_is_never_undone(gc_state):
+    gc.freeze()  # the host's own (say, before forking workers)
+    host = gc.get_freeze_count()
+    tuning = tune_gc()
+    tuning.undo()
+    assert gc.get_threshold() == (700, 10, 10)
+    assert gc.get_freeze_count() >= host
 
 
 @pytest.mark.parametrize("enabled", [True, False])

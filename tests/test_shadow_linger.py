@@ -84,3 +84,53 @@ async def test_shadow_queue_refuses_when_full_and_wakes_the_worker():
         await w2
     q.put_nowait("d")
     assert q.get_nowait() == "d"
+
+
+async def test_evaluate_shadow_counts_each_route_and_backend_errors():
+    """One batch over two routes with every outcome: the per-route totals, metrics,
+    'would be blocked' records and the evaluated count are what per-item recording gave."""
+    from control_plane.hitters import WouldBeBlocked
+    from control_plane.metrics import Metrics
+    from control_plane.store import DivergenceStore
+    from limiter import Policy
+
+    p = Policy(average=10, period=1.0, burst=10)
+    # (lkey, policy, cost, now_us, route, key, local_allowed, request_id) -> distributed verdict
+    cases = [
+        (("a:k1", p, 1, 1, "a", "k1", True, "r1"), True),  # agree
+        (("a:k2", p, 1, 2, "a", "k2", True, "r2"), False),  # local allow, distributed deny
+        (("a:k2", p, 1, 3, "a", "k2", True, "r3"), False),
+        (("a:k3", p, 1, 4, "a", "k3", False, "r4"), True),  # local deny, distributed allow
+        (("b:k1", p, 1, 5, "b", "k1", False, "r5"), False),  # agree (both deny)
+        (("b:k4", p, 1, 6, "b", "k4", True, "r6"), None),  # no verdict: backend error
+        (("b:k5", p, 1, 7, "b", "k5", True, "r7"), None),
+    ]
+
+    async def compare_many(requests):
+        assert requests == [item[:4] for item, _ in cases]
+        return [verdict for _, verdict in cases]
+
+    m = Metrics()
+    fake = types.SimpleNamespace(
+        resilient=types.SimpleNamespace(compare_many=compare_many),
+        metrics=m,
+        divergence=DivergenceStore(None, "ns"),
+        blocked=WouldBeBlocked("ns"),
+        shadow_evaluated=0,
+    )
+    await Engine._evaluate_shadow(fake, [item for item, _ in cases])
+
+    assert fake.shadow_evaluated == 5
+    pending = {route: counts for (route, _), counts in fake.divergence.pending().items()}
+    assert pending["a"] == {"agree": 1, "local_allow_distributed_deny": 2, "local_deny_distributed_allow": 1, "compared": 4, "backend_errors": 0, "distributed_attempts": 4}
+    assert pending["b"] == {"agree": 1, "local_allow_distributed_deny": 0, "local_deny_distributed_allow": 0, "compared": 1, "backend_errors": 2, "distributed_attempts": 3}
+
+    def value(route, direction):
+        return m.registry.get_sample_value("rate_limit_shadow_divergence_total", {"route": route, "direction": direction}) or 0
+
+    assert (value("a", "agree"), value("a", "local_allow_distributed_deny"), value("a", "local_deny_distributed_allow")) == (1, 2, 1)
+    assert (value("b", "agree"), value("b", "local_allow_distributed_deny")) == (1, 0)
+    assert m.registry.get_sample_value("rate_limit_backend_errors_total") == 2
+    top = fake.blocked.top("a")
+    assert [(e["key"], e["count"], e["last_request_id"]) for e in top] == [("k2", 2, "r3")]
+    assert fake.blocked.top("b") == []
