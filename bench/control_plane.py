@@ -294,6 +294,13 @@ def measure_engine(seconds: float = 1.0, repeats: int = 10, tasks: int = 32) -> 
     }
 
 
+def _ratio_range(results: dict[str, Any], mode: str) -> str:
+    """The lowest and highest per-round p50 ratio of ``mode`` to off, as text."""
+    runs, off = results["modes"].get(mode, {}).get("runs", []), results["modes"].get("off", {}).get("runs", [])
+    ratios = [r["p50_us"] / o["p50_us"] for r, o in zip(runs, off) if o.get("p50_us")]
+    return f"from {min(ratios):.2f}x to {max(ratios):.2f}x" if ratios else "(no runs)"
+
+
 def render(results: dict[str, Any]) -> str:
     """A markdown section for docs/benchmarks.md."""
     meta = results["meta"]
@@ -309,7 +316,8 @@ def render(results: dict[str, Any]) -> str:
         "p50 vs off: the ratio of the medians, and the median of each round's ratio to that round's off run "
         "(paired: runs seconds apart, so the machine's drift between rounds cancels). Server CPU: the server "
         "process's CPU time (user + system, from /proc) per request; the server uses one core in every mode, "
-        "so this is what sets its throughput.",
+        "so this is what sets its throughput. This machine's speed drifts: one round's ratio to off ranges "
+        f"{_ratio_range(results, 'shadow')} for shadow in this run, so only medians over many rounds mean anything.",
         "",
         "| mode | requests/s | p50 | p99 | p50 vs off | p50 vs off, paired | server CPU/request | non-2xx |",
         "|---|--:|--:|--:|--:|--:|--:|--:|",
