@@ -75,6 +75,11 @@ class Settings(BaseSettings):
         validation_alias=_env("SHADOWLIMIT_GC_TUNING"),
         description="After startup, freeze the startup heap out of the garbage collector's way and raise the young-generation threshold, so full collections do not stall requests.",
     )
+    otel: bool = Field(
+        False,
+        validation_alias=_env("SHADOWLIMIT_OTEL"),
+        description="FastAPI's native OpenTelemetry instrumentation (spans, metrics, logs per request) for a process with an OpenTelemetry SDK configured.",
+    )
     # rollout gates
     gate_window_s: int = Field(300, ge=10, validation_alias=_env("SHADOWLIMIT_GATE_WINDOW_S"))
     gate_min_samples: int = Field(500, ge=0, validation_alias=_env("SHADOWLIMIT_GATE_MIN_SAMPLES"))

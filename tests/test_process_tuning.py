@@ -1,5 +1,6 @@
-"""GC tuning of the control plane's process (control_plane/gctune.py): applied once
-the app has started, undone when it stops, and switched off by SHADOWLIMIT_GC_TUNING."""
+"""The control plane's process tuning: the GC (control_plane/gctune.py: applied once the
+app has started, undone when it stops, switched off by SHADOWLIMIT_GC_TUNING) and
+FastAPI's OpenTelemetry hook (off unless SHADOWLIMIT_OTEL)."""
 
 from __future__ import annotations
 
@@ -79,3 +80,12 @@ def test_setting_is_validated(monkeypatch):
     monkeypatch.setenv("SHADOWLIMIT_GC_TUNING", "sometimes")
     with pytest.raises(SettingsError, match="SHADOWLIMIT_GC_TUNING"):
         load_settings()
+
+
+@pytest.mark.parametrize("enabled", [True, False])
+def test_fastapi_telemetry_follows_the_otel_setting(enabled):
+    """FastAPI's OpenTelemetry hook is off unless SHADOWLIMIT_OTEL asks for it (it checks
+    for a provider on every request)."""
+    app = create_app(load_settings(rules_path=None, otel=enabled))
+    config = app._telemetry  # FastAPI's resolved telemetry settings
+    assert (config["tracing"], config["metrics"], config["logs"]) == ((True, True, True) if enabled else (False, False, False))
