@@ -92,14 +92,18 @@ def admin_headers(token: str = ADMIN_TOKEN) -> dict[str, str]:
     return {"Authorization": f"Bearer {token}"}
 
 
-def clear_of_blocked_window_edge(margin_s: float = 20.0) -> None:
-    """The "would be blocked" view covers the current window only (5 minutes by
-    default): a test that crossed into the next window would find it empty. Called first,
-    this waits out the last ``margin_s`` seconds of a window."""
-    window_s = WouldBeBlocked().window_s
+def clear_of_window_edge(window_s: float, margin_s: float) -> None:
+    """Wait out the last ``margin_s`` seconds of the current ``window_s`` window (windows
+    aligned on the epoch, as the limiter's and the views' are)."""
     left = window_s - time.time() % window_s
     if left < margin_s:
         time.sleep(left + 0.1)
+
+
+def clear_of_blocked_window_edge(margin_s: float = 20.0) -> None:
+    """The "would be blocked" view covers the current window only (5 minutes by
+    default): a test that crossed into the next window would find it empty."""
+    clear_of_window_edge(WouldBeBlocked().window_s, margin_s)
 
 
 def wait_until(fn: Callable[[], T], timeout: float, interval: float = 0.05, what: str = "condition") -> T:
