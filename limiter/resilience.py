@@ -164,6 +164,12 @@ class CircuitBreaker:
         self._trial_in_flight = True
         return True
 
+    def abandon_trial(self) -> None:
+        """The request let through by :meth:`allow_request` ended without an answer
+        either way (cancelled, or an error that says nothing about the backend): a
+        half-open breaker lets the next request be the trial instead of waiting forever."""
+        self._trial_in_flight = False
+
     def record_success(self) -> None:
         self._trial_in_flight = False
         self.consecutive_failures = 0
@@ -396,7 +402,10 @@ class ResilientLimiter:
         if self.breaker.allow_request():
             try:
                 d = await self.redis.check(key, policy, cost, now_us)
-            except BackendError as exc:
+            except BaseException as exc:
+                if not isinstance(exc, BackendError):
+                    self.breaker.abandon_trial()
+                    raise
                 self.backend_errors += 1
                 self.breaker.record_failure(exc)
                 self._ensure_prober()
@@ -425,7 +434,11 @@ class ResilientLimiter:
             if not degrade:
                 return [Outcome(_SKIPPED, "skipped", err) for _ in requests]
             return [self._degraded(k, p, validate_cost(p, c), n, err, fp, fc) for (k, p, c, n), (fp, fc) in zip(requests, ov)]
-        results = await self.redis.check_many(requests)
+        try:
+            results = await self.redis.check_many(requests)
+        except BaseException:
+            self.breaker.abandon_trial()
+            raise
         out: list[Outcome] = []
         failed = False
         for (k, p, c, n), r, (fp, fc) in zip(requests, results, ov):
@@ -450,7 +463,11 @@ class ResilientLimiter:
         if not self.breaker.allow_request():
             self._ensure_prober()
             return [None] * len(requests)
-        results = await self.redis.allowed_many(requests)
+        try:
+            results = await self.redis.allowed_many(requests)
+        except BaseException:
+            self.breaker.abandon_trial()
+            raise
         error: BackendError | None = None
         for r in results:
             if type(r) is not bool:

@@ -269,3 +269,50 @@ def test_divergence_add_counts_like_record():
     many.add("r", agree=4, ladd=2, ldda=1, backend_errors=3, now=now)
     assert many.pending() == one.pending()
     assert list(many.pending().values())[0]["compared"] == 7
+
+
+@pytest.mark.parametrize("call", ["check", "compare_many"])
+async def test_a_cancelled_trial_does_not_wedge_a_half_open_breaker(call):
+    """Half-open lets one request through as the trial. If that request is cancelled
+    (its caller timed out) it says nothing about Redis: the next request must become
+    the trial, or the breaker would stay half-open with nothing ever let through."""
+    import time
+
+    from limiter.resilience import BreakerState
+
+    hang = asyncio.Event()
+    decision = Decision(True, 4, 5, 0, 0)
+
+    class Redis:
+        async def check(self, key, policy, cost, now_us):
+            await hang.wait()
+            return decision
+
+        async def allowed_many(self, requests):
+            await hang.wait()
+            return [True] * len(requests)
+
+        async def ping(self):
+            await asyncio.Event().wait()
+
+    breaker = CircuitBreaker(failure_threshold=1, backoff_initial_s=0.01, backoff_max_s=0.01)
+    breaker.record_failure("down")
+    assert breaker.state is BreakerState.OPEN
+    time.sleep(0.03)  # the probe is due: the next request half-opens the breaker
+    res = ResilientLimiter(Redis(), failure_policy="passThrough", breaker=breaker)
+
+    async def one():
+        if call == "check":
+            out = await res.check("k", POLICY, 1, T0)
+            return out.source
+        return await res.compare_many([("k", POLICY, 1, T0)])
+
+    trial = asyncio.ensure_future(one())
+    await asyncio.sleep(0.01)
+    assert breaker.state is BreakerState.HALF_OPEN
+    trial.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await trial
+    hang.set()
+    assert await asyncio.wait_for(one(), 5) == ("distributed" if call == "check" else [True])
+    assert breaker.state is BreakerState.CLOSED
