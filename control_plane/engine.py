@@ -160,12 +160,6 @@ class _ShadowQueue:
     def __len__(self) -> int:
         return len(self._queue)
 
-    def qsize(self) -> int:
-        return len(self._queue)
-
-    def empty(self) -> bool:
-        return not self._queue
-
     def put_nowait(self, item: _ShadowItem) -> None:
         q = self._queue
         if len(q) >= self.maxsize:
@@ -176,11 +170,6 @@ class _ShadowQueue:
             self._waiter = None
             if not w.done():
                 w.set_result(None)
-
-    def get_nowait(self) -> _ShadowItem:
-        if not self._queue:
-            raise asyncio.QueueEmpty
-        return self._queue.popleft()
 
     def take(self, n: int) -> list[_ShadowItem]:
         """Up to ``n`` items, oldest first."""
@@ -832,7 +821,7 @@ class Engine:
         activity = self._activity
         queue = self._queue
         queue_put = queue.put_nowait
-        free: int | None = None  # room left in the shadow queue (-1: unbounded), None: not known
+        free: int | None = None  # room left in the shadow queue, None: not known
         time_ns = time.time_ns
         instance_id = self.instance_id
         dirty = False
@@ -881,30 +870,8 @@ class Engine:
                 now_s = now_us / 1_000_000
                 lkey = p.prefix + key
                 local = check(lkey, p.lp, cost, now_us)
-                # _note_activity
-                act = activity.get(name)
-                if act is None or act.minute != int(now_s // 60):
-                    self._note_activity(name, key, now_s)
-                    act = activity[name]
-                else:
-                    counts = act.counts
-                    c = counts.get(key)
-                    if c is not None:
-                        counts[key] = c + 1
-                    elif len(counts) < _MAX_ACTIVE_KEYS:
-                        counts[key] = 1
-                    sec = int(now_s)
-                    ps = act.per_second
-                    ps[sec] = ps.get(sec, 0) + 1
-                    if len(ps) > 20:
-                        for old_sec in [t for t in ps if t < sec - 15]:
-                            del ps[old_sec]
-                    if len(act.last) > _MAX_ACTIVE_KEYS:
-                        for k in list(act.last)[:500]:
-                            del act.last[k]
-                    if len(act.external) > _MAX_ACTIVE_KEYS:
-                        for k in list(act.external)[:500]:
-                            del act.external[k]
+                self._note_activity(name, key, now_s)
+                act = activity[name]
                 allowed = local.allowed
                 if allowed:
                     if not p.req_ok:
@@ -924,7 +891,7 @@ class Engine:
                     # _enqueue_shadow: nothing takes from the queue before the next await, so
                     # its free room is counted down instead of asking the queue each time
                     if free is None:
-                        free = queue.maxsize - queue.qsize() if queue.maxsize > 0 else -1
+                        free = queue.maxsize - len(queue)
                     if free:
                         queue_put((lkey, p.dp, cost, now_us, name, key, allowed, request_id))
                         free -= 1
@@ -1312,7 +1279,7 @@ class Engine:
     async def _flush_loop(self) -> None:
         while True:
             await asyncio.sleep(1.0)
-            self.metrics.shadow_queue.set(self._queue.qsize())
+            self.metrics.shadow_queue.set(len(self._queue))
             self.metrics.active_clients.labels("local").set(len(self.local))
             try:
                 await self.divergence.flush()
@@ -1440,7 +1407,7 @@ class Engine:
                 "instance_id": self.instance_id,
                 "fallback_decisions": self.resilient.fallback_decisions,
                 "backend_errors": self.resilient.backend_errors,
-                "shadow_queue": self._queue.qsize(),
+                "shadow_queue": len(self._queue),
                 "shadow_queue_capacity": self.settings.shadow_queue_size,
                 "shadow_dropped": self.shadow_dropped,
                 "shadow_evaluated": self.shadow_evaluated,

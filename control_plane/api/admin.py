@@ -45,7 +45,7 @@ async def stats(engine: EngineDep) -> dict[str, Any]:
         "exceeded": {lt: int(_counter_total(m.exceeded, limiter_type=lt)) for lt in ("local", "distributed", "failure_policy")},
         "active_clients": {"local": len(engine.local), "fallback": len(engine.resilient.fallback)},
         "routes": {name: engine.state_for(name).label() for name in engine.rules.names()},
-        "shadow": {"evaluated": engine.shadow_evaluated, "dropped": engine.shadow_dropped, "queued": engine._queue.qsize()},
+        "shadow": {"evaluated": engine.shadow_evaluated, "dropped": engine.shadow_dropped, "queued": len(engine._queue)},
         "backend": {"state": engine.breaker.state.value, "failure_policy": engine.resilient.failure_policy.value, "errors": engine.resilient.backend_errors},
         "adjustments": engine.adjustments(),
     }

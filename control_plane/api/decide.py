@@ -21,11 +21,19 @@ router = APIRouter(prefix="/v1", tags=["decide"])
 _REJECTION = {"error": "rate limit exceeded", "message": "Too many requests. Please try again later."}
 
 
+def _missing(route: str | None, path: str | None, key: str | None, client_ip: str | None, headers: Any) -> ApiError | None:
+    """The error for an item that names no route or no key, if it is one."""
+    if route is None and path is None:
+        return ApiError(422, "invalid_request", "give either route or method + path", field="route")
+    if key is None and client_ip is None and not headers:
+        return ApiError(422, "invalid_request", "give either key or client_ip + headers", field="key")
+    return None
+
+
 def _input(req: DecideRequest) -> DecideInput:
-    if req.route is None and req.path is None:
-        raise ApiError(422, "invalid_request", "give either route or method + path", field="route")
-    if req.key is None and req.client_ip is None and not req.headers:
-        raise ApiError(422, "invalid_request", "give either key or client_ip + headers", field="key")
+    missing = _missing(req.route, req.path, req.key, req.client_ip, req.headers)
+    if missing is not None:
+        raise missing
     return DecideInput(
         route=req.route,
         method=req.method,
@@ -84,11 +92,11 @@ _DECIDE_BODY = {
 }
 
 
-async def _parse(request: Request, model: Any) -> Any:
+def _validate(model: Any, raw: bytes) -> Any:
     """Parse and validate a JSON body straight from bytes (pydantic-core), skipping
     FastAPI's generic body handling on the hot path; errors become the usual 422."""
     try:
-        return model.model_validate_json(await request.body())
+        return model.model_validate_json(raw)
     except ValidationError as exc:
         raise RequestValidationError(exc.errors(include_url=False), body=None) from None
 
@@ -98,7 +106,7 @@ async def decide(request: Request) -> Response:
     """Decide one request under its route's mode; the response says who enforced it."""
     await require_client(request)
     engine = request.app.state.engine
-    req = await _parse(request, DecideRequest)
+    req = _validate(DecideRequest, await request.body())
     try:
         result = await engine.decide(_input(req))
     except (UnknownRoute, InvalidKeyError, ValueError) as exc:
@@ -180,13 +188,8 @@ def _fast_items(raw: bytes) -> list[DecideInput | PlainInput | ApiError] | None:
                 return None
             else:
                 headers = h
-        # _input()
-        if route is None and path is None:
-            append(ApiError(422, "invalid_request", "give either route or method + path", field="route"))
-        elif key is None and client_ip is None and not headers:
-            append(ApiError(422, "invalid_request", "give either key or client_ip + headers", field="key"))
-        else:
-            append(DecideInput(route, method, path, key, client_ip, headers, cost, request_id))
+        missing = _missing(route, path, key, client_ip, headers)
+        append(missing if missing is not None else DecideInput(route, method, path, key, client_ip, headers, cost, request_id))
     return out
 
 
@@ -204,10 +207,7 @@ async def decide_batch(request: Request) -> Response:
     raw = await request.body()
     inputs = _fast_items(raw)
     if inputs is None:
-        try:
-            req = BatchRequest.model_validate_json(raw)
-        except ValidationError as exc:
-            raise RequestValidationError(exc.errors(include_url=False), body=None) from None
+        req = _validate(BatchRequest, raw)
         inputs = []
         for item in req.requests:
             try:
