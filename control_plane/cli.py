@@ -136,15 +136,20 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from .app import create_app
     from .settings import SettingsError, load_settings
 
+    from .rules import RulesError, load_rules
+    from .wiring import NO_REDIS_URL
+
     overrides: dict[str, Any] = {}
     if args.host:
         overrides["host"] = args.host
     if args.port is not None:
         overrides["port"] = args.port
+    if args.embedded_redis:
+        overrides["embedded_redis"] = True
     try:
         settings = load_settings(**overrides)
-        from .rules import RulesError, load_rules
-
+        if settings.redis_url is None and not settings.embedded_redis:
+            raise CliError(NO_REDIS_URL, EXIT_USAGE)
         load_rules(settings.rules_path, settings)  # fail fast with file:line:field
     except SettingsError as exc:
         raise CliError(str(exc), EXIT_USAGE) from None
@@ -152,8 +157,33 @@ def cmd_serve(args: argparse.Namespace) -> int:
         raise CliError(f"invalid rules file: {exc}", EXIT_USAGE) from None
     if settings.admin_token is None:
         print("warning: SHADOWLIMIT_ADMIN_TOKEN is not set: mode changes and admin calls will be refused (403)", file=sys.stderr)
+    configure_logging(args.log_level)
     uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_level=args.log_level, access_log=False)
     return EXIT_OK
+
+
+def configure_logging(level: str) -> None:
+    """The service's own log lines on stderr: ``shadowlimit.*`` at ``level``, and the
+    audit trail (logger ``shadowlimit.audit``) as bare JSON lines, always."""
+    import logging
+
+    lvl = logging.getLevelName(level.upper())
+    if not isinstance(lvl, int):
+        lvl = logging.INFO
+    root = logging.getLogger("shadowlimit")
+    if not root.handlers:
+        h = logging.StreamHandler()
+        h.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        root.addHandler(h)
+        root.setLevel(lvl)
+        root.propagate = False
+    audit = logging.getLogger("shadowlimit.audit")
+    if not audit.handlers:
+        h = logging.StreamHandler()
+        h.setFormatter(logging.Formatter("%(message)s"))
+        audit.addHandler(h)
+        audit.setLevel(logging.INFO)
+        audit.propagate = False
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -184,6 +214,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--host", default=None, help="listen address (default SHADOWLIMIT_HOST or 127.0.0.1)")
     s.add_argument("--port", type=int, default=None, help="listen port (default SHADOWLIMIT_PORT or 8080)")
     s.add_argument("--log-level", default="info")
+    s.add_argument("--embedded-redis", action="store_true", help="development only: with no RATE_LIMIT_REDIS_URL, start a private redis-server for this process")
     s.set_defaults(func=cmd_serve)
 
     d = sub.add_parser("demo", help="the main job: embedded Redis, 3 replicas, demo traffic, dashboard")

@@ -135,6 +135,8 @@ class DemoStack:
                 "SHADOWLIMIT_GATE_WINDOW_S": env.get("SHADOWLIMIT_GATE_WINDOW_S", "60"),
                 "SHADOWLIMIT_GATE_MIN_SAMPLES": env.get("SHADOWLIMIT_GATE_MIN_SAMPLES", "200"),
                 "SHADOWLIMIT_EXTERNAL_BACKEND_HOSTS": env.get("SHADOWLIMIT_EXTERNAL_BACKEND_HOSTS", "*.backend.internal"),
+                # the fleet's audit trail outside Redis: each replica appends the entries it writes
+                "SHADOWLIMIT_AUDIT_LOG": env.get("SHADOWLIMIT_AUDIT_LOG", str(self.workdir / "audit.jsonl")),
             }
         )
         for i in range(self.n):
@@ -253,7 +255,7 @@ class DemoStack:
             lines.append(f"  limits:     {self.limits_url}/limits   (examples/limits_service.py; route tenants)")
         lines += [
             f"  admin token: {self.token}",
-            f"  logs:       {self.workdir}",
+            f"  logs:       {self.workdir}   (audit trail: audit.jsonl)",
             "",
             "try:",
             f"  curl -s {self.urls[0]}/v1/routes | python3 -m json.tool",

@@ -27,10 +27,12 @@ from limiter.keys import DEFAULT_MAX_KEY_LENGTH, validate_key
 from limiter.policy import make_decision, validate_cost
 from limiter.resilience import BreakerState, CircuitBreaker, FailurePolicy, FleetMembership, Outcome, ResilientLimiter
 
+from .auditlog import AuditSink
 from .events import EventHub
 from .external import ExternalLimits, ExternalManager, Resolution
 from .hitters import WouldBeBlocked
 from .metrics import Metrics
+from .recovery import RememberedAudit, StateMemory
 from .rollout import (
     AuditEntry,
     Divergence,
@@ -44,7 +46,7 @@ from .rollout import (
 )
 from .rules import RouteRule, Rules, RulesError, RulesWatcher, load_rules
 from .settings import Settings
-from .store import DivergenceStore, RolloutStore, StoreUnavailable, VersionConflict
+from .store import AUDIT_MAXLEN, DivergenceStore, RolloutStore, StoreError, StoreUnavailable, VersionConflict
 
 __all__ = ["DecideInput", "DecideResult", "Engine", "GateRefused", "PlainInput", "UnknownRoute"]
 
@@ -474,7 +476,12 @@ class Engine:
             breaker=self.breaker,
             fleet=self.fleet,
         )
-        self.store = RolloutStore(client, settings.namespace)
+        # what this replica remembers of the rollout state, the audit and the adjustments:
+        # written back when the store loses its data (see control_plane.recovery)
+        self.memory = StateMemory()
+        self.audit_sink = AuditSink(self.instance_id, settings.audit_log)
+        self.store = RolloutStore(client, settings.namespace, on_audit=self._on_audit_written)
+        self.restorations = 0
         self.divergence = DivergenceStore(client, settings.namespace)
         self.blocked = WouldBeBlocked(settings.namespace)
         self.gate_config = GateConfig(
@@ -488,9 +495,9 @@ class Engine:
         if settings.rules_path is not None:
             # the rules were just loaded: the watcher starts from them instead of reading the file again
             self.watcher = RulesWatcher(settings.rules_path, settings, on_change=self._on_rules, on_error=self._on_rules_error, initial=self.rules)
-        self._states: dict[str, RouteState] = {}
+        self._states: dict[str, RouteState] = self.memory.states  # the newest state seen per route
         self._adjust: dict[str, dict[str, Policy]] = {}
-        self._pending_rollbacks: dict[str, RouteState] = {}
+        self._pending_rollbacks: dict[str, tuple[RouteState, RouteState]] = {}  # route -> (rollback, from)
         self._queue = _ShadowQueue(settings.shadow_queue_size)
         self._activity: dict[str, _RouteActivity] = {}
         self._tasks: list[asyncio.Task[Any]] = []
@@ -498,7 +505,7 @@ class Engine:
         self._seq = 0
         self.shadow_evaluated = 0
         self.shadow_dropped = 0
-        self.ready = False
+        self.running = False  # started and not stopping: the replica can decide
         self.last_rules_error: str | None = None
         # fleet-wide divergence views, refreshed in the background so that the API and
         # the event stream never wait on Redis
@@ -523,8 +530,7 @@ class Engine:
     async def start(self) -> None:
         try:
             await self.redis.load_scripts()
-            await self._sync_states()
-            self.ready = True
+            await self.sync_rollout()
         except (BackendError, StoreUnavailable) as exc:
             log.warning("Redis not reachable at startup (%s); starting with defaults", exc)
             self.breaker.record_failure(exc)
@@ -542,9 +548,11 @@ class Engine:
         ]
         if self.watcher is not None:
             self._tasks.append(spawn(self.watcher.run(self.settings.rules_poll_interval_s), name="rules-watcher"))
+        self.running = True
 
     async def stop(self) -> None:
         """Stop background work and flush what is buffered; bounded even when Redis is gone."""
+        self.running = False
         for t in self._tasks:
             t.cancel()
         if self._tasks:
@@ -565,7 +573,7 @@ class Engine:
     def state_for(self, name: str) -> RouteState:
         pending = self._pending_rollbacks.get(name)
         if pending is not None:
-            return pending
+            return pending[0]
         st = self._states.get(name)
         if st is None:
             st = self.default_state(self.rules.get(name))
@@ -581,7 +589,7 @@ class Engine:
 
     @property
     def _adjust_key(self) -> str:
-        return f"rl:{{{self.settings.namespace}}}:adjust"
+        return self.store.adjust_key
 
     def policies(self, rule: RouteRule, key: str, base: tuple[Policy, Policy] | None = None) -> tuple[Policy, Policy]:
         """The (local, distributed) policies for a key: rules (or ``base``, the limits
@@ -620,13 +628,17 @@ class Engine:
 
     async def _load_adjustments(self) -> None:
         raw = await self.client.hgetall(self._adjust_key)
+        self.memory.adjustments = {(k.decode() if isinstance(k, bytes) else k): (v.decode() if isinstance(v, bytes) else v) for k, v in (raw or {}).items()}
+        self._apply_adjustments()
+
+    def _apply_adjustments(self) -> None:
+        """Parse the remembered adjustments (the hash's raw fields) into policies."""
         adjust: dict[str, dict[str, Policy]] = {}
-        for k, v in (raw or {}).items():
-            k = k.decode() if isinstance(k, bytes) else k
+        for k, v in self.memory.adjustments.items():
             try:
                 d = json.loads(v)
                 adjust[k] = {t: Policy(**p) for t, p in d.items() if t in ("local", "distributed")}
-            except (ValueError, TypeError) as exc:
+            except (ValueError, TypeError, AttributeError) as exc:
                 log.warning("ignoring bad adjustment %r: %s", k, exc)
         self._adjust = adjust
 
@@ -640,14 +652,28 @@ class Engine:
     def _set_mode_metric(self, name: str) -> None:
         self.metrics.set_mode(name, self.effective_mode(name)[0].value)
 
-    async def _sync_states(self) -> None:
-        try:
-            await self._load_adjustments()
-        except Exception as exc:  # noqa: BLE001 - adjustments are best effort; states below raise
-            log.debug("loading adjustments failed: %s", exc)
-        states = await self.store.get_all()
-        changed = [n for n, s in states.items() if self._states.get(n) != s]
-        self._states = states
+    async def sync_rollout(self) -> None:
+        """Read the store and take in what is new; when the store has lost what this
+        replica remembers (restarted empty, flushed, failed over to an older copy), write
+        it back first (:meth:`RolloutStore.restore`, audited), so no mode ever goes back."""
+        mem = self.memory
+        view = await self.store.read_view(mem.head)
+        loss = mem.check(view, audit_maxlen=AUDIT_MAXLEN)
+        if loss.lost:
+            result = await self.store.restore(mem, instance=self.instance_id, new_epoch=uuid.uuid4().hex)
+            mem.restored(result.epoch)
+            if result.restored:
+                self.restorations += 1
+                self.metrics.restorations.inc()
+                log.warning(
+                    "the store lost its data (%s): restored %d route states, %d audit entries and %d adjustments",
+                    loss.describe(), result.routes, result.audit_entries, result.adjustments,
+                )
+            view = await self.store.read_view(mem.head)
+        changed = mem.absorb(view)
+        if mem.epoch is None:
+            mem.restored(await self.store.ensure_epoch(uuid.uuid4().hex))
+        self._apply_adjustments()
         for n in changed:
             self._set_mode_metric(n)
 
@@ -655,24 +681,48 @@ class Engine:
         while True:
             await asyncio.sleep(self.settings.rollout_resync_s)
             try:
-                await self._sync_states()
-                await self._flush_pending_rollbacks()
-            except (StoreUnavailable, BackendError) as exc:
+                await self.sync_rollout()
+                await self.persist_rollbacks()
+            except StoreUnavailable as exc:
                 log.debug("rollout resync failed: %s", exc)
+            except (StoreError, BackendError) as exc:
+                log.warning("rollout resync failed: %s", exc)
 
     async def _subscribe_loop(self) -> None:
         while True:
             try:
                 async for event in self.store.subscribe():
-                    if event.get("type") == "mode_change" and isinstance(event.get("state"), dict):
-                        self._states[event["route"]] = RouteState.from_dict(event["state"])
-                        self._set_mode_metric(event["route"])
+                    self._note_event(event)
                     self.events.publish(event)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # noqa: BLE001 - reconnect on any pub/sub failure
                 log.debug("pub/sub listener failed: %s", exc)
             await asyncio.sleep(1.0)
+
+    def _note_event(self, event: dict[str, Any]) -> None:
+        """Remember what an event from another replica (or our own) tells: a route's new
+        state (never an older one) and the audit entry it carries."""
+        route = event.get("route")
+        if event.get("type") == "mode_change" and isinstance(event.get("state"), dict) and isinstance(route, str):
+            try:
+                state = RouteState.from_dict(event["state"])
+            except (ValueError, TypeError):
+                log.warning("ignoring a mode_change event with an unreadable state: %r", event)
+            else:
+                if self.memory.note_state(route, state):
+                    self._set_mode_metric(route)
+        audit = event.get("audit")
+        if isinstance(audit, dict) and isinstance(audit.get("id"), str):
+            body = {k: v for k, v in audit.items() if k != "id"}
+            kind = str(audit.get("kind", event.get("type", "")))
+            self.memory.note_audit(RememberedAudit(audit["id"], kind, str(audit.get("route", route or "")), json.dumps(body, separators=(",", ":"), ensure_ascii=False)))
+
+    def _on_audit_written(self, entry: AuditEntry, raw: RememberedAudit) -> None:
+        """Every audit entry this replica stored: remembered, and logged once (the log
+        line and SHADOWLIMIT_AUDIT_LOG)."""
+        self.memory.note_audit(raw)
+        self.audit_sink.emit(entry)
 
     async def gate_for(self, route: str, target: Mode, percent: int) -> GateResult:
         stats = await self.divergence.window_stats(route, self.gate_config.window_s)
@@ -685,10 +735,12 @@ class Engine:
         if mode is not Mode.CANARY:
             canary_percent = 0
         try:
-            current = self._states.get(route) or self.default_state(self.rules.get(route))
+            remembered = self._states.get(route)
             stored = await self.store.get(route)
-            if stored is not None:
-                current = stored
+            if remembered is not None and remembered.version > 0 and (stored is None or stored.version < remembered.version):
+                await self.sync_rollout()  # the store lost this route's state: write it back first
+                stored = await self.store.get(route)
+            current = stored or remembered or self.default_state(self.rules.get(route))
             gate = await self.gate_for(route, mode, canary_percent)
         except BackendError as exc:
             raise StoreUnavailable(str(exc)) from exc
@@ -708,7 +760,7 @@ class Engine:
             gate=gate.to_dict(),
         )
         entry = await self.store.change(route, new, entry, expected_version=current.version)
-        self._states[route] = new
+        self.memory.note_state(route, new)
         self._pending_rollbacks.pop(route, None)
         self._set_mode_metric(route)
         self.metrics.mode_changes.labels(route, mode.value, str(automatic).lower()).inc()
@@ -1290,34 +1342,47 @@ class Engine:
                 self.local.sweep()
 
     async def _monitor_loop(self) -> None:
-        """Automatic rollback: enforced routes go back to shadow when the breaker stays open."""
         while True:
             await asyncio.sleep(1.0)
-            if self.breaker.state is BreakerState.CLOSED:
-                continue
-            open_for = self.breaker.open_for_s()
-            if open_for < self.settings.auto_rollback_after_s:
-                continue
-            for name in self.rules.names():
-                st = self.state_for(name)
-                if st.mode in (Mode.ENFORCE, Mode.CANARY) and name not in self._pending_rollbacks:
-                    rb = RouteState(mode=Mode.SHADOW, updated_at=time.time(), updated_by="shadowlimit/auto-rollback", reason=f"Redis circuit breaker open for {open_for:.0f}s", version=st.version)
-                    self._pending_rollbacks[name] = rb
-                    self._set_mode_metric(name)
-                    self.events.publish({"type": "auto_rollback", "route": name, "from": st.mode.value, "to": "shadow", "reason": rb.reason, "persisted": False})
-                    log.warning("auto-rollback of route %s to shadow: %s", name, rb.reason)
+            await self.check_auto_rollback()
 
-    async def _flush_pending_rollbacks(self) -> None:
-        """Persist automatic rollbacks once Redis answers again (audited as automatic)."""
-        for name, rb in list(self._pending_rollbacks.items()):
-            stored = self._states.get(name)
+    async def check_auto_rollback(self) -> None:
+        """Automatic rollback: enforced routes go back to shadow when the breaker has been
+        open for ``SHADOWLIMIT_AUTO_ROLLBACK_AFTER_S`` (at once on this replica; stored by
+        :meth:`persist_rollbacks` once Redis answers)."""
+        if self.breaker.state is BreakerState.CLOSED:
+            return
+        open_for = self.breaker.open_for_s()
+        if open_for < self.settings.auto_rollback_after_s:
+            return
+        for name in self.rules.names():
+            st = self.state_for(name)
+            if st.mode in (Mode.ENFORCE, Mode.CANARY) and name not in self._pending_rollbacks:
+                rb = RouteState(mode=Mode.SHADOW, updated_at=time.time(), updated_by="shadowlimit/auto-rollback", reason=f"Redis circuit breaker open for {open_for:.0f}s", version=st.version)
+                self._pending_rollbacks[name] = (rb, st)
+                self._set_mode_metric(name)
+                self.events.publish({"type": "auto_rollback", "route": name, "from": st.mode.value, "to": "shadow", "reason": rb.reason, "persisted": False})
+                # the mode changed on this replica: on record now (log and audit file), in
+                # the store once Redis answers again
+                self.audit_sink.emit(self._rollback_entry(name, rb, st), stored=False)
+                log.warning("auto-rollback of route %s to shadow: %s", name, rb.reason)
+
+    @staticmethod
+    def _rollback_entry(name: str, rb: RouteState, frm: RouteState) -> AuditEntry:
+        return AuditEntry(route=name, actor=rb.updated_by, from_mode=frm.mode.value, to_mode="shadow", from_percent=frm.canary_percent, reason=rb.reason, automatic=True)
+
+    async def persist_rollbacks(self) -> None:
+        """Persist automatic rollbacks once Redis answers again (audited as automatic, from
+        the mode the route really had: the newest state this replica knows, which a store
+        that lost its data cannot take away). A route someone moved out of enforce/canary
+        meanwhile keeps that change (it has its own audit entry)."""
+        for name, (rb, frm) in list(self._pending_rollbacks.items()):
+            cur = self._states.get(name) or frm
             try:
-                if stored is None or stored.mode in (Mode.ENFORCE, Mode.CANARY):
-                    cur = stored or self.default_state(self.rules.get(name))
-                    entry = AuditEntry(route=name, actor=rb.updated_by, from_mode=cur.mode.value, to_mode="shadow", from_percent=cur.canary_percent, reason=rb.reason, automatic=True)
+                if cur.mode in (Mode.ENFORCE, Mode.CANARY):
                     new = replace(rb, version=cur.version + 1)
-                    await self.store.change(name, new, entry, expected_version=cur.version)
-                    self._states[name] = new
+                    await self.store.change(name, new, self._rollback_entry(name, rb, cur), expected_version=cur.version)
+                    self.memory.note_state(name, new)
                     self.metrics.mode_changes.labels(name, "shadow", "true").inc()
             except VersionConflict:
                 pass  # another replica persisted it first
@@ -1393,6 +1458,43 @@ class Engine:
     def last_decision(self, name: str, key: str) -> tuple[float, bool, str] | None:
         act = self._activity.get(name)
         return None if act is None else act.last.get(key)
+
+    async def readiness(self) -> tuple[bool, dict[str, Any]]:
+        """(ready, report) for ``/readyz``. Ready while this replica can decide: started,
+        not stopping, its shadow worker alive; Redis being down is reported, and makes the
+        replica unready only with ``SHADOWLIMIT_READY_REQUIRES_REDIS`` (the failure
+        policies are there to serve exactly then)."""
+        reasons = []
+        if not self.running:
+            reasons.append("the engine is not running (starting or stopping)")
+        dead = sorted(t.get_name() for t in self._tasks if t.done())
+        if dead:
+            reasons.append("background tasks stopped: " + ", ".join(dead))
+        redis: dict[str, Any] = {"reachable": False, "scripts": False}
+        try:
+            await asyncio.wait_for(self.redis.ping(), timeout=max(0.5, self.settings.redis_command_timeout_s * 4))
+            redis["reachable"] = True
+            redis["scripts"] = await self.redis.scripts_loaded()
+            if not redis["scripts"]:
+                await self.redis.load_scripts()
+                redis["scripts"] = await self.redis.scripts_loaded()
+        except (BackendError, asyncio.TimeoutError, OSError) as exc:
+            redis["error"] = str(exc) or type(exc).__name__
+        can_decide = not reasons
+        if self.settings.ready_requires_redis and not (redis["reachable"] and redis["scripts"]):
+            reasons.append("Redis is unreachable and SHADOWLIMIT_READY_REQUIRES_REDIS=true")
+        report = {
+            "status": "ready" if not reasons else "not_ready",
+            "can_decide": can_decide,
+            "reasons": reasons,
+            "requires_redis": self.settings.ready_requires_redis,
+            "redis": redis,
+            "breaker": self.breaker.state.value,
+            "failure_policy": self.resilient.failure_policy.value,
+            "rules": {"source": self.rules.source, "error": self.last_rules_error},
+            "instance_id": self.instance_id,
+        }
+        return not reasons, report
 
     def backend_snapshot(self) -> dict[str, Any]:
         snap = self.breaker.snapshot().to_dict()

@@ -26,6 +26,8 @@ rate_limit_fallback_decisions_total       counter  policy
 rate_limit_rules_reload_total             counter  result: ok, error
 rate_limit_rules_valid                    gauge    - (0 while the last reload failed)
 rate_limit_mode_changes_total             counter  route, to, automatic
+rate_limit_state_restorations_total       counter  - (the store lost its data, this replica
+                                                   wrote back what it remembered)
 rate_limit_external_calls_total           counter  result: ok, timeout, error, invalid
 rate_limit_external_errors_total          counter  reason: timeout, error, invalid,
                                                    overloaded, circuit_open, internal
@@ -138,6 +140,7 @@ class Metrics:
         self.fallback = FastCounter("rate_limit_fallback_decisions_total", "Decisions made by the failure policy.", ["policy"], registry=r)
         self.rules_reloads = Counter("rate_limit_rules_reload_total", "Rules file reloads.", ["result"], registry=r)
         self.rules_valid = Gauge("rate_limit_rules_valid", "1 when the last rules reload succeeded.", registry=r)
+        self.restorations = Counter("rate_limit_state_restorations_total", "Times this replica wrote back rollout state, audit entries or adjustments the store had lost.", registry=r)
         self.mode_changes = Counter("rate_limit_mode_changes_total", "Rollout mode changes applied.", ["route", "to", "automatic"], registry=r)
         self.external_calls = FastCounter("rate_limit_external_calls_total", "Calls to external limits services, by result.", ["result"], registry=r)
         self.external_errors = FastCounter("rate_limit_external_errors_total", "External limits lookups that got no answer from the service, by reason.", ["reason"], registry=r)

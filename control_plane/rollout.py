@@ -130,7 +130,7 @@ class AuditEntry:
     forced: bool = False
     automatic: bool = False
     gate: dict[str, Any] | None = None
-    kind: Literal["mode_change", "rules_reload", "config_change", "reset"] = "mode_change"
+    kind: Literal["mode_change", "rules_reload", "config_change", "reset", "restore"] = "mode_change"
     id: str = ""
 
     def to_dict(self) -> dict[str, Any]:

@@ -38,7 +38,7 @@ class Settings(BaseSettings):
 
     # seed 004
     enable_distributed_rate_limiting: bool = Field(False, validation_alias=_env("ENABLE_DISTRIBUTED_RATE_LIMITING"), description="Global kill switch: off makes every route behave as mode off.")
-    redis_url: str | None = Field(None, validation_alias=_env("RATE_LIMIT_REDIS_URL"), description="Redis URL; unset starts an embedded redis-server.")
+    redis_url: str | None = Field(None, validation_alias=_env("RATE_LIMIT_REDIS_URL"), description="Redis URL (required unless SHADOWLIMIT_EMBEDDED_REDIS / --embedded-redis).")
     global_capacity: int = Field(60, ge=1, validation_alias=_env("RATE_LIMIT_GLOBAL_CAPACITY"), description="Burst of the default route's token bucket.")
     global_refill_per_sec: float = Field(1.0, ge=0, validation_alias=_env("RATE_LIMIT_GLOBAL_REFILL_PER_SEC"), description="Refill of the default route (tokens per second; 0 = unlimited).")
     rules_path: Path | None = Field(None, validation_alias=_env("RATE_LIMIT_RULES_PATH"), description="YAML rules file.")
@@ -68,6 +68,18 @@ class Settings(BaseSettings):
         le=1000,
         validation_alias=_env("SHADOWLIMIT_SHADOW_LINGER_MS"),
         description="How long the shadow worker waits for more requests before sending a batch that is not full (0: send at once).",
+    )
+    # state and readiness
+    embedded_redis: bool = Field(
+        False,
+        validation_alias=_env("SHADOWLIMIT_EMBEDDED_REDIS"),
+        description="Development only: with no RATE_LIMIT_REDIS_URL, start a private redis-server for this process (each process then has its own 'global' limit).",
+    )
+    audit_log: Path | None = Field(None, validation_alias=_env("SHADOWLIMIT_AUDIT_LOG"), description="Append every audit entry this replica writes to this file, one JSON line each.")
+    ready_requires_redis: bool = Field(
+        False,
+        validation_alias=_env("SHADOWLIMIT_READY_REQUIRES_REDIS"),
+        description="/readyz answers 503 while Redis is unreachable (default: ready while the replica can decide, failure policies included).",
     )
     # the server process
     gc_tuning: bool = Field(
@@ -129,6 +141,16 @@ class Settings(BaseSettings):
         if v is not None and str(v).strip() and not v.is_file():
             raise ValueError(f"file {v} does not exist")
         return v if v is not None and str(v).strip() else None
+
+    @field_validator("audit_log")
+    @classmethod
+    def _check_audit_log(cls, v: Path | None) -> Path | None:
+        if v is None or not str(v).strip():
+            return None
+        from .auditlog import check_audit_path
+
+        check_audit_path(v)
+        return v
 
     @model_validator(mode="after")
     def _check_listen(self) -> Settings:

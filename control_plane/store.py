@@ -6,6 +6,9 @@ touches together in one Redis Cluster slot)::
 
     rl:{ns}:rollout              hash    route -> RouteState JSON
     rl:{ns}:audit                stream  audit entries (XADD MAXLEN ~ 10000)
+    rl:{ns}:meta                 hash    epoch: a random id naming this copy of the data
+                                         (gone or changed = the store lost its data)
+    rl:{ns}:adjust               hash    runtime adjustments (written by the engine)
     rl:{ns}:events               channel event JSON (PUBLISH)
     rl:ns:div:<route>:<minute>   hash    per-minute divergence counters (no hash tag:
                                          they spread over the cluster; EXPIRE 2 h)
@@ -30,20 +33,24 @@ import json
 import logging
 import re
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import redis.asyncio as aredis
 from redis import exceptions as rex
 from redis.asyncio.cluster import RedisCluster
 
+from .recovery import RememberedAudit, StateMemory, StoreView
 from .rollout import AuditEntry, Divergence, GateStats, RouteState
 
 __all__ = [
     "AUDIT_MAXLEN",
+    "AuditListener",
     "DIVERGENCE_FIELDS",
     "DIVERGENCE_TTL_S",
     "DivergenceStore",
+    "RestoreResult",
     "RolloutStore",
     "StoreError",
     "StoreUnavailable",
@@ -208,6 +215,160 @@ return id
 """
 
 
+# KEYS[1] rollout hash, KEYS[2] audit stream, KEYS[3] meta hash, KEYS[4] adjustments hash
+# (all in the {ns} slot).
+# ARGV[1] instance id, ARGV[2] channel, ARGV[3] audit maxlen, ARGV[4] time (s) of the
+# restoration entries, ARGV[5] epoch to set when the store has none, ARGV[6] the epoch
+# the caller remembers ('' = none), ARGV[7] JSON {route: state JSON} remembered,
+# ARGV[8] JSON [[id, kind, route, json], ...] remembered audit entries, ARGV[9] JSON
+# {field: value} remembered adjustments.
+# Writes back, compare-and-set, what the store lacks: a route state whose stored version
+# is missing or lower; audit entries missing from the stream (re-added at their own ids,
+# in order); adjustments missing after the epoch changed. Each restored route gets an
+# audit entry (kind "restore") and a mode_change event; restored audit entries or
+# adjustments without a restored route get one entry for route "*".
+# Returns {epoch in the store, routes restored, audit entries restored, adjustments
+# restored, id1, json1, id2, json2, ...} (the restoration entries written).
+_RESTORE_LUA = r"""
+local t = redis.call('TYPE', KEYS[2])['ok']
+if t ~= 'none' and t ~= 'stream' then
+  return redis.error_reply('audit key ' .. KEYS[2] .. ' holds a ' .. t .. ', not a stream')
+end
+local maxlen = tonumber(ARGV[3])
+local at = tonumber(ARGV[4])
+local instance = ARGV[1]
+local function idkey(id)
+  local ms, seq = string.match(id, '^(%d+)-(%d+)$')
+  return tonumber(ms or -1), tonumber(seq or -1)
+end
+local function idlt(a, b)
+  local am, as = idkey(a)
+  local bm, bs = idkey(b)
+  if am ~= bm then return am < bm end
+  return as < bs
+end
+local function sorted_keys(tbl)
+  local ks = {}
+  for k in pairs(tbl) do ks[#ks + 1] = k end
+  table.sort(ks)
+  return ks
+end
+local function version_of(raw)
+  local ok, dec = pcall(cjson.decode, raw)
+  if ok and type(dec) == 'table' and tonumber(dec['version']) then return tonumber(dec['version']), dec end
+  return 0, nil
+end
+
+local epoch = redis.call('HGET', KEYS[3], 'epoch')
+local epoch_lost = (not epoch) or (ARGV[6] ~= '' and epoch ~= ARGV[6])
+if not epoch then
+  epoch = ARGV[5]
+  redis.call('HSET', KEYS[3], 'epoch', epoch)
+end
+
+-- route states: compare-and-set, the newest version wins
+local restored = {}
+local states = cjson.decode(ARGV[7])
+for _, route in ipairs(sorted_keys(states)) do
+  local raw = states[route]
+  local myver, mine = version_of(raw)
+  local cur = redis.call('HGET', KEYS[1], route)
+  local curver, curdec = -1, nil
+  if cur then curver, curdec = version_of(cur) end
+  if mine and myver > 0 and curver < myver then
+    redis.call('HSET', KEYS[1], route, raw)
+    restored[#restored + 1] = {route, curdec, mine, raw, cur and curver or 0, myver}
+  end
+end
+
+-- audit entries missing from the stream (not merely trimmed from a full one)
+local audit = cjson.decode(ARGV[8])
+local xlen = redis.call('XLEN', KEYS[2])
+local first = nil
+if xlen > 0 then first = redis.call('XRANGE', KEYS[2], '-', '+', 'COUNT', 1)[1][1] end
+local missing = {}
+for _, e in ipairs(audit) do
+  if #redis.call('XRANGE', KEYS[2], e[1], e[1]) == 0 and (xlen < maxlen or (first and idlt(first, e[1]))) then
+    missing[#missing + 1] = e
+  end
+end
+if #missing > 0 then
+  local merged = {}
+  for _, row in ipairs(redis.call('XRANGE', KEYS[2], '-', '+')) do
+    local f, m = row[2], {}
+    for i = 1, #f, 2 do m[f[i]] = f[i + 1] end
+    merged[#merged + 1] = {row[1], m['kind'] or '', m['route'] or '', m['json'] or '{}'}
+  end
+  for _, e in ipairs(missing) do merged[#merged + 1] = e end
+  table.sort(merged, function(a, b) return idlt(a[1], b[1]) end)
+  redis.call('DEL', KEYS[2])
+  for i = math.max(1, #merged - maxlen + 1), #merged do
+    local e = merged[i]
+    redis.call('XADD', KEYS[2], e[1], 'kind', e[2], 'route', e[3], 'json', e[4])
+  end
+end
+
+-- runtime adjustments, only when the data went with the epoch
+local adj_restored = 0
+if epoch_lost then
+  local adj = cjson.decode(ARGV[9])
+  for _, f in ipairs(sorted_keys(adj)) do
+    adj_restored = adj_restored + redis.call('HSETNX', KEYS[4], f, adj[f])
+  end
+end
+
+local out = {epoch, #restored, #missing, adj_restored}
+local reason = 'restored by ' .. instance .. ' after the store lost its data'
+local function append(route, entry, event_head)
+  local json = cjson.encode(entry)
+  local id = redis.call('XADD', KEYS[2], 'MAXLEN', '~', maxlen, '*', 'kind', 'restore', 'route', route, 'json', json)
+  local audit_json = string.sub(json, 1, -2) .. ',"id":"' .. id .. '"}'
+  redis.call('PUBLISH', ARGV[2], event_head .. ',"audit":' .. audit_json .. '}')
+  out[#out + 1] = id
+  out[#out + 1] = json
+end
+for _, r in ipairs(restored) do
+  local route, old, new, raw, oldver, newver = r[1], r[2], r[3], r[4], r[5], r[6]
+  local entry = {
+    kind = 'restore', route = route, actor = 'instance/' .. instance, at = at,
+    ['from'] = old and old['mode'] or '', to = new['mode'],
+    from_percent = old and tonumber(old['canary_percent']) or 0, to_percent = tonumber(new['canary_percent']) or 0,
+    reason = reason .. ' (stored version ' .. string.format('%d', oldver) .. ', restored version ' .. string.format('%d', newver) .. ')',
+    forced = false, automatic = true, gate = cjson.null,
+  }
+  append(route, entry, '{"type":"mode_change","restored":true,"route":' .. cjson.encode(route) .. ',"state":' .. raw)
+end
+if #restored == 0 and (#missing > 0 or adj_restored > 0) then
+  local entry = {
+    kind = 'restore', route = '*', actor = 'instance/' .. instance, at = at, ['from'] = '', to = '',
+    from_percent = 0, to_percent = 0,
+    reason = reason .. ' (' .. #missing .. ' audit entries, ' .. adj_restored .. ' runtime adjustments)',
+    forced = false, automatic = true, gate = cjson.null,
+  }
+  append('*', entry, '{"type":"restore","route":"*"')
+end
+return out
+"""
+
+
+AuditListener = Callable[[AuditEntry, RememberedAudit], None]
+
+
+@dataclass(frozen=True, slots=True)
+class RestoreResult:
+    """What :meth:`RolloutStore.restore` wrote back."""
+
+    epoch: str
+    routes: int
+    audit_entries: int
+    adjustments: int
+    entries: tuple[AuditEntry, ...] = ()
+
+    @property
+    def restored(self) -> bool:
+        return bool(self.routes or self.audit_entries or self.adjustments)
+
+
 class RolloutStore:
     """Per-route rollout state, the audit stream and the event channel.
 
@@ -217,14 +378,27 @@ class RolloutStore:
     inside a script is propagated to the whole cluster by the cluster bus).
     """
 
-    def __init__(self, client: Any, namespace: str = "shadowlimit") -> None:
+    def __init__(self, client: Any, namespace: str = "shadowlimit", *, on_audit: AuditListener | None = None) -> None:
         self.client = client
         self.namespace = _check_namespace(namespace)
         self.rollout_key = f"rl:{{{namespace}}}:rollout"
         self.audit_key = f"rl:{{{namespace}}}:audit"
+        self.meta_key = f"rl:{{{namespace}}}:meta"
+        self.adjust_key = f"rl:{{{namespace}}}:adjust"
         self.channel = f"rl:{{{namespace}}}:events"
+        #: called with every audit entry this store writes (after Redis accepted it)
+        self.on_audit = on_audit
         self._change = client.register_script(_CHANGE_LUA)
         self._append = client.register_script(_APPEND_LUA)
+        self._restore = client.register_script(_RESTORE_LUA)
+
+    def _written(self, entry: AuditEntry, raw: RememberedAudit) -> AuditEntry:
+        if self.on_audit is not None:
+            try:
+                self.on_audit(entry, raw)
+            except Exception:  # noqa: BLE001 - a listener never undoes a stored change
+                log.exception("audit listener failed")
+        return entry
 
     # -- state ---------------------------------------------------------------
 
@@ -283,7 +457,8 @@ class RolloutStore:
         if int(reply[0]) == 0:
             current = self._decode_state(route, reply[1]) if reply[1] else None
             raise VersionConflict(route, expected_version if expected_version is not None else -1, current)
-        return audit_entry_from_dict(audit, id=_text(reply[1]))
+        sid = _text(reply[1])
+        return self._written(audit_entry_from_dict(audit, id=sid), RememberedAudit(sid, entry.kind, route, args[3]))
 
     # -- audit ---------------------------------------------------------------
 
@@ -296,8 +471,94 @@ class RolloutStore:
         head = _dumps({"type": entry.kind, "route": entry.route})[:-1]
         args = [entry.kind, entry.route, _dumps(audit), self.channel, str(AUDIT_MAXLEN), head]
         with translate_errors(f"append audit entry ({entry.kind})"):
-            sid = await self._append(keys=[self.audit_key], args=args)
-        return audit_entry_from_dict(audit, id=_text(sid))
+            sid = _text(await self._append(keys=[self.audit_key], args=args))
+        return self._written(audit_entry_from_dict(audit, id=sid), RememberedAudit(sid, entry.kind, entry.route, args[2]))
+
+    # -- surviving the loss of the store's data (see control_plane.recovery) --------------
+
+    async def read_view(self, head: str | None, *, tail: int = 200) -> StoreView:
+        """Everything a replica compares with its memory, in one round trip: the route
+        states, the epoch, the adjustments and the audit entries from ``head`` on (the
+        newest ``tail`` when ``head`` is None), and whether ``head`` is still there."""
+        pipe = self.client.pipeline(transaction=False)
+        pipe.hgetall(self.rollout_key)
+        pipe.hget(self.meta_key, "epoch")
+        pipe.hgetall(self.adjust_key)
+        pipe.xlen(self.audit_key)
+        pipe.xrange(self.audit_key, min="-", max="+", count=1)
+        if head is None:
+            pipe.xrevrange(self.audit_key, max="+", min="-", count=tail)
+        else:
+            pipe.xrange(self.audit_key, min=head, max="+", count=tail)
+        try:
+            with translate_errors("read rollout state"):
+                raw_states, epoch, adjust, xlen, first, rows = await pipe.execute()
+        finally:
+            with contextlib.suppress(Exception):
+                await pipe.reset()
+        states: dict[str, RouteState] = {}
+        for k, v in (raw_states or {}).items():
+            route = _text(k)
+            state = self._decode_state(route, v)
+            if state is not None:
+                states[route] = state
+        entries = [self._remembered(sid, fields) for sid, fields in (rows or [])]
+        if head is None:
+            entries.reverse()
+        head_present = head is None or (bool(entries) and entries[0].id == head)
+        return StoreView(
+            states=states,
+            epoch=None if epoch is None else _text(epoch),
+            audit_tail=tuple(entries),
+            head_present=head_present,
+            audit_len=int(xlen or 0),
+            audit_first=_text(first[0][0]) if first else None,
+            adjustments={_text(k): _text(v) for k, v in (adjust or {}).items()},
+        )
+
+    @staticmethod
+    def _remembered(sid: Any, fields: Any) -> RememberedAudit:
+        f = {_text(k): _text(v) for k, v in fields.items()}
+        return RememberedAudit(_text(sid), f.get("kind", ""), f.get("route", ""), f.get("json", "{}"))
+
+    async def restore(self, memory: StateMemory, *, instance: str, new_epoch: str, at: float | None = None) -> RestoreResult:
+        """Write back, compare-and-set, what the store lost of ``memory`` (see
+        :data:`_RESTORE_LUA`): route states whose stored version is missing or older,
+        missing audit entries at their own ids, and -- when the epoch changed --
+        missing runtime adjustments. Each restored route is audited (kind ``restore``,
+        "restored by <instance> after the store lost its data") and announced. Atomic:
+        replicas restoring at once agree, the newest version wins, a second run is a
+        no-op. ``new_epoch`` is set when the store has no epoch (a remembered one is
+        kept)."""
+        states = {route: _dumps(st.to_dict()) for route, st in memory.states.items() if st.version > 0}
+        audit = [[e.id, e.kind, e.route, e.json] for e in memory.audit_entries()]
+        args = [
+            instance,
+            self.channel,
+            str(AUDIT_MAXLEN),
+            repr(time.time() if at is None else at),
+            memory.epoch or new_epoch,
+            memory.epoch or "",
+            _dumps(states) if states else "{}",
+            _dumps(audit) if audit else "[]",
+            _dumps(memory.adjustments) if memory.adjustments else "{}",
+        ]
+        with translate_errors("restore the control plane's state"):
+            reply = await self._restore(keys=[self.rollout_key, self.audit_key, self.meta_key, self.adjust_key], args=args)
+        epoch, n_routes, n_audit, n_adjust = _text(reply[0]), int(reply[1]), int(reply[2]), int(reply[3])
+        entries = []
+        for i in range(4, len(reply) - 1, 2):
+            sid, raw = _text(reply[i]), _text(reply[i + 1])
+            d = json.loads(raw)
+            entries.append(self._written(audit_entry_from_dict(d, id=sid), RememberedAudit(sid, "restore", str(d.get("route", "")), raw)))
+        return RestoreResult(epoch=epoch, routes=n_routes, audit_entries=n_audit, adjustments=n_adjust, entries=tuple(entries))
+
+    async def ensure_epoch(self, candidate: str) -> str:
+        """The store's epoch, set to ``candidate`` if it has none."""
+        with translate_errors("read the store epoch"):
+            await self.client.hsetnx(self.meta_key, "epoch", candidate)
+            epoch = await self.client.hget(self.meta_key, "epoch")
+        return _text(epoch) if epoch is not None else candidate
 
     async def audit(self, limit: int = 100, route: str | None = None) -> list[AuditEntry]:
         """Newest first. With ``route``, only that route's entries, found by scanning

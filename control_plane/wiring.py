@@ -12,9 +12,16 @@ from limiter.redis_limiter import make_redis_py_client
 
 from .engine import Engine
 from .metrics import Metrics
-from .settings import Settings
+from .settings import Settings, SettingsError
 
-__all__ = ["EngineHandle", "open_engine"]
+__all__ = ["NO_REDIS_URL", "EngineHandle", "open_engine"]
+
+#: why a control plane without a Redis URL does not start
+NO_REDIS_URL = (
+    "RATE_LIMIT_REDIS_URL is not set: every replica must share one Redis (e.g. redis://10.0.0.5:6379/0). "
+    "For development only, --embedded-redis (SHADOWLIMIT_EMBEDDED_REDIS=true) starts a private redis-server "
+    "for this process -- each process then has its own 'global' limit."
+)
 
 log = logging.getLogger("shadowlimit.wiring")
 
@@ -40,16 +47,19 @@ class EngineHandle:
 
 
 async def open_engine(settings: Settings, *, metrics: Metrics | None = None) -> EngineHandle:
-    """Connect to Redis (or start an embedded one when RATE_LIMIT_REDIS_URL is unset),
-    build the engine and start its background work."""
+    """Connect to Redis (RATE_LIMIT_REDIS_URL; a private embedded one only when the
+    development setting SHADOWLIMIT_EMBEDDED_REDIS asks for it), build the engine and
+    start its background work."""
     embedded = None
     url = settings.redis_url
     if url is None:
+        if not settings.embedded_redis:
+            raise SettingsError(NO_REDIS_URL)
         from limiter.embedded import EmbeddedRedis
 
         embedded = EmbeddedRedis().start()
         url = embedded.url
-        log.warning("RATE_LIMIT_REDIS_URL is not set: started an embedded redis-server at %s", url)
+        log.warning("development mode (--embedded-redis): started a private redis-server at %s; this process's 'global' limit is its own", url)
     redis = RedisLimiter.from_url(
         url,
         namespace=settings.namespace,

@@ -14,7 +14,7 @@ import pytest
 
 from control_plane.cli import main
 
-from cp_server import ADMIN_TOKEN, RULES_YAML, ControlPlaneServer, free_port, write_rules
+from cp_server import ADMIN_TOKEN, RULES_YAML, ControlPlaneServer, free_port, wait_until, write_rules
 
 SHADOWLIMIT = Path(sys.executable).parent / "shadowlimit"
 
@@ -189,3 +189,41 @@ def test_serve_bad_rules_file_exits_2(redis_url, tmp_path):
     assert proc.returncode == 2, proc.stderr
     assert "RATE_LIMIT_RULES_PATH" in proc.stderr and str(missing) in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_serve_without_a_redis_url_refuses_to_start():
+    """No silent single-replica "global" limit: a missing RATE_LIMIT_REDIS_URL is an error."""
+    env = _serve_env("")
+    del env["RATE_LIMIT_REDIS_URL"]
+    proc = _serve(env)
+    assert proc.returncode == 2, proc.stderr
+    assert "RATE_LIMIT_REDIS_URL" in proc.stderr and "--embedded-redis" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_serve_with_embedded_redis_flag_serves_and_says_it_is_for_development():
+    env = _serve_env("")
+    del env["RATE_LIMIT_REDIS_URL"]
+    port = env["SHADOWLIMIT_PORT"]
+    proc = subprocess.Popen([str(SHADOWLIMIT), "serve", "--embedded-redis", "--log-level", "warning"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        ready = wait_until(lambda: httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=1).status_code == 200, 30.0, 0.1, "serve --embedded-redis to be ready")
+        assert ready
+        backend = httpx.get(f"http://127.0.0.1:{port}/v1/backend", timeout=5).json()
+        assert backend["redis"].startswith("127.0.0.1:")
+    finally:
+        proc.terminate()
+        _, err = proc.communicate(timeout=30)
+    assert "development mode (--embedded-redis)" in err
+    assert "Traceback" not in err  # uvicorn re-raises SIGTERM after its clean shutdown
+
+
+def test_app_without_a_redis_url_does_not_start(tmp_path):
+    """The same rule for create_app / the middleware: the lifespan fails, naming the setting."""
+    import asyncio
+
+    from control_plane.settings import SettingsError, load_settings
+    from control_plane.wiring import open_engine
+
+    with pytest.raises(SettingsError, match="RATE_LIMIT_REDIS_URL"):
+        asyncio.run(open_engine(load_settings(redis_url=None, rules_path=None)))

@@ -712,7 +712,9 @@ def test_health_and_ready(http):
     assert r.status_code == 200 and r.json()["status"] == "ok"
     r = http.get("/readyz")
     assert r.status_code == 200, r.text
-    assert r.json() == {"status": "ready", "redis": True, "scripts": True}
+    body = r.json()
+    assert (body["status"], body["can_decide"], body["reasons"]) == ("ready", True, [])
+    assert body["redis"] == {"reachable": True, "scripts": True} and body["breaker"] == "closed"
 
 
 # --------------------------------------------------------------------------- restarts and outages
@@ -735,17 +737,50 @@ def test_restart_keeps_modes_and_audit(make_cp):
         assert decide(c, route="search", key="x").json()["enforced_by"] == "distributed"
 
 
-def test_readyz_503_when_redis_is_down(make_cp, private_redis):
-    cp = make_cp(redis_url=private_redis.url)
+def test_readyz_stays_200_while_redis_is_down_and_says_so(make_cp, private_redis):
+    """A load balancer must not take every replica out exactly when the failure policies
+    should serve: ready while the replica can decide, Redis and breaker in the body."""
+    cp = make_cp(redis_url=private_redis.url, failure_policy="failClosed", gate_min_samples=0)
+    with cp.client() as c:
+        assert set_mode(c, "search", "enforce", reason="go").status_code == 200
+        assert c.get("/readyz").status_code == 200
+        private_redis.kill()
+        r = c.get("/readyz")
+        assert r.status_code == 200, r.text
+        body = r.json()
+        assert body["status"] == "ready" and body["can_decide"] is True
+        assert body["redis"]["reachable"] is False and body["redis"]["error"]
+        for _ in range(10):  # the breaker opens; the replica still decides (failClosed: 429)
+            decide(c, route="search", key="k")
+        r = c.get("/readyz")
+        assert r.status_code == 200 and r.json()["breaker"] in ("open", "half_open")
+        private_redis.start()
+        wait_until(lambda: c.get("/readyz").json()["redis"]["reachable"], 5.0, 0.1, "Redis reachable again")
+
+
+def test_readyz_503_when_redis_is_down_and_readiness_requires_it(make_cp, private_redis):
+    cp = make_cp(redis_url=private_redis.url, ready_requires_redis=True)
     with cp.client() as c:
         assert c.get("/readyz").status_code == 200
         private_redis.kill()
         r = c.get("/readyz")
         assert r.status_code == 503
-        assert r.json()["status"] == "not_ready" and r.json()["redis"] is False
+        body = r.json()
+        assert body["status"] == "not_ready" and body["can_decide"] is True and body["redis"]["reachable"] is False
+        assert "SHADOWLIMIT_READY_REQUIRES_REDIS" in body["reasons"][0]
         assert c.get("/healthz").status_code == 200
         private_redis.start()
         wait_until(lambda: c.get("/readyz").status_code == 200, 5.0, 0.1, "ready again")
+
+
+def test_readyz_503_when_the_engine_cannot_decide(make_cp):
+    cp = make_cp()
+    with cp.client() as c:
+        assert c.get("/readyz").status_code == 200
+        cp.engine.running = False  # as while stopping
+        r = c.get("/readyz")
+        assert r.status_code == 503 and r.json()["can_decide"] is False
+        cp.engine.running = True
 
 
 def test_mode_change_refused_with_503_when_redis_is_down(make_cp, private_redis):

@@ -8,8 +8,6 @@ from fastapi import APIRouter
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from limiter.errors import BackendError
-
 from .deps import EngineDep
 
 router = APIRouter(tags=["health"])
@@ -23,19 +21,11 @@ async def healthz(engine: EngineDep) -> dict[str, Any]:
 
 @router.get("/readyz")
 async def readyz(engine: EngineDep) -> JSONResponse:
-    """Redis reachable and scripts loaded (503 otherwise)."""
-    checks: dict[str, Any] = {"redis": False, "scripts": False}
-    try:
-        await engine.redis.ping()
-        checks["redis"] = True
-        checks["scripts"] = await engine.redis.scripts_loaded()
-        if not checks["scripts"]:
-            await engine.redis.load_scripts()
-            checks["scripts"] = await engine.redis.scripts_loaded()
-    except BackendError as exc:
-        checks["error"] = str(exc)
-    ok = checks["redis"] and checks["scripts"]
-    return JSONResponse({"status": "ready" if ok else "not_ready", **checks}, status_code=200 if ok else 503)
+    """200 while this replica can decide (Redis and breaker state in the body; the failure
+    policies decide while Redis is down); 503 when it cannot, or with
+    SHADOWLIMIT_READY_REQUIRES_REDIS=true also while Redis is unreachable."""
+    ready, report = await engine.readiness()
+    return JSONResponse(report, status_code=200 if ready else 503)
 
 
 @router.get("/metrics")
