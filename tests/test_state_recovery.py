@@ -85,9 +85,21 @@ def test_memory_keeps_the_newest_audit_entries():
 # --------------------------------------------------------------------------- #
 
 
+@pytest.fixture
+def flush(request, any_redis_url):
+    """Flush every node of the store under test (standalone or the cluster)."""
+    if request.node.callspec.params["any_redis_url"] == "standalone":
+        nodes = [redis_sync.Redis.from_url(any_redis_url)]
+    else:
+        nodes = [redis_sync.Redis(host=h, port=p) for h, p in request.getfixturevalue("redis_cluster").nodes]
+    return lambda: [n.flushall() for n in nodes]
+
+
 @pytest_asyncio.fixture(loop_scope="function")
-async def engines(redis_url, tmp_path):
-    """A factory of started-but-idle engines (no background loops) sharing one namespace."""
+async def engines(any_redis_url, tmp_path):
+    """A factory of started-but-idle engines (no background loops) sharing one namespace,
+    on standalone Redis and on the cluster."""
+    redis_url = any_redis_url
     ns = unique_namespace()
     rules = write_rules(tmp_path)
     made: list[tuple[Engine, RedisLimiter, object]] = []
@@ -116,14 +128,14 @@ def _modes(engine: Engine) -> dict[str, tuple[str, int]]:
     return {r: (engine.state_for(r).mode.value, engine.state_for(r).canary_percent) for r in OPERATOR_MODES}
 
 
-async def test_restore_after_flushall_is_audited_and_agreed(engines, redis_url):
+async def test_restore_after_flushall_is_audited_and_agreed(engines, flush):
     a = await engines()
     b = await engines()
     await _force(a)
     await b.sync_rollout()
     before = [e.id for e in await a.store.audit(limit=100)]
     assert len(before) == 3
-    redis_sync.Redis.from_url(redis_url).flushall()
+    flush()
     # a replica started after the loss, with no memory, syncs first: defaults, no writes
     fresh = await engines()
     assert _modes(fresh) == {r: ("shadow", 0) for r in OPERATOR_MODES}
@@ -149,13 +161,13 @@ async def test_restore_after_flushall_is_audited_and_agreed(engines, redis_url):
     assert {r: (s.mode.value, s.canary_percent) for r, s in stored.items()} == OPERATOR_MODES
 
 
-async def test_the_newest_remembered_state_wins(engines, redis_url):
+async def test_the_newest_remembered_state_wins(engines, flush):
     a = await engines()
     b = await engines()
     await a.set_mode("search", Mode.ENFORCE, reason="v1", actor="alice", force=True)
     await b.sync_rollout()
     await b.set_mode("search", Mode.OFF, reason="v2", actor="bob")  # a has not synced: it remembers v1
-    redis_sync.Redis.from_url(redis_url).flushall()
+    flush()
     await a.sync_rollout()  # restores v1 (all it knows)
     await b.sync_rollout()  # remembers v2: compare-and-set wins over v1
     await a.sync_rollout()
@@ -165,12 +177,12 @@ async def test_the_newest_remembered_state_wins(engines, redis_url):
     assert [(e.kind, e.to_mode) for e in audit if e.route == "search"][:2] == [("restore", "off"), ("restore", "enforce")]
 
 
-async def test_adjustments_survive_the_loss(engines, redis_url):
+async def test_adjustments_survive_the_loss(engines, flush):
     from limiter import Policy
 
     a = await engines()
     await a.adjust("search", None, "both", Policy(average=3, period=1, burst=3), reason="tighten", actor="alice")
-    redis_sync.Redis.from_url(redis_url).flushall()
+    flush()
     await a.sync_rollout()
     assert [x["route"] for x in a.adjustments()] == ["search"]
     fresh = await engines()
@@ -178,14 +190,13 @@ async def test_adjustments_survive_the_loss(engines, redis_url):
     assert fresh.policies(fresh.rules.get("search"), "k")[1].burst == 3
 
 
-async def test_a_lagging_copy_is_brought_forward(engines, redis_url):
+async def test_a_lagging_copy_is_brought_forward(engines):
     """A failover to a replica that missed the last change looks like an older store."""
     a = await engines()
     await a.set_mode("search", Mode.CANARY, canary_percent=10, reason="v1", actor="alice", force=True)
-    r = redis_sync.Redis.from_url(redis_url)
-    snapshot = r.hget(a.store.rollout_key, "search")
+    snapshot = await a.client.hget(a.store.rollout_key, "search")
     await a.set_mode("search", Mode.ENFORCE, reason="v2", actor="alice", force=True)
-    r.hset(a.store.rollout_key, "search", snapshot)  # the copy that lost v2
+    await a.client.hset(a.store.rollout_key, "search", snapshot)  # the copy that lost v2
     await a.sync_rollout()
     assert a.state_for("search").mode is Mode.ENFORCE
     stored = await a.store.get("search")
@@ -195,10 +206,10 @@ async def test_a_lagging_copy_is_brought_forward(engines, redis_url):
     assert "stored version 1, restored version 2" in restore.reason
 
 
-async def test_mode_change_on_a_store_that_lost_the_route_restores_first(engines, redis_url):
+async def test_mode_change_on_a_store_that_lost_the_route_restores_first(engines, flush):
     a = await engines()
     await a.set_mode("search", Mode.ENFORCE, reason="v1", actor="alice", force=True)
-    redis_sync.Redis.from_url(redis_url).flushall()
+    flush()
     state, entry, _ = await a.set_mode("search", Mode.SHADOW, reason="back to shadow", actor="alice")
     assert (state.version, entry.from_mode) == (2, "enforce")
     assert [e.kind for e in await a.store.audit(limit=10, route="search")][:2] == ["mode_change", "restore"]
@@ -225,7 +236,7 @@ def test_an_audit_log_that_cannot_be_written_is_a_startup_error(tmp_path):
         load_settings(audit_log=tmp_path)
 
 
-async def test_auto_rollback_records_the_true_from_mode_after_the_store_lost_it(engines, redis_url):
+async def test_auto_rollback_records_the_true_from_mode_after_the_store_lost_it(engines, flush):
     a = await engines(auto_rollback_after_s=0.01)
     await a.set_mode("search", Mode.ENFORCE, reason="go", actor="alice", force=True)
     await a.set_mode("export", Mode.CANARY, canary_percent=30, reason="go", actor="alice", force=True)
@@ -237,7 +248,7 @@ async def test_auto_rollback_records_the_true_from_mode_after_the_store_lost_it(
         await asyncio.sleep(0.005)
     await a.check_auto_rollback()
     assert a.state_for("search").mode is Mode.SHADOW
-    redis_sync.Redis.from_url(redis_url).flushall()
+    flush()
     await a.sync_rollout()
     await a.persist_rollbacks()
     search = await a.store.audit(limit=10, route="search")
