@@ -11,9 +11,11 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Route
 
 from .api import admin, decide, external, health, observe, routes, stream
 from .api.deps import ApiError
+from .auth import Authenticator, AuthGate, TokensFile
 from .gctune import tune_gc
 from .settings import Settings, load_settings
 from .wiring import open_engine
@@ -90,4 +92,26 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     for r in (decide.router, routes.router, observe.router, external.router, admin.router, stream.router, health.router):
         app.include_router(r)
+    # who may call what, checked before any body is read (every route has an access level)
+    app.add_middleware(AuthGate, auth=authenticator(settings), endpoints=endpoints_of(app))
     return app
+
+
+def endpoints_of(app: FastAPI) -> list[tuple[str, str]]:
+    """Every (method, path template) the app serves: the OpenAPI operations and the
+    plain routes (the API docs)."""
+    out = [(method.upper(), path) for path, ops in app.openapi()["paths"].items() for method in ops]
+    for route in app.routes:
+        if isinstance(route, Route):
+            out += [(m, route.path) for m in route.methods or ()]
+    return out
+
+
+def authenticator(settings: Settings) -> Authenticator:
+    """The tokens the settings name: the single admin token, the client token, the tokens file."""
+    return Authenticator(
+        admin_token=settings.admin_token.get_secret_value() if settings.admin_token else None,
+        client_token=settings.client_token.get_secret_value() if settings.client_token else None,
+        tokens_file=TokensFile(settings.tokens_file) if settings.tokens_file is not None else None,
+        open_reads=settings.open_reads,
+    )

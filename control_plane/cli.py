@@ -40,7 +40,7 @@ def _request(args: argparse.Namespace, method: str, path: str, body: dict[str, A
     except ValueError:
         data = {"message": r.text}
     if r.status_code in (401, 403):
-        raise CliError(f"not authorised ({r.status_code}): {data.get('message')}" + ("" if args.token else " (pass --token or set SHADOWLIMIT_ADMIN_TOKEN)"), EXIT_AUTH)
+        raise CliError(f"not authorised ({r.status_code}): {data.get('message')}" + ("" if args.token else " (pass --token or set SHADOWLIMIT_TOKEN)"), EXIT_AUTH)
     if r.status_code == 409:
         gate = data.get("gate") or {}
         raise CliError(f"refused by the gate: {data.get('message')}\n  gate figures: {json.dumps(gate)}", EXIT_GATE)
@@ -155,8 +155,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         raise CliError(str(exc), EXIT_USAGE) from None
     except RulesError as exc:
         raise CliError(f"invalid rules file: {exc}", EXIT_USAGE) from None
-    if settings.admin_token is None:
-        print("warning: SHADOWLIMIT_ADMIN_TOKEN is not set: mode changes and admin calls will be refused (403)", file=sys.stderr)
+    if settings.admin_token is None and settings.tokens_file is None:
+        print("warning: neither SHADOWLIMIT_ADMIN_TOKEN nor SHADOWLIMIT_TOKENS_FILE is set: mode changes and admin calls will be refused (403)", file=sys.stderr)
     configure_logging(args.log_level)
     uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_level=args.log_level, access_log=False)
     return EXIT_OK
@@ -205,7 +205,11 @@ def build_parser() -> argparse.ArgumentParser:
     def remote(name: str, help_: str) -> argparse.ArgumentParser:
         sp = sub.add_parser(name, help=help_)
         sp.add_argument("--url", default=os.environ.get("SHADOWLIMIT_URL", "http://127.0.0.1:8080"), help="control plane URL (env SHADOWLIMIT_URL)")
-        sp.add_argument("--token", default=os.environ.get("SHADOWLIMIT_ADMIN_TOKEN"), help="admin token (env SHADOWLIMIT_ADMIN_TOKEN)")
+        sp.add_argument(
+            "--token",
+            default=os.environ.get("SHADOWLIMIT_TOKEN") or os.environ.get("SHADOWLIMIT_ADMIN_TOKEN"),
+            help="your token (env SHADOWLIMIT_TOKEN or SHADOWLIMIT_ADMIN_TOKEN): viewer to read, operator to change modes, adjust and reset, admin for everything",
+        )
         sp.add_argument("--timeout", type=float, default=10.0)
         sp.add_argument("--json", action="store_true", help="print raw JSON")
         return sp

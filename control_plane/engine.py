@@ -501,6 +501,7 @@ class Engine:
         self._queue = _ShadowQueue(settings.shadow_queue_size)
         self._activity: dict[str, _RouteActivity] = {}
         self._tasks: list[asyncio.Task[Any]] = []
+        self._audit_tasks: set[asyncio.Task[Any]] = set()
         self.started_at = time.time()
         self._seq = 0
         self.shadow_evaluated = 0
@@ -558,7 +559,7 @@ class Engine:
         if self._tasks:
             await asyncio.wait(self._tasks, timeout=3.0)
         self._tasks.clear()
-        final = [self.external.aclose(), self._drain_shadow(), self.divergence.flush(), self.blocked.flush(self.client), self.resilient.aclose()]
+        final = [self.settle_audit(), self.external.aclose(), self._drain_shadow(), self.divergence.flush(), self.blocked.flush(self.client), self.resilient.aclose()]
         for step in final:
             with contextlib.suppress(Exception, asyncio.TimeoutError):
                 await asyncio.wait_for(step, timeout=2.0)
@@ -1403,7 +1404,7 @@ class Engine:
         self.events.publish(event)
         for name in rules.names():
             self._set_mode_metric(name)
-        asyncio.get_running_loop().create_task(self._audit_rules(True, f"{len(rules.names())} routes, digest {rules.digest[:12]}"))
+        self._spawn_audit(self._audit_rules(True, f"{len(rules.names())} routes, digest {rules.digest[:12]}"))
 
     def _on_rules_error(self, err: RulesError) -> None:
         self.last_rules_error = str(err)
@@ -1411,7 +1412,19 @@ class Engine:
         self.metrics.rules_valid.set(0)
         self.events.publish({"type": "rules_reload", "ok": False, "error": str(err), "instance": self.instance_id})
         with contextlib.suppress(RuntimeError):
-            asyncio.get_running_loop().create_task(self._audit_rules(False, str(err)))
+            self._spawn_audit(self._audit_rules(False, str(err)))
+
+    def _spawn_audit(self, coro: Any) -> None:
+        """Write an audit entry in the background (from a sync callback); tracked so
+        :meth:`settle_audit` can wait for it and nothing is dropped half-way."""
+        task = asyncio.get_running_loop().create_task(coro)
+        self._audit_tasks.add(task)
+        task.add_done_callback(self._audit_tasks.discard)
+
+    async def settle_audit(self, timeout: float = 2.0) -> None:
+        """Wait (bounded) until the audit entries written in the background are stored."""
+        if self._audit_tasks:
+            await asyncio.wait(list(self._audit_tasks), timeout=timeout)
 
     async def _audit_rules(self, ok: bool, detail: str) -> None:
         entry = AuditEntry(route="*", actor=f"instance/{self.instance_id}", from_mode="", to_mode="ok" if ok else "error", reason=detail, kind="rules_reload")

@@ -52,6 +52,8 @@ class Settings(BaseSettings):
     # service
     admin_token: SecretStr | None = Field(None, validation_alias=_env("SHADOWLIMIT_ADMIN_TOKEN"))
     client_token: SecretStr | None = Field(None, validation_alias=_env("SHADOWLIMIT_CLIENT_TOKEN"), description="Optional bearer token guarding the decide endpoints.")
+    tokens_file: Path | None = Field(None, validation_alias=_env("SHADOWLIMIT_TOKENS_FILE"), description="Named tokens with roles: one 'name role sha256-of-token' per line (viewer, operator, admin); re-read on change.")
+    open_reads: bool = Field(False, validation_alias=_env("SHADOWLIMIT_OPEN_READS"), description="With a tokens file, keep the read endpoints open (by default they need at least the viewer role).")
     trusted_proxies: str = Field("", validation_alias=_env("SHADOWLIMIT_TRUSTED_PROXIES"), description="Comma-separated CIDRs whose X-Forwarded-For is honoured.")
     host: str = Field("127.0.0.1", validation_alias=_env("SHADOWLIMIT_HOST"))
     port: int = Field(8080, ge=0, le=65535, validation_alias=_env("SHADOWLIMIT_PORT"))
@@ -141,6 +143,16 @@ class Settings(BaseSettings):
         if v is not None and str(v).strip() and not v.is_file():
             raise ValueError(f"file {v} does not exist")
         return v if v is not None and str(v).strip() else None
+
+    @field_validator("tokens_file")
+    @classmethod
+    def _check_tokens_file(cls, v: Path | None) -> Path | None:
+        if v is None or not str(v).strip():
+            return None
+        from .auth import TokensFile
+
+        TokensFile(v)
+        return v
 
     @field_validator("audit_log")
     @classmethod

@@ -6,7 +6,7 @@ imports the control plane. Errors are translated here, once::
     ClientError
     ├── ControlPlaneUnavailable   cannot connect, timed out, stream broke, or 503
     └── ApiError(status, error, message)
-        ├── Unauthorized          401 / 403: missing, wrong or disabled admin token
+        ├── Unauthorized          401 / 403: missing or wrong token, too small a role, none configured
         └── GateRefused(gate)     409 gate_failed: the promotion gate said no
 
 Usage::
@@ -81,7 +81,8 @@ class ApiError(ClientError):
 
 
 class Unauthorized(ApiError):
-    """401/403: the admin token is missing, wrong, or the server has none configured."""
+    """401/403: the token is missing, wrong, has too small a role (403 ``forbidden`` names
+    the role needed), or the server has none configured."""
 
 
 class GateRefused(ApiError):
@@ -144,7 +145,11 @@ class ControlPlaneClient:
 
     def _client(self) -> httpx.AsyncClient:
         if self._http is None:
-            self._http = httpx.AsyncClient(base_url=self.url, timeout=self._timeout, transport=self._transport, headers={"X-Shadowlimit-Actor": "dashboard"})
+            # the token goes with every request: a viewer token is enough for watching (a
+            # control plane with a tokens file needs one for its read endpoints), an
+            # operator token also changes modes
+            headers = {"X-Shadowlimit-Actor": "dashboard"} | ({"Authorization": f"Bearer {self.token}"} if self.token else {})
+            self._http = httpx.AsyncClient(base_url=self.url, timeout=self._timeout, transport=self._transport, headers=headers)
         return self._http
 
     async def aclose(self) -> None:
@@ -152,10 +157,9 @@ class ControlPlaneClient:
             http, self._http = self._http, None
             await http.aclose()
 
-    async def _request(self, method: str, path: str, *, params: dict[str, Any] | None = None, body: Any = None, admin: bool = False) -> Any:
-        headers = {"Authorization": f"Bearer {self.token}"} if admin and self.token else {}
+    async def _request(self, method: str, path: str, *, params: dict[str, Any] | None = None, body: Any = None) -> Any:
         try:
-            resp = await self._client().request(method, path, params=params, json=body, headers=headers)
+            resp = await self._client().request(method, path, params=params, json=body)
         except httpx.HTTPError as exc:
             raise ControlPlaneUnavailable(f"{self.url}: {type(exc).__name__}: {exc}".rstrip(": ")) from exc
         if resp.status_code >= 400:
@@ -197,9 +201,9 @@ class ControlPlaneClient:
         """``PUT /v1/routes/{route}/mode``; raises :class:`GateRefused`, :class:`Unauthorized`,
         :class:`ControlPlaneUnavailable` or :class:`ApiError`."""
         if not self.token:
-            raise Unauthorized(401, "unauthorized", "changing a route's mode needs the admin token (--token or SHADOWLIMIT_ADMIN_TOKEN)")
+            raise Unauthorized(401, "unauthorized", "changing a route's mode needs a token with the operator role (--token or SHADOWLIMIT_ADMIN_TOKEN)")
         body = {"mode": mode, "canary_percent": canary_percent if mode == "canary" else 0, "reason": reason, "force": force}
-        data = await self._request("PUT", f"/v1/routes/{route}/mode", body=body, admin=True)
+        data = await self._request("PUT", f"/v1/routes/{route}/mode", body=body)
         return ModeChangeResult.parse(data)
 
     # -- the live stream -----------------------------------------------------------------

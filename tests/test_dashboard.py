@@ -257,7 +257,7 @@ async def test_toggle_with_a_reason_changes_the_mode_on_the_server(control_plane
         await wait_for(pilot, lambda: cell(app, RoutesTable, "search", "mode") == "off", what="the table to show off")
         entry = httpx.get(f"{cp.url}/v1/rollout/audit").json()["entries"][0]
         assert (entry["route"], entry["from"], entry["to"], entry["reason"]) == ("search", "shadow", "off", "pause the rollout")
-        assert entry["actor"].startswith("dashboard@")
+        assert entry["actor"] == "admin@127.0.0.1 (note: dashboard)"  # the token's name; the header is a note
         await wait_for(pilot, lambda: "pause the rollout" in plain(dash(app).query_one(AuditPanel)), what="the audit panel")
 
         # canary asks the percent first; the gate passes (gate_min_samples=0, no divergence)

@@ -25,7 +25,7 @@ from control_plane.metrics import Metrics
 from control_plane.recovery import RememberedAudit, StateMemory, StoreView
 from control_plane.rollout import Mode, RouteState
 from control_plane.settings import SettingsError, load_settings
-from control_plane.store import AUDIT_MAXLEN, RolloutStore
+from control_plane.store import AUDIT_MAXLEN
 from limiter import RedisLimiter
 from limiter.embedded import EmbeddedRedis
 from limiter.redis_limiter import make_redis_py_client

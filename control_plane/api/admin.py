@@ -14,7 +14,7 @@ from limiter.errors import BackendError
 from ..engine import UnknownRoute
 from ..rollout import AuditEntry
 from ..store import StoreUnavailable
-from .deps import AdminDep, ApiError, EngineDep, actor_of
+from .deps import AdminDep, ApiError, EngineDep, OperatorDep, actor_of
 from .schemas import ConfigAdjust, ErrorBody
 
 router = APIRouter(prefix="/ratelimit", tags=["admin"])
@@ -73,7 +73,7 @@ async def clients(engine: EngineDep, route: str | None = Query(None, max_length=
 
 
 @router.post("/reset/{client_id}", responses=_ERRORS)
-async def reset(client_id: str, request: Request, engine: EngineDep, actor: AdminDep, route: str | None = Query(None, max_length=64)) -> dict[str, Any]:
+async def reset(client_id: str, request: Request, engine: EngineDep, _: OperatorDep, route: str | None = Query(None, max_length=64)) -> dict[str, Any]:
     """Reset one client's buckets (local on this replica and distributed), on one route or all."""
     names = [route] if route else engine.rules.names()
     if route and engine.rules.get(route) is None:
@@ -93,7 +93,7 @@ async def reset(client_id: str, request: Request, engine: EngineDep, actor: Admi
 
 
 @router.put("/config", responses=_ERRORS)
-async def config(change: ConfigAdjust, request: Request, engine: EngineDep, _: AdminDep) -> dict[str, Any]:
+async def config(change: ConfigAdjust, request: Request, engine: EngineDep, _: OperatorDep) -> dict[str, Any]:
     """Adjust a route's (or one client's) limit at runtime, fleet-wide and audited."""
     policy = None
     if not change.clear:
@@ -118,5 +118,7 @@ async def reload_rules(engine: EngineDep, _: AdminDep) -> dict[str, Any]:
     try:
         rules = engine.reload_rules()
     except RulesError as exc:
+        await engine.settle_audit()  # the answer comes after the reload is on record
         raise ApiError(422, "invalid_rules", str(exc), field=getattr(exc, "field", None), line=getattr(exc, "line", None)) from exc
+    await engine.settle_audit()
     return {"routes": rules.names(), "digest": rules.digest, "source": rules.source}

@@ -13,7 +13,7 @@ from pydantic import ValidationError
 from limiter.keys import InvalidKeyError
 
 from ..engine import DecideInput, DecideResult, PlainInput, UnknownRoute
-from .deps import ApiError, require_client
+from .deps import ApiError
 from .schemas import BatchRequest, BatchResponse, DecideRequest, DecideResponse, ErrorBody
 
 router = APIRouter(prefix="/v1", tags=["decide"])
@@ -104,7 +104,6 @@ def _validate(model: Any, raw: bytes) -> Any:
 @router.post("/decide", response_model=DecideResponse, responses=_RESPONSES, openapi_extra={"requestBody": _DECIDE_BODY})
 async def decide(request: Request) -> Response:
     """Decide one request under its route's mode; the response says who enforced it."""
-    await require_client(request)
     engine = request.app.state.engine
     req = _validate(DecideRequest, await request.body())
     try:
@@ -202,7 +201,6 @@ def _fast_items(raw: bytes) -> list[DecideInput | PlainInput | ApiError] | None:
 async def decide_batch(request: Request) -> Response:
     """Many decisions in order; a bad item gets an error in its place, the rest are decided.
     Distributed enforcement for the whole batch goes to Redis as one pipelined burst."""
-    await require_client(request)
     engine = request.app.state.engine
     raw = await request.body()
     inputs = _fast_items(raw)

@@ -1,14 +1,15 @@
-"""Dependencies: the engine, settings and the two bearer-token guards."""
+"""Dependencies: the engine, the caller's identity (checked by the auth gate) and the
+audit trail's actor."""
 
 from __future__ import annotations
 
-import hmac
+from collections.abc import Awaitable, Callable
 from typing import Annotated
 
 from fastapi import Depends, Request
 
+from ..auth import Identity, Role
 from ..engine import Engine
-from ..settings import Settings
 
 
 class ApiError(Exception):
@@ -26,50 +27,36 @@ async def get_engine(request: Request) -> Engine:
     return request.app.state.engine  # type: ignore[no-any-return]
 
 
-async def get_settings(request: Request) -> Settings:
-    return request.app.state.settings  # type: ignore[no-any-return]
+def identity_of(request: Request) -> Identity | None:
+    """The caller the auth gate (:class:`control_plane.auth.AuthGate`) identified, if any."""
+    ident = request.scope.get("state", {}).get("identity")
+    return ident if isinstance(ident, Identity) else None
 
 
-def _bearer(request: Request) -> str | None:
-    auth = request.headers.get("authorization", "")
-    scheme, _, token = auth.partition(" ")
-    if scheme.lower() != "bearer" or not token.strip():
-        return None
-    return token.strip()
+def requires(role: Role) -> Callable[[Request], Awaitable[Identity]]:
+    """A dependency: the caller's identity, which the auth gate has already checked has
+    ``role`` before the body was read. Without one (the gate not installed) the call is
+    refused, never let through."""
 
+    async def dependency(request: Request) -> Identity:
+        ident = identity_of(request)
+        if ident is None or not ident.may(role):
+            raise ApiError(401, "unauthorized", f"this endpoint needs Authorization: Bearer <token> with the {role.value} role", needs=role.value)
+        return ident
 
-async def require_admin(request: Request) -> str:
-    """Mutating endpoints: ``Authorization: Bearer <admin token>``, compared in constant time."""
-    settings: Settings = request.app.state.settings
-    if settings.admin_token is None or not settings.admin_token.get_secret_value():
-        raise ApiError(403, "admin_disabled", "no admin token is configured (SHADOWLIMIT_ADMIN_TOKEN), so changes through the API are refused")
-    token = _bearer(request)
-    if token is None:
-        raise ApiError(401, "unauthorized", "this endpoint needs Authorization: Bearer <admin token>")
-    if not hmac.compare_digest(token.encode(), settings.admin_token.get_secret_value().encode()):
-        raise ApiError(401, "unauthorized", "the admin token is not valid")
-    return "admin"
-
-
-async def require_client(request: Request) -> None:
-    """The data plane: open on loopback unless SHADOWLIMIT_CLIENT_TOKEN is set."""
-    settings: Settings = request.app.state.settings
-    if settings.client_token is None or not settings.client_token.get_secret_value():
-        return
-    token = _bearer(request)
-    secret = settings.client_token.get_secret_value().encode()
-    admin = settings.admin_token.get_secret_value().encode() if settings.admin_token else None
-    if token is None or not (hmac.compare_digest(token.encode(), secret) or (admin and hmac.compare_digest(token.encode(), admin))):
-        raise ApiError(401, "unauthorized", "the decide endpoints need Authorization: Bearer <client token>")
+    return dependency
 
 
 def actor_of(request: Request) -> str:
-    who = request.headers.get("x-shadowlimit-actor", "").strip()[:64]
+    """The audit trail's actor: the token's name and the peer address; the optional
+    ``X-Shadowlimit-Actor`` header only adds a note (it cannot change who acted)."""
+    ident = identity_of(request)
+    name = ident.name if ident is not None else "anonymous"
     peer = request.client.host if request.client else "unknown"
-    return f"{who or 'admin'}@{peer}"
+    note = "".join(c for c in request.headers.get("x-shadowlimit-actor", "")[:64] if c.isprintable()).strip()
+    return f"{name}@{peer}" + (f" (note: {note})" if note and note != name else "")
 
 
 EngineDep = Annotated[Engine, Depends(get_engine)]
-SettingsDep = Annotated[Settings, Depends(get_settings)]
-AdminDep = Annotated[str, Depends(require_admin)]
-ClientDep = Annotated[None, Depends(require_client)]
+OperatorDep = Annotated[Identity, Depends(requires(Role.OPERATOR))]
+AdminDep = Annotated[Identity, Depends(requires(Role.ADMIN))]

@@ -11,7 +11,7 @@ from fastapi import APIRouter, Query, Request
 from ..engine import Engine, GateRefused, UnknownRoute
 from ..rollout import Mode, evaluate_gate
 from ..store import StoreUnavailable, VersionConflict, gate_stats_of, totals_of
-from .deps import AdminDep, ApiError, EngineDep, actor_of
+from .deps import ApiError, EngineDep, OperatorDep, actor_of
 from .schemas import ErrorBody, ModeChange
 
 router = APIRouter(prefix="/v1", tags=["rollout"])
@@ -69,7 +69,7 @@ async def list_routes(engine: EngineDep) -> dict[str, Any]:
 
 
 @router.put("/routes/{route}/mode", responses=_ERRORS)
-async def set_mode(route: str, change: ModeChange, request: Request, engine: EngineDep, _: AdminDep) -> dict[str, Any]:
+async def set_mode(route: str, change: ModeChange, request: Request, engine: EngineDep, _: OperatorDep) -> dict[str, Any]:
     """Move a route to another mode (gated promotions; ``force`` with a reason overrides)."""
     if change.mode == "canary" and not 1 <= change.canary_percent <= 100:
         raise ApiError(422, "invalid_request", "canary needs canary_percent between 1 and 100", field="canary_percent")
