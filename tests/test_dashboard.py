@@ -325,9 +325,39 @@ async def test_without_a_token_the_toggles_say_they_need_one(control_plane: Call
             await pilot.pause(0.1)
             assert isinstance(app.screen, DashboardScreen)  # no dialog, no request
         messages = [n.message for n in app._notifications]
-        assert messages and all("needs the admin token" in m for m in messages)
+        assert messages and all("needs an operator or admin token" in m for m in messages)
         assert httpx.get(f"{cp.url}/v1/rollout/audit").json()["entries"] == []
         assert server_routes(cp.url)["search"]["stored_mode"] == "shadow"
+
+
+async def test_a_viewer_token_watches_and_is_told_a_change_needs_more(control_plane: Callable[..., ControlPlane], tmp_path: Path) -> None:
+    """With a tokens file the stream needs a viewer token; a mode change with it is refused
+    by the server, and the dashboard says which role it needs."""
+    import hashlib
+
+    tokens = tmp_path / "tokens"
+    tokens.write_text(f"vera viewer {hashlib.sha256(b'vera-secret').hexdigest()}\n")
+    cp = control_plane(tokens_file=str(tokens))
+    app = ShadowlimitDashboard(cp.url, "vera-secret")
+    async with app.run_test(size=SIZE) as pilot:
+        await until_live(pilot, app)
+        await pilot.press("o")
+        await wait_for(pilot, lambda: isinstance(app.screen, ConfirmModeScreen))
+        await type_reason(pilot, "quiet please")
+        await pilot.press("enter")
+        await wait_for(pilot, lambda: any("operator role" in n.message for n in app._notifications), what="the refusal")
+        note = next(n for n in app._notifications if "operator role" in n.message)
+        assert "the token 'vera' has the viewer role" in note.message and "403" in (note.title or "")
+        assert server_routes_with(cp.url, "vera-secret")["search"]["stored_mode"] == "shadow"
+    # without a token the stream itself is refused, and the bar says why
+    app = ShadowlimitDashboard(cp.url, None)
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_for(pilot, lambda: "viewer role" in connection_text(app), what="the connection bar to say a viewer token is needed")
+
+
+def server_routes_with(url: str, token: str) -> dict[str, Any]:
+    routes = httpx.get(f"{url}/v1/routes", headers={"Authorization": f"Bearer {token}"}).json()["routes"]
+    return {r["name"]: r for r in routes}
 
 
 async def test_a_lost_control_plane_marks_the_data_stale_and_reconnects(control_plane: Callable[..., ControlPlane]) -> None:
