@@ -60,13 +60,15 @@ def _print(args: argparse.Namespace, data: Any, table: list[list[str]] | None = 
 
 def cmd_routes(args: argparse.Namespace) -> int:
     data = _request(args, "GET", "/v1/routes")
-    rows = [["ROUTE", "MODE", "DEC/S", "COMPARED(5m)", "NEW REJ", "GATE"]]
+    rows = [["ROUTE", "MODE", "DEC/S", "COMPARED(5m)", "NEW REJ", "SAMPLED", "GATE"]]
     for r in data["routes"]:
         div = r.get("divergence_5m") or {}
         mode = f"canary {r['canary_percent']}%" if r["mode"] == "canary" else r["mode"]
         gate = r.get("gate") or {}
         gate_s = "pass" if gate.get("passed") else "; ".join(gate.get("reasons", []))[:60]
-        rows.append([r["name"], mode, str(r["decisions_per_s"]), str(div.get("compared", "-")), f"{div.get('new_rejection_rate', 0):.2%}" if div else "-", f"->{gate.get('target')}: {gate_s}"])
+        share = div.get("sampled_share")
+        sampled = "-" if share is None else f"{share:.1%}" + (f" ({div.get('shadow_dropped', 0):,} dropped)" if share < 1 else "")
+        rows.append([r["name"], mode, str(r["decisions_per_s"]), str(div.get("compared", "-")), f"{div.get('new_rejection_rate', 0):.2%}" if div else "-", sampled, f"->{gate.get('target')}: {gate_s}"])
     _print(args, data, rows)
     return EXIT_OK
 

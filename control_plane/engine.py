@@ -489,6 +489,7 @@ class Engine:
             min_samples=settings.gate_min_samples,
             max_new_rejection_rate=settings.gate_max_new_rejection_rate,
             max_backend_error_rate=settings.gate_max_backend_error_rate,
+            min_sampled_share=settings.gate_min_sampled_share,
         )
         self.rules = rules or load_rules(settings.rules_path, settings)
         self.watcher: RulesWatcher | None = None
@@ -1062,6 +1063,7 @@ class Engine:
             if p.dropped:
                 self.shadow_dropped += p.dropped
                 m.child(m.shadow_dropped, p.name).inc(p.dropped)
+                self.divergence.add(p.name, dropped=p.dropped)
                 p.dropped = 0
             p.flush(m)
 
@@ -1194,6 +1196,7 @@ class Engine:
         except asyncio.QueueFull:
             self.shadow_dropped += 1
             self.metrics.child(self.metrics.shadow_dropped, item[4]).inc()
+            self.divergence.add(item[4], dropped=1)
 
     async def _shadow_worker(self) -> None:
         q = self._queue

@@ -154,12 +154,15 @@ class AuditEntry:
 @dataclass(frozen=True, slots=True)
 class GateConfig:
     """Promotion thresholds (defaults: >= 500 compared decisions in 5 minutes, new
-    rejections <= 1%, backend errors <= 0.1%)."""
+    rejections <= 1%, backend errors <= 0.1%, and >= 90% of the decisions evaluated by
+    the distributed limiter -- a shadow queue that dropped more makes the figures a
+    sample biased toward quiet moments, when nothing is rejected)."""
 
     window_s: int = 300
     min_samples: int = 500
     max_new_rejection_rate: float = 0.01
     max_backend_error_rate: float = 0.001
+    min_sampled_share: float = 0.9
 
 
 @dataclass(frozen=True, slots=True)
@@ -170,6 +173,14 @@ class GateStats:
     new_rejections: int  # local_allow_distributed_deny
     backend_errors: int
     distributed_attempts: int
+    shadow_dropped: int = 0  # decisions whose shadow evaluation was dropped (queue full)
+
+    @property
+    def sampled_share(self) -> float | None:
+        """The share of decisions the distributed limiter evaluated (compared or failed)
+        out of all that should have been: 1.0 without drops, None without decisions."""
+        total = self.distributed_attempts + self.shadow_dropped
+        return self.distributed_attempts / total if total else None
 
     @property
     def new_rejection_rate(self) -> float:
@@ -202,6 +213,9 @@ class GateResult:
             "backend_errors": self.stats.backend_errors,
             "backend_error_rate": round(self.stats.backend_error_rate, 6),
             "max_backend_error_rate": self.config.max_backend_error_rate,
+            "shadow_dropped": self.stats.shadow_dropped,
+            "sampled_share": None if self.stats.sampled_share is None else round(self.stats.sampled_share, 6),
+            "min_sampled_share": self.config.min_sampled_share,
         }
 
 
@@ -224,4 +238,10 @@ def evaluate_gate(current: RouteState, target: Mode, target_percent: int, stats:
         reasons.append(f"new rejections {stats.new_rejection_rate:.2%} exceed {config.max_new_rejection_rate:.2%}")
     if stats.backend_error_rate > config.max_backend_error_rate:
         reasons.append(f"backend errors {stats.backend_error_rate:.2%} exceed {config.max_backend_error_rate:.2%}")
+    share = stats.sampled_share
+    if share is not None and share < config.min_sampled_share:
+        reasons.append(
+            f"only {share:.1%} of decisions were compared ({stats.shadow_dropped:,} shadow evaluations dropped, queue full); "
+            f"need {config.min_sampled_share:.0%}"
+        )
     return GateResult(not reasons, True, tuple(reasons), stats, config)

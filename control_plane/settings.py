@@ -99,6 +99,13 @@ class Settings(BaseSettings):
     gate_min_samples: int = Field(500, ge=0, validation_alias=_env("SHADOWLIMIT_GATE_MIN_SAMPLES"))
     gate_max_new_rejection_rate: float = Field(0.01, ge=0, le=1, validation_alias=_env("SHADOWLIMIT_GATE_MAX_NEW_REJECTION_RATE"))
     gate_max_backend_error_rate: float = Field(0.001, ge=0, le=1, validation_alias=_env("SHADOWLIMIT_GATE_MAX_BACKEND_ERROR_RATE"))
+    gate_min_sampled_share: float = Field(
+        0.9,
+        ge=0,
+        le=1,
+        validation_alias=_env("SHADOWLIMIT_GATE_MIN_SAMPLED_SHARE"),
+        description="A promotion needs at least this share of the window's decisions evaluated by the distributed limiter (not dropped by a full shadow queue); 0 turns the check off.",
+    )
     auto_rollback_after_s: float = Field(30.0, gt=0, validation_alias=_env("SHADOWLIMIT_AUTO_ROLLBACK_AFTER_S"), description="Enforced routes fall back to shadow when the breaker stays open this long.")
     default_mode: str = Field("shadow", pattern="^(off|shadow|canary|enforce)$", validation_alias=_env("SHADOWLIMIT_DEFAULT_MODE"), description="Mode of a route with no stored state.")
     # event stream

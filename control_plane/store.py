@@ -72,6 +72,7 @@ DIVERGENCE_FIELDS = (
     "compared",
     "backend_errors",
     "distributed_attempts",
+    "shadow_dropped",
 )
 _NAMESPACE = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 
@@ -667,7 +668,7 @@ class RolloutStore:
 # fleet-wide divergence counters
 # --------------------------------------------------------------------------- #
 
-_F_AGREE, _F_LADD, _F_LDDA, _F_CMP, _F_ERR, _F_ATT = range(6)
+_F_AGREE, _F_LADD, _F_LDDA, _F_CMP, _F_ERR, _F_ATT, _F_DROP = range(7)
 _DIV_INDEX = {
     Divergence.AGREE: _F_AGREE,
     Divergence.LOCAL_ALLOW_DISTRIBUTED_DENY: _F_LADD,
@@ -719,7 +720,7 @@ class DivergenceStore:
         slot = (route, _minute(time.time() if now is None else now))
         c = self._pending.get(slot)
         if c is None:
-            c = self._pending[slot] = [0, 0, 0, 0, 0, 0]
+            c = self._pending[slot] = [0, 0, 0, 0, 0, 0, 0]
         if divergence is not None:
             c[_DIV_INDEX[divergence]] += 1
             c[_F_CMP] += 1
@@ -729,14 +730,16 @@ class DivergenceStore:
         elif distributed_attempt:
             c[_F_ATT] += 1
 
-    def add(self, route: str, *, agree: int = 0, ladd: int = 0, ldda: int = 0, backend_errors: int = 0, now: float | None = None) -> None:
+    def add(self, route: str, *, agree: int = 0, ladd: int = 0, ldda: int = 0, backend_errors: int = 0, dropped: int = 0, now: float | None = None) -> None:
         """Count many decisions of one route at once, as that many :meth:`record` calls
         would: ``agree``, ``ladd`` (local allow, distributed deny) and ``ldda`` compared
-        pairs, and ``backend_errors`` distributed calls that failed."""
+        pairs, ``backend_errors`` distributed calls that failed, and ``dropped`` shadow
+        evaluations dropped (the queue was full): decisions never compared, so the
+        figures are a sample (see ``sampled_share``)."""
         slot = (route, _minute(time.time() if now is None else now))
         c = self._pending.get(slot)
         if c is None:
-            c = self._pending[slot] = [0, 0, 0, 0, 0, 0]
+            c = self._pending[slot] = [0, 0, 0, 0, 0, 0, 0]
         compared = agree + ladd + ldda
         c[_F_AGREE] += agree
         c[_F_LADD] += ladd
@@ -744,6 +747,7 @@ class DivergenceStore:
         c[_F_CMP] += compared
         c[_F_ERR] += backend_errors
         c[_F_ATT] += compared + backend_errors
+        c[_F_DROP] += dropped
 
     def pending(self) -> dict[tuple[str, int], dict[str, int]]:
         """Unflushed deltas (a copy), keyed by (route, minute)."""
@@ -752,7 +756,7 @@ class DivergenceStore:
     def _merge_back(self, slot: tuple[str, int], index: int, delta: int) -> None:
         c = self._pending.get(slot)
         if c is None:
-            c = self._pending[slot] = [0, 0, 0, 0, 0, 0]
+            c = self._pending[slot] = [0, 0, 0, 0, 0, 0, 0]
         c[index] += delta
 
     async def flush(self) -> int:
@@ -846,13 +850,7 @@ class DivergenceStore:
         t = time.time() if now is None else now
         minutes = max(1, (_minute(t) - _minute(t - window_s)) // 60 + 1)
         rows = await self.series(route, minutes, now=t)
-        s = {f: sum(r[f] for r in rows) for f in DIVERGENCE_FIELDS}
-        return GateStats(
-            compared=s["compared"],
-            new_rejections=s["local_allow_distributed_deny"],
-            backend_errors=s["backend_errors"],
-            distributed_attempts=s["distributed_attempts"],
-        )
+        return gate_stats_of(rows)
 
     async def totals(self, route: str, minutes: int = 60, now: float | None = None) -> dict[str, Any]:
         """Sums over :meth:`series` plus ``new_rejection_rate``, ``reverse_rate``
@@ -862,22 +860,27 @@ class DivergenceStore:
 
 
 def totals_of(rows: list[dict[str, int]], minutes: int) -> dict[str, Any]:
-    """Sum per-minute rows (as :meth:`DivergenceStore.series` returns) and add the rates."""
-    s: dict[str, Any] = {f: sum(r[f] for r in rows) for f in DIVERGENCE_FIELDS}
+    """Sum per-minute rows (as :meth:`DivergenceStore.series` returns) and add the rates
+    and ``sampled_share``: the share of the decisions that should have been compared
+    that the distributed limiter did evaluate (1.0 unless shadow evaluations were
+    dropped; None with no decisions at all)."""
+    s: dict[str, Any] = {f: sum(r.get(f, 0) for r in rows) for f in DIVERGENCE_FIELDS}
     cmp, att = s["compared"], s["distributed_attempts"]
     s["minutes"] = minutes
     s["new_rejection_rate"] = s["local_allow_distributed_deny"] / cmp if cmp else 0.0
     s["reverse_rate"] = s["local_deny_distributed_allow"] / cmp if cmp else 0.0
     s["backend_error_rate"] = s["backend_errors"] / att if att else 0.0
+    s["sampled_share"] = gate_stats_of(rows).sampled_share
     return s
 
 
 def gate_stats_of(rows: list[dict[str, int]]) -> GateStats:
-    s = {f: sum(r[f] for r in rows) for f in DIVERGENCE_FIELDS}
+    s = {f: sum(r.get(f, 0) for r in rows) for f in DIVERGENCE_FIELDS}
     return GateStats(
         compared=s["compared"],
         new_rejections=s["local_allow_distributed_deny"],
         backend_errors=s["backend_errors"],
         distributed_attempts=s["distributed_attempts"],
+        shadow_dropped=s["shadow_dropped"],
     )
 

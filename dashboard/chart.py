@@ -62,6 +62,8 @@ class DivergenceChart(Widget):
             out.append(f" · {pct(tot.reverse_rate, 2)} reverse", style="#e0af68" if tot.local_deny_distributed_allow else "dim")
             if tot.backend_errors:
                 out.append(f" · {tot.backend_errors:,} backend errors", style="bold #f7768e")
+            if tot.sampled_share is not None:
+                out.append(f" · {pct(tot.sampled_share)} sampled", style="bold #e0af68" if tot.sampled else "dim")
             out.append("\n")
             # the two directions share one scale so they compare; agree has its own
             both = max((max(p.local_allow_distributed_deny, p.local_deny_distributed_allow) for p in series), default=0)

@@ -100,6 +100,8 @@ class DivergenceTotals:
     new_rejection_rate: float = 0.0
     reverse_rate: float = 0.0
     backend_error_rate: float = 0.0
+    shadow_dropped: int = 0
+    sampled_share: float | None = None  # decisions evaluated / decisions that should have been
 
     @classmethod
     def parse(cls, d: Any) -> DivergenceTotals | None:
@@ -115,7 +117,14 @@ class DivergenceTotals:
             _f(d.get("new_rejection_rate")),
             _f(d.get("reverse_rate")),
             _f(d.get("backend_error_rate")),
+            _i(d.get("shadow_dropped")),
+            _fo(d.get("sampled_share")),
         )
+
+    @property
+    def sampled(self) -> bool:
+        """True when the figures are a sample (shadow evaluations were dropped)."""
+        return self.sampled_share is not None and self.sampled_share < 1.0
 
     @property
     def divergence_rate(self) -> float:
@@ -141,6 +150,9 @@ class GateView:
     backend_error_rate: float | None = None
     max_backend_error_rate: float | None = None
     window_s: int | None = None
+    sampled_share: float | None = None
+    min_sampled_share: float | None = None
+    shadow_dropped: int | None = None
 
     @classmethod
     def parse(cls, d: Any) -> GateView | None:
@@ -161,6 +173,9 @@ class GateView:
             backend_error_rate=_fo(d.get("backend_error_rate")),
             max_backend_error_rate=_fo(d.get("max_backend_error_rate")),
             window_s=opt_i("window_s"),
+            sampled_share=_fo(d.get("sampled_share")),
+            min_sampled_share=_fo(d.get("min_sampled_share")),
+            shadow_dropped=opt_i("shadow_dropped"),
         )
 
     @property

@@ -125,6 +125,8 @@ def gate_problems(gate: GateView) -> list[str]:
         out.append(f"errors {pct(gate.backend_error_rate, 2)} > {pct(gate.max_backend_error_rate, 2)}")
     if gate.min_samples is not None and (gate.compared or 0) < gate.min_samples:
         out.append(f"samples {gate.compared}/{gate.min_samples}")
+    if gate.sampled_share is not None and gate.min_sampled_share is not None and gate.sampled_share < gate.min_sampled_share:
+        out.append(f"sampled {pct(gate.sampled_share)} < {pct(gate.min_sampled_share)}")
     return out or list(gate.reasons) or ["refused"]
 
 
@@ -146,4 +148,8 @@ def gate_figures(gate: GateView | None) -> Text:
     row("new rejections", pct(nr, 2), f"max {pct(mnr, 2)}" + (f" · {gate.new_rejections:,} requests" if gate.new_rejections is not None else ""), nr <= mnr)
     be, mbe = gate.backend_error_rate or 0.0, gate.max_backend_error_rate or 0.0
     row("backend errors", pct(be, 2), f"max {pct(mbe, 2)}", be <= mbe)
+    if gate.sampled_share is not None:
+        ms = gate.min_sampled_share or 0.0
+        dropped = f" · {gate.shadow_dropped:,} dropped" if gate.shadow_dropped else ""
+        row("sampled", pct(gate.sampled_share), f"min {pct(ms)}{dropped}", gate.sampled_share >= ms)
     return t

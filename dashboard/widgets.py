@@ -69,6 +69,8 @@ class RoutesTable(DataTable[Text | str]):
         else:
             newrej = Text(f"{d.local_allow_distributed_deny:,}", style="bold #f7768e" if d.local_allow_distributed_deny else "")
             newrej.append(f" ({pct(d.new_rejection_rate)})", style="dim")
+            if d.sampled:  # a sample: say how much of the traffic it covers
+                newrej.append(f" of {pct(d.sampled_share)}", style="bold #e0af68")
             errors = Text(f"{d.backend_errors:,}", style="bold #f7768e" if d.backend_errors else "")
             errors.append(f" ({pct(d.backend_error_rate, 2)})", style="dim")
         return [Text(r.name, style="bold"), mode, f"{r.decisions_per_s:,.1f}", div, newrej, errors, gate_text(r.gate)]

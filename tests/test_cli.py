@@ -48,7 +48,7 @@ def test_routes(cp, capsys):
     code, out, err = run(capsys, *remote(cp, "routes", token=False))
     assert code == 0, err
     lines = out.splitlines()
-    assert lines[0].split() == ["ROUTE", "MODE", "DEC/S", "COMPARED(5m)", "NEW", "REJ", "GATE"]
+    assert lines[0].split() == ["ROUTE", "MODE", "DEC/S", "COMPARED(5m)", "NEW", "REJ", "SAMPLED", "GATE"]
     names = [line.split()[0] for line in lines[1:]]
     assert names == ["search", "login", "export", "default"]
     assert "shadow" in lines[1]

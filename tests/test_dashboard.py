@@ -355,6 +355,26 @@ async def test_a_viewer_token_watches_and_is_told_a_change_needs_more(control_pl
         await wait_for(pilot, lambda: "viewer role" in connection_text(app), what="the connection bar to say a viewer token is needed")
 
 
+async def test_a_sampled_divergence_says_how_much_it_covers(control_plane: Callable[..., ControlPlane]) -> None:
+    """A shadow queue that drops evaluations makes the figures a sample: the chart and the
+    routes table say what share of the decisions they cover."""
+    from dashboard.chart import DivergenceChart
+
+    cp = control_plane(shadow_queue_size=1)
+    async with httpx.AsyncClient(base_url=cp.url) as c:
+        r = await c.post("/v1/decide/batch", json={"requests": [{"route": "search", "key": f"k{i % 20}"} for i in range(300)]})
+        assert r.status_code == 200
+    app = ShadowlimitDashboard(cp.url, TOKEN)
+    async with app.run_test(size=SIZE) as pilot:
+        await until_live(pilot, app)
+        await wait_for(pilot, lambda: " sampled" in str(dash(app).query_one(DivergenceChart).render()), what="the chart to show the sampled share")
+        header = next(line for line in str(dash(app).query_one(DivergenceChart).render()).splitlines() if line.startswith("search"))
+        share = float(header.split(" sampled")[0].rsplit("· ", 1)[1].rstrip("%"))
+        assert 0 < share < 30
+        await wait_for(pilot, lambda: " of " in cell(app, RoutesTable, "search", "newrej"), what="the table to show the share")
+        assert cell(app, RoutesTable, "search", "newrej").endswith("%")
+
+
 def server_routes_with(url: str, token: str) -> dict[str, Any]:
     routes = httpx.get(f"{url}/v1/routes", headers={"Authorization": f"Bearer {token}"}).json()["routes"]
     return {r["name"]: r for r in routes}

@@ -352,7 +352,7 @@ async def test_two_replicas_sum_without_double_counting(client, client2):
 
     series = await r1.series("/a", minutes=3, now=now)
     assert [row["minute"] for row in series] == [MIN0 - 120, MIN0 - 60, MIN0]
-    assert series[0] == {"minute": MIN0 - 120, **dict.fromkeys(["agree", "local_allow_distributed_deny", "local_deny_distributed_allow", "compared", "backend_errors", "distributed_attempts"], 0)}
+    assert series[0] == {"minute": MIN0 - 120, **dict.fromkeys(["agree", "local_allow_distributed_deny", "local_deny_distributed_allow", "compared", "backend_errors", "distributed_attempts", "shadow_dropped"], 0)}
     assert series[1]["agree"] == 7 and series[1]["compared"] == 8
     cur = series[2]
     assert cur["agree"] == 100
@@ -455,7 +455,7 @@ def test_record_is_sync_and_counts_fields():
     ds.record("/x", REVERSE, now=MIN0 + 60)
     ds.record("/x", None, backend_error=True, now=MIN0 + 2)
     p = ds.pending()
-    assert p[("/x", MIN0)] == {"agree": 1, "local_allow_distributed_deny": 1, "local_deny_distributed_allow": 0, "compared": 2, "backend_errors": 1, "distributed_attempts": 2}
+    assert p[("/x", MIN0)] == {"agree": 1, "local_allow_distributed_deny": 1, "local_deny_distributed_allow": 0, "compared": 2, "backend_errors": 1, "distributed_attempts": 2, "shadow_dropped": 0}
     assert p[("/x", MIN0 + 60)]["local_deny_distributed_allow"] == 1
 
 
