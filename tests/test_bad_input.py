@@ -1,0 +1,85 @@
+"""Bad input is refused early and by name, and nothing a request does is ever a bare 500
+(issue 10): a real control plane under uvicorn on loopback, real HTTP, real Redis.
+
+- rates whose arithmetic cannot be represented: 422 naming ``average`` (API), file:line
+  (rules file), the setting (environment);
+- an unexpected error: a generic 500 with an incident id that is in the log with the
+  traceback, the connection kept; in a batch, the failing item's error in its place;
+- strict types in request bodies; keys of ``PUT /ratelimit/config`` checked as
+  ``/v1/decide`` checks them; more than 10,000 batch items refused before any is read;
+- a rejected rules file put back to the rules in force clears the error.
+"""
+
+from __future__ import annotations
+
+
+import pytest
+
+from control_plane.settings import SettingsError, load_settings
+
+from cp_server import RULES_YAML, ControlPlaneServer, admin_headers, write_rules
+
+ADMIN = admin_headers()
+
+
+@pytest.fixture
+def rules_file(tmp_path):
+    return write_rules(tmp_path)
+
+
+@pytest.fixture
+def cp(redis_url, rules_file):
+    with ControlPlaneServer(redis_url=redis_url, rules_path=rules_file, rules_poll_interval_s=0.05) as server:
+        yield server
+
+
+@pytest.fixture
+def http(cp):
+    with cp.client() as c:
+        yield c
+
+
+# --------------------------------------------------------------------------- tiny and huge rates
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        {"route": "search", "average": 1e-9, "period": 86_400, "burst": 1},
+        {"route": "search", "average": 1e-300},
+        {"route": "search", "key": "k1", "average": 1, "period": 86_400, "burst": 1_000_000_000, "algorithm": "fixed_window"},
+        {"route": "search", "average": 1e9, "period": 0.001, "algorithm": "gcra"},
+    ],
+)
+def test_adjustment_that_cannot_be_represented_is_422_naming_average(http, body):
+    r = http.put("/ratelimit/config", json={**body, "reason": "tiny"}, headers=ADMIN)
+    assert r.status_code == 422, r.text
+    assert r.json()["error"] == "invalid_request" and r.json()["field"] == "average"
+    assert r.json()["message"].startswith("average: ")
+    # nothing was stored: the route still decides, one item and in a batch
+    assert http.get("/ratelimit/stats").json()["adjustments"] == []
+    assert http.post("/v1/decide", json={"route": "search", "key": "k1"}).status_code == 200
+    out = http.post("/v1/decide/batch", json={"requests": [{"route": "search", "key": "k2"}, {"route": "login", "key": "k3"}]})
+    assert out.status_code == 200 and all(d["allowed"] for d in out.json()["decisions"])
+
+
+def test_rules_file_with_a_tiny_average_is_refused_with_file_and_line(http, rules_file):
+    rules_file.write_text(RULES_YAML.replace("local: {average: 10, period: 1s, burst: 10}", "local:\n      average: 1.0e-300\n      burst: 10"))
+    r = http.post("/ratelimit/rules/reload", headers=ADMIN)
+    assert r.status_code == 422, r.text
+    body = r.json()
+    assert body["error"] == "invalid_rules" and body["field"] == "routes[0].local.average" and body["line"] == 7
+    assert body["message"].startswith(f"{rules_file}:7: routes[0].local.average: 1e-300 per 1 s takes ")
+    assert http.post("/v1/decide", json={"route": "search", "key": "k"}).status_code == 200  # the last good rules
+
+
+@pytest.mark.parametrize(
+    ("env", "overrides"),
+    [
+        ("RATE_LIMIT_GLOBAL_REFILL_PER_SEC", {"global_refill_per_sec": 1e-12}),
+        ("RATE_LIMIT_GLOBAL_CAPACITY", {"global_capacity": 2_000_000_000}),
+    ],
+)
+def test_a_default_route_that_cannot_be_represented_is_a_settings_error(env, overrides):
+    with pytest.raises(SettingsError, match=rf"\n  {env}: "):
+        load_settings(**overrides)
