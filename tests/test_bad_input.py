@@ -12,9 +12,11 @@
 
 from __future__ import annotations
 
+import logging
 
 import pytest
 
+from control_plane.incidents import MESSAGE
 from control_plane.settings import SettingsError, load_settings
 
 from cp_server import RULES_YAML, ControlPlaneServer, admin_headers, write_rules
@@ -83,3 +85,62 @@ def test_rules_file_with_a_tiny_average_is_refused_with_file_and_line(http, rule
 def test_a_default_route_that_cannot_be_represented_is_a_settings_error(env, overrides):
     with pytest.raises(SettingsError, match=rf"\n  {env}: "):
         load_settings(**overrides)
+
+
+# --------------------------------------------------------------------------- unexpected errors
+
+
+def test_unexpected_error_is_a_generic_500_with_an_incident_id(cp, http, caplog):
+    async def broken(_inp):
+        raise RuntimeError("secret internals /var/lib/thing")
+
+    cp.engine.decide = broken
+    with caplog.at_level(logging.ERROR, logger="shadowlimit.incident"):
+        r = http.post("/v1/decide", json={"route": "search", "key": "k"})
+    assert r.status_code == 500
+    body = r.json()
+    assert body == {"error": "internal_error", "message": MESSAGE, "incident": body["incident"]}
+    assert "secret" not in r.text and "RuntimeError" not in r.text
+    logged = [rec for rec in caplog.records if body["incident"] in rec.getMessage()]
+    assert len(logged) == 1 and logged[0].exc_info[0] is RuntimeError  # once, with the traceback
+    # the keep-alive connection still serves the next request
+    assert http.get("/healthz").status_code == 200
+
+
+@pytest.mark.parametrize("mode", ["shadow", "enforce"])
+def test_batch_item_that_fails_unexpectedly_gets_an_error_in_its_place(cp, http, caplog, mode):
+    assert http.put("/v1/routes/search/mode", json={"mode": mode, "reason": "t", "force": True}, headers=ADMIN).status_code == 200
+    check = cp.engine.local.check
+
+    def flaky(key, policy, cost=1, now_us=None):
+        if key == "search:boom":
+            raise OverflowError("cannot convert float infinity to integer")
+        return check(key, policy, cost, now_us)
+
+    cp.engine.local.check = flaky
+    items = [{"route": "search", "key": "a"}, {"route": "search", "key": "boom"}, {"route": "nope", "key": "b"}, {"route": "search", "key": "c"}]
+    with caplog.at_level(logging.ERROR, logger="shadowlimit.incident"):
+        r = http.post("/v1/decide/batch", json={"requests": items})
+    assert r.status_code == 200, r.text
+    out = r.json()["decisions"]
+    assert [d.get("allowed") for d in out] == [True, None, None, True]
+    assert out[1] == {"error": "internal_error", "message": MESSAGE, "index": 1, "field": None, "status": 500, "incident": out[1]["incident"]}
+    assert out[2]["error"] == "unknown_route" and out[2]["status"] == 404 and "incident" not in out[2]
+    assert "OverflowError" not in r.text and "infinity" not in r.text
+    assert any(out[1]["incident"] in rec.getMessage() and rec.exc_info for rec in caplog.records)
+
+
+def test_batch_keeps_the_local_answers_when_the_distributed_step_fails_unexpectedly(cp, http):
+    assert http.put("/v1/routes/export/mode", json={"mode": "enforce", "reason": "t", "force": True}, headers=ADMIN).status_code == 200
+
+    async def broken(*args, **kwargs):
+        raise KeyError("slot table")
+
+    cp.engine.resilient.check_many = broken
+    items = [{"route": "export", "key": "a"}, {"route": "search", "key": "b"}, {"route": "export", "key": "c"}]
+    r = http.post("/v1/decide/batch", json={"requests": items})
+    assert r.status_code == 200, r.text
+    out = r.json()["decisions"]
+    assert [d.get("status") for d in out] == [500, None, 500]
+    assert out[1]["allowed"] is True and out[1]["mode"] == "shadow"  # search is not enforced: decided locally
+    assert "slot table" not in r.text

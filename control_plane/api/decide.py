@@ -12,6 +12,7 @@ from pydantic import ValidationError
 
 from limiter.keys import InvalidKeyError
 
+from .. import incidents
 from ..engine import DecideInput, DecideResult, PlainInput, UnknownRoute
 from .deps import ApiError, require_client
 from .schemas import BatchRequest, BatchResponse, DecideRequest, DecideResponse, ErrorBody
@@ -64,6 +65,9 @@ def _rejected(body: dict[str, Any]) -> dict[str, Any]:
 
 
 def _translate(exc: Exception) -> ApiError:
+    """The answer for an item the engine refused, or for one whose decision failed
+    unexpectedly: a 500-like error with an incident id (the traceback is logged under
+    it; the exception's text is never sent)."""
     if isinstance(exc, UnknownRoute):
         return ApiError(404, "unknown_route", f"no route named {exc.route!r}", field="route")
     if isinstance(exc, InvalidKeyError):
@@ -72,7 +76,7 @@ def _translate(exc: Exception) -> ApiError:
         msg = str(exc)
         field = msg.split(":", 1)[0] if ":" in msg else "request"
         return ApiError(422, "invalid_request", msg, field=field)
-    raise exc
+    return ApiError(500, "internal_error", incidents.MESSAGE, incident=incidents.report(exc, "a /v1/decide/batch item"))
 
 
 _RESPONSES: dict[int | str, dict[str, Any]] = {
@@ -224,5 +228,8 @@ async def decide_batch(request: Request) -> Response:
             append(res if res["allowed"] else _rejected(res))
             continue
         e = res if isinstance(res, ApiError) else _translate(res)
-        append({"error": e.error, "message": e.message, "index": i, "field": e.details.get("field")})
+        err = {"error": e.error, "message": e.message, "index": i, "field": e.details.get("field"), "status": e.status}
+        if "incident" in e.details:
+            err["incident"] = e.details["incident"]
+        append(err)
     return Response(orjson.dumps({"decisions": out}), media_type="application/json")

@@ -65,6 +65,8 @@ class BatchItemError(BaseModel):
     message: str
     index: int
     field: str | None = None
+    status: int = Field(..., description="The status /v1/decide would answer for this item alone: 404, 422, or 500 (internal_error).")
+    incident: str | None = Field(None, description="internal_error only: the id the control plane logged the failure under.")
 
 
 class BatchResponse(BaseModel):
