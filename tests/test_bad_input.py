@@ -144,3 +144,39 @@ def test_batch_keeps_the_local_answers_when_the_distributed_step_fails_unexpecte
     assert [d.get("status") for d in out] == [500, None, 500]
     assert out[1]["allowed"] is True and out[1]["mode"] == "shadow"  # search is not enforced: decided locally
     assert "slot table" not in r.text
+
+
+# --------------------------------------------------------------------------- strict types
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "body", "field"),
+    [
+        ("POST", "/v1/decide", {"route": "search", "key": "k", "cost": "5"}, "cost"),
+        ("POST", "/v1/decide", {"route": "search", "key": "k", "cost": True}, "cost"),
+        ("POST", "/v1/decide", {"route": "search", "key": "k", "cost": 2.0}, "cost"),
+        ("POST", "/v1/decide/batch", {"requests": [{"route": "search", "key": "k", "cost": "5"}]}, "requests.0.cost"),
+        ("POST", "/v1/decide/batch", {"requests": [{"route": "search", "key": "k"}, {"route": "search", "key": "k", "cost": True}]}, "requests.1.cost"),
+        ("PUT", "/v1/routes/search/mode", {"mode": "canary", "canary_percent": "10", "reason": "r"}, "canary_percent"),
+        ("PUT", "/v1/routes/search/mode", {"mode": "shadow", "reason": "r", "force": "true"}, "force"),
+        ("PUT", "/v1/routes/search/mode", {"mode": "shadow", "reason": "r", "force": 1}, "force"),
+        ("PUT", "/ratelimit/config", {"route": "search", "average": 5, "burst": "5"}, "burst"),
+        ("PUT", "/ratelimit/config", {"route": "search", "average": 5, "burst": True}, "burst"),
+        ("PUT", "/ratelimit/config", {"route": "search", "average": 5, "burst": 5.0}, "burst"),
+        ("PUT", "/ratelimit/config", {"route": "search", "average": "5"}, "average"),
+        ("PUT", "/ratelimit/config", {"route": "search", "average": True}, "average"),
+        ("PUT", "/ratelimit/config", {"route": "search", "average": 5, "period": "1"}, "period"),
+        ("PUT", "/ratelimit/config", {"route": "search", "average": 5, "clear": "true"}, "clear"),
+        ("PUT", "/ratelimit/config", {"route": "search", "average": 5, "clear": 1}, "clear"),
+    ],
+)
+def test_strict_types_in_request_bodies(http, method, path, body, field):
+    r = http.request(method, path, json=body, headers=ADMIN)
+    assert r.status_code == 422, r.text
+    assert r.json()["error"] == "invalid_request" and r.json()["field"] == field
+
+
+def test_whole_numbers_are_fine_where_a_float_is_expected(http):
+    r = http.put("/ratelimit/config", json={"route": "search", "average": 5, "period": 2, "burst": 5, "reason": "ints"}, headers=ADMIN)
+    assert r.status_code == 200, r.text
+    assert r.json()["adjustments"][0]["local"] == {"algorithm": "token_bucket", "average": 5.0, "period": 2.0, "burst": 5}

@@ -1,4 +1,10 @@
-"""Pydantic models at the API edge (requests and responses)."""
+"""Pydantic models at the API edge (requests and responses).
+
+Request bodies are strict: ``"5"`` or ``true`` is not an integer and ``1`` or ``"true"``
+not a boolean (a 422 naming the field); a whole number where a float is expected
+(``average``, ``period``) is fine. ``_fast_items`` in ``api/decide.py`` checks batch items
+by hand the same way (``tests/test_batch_fastpath.py`` keeps the two in step).
+"""
 
 from __future__ import annotations
 
@@ -14,7 +20,7 @@ class ErrorBody(BaseModel):
 
 
 class DecideRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
     route: str | None = Field(None, min_length=1, max_length=64, description="Route name; or give method + path.")
     method: str | None = Field(None, min_length=1, max_length=16, pattern=r"^[A-Za-z]+$")
     path: str | None = Field(None, min_length=1, max_length=2048, pattern=r"^/")
@@ -56,7 +62,7 @@ class DecideResponse(BaseModel):
 
 
 class BatchRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
     requests: list[DecideRequest] = Field(..., min_length=1, max_length=10_000)
 
 
@@ -74,7 +80,7 @@ class BatchResponse(BaseModel):
 
 
 class ModeChange(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
     mode: Literal["off", "shadow", "canary", "enforce"]
     canary_percent: int = Field(0, ge=0, le=100)
     reason: str = Field(..., min_length=1, max_length=500)
@@ -84,7 +90,7 @@ class ModeChange(BaseModel):
 class ConfigAdjust(BaseModel):
     """Seed 002's ``adjust``: change a route's limit (or one key's) at runtime, fleet-wide."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
     route: str = Field("default", min_length=1, max_length=64)
     key: str | None = Field(None, min_length=1, max_length=256, description="One client's key; omit for the whole route.")
     target: Literal["local", "distributed", "both"] = "both"
