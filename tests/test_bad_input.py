@@ -180,3 +180,18 @@ def test_whole_numbers_are_fine_where_a_float_is_expected(http):
     r = http.put("/ratelimit/config", json={"route": "search", "average": 5, "period": 2, "burst": 5, "reason": "ints"}, headers=ADMIN)
     assert r.status_code == 200, r.text
     assert r.json()["adjustments"][0]["local"] == {"algorithm": "token_bucket", "average": 5.0, "period": 2.0, "burst": 5}
+
+
+# --------------------------------------------------------------------------- keys of adjustments
+
+
+@pytest.mark.parametrize("key", [" lead", "tab\tkey", "x" * 257, "zero\u200bwidth", "é" * 200])
+def test_adjustment_keys_are_checked_as_decide_checks_them(http, key):
+    decided = http.post("/v1/decide", json={"route": "search", "key": key})
+    adjusted = http.put("/ratelimit/config", json={"route": "search", "key": key, "average": 5, "reason": "k"}, headers=ADMIN)
+    assert decided.status_code == adjusted.status_code == 422
+    assert adjusted.json()["field"] == "key"
+    if len(key) <= 256:  # longer keys are refused by the body schema first, on both
+        assert adjusted.json() == decided.json()
+        assert adjusted.json()["error"] == "invalid_key"
+    assert http.get("/ratelimit/stats").json()["adjustments"] == []
