@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 
+import orjson
 import pytest
 
 from control_plane.incidents import MESSAGE
@@ -195,3 +196,16 @@ def test_adjustment_keys_are_checked_as_decide_checks_them(http, key):
         assert adjusted.json() == decided.json()
         assert adjusted.json()["error"] == "invalid_key"
     assert http.get("/ratelimit/stats").json()["adjustments"] == []
+
+
+# --------------------------------------------------------------------------- batch size
+
+
+def test_more_than_10000_items_are_refused_before_any_is_validated(http):
+    # the items are all bad: pydantic would name requests.0.cost first
+    body = orjson.dumps({"requests": [{"route": "search", "key": "k", "cost": "x"}] * 10_001})
+    r = http.post("/v1/decide/batch", content=body, headers={"content-type": "application/json"})
+    assert r.status_code == 422, r.text[:300]
+    assert r.json()["field"] == "requests"
+    assert r.json()["message"] == "requests: at most 10000 items per batch, got 10001"
+    assert len(r.json()["errors"]) == 1

@@ -518,6 +518,19 @@ def test_a_cost_that_is_not_an_integer_is_refused_by_both(cost):
     assert info.value.errors()[0]["loc"] == ("requests", 0, "cost")
 
 
+def test_too_many_items_are_refused_before_any_is_looked_at():
+    """More than MAX_BATCH items: the 422 names ``requests``, whatever the items are
+    (pydantic would validate every one of them first)."""
+    from fastapi.exceptions import RequestValidationError
+
+    for items in ([{"route": "a", "key": "k"}] * 10_001, [1] * 20_000, [{"cost": "x"}] * 10_001):
+        with pytest.raises(RequestValidationError) as info:
+            decide_api._fast_items(orjson.dumps({"requests": items}))
+        (err,) = info.value.errors()
+        assert err["loc"] == ("body", "requests") and f"got {len(items)}" in err["msg"]
+    assert decide_api._fast_items(orjson.dumps({"requests": [{"route": "a", "key": "k"}] * 10_000})) is not None
+
+
 def test_fast_body_check_mirrors_the_schema():
     """_fast_items hard-codes DecideRequest's and BatchRequest's constraints."""
     schema = DecideRequest.model_json_schema()["properties"]
@@ -540,7 +553,7 @@ def test_fast_body_check_mirrors_the_schema():
     assert limits("headers")["maxProperties"] == 100
     assert DecideRequest.model_config.get("extra") == "forbid" and BatchRequest.model_config.get("extra") == "forbid"
     req = BatchRequest.model_json_schema()["properties"]["requests"]
-    assert (req["minItems"], req["maxItems"]) == (1, 10_000)
+    assert (req["minItems"], req["maxItems"]) == (1, 10_000) == (1, decide_api.MAX_BATCH)
     # strict types on both sides (a test above checks the fast side by hand)
     assert DecideRequest.model_config.get("strict") is True and BatchRequest.model_config.get("strict") is True
 

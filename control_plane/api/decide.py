@@ -15,7 +15,7 @@ from limiter.keys import InvalidKeyError
 from .. import incidents
 from ..engine import DecideInput, DecideResult, PlainInput, UnknownRoute
 from .deps import ApiError, require_client
-from .schemas import BatchRequest, BatchResponse, DecideRequest, DecideResponse, ErrorBody
+from .schemas import MAX_BATCH, BatchRequest, BatchResponse, DecideRequest, DecideResponse, ErrorBody
 
 router = APIRouter(prefix="/v1", tags=["decide"])
 
@@ -135,16 +135,22 @@ def _fast_items(raw: bytes) -> list[DecideInput | PlainInput | ApiError] | None:
     route, a key and maybe cost and request_id as a PlainInput tuple), or None whenever
     anything is not plainly valid (bad JSON, unknown fields, a value of another type or
     out of range, ...). The caller then lets pydantic parse the body, so every 422 is
-    pydantic's own. Mirrors :class:`~.schemas.DecideRequest` and :class:`~.schemas.BatchRequest`
-    (a test keeps them in step)."""
+    pydantic's own, except one: more than ``MAX_BATCH`` items raise the 422 naming
+    ``requests`` here, before any item is validated. Mirrors
+    :class:`~.schemas.DecideRequest` and :class:`~.schemas.BatchRequest` (a test keeps
+    them in step)."""
     try:
         body = orjson.loads(raw)
     except orjson.JSONDecodeError:
         return None
-    if body.__class__ is not dict or len(body) != 1:
+    if body.__class__ is not dict:
         return None
     items = body.get("requests")
-    if items.__class__ is not list or not 1 <= len(items) <= 10_000:
+    if items.__class__ is not list:
+        return None
+    if len(items) > MAX_BATCH:  # refused before any item is looked at (pydantic checks every item first)
+        raise RequestValidationError([{"type": "too_long", "loc": ("body", "requests"), "msg": f"at most {MAX_BATCH} items per batch, got {len(items)}", "input": None}], body=None)
+    if len(body) != 1 or not items:
         return None
     fields = _ITEM_FIELDS
     plain = _PLAIN_FIELDS

@@ -61,9 +61,13 @@ class DecideResponse(BaseModel):
     identifier: str | None = None
 
 
+#: the most items in one /v1/decide/batch request
+MAX_BATCH = 10_000
+
+
 class BatchRequest(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
-    requests: list[DecideRequest] = Field(..., min_length=1, max_length=10_000)
+    requests: list[DecideRequest] = Field(..., min_length=1, max_length=MAX_BATCH)
 
 
 class BatchItemError(BaseModel):
