@@ -487,7 +487,7 @@ class Engine:
         self.watcher: RulesWatcher | None = None
         if settings.rules_path is not None:
             # the rules were just loaded: the watcher starts from them instead of reading the file again
-            self.watcher = RulesWatcher(settings.rules_path, settings, on_change=self._on_rules, on_error=self._on_rules_error, initial=self.rules)
+            self.watcher = RulesWatcher(settings.rules_path, settings, on_change=self._on_rules, on_error=self._on_rules_error, initial=self.rules, on_recover=self._on_rules_recovered)
         self._states: dict[str, RouteState] = {}
         self._adjust: dict[str, dict[str, Policy]] = {}
         self._pending_rollbacks: dict[str, RouteState] = {}
@@ -1366,6 +1366,15 @@ class Engine:
         self.events.publish({"type": "rules_reload", "ok": False, "error": str(err), "instance": self.instance_id})
         with contextlib.suppress(RuntimeError):
             asyncio.get_running_loop().create_task(self._audit_rules(False, str(err)))
+
+    def _on_rules_recovered(self, rules: Rules) -> None:
+        """The rejected file was put back to the rules in force: nothing to reload, but
+        the error is over (rules_error, rate_limit_rules_valid, an event and the audit)."""
+        self.last_rules_error = None
+        self.metrics.rules_valid.set(1)
+        self.events.publish({"type": "rules_reload", "ok": True, "recovered": True, "routes": rules.names(), "digest": rules.digest, "instance": self.instance_id})
+        with contextlib.suppress(RuntimeError):
+            asyncio.get_running_loop().create_task(self._audit_rules(True, f"the file is back to the rules in force ({len(rules.names())} routes, digest {rules.digest[:12]})"))
 
     async def _audit_rules(self, ok: bool, detail: str) -> None:
         entry = AuditEntry(route="*", actor=f"instance/{self.instance_id}", from_mode="", to_mode="ok" if ok else "error", reason=detail, kind="rules_reload")

@@ -20,7 +20,7 @@ import pytest
 from control_plane.incidents import MESSAGE
 from control_plane.settings import SettingsError, load_settings
 
-from cp_server import RULES_YAML, ControlPlaneServer, admin_headers, write_rules
+from cp_server import RULES_YAML, ControlPlaneServer, admin_headers, metric_value, wait_until, write_rules
 
 ADMIN = admin_headers()
 
@@ -209,3 +209,22 @@ def test_more_than_10000_items_are_refused_before_any_is_validated(http):
     assert r.json()["field"] == "requests"
     assert r.json()["message"] == "requests: at most 10000 items per batch, got 10001"
     assert len(r.json()["errors"]) == 1
+
+
+# --------------------------------------------------------------------------- rules error recovery
+
+
+def test_restoring_the_good_rules_file_clears_the_error(http, rules_file):
+    good = rules_file.read_bytes()
+
+    def state() -> tuple[str | None, float]:
+        return http.get("/v1/routes").json()["rules_error"], metric_value(http.get("/metrics").text, "rate_limit_rules_valid")
+
+    rules_file.write_text(RULES_YAML.replace("burst: 10}", "burst: 0}", 1))
+    err, valid = wait_until(lambda: (s := state())[0] is not None and s, timeout=10, what="the bad file to be reported")
+    assert "routes[0].local.burst" in err and valid == 0.0
+    rules_file.write_bytes(good)  # the rules in force: same digest, nothing to reload
+    wait_until(lambda: state() == (None, 1.0), timeout=10, what="the error to clear")
+    audit = wait_until(lambda: (a := http.get("/v1/rollout/audit").json()["entries"]) and a[0]["to"] == "ok" and a, timeout=10, what="the recovery's audit entry")
+    assert audit[0]["kind"] == "rules_reload" and "back to the rules in force" in audit[0]["reason"]
+    assert audit[1]["kind"] == "rules_reload" and audit[1]["to"] == "error"
