@@ -13,6 +13,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Route
 
+from . import incidents
 from .api import admin, decide, external, health, observe, routes, stream
 from .api.deps import ApiError
 from .auth import Authenticator, AuthGate, TokensFile
@@ -86,14 +87,17 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         return JSONResponse({"error": "not_found" if exc.status_code == 404 else "http_error", "message": str(exc.detail)}, status_code=exc.status_code, headers=getattr(exc, "headers", None))
 
     @app.exception_handler(Exception)
-    async def _unexpected(_: Request, exc: Exception) -> JSONResponse:  # pragma: no cover - last resort
-        log.exception("unexpected error")
-        return JSONResponse({"error": "internal_error", "message": f"{type(exc).__name__}: {exc}"}, status_code=500)
+    async def _unexpected(request: Request, exc: Exception) -> JSONResponse:  # pragma: no cover - behind CatchAll
+        # the exception's text stays in the log (under the incident id), never in the answer
+        return JSONResponse(incidents.body(incidents.report(exc, f"{request.method} {request.url.path}")), status_code=500)
 
     for r in (decide.router, routes.router, observe.router, external.router, admin.router, stream.router, health.router):
         app.include_router(r)
     # who may call what, checked before any body is read (every route has an access level)
     app.add_middleware(AuthGate, auth=authenticator(settings), endpoints=endpoints_of(app))
+    # a bug answers 500 + incident id and keeps the connection; the last add_middleware
+    # call, so that it wraps every other middleware
+    app.add_middleware(incidents.CatchAll)
     return app
 
 

@@ -495,7 +495,7 @@ class Engine:
         self.watcher: RulesWatcher | None = None
         if settings.rules_path is not None:
             # the rules were just loaded: the watcher starts from them instead of reading the file again
-            self.watcher = RulesWatcher(settings.rules_path, settings, on_change=self._on_rules, on_error=self._on_rules_error, initial=self.rules)
+            self.watcher = RulesWatcher(settings.rules_path, settings, on_change=self._on_rules, on_error=self._on_rules_error, initial=self.rules, on_recover=self._on_rules_recovered)
         self._states: dict[str, RouteState] = self.memory.states  # the newest state seen per route
         self._adjust: dict[str, dict[str, Policy]] = {}
         self._pending_rollbacks: dict[str, tuple[RouteState, RouteState]] = {}  # route -> (rollback, from)
@@ -806,7 +806,9 @@ class Engine:
     async def decide_many(self, inputs: Sequence[DecideInput | PlainInput], *, as_dicts: bool = False) -> list[Any]:
         """Decide many requests; all distributed enforcement goes to Redis as one pipelined
         burst (external limits, if any, are looked up concurrently first). Invalid items
-        come back as their exception, in place.
+        come back as their exception, in place, and so does an item whose decision failed
+        unexpectedly (any other ``Exception``; the caller reports it): one item never
+        fails the batch.
 
         An item is a :class:`DecideInput` or, for the common case of a named route and a
         key, a :data:`PlainInput` tuple ``(route, key, cost, request_id)`` (the same as
@@ -850,7 +852,7 @@ class Engine:
                     items, inp = _as_input(items, inputs, i)
                 try:
                     rule, key = self.resolve(inp)
-                except (UnknownRoute, ValueError) as exc:
+                except Exception as exc:  # noqa: BLE001 - UnknownRoute, ValueError, or unexpected: in place
                     keys_l[i] = exc
                     continue
             rules_l[i] = rule
@@ -862,8 +864,14 @@ class Engine:
                     lookups.append(i)
         ext: dict[int, Resolution] = {}
         if lookups:
-            got = await asyncio.gather(*[self.external.resolve(rules_l[i], keys_l[i], items[i].method, items[i].path, items[i].headers) for i in lookups])  # type: ignore[arg-type, union-attr]
-            ext = dict(zip(lookups, got))
+            got = await asyncio.gather(*[self.external.resolve(rules_l[i], keys_l[i], items[i].method, items[i].path, items[i].headers) for i in lookups], return_exceptions=True)  # type: ignore[arg-type, union-attr]
+            for i, res in zip(lookups, got):
+                if isinstance(res, BaseException):
+                    if not isinstance(res, Exception):
+                        raise res
+                    rules_l[i], keys_l[i] = None, res  # in place, like an invalid item
+                else:
+                    ext[i] = res
 
         # -- local decisions, in order (no await from here to the distributed call) ----
         m = self.metrics
@@ -881,149 +889,160 @@ class Engine:
         dirty = False
         try:
             for i in range(n):
-                rule = rules_l[i]
-                if rule is None:
-                    out[i] = keys_l[i]
-                    continue
-                key = keys_l[i]
-                inp = items[i]
-                name = rule.name
-                p = plans.get(name)
-                if p is None or p.rule is not rule:
-                    p = plans[name] = self._plan(rule)
-                plain = inp.__class__ is tuple
-                cost = inp[2] if plain else inp.cost  # type: ignore[index, union-attr]
-                if not p.fast or cost.__class__ is not int or cost < 1 or cost > p.cost_max or (ext and i in ext):
-                    # everything else: the general path, after what the fast path has buffered
-                    if dirty:
-                        self._flush_plans(plans)
-                        dirty = False
-                    free = None
-                    if plain:
-                        items, inp = _as_input(items, inputs, i)
-                    res = ext.get(i)
-                    try:
-                        step = self._begin(rule, key, cost, inp.request_id or self._next_id(), inp.client_ip, res.limits if res is not None else None)
-                    except (UnknownRoute, ValueError) as exc:
-                        out[i] = exc
+                try:
+                    rule = rules_l[i]
+                    if rule is None:
+                        out[i] = keys_l[i]
                         continue
-                    if isinstance(step, _Pending):
-                        pend.append((i, step))
-                        reqs.append((step.lkey, step.dist_policy, step.cost, step.now_us))
-                        ovs.append((step.failure_policy, step.failure_code))
-                    out[i] = step
-                    continue
+                    key = keys_l[i]
+                    inp = items[i]
+                    name = rule.name
+                    p = plans.get(name)
+                    if p is None or p.rule is not rule:
+                        p = plans[name] = self._plan(rule)
+                    plain = inp.__class__ is tuple
+                    cost = inp[2] if plain else inp.cost  # type: ignore[index, union-attr]
+                    if not p.fast or cost.__class__ is not int or cost < 1 or cost > p.cost_max or (ext and i in ext):
+                        # everything else: the general path, after what the fast path has buffered
+                        if dirty:
+                            self._flush_plans(plans)
+                            dirty = False
+                        free = None
+                        if plain:
+                            items, inp = _as_input(items, inputs, i)
+                        res = ext.get(i)
+                        try:
+                            step = self._begin(rule, key, cost, inp.request_id or self._next_id(), inp.client_ip, res.limits if res is not None else None)
+                        except (UnknownRoute, ValueError) as exc:
+                            out[i] = exc
+                            continue
+                        if isinstance(step, _Pending):
+                            pend.append((i, step))
+                            reqs.append((step.lkey, step.dist_policy, step.cost, step.now_us))
+                            ovs.append((step.failure_policy, step.failure_code))
+                        out[i] = step
+                        continue
 
-                # -- the fast path: _begin for a plain route ------------------------------
-                dirty = True
-                request_id = inp[3] if plain else inp.request_id  # type: ignore[index, union-attr]
-                if not request_id:  # _next_id()
-                    self._seq = seq = self._seq + 1
-                    request_id = f"{instance_id}-{seq}"
-                now_us = time_ns() // 1000
-                now_s = now_us / 1_000_000
-                lkey = p.prefix + key
-                local = check(lkey, p.lp, cost, now_us)
-                self._note_activity(name, key, now_s)
-                act = activity[name]
-                allowed = local.allowed
-                if allowed:
-                    if not p.req_ok:
-                        m.child(m.requests, "local", "allowed")
-                    p.req_ok += 1
-                else:
-                    if not p.req_rej:
-                        m.child(m.requests, "local", "denied")
-                    p.req_rej += 1
-                mode = p.mode
-                if mode is not Mode.OFF:
-                    if mode is Mode.ENFORCE or (mode is Mode.CANARY and enforced_by_distributed(mode, p.percent, name, key)):
-                        pend.append((i, p, key, local, request_id, now_s))
-                        reqs.append((lkey, p.dp, cost, now_us))
-                        ovs.append(p.failure)
-                        continue
-                    # _enqueue_shadow: nothing takes from the queue before the next await, so
-                    # its free room is counted down instead of asking the queue each time
-                    if free is None:
-                        free = queue.maxsize - len(queue)
-                    if free:
-                        queue_put((lkey, p.dp, cost, now_us, name, key, allowed, request_id))
-                        free -= 1
+                    # -- the fast path: _begin for a plain route ------------------------------
+                    dirty = True
+                    request_id = inp[3] if plain else inp.request_id  # type: ignore[index, union-attr]
+                    if not request_id:  # _next_id()
+                        self._seq = seq = self._seq + 1
+                        request_id = f"{instance_id}-{seq}"
+                    now_us = time_ns() // 1000
+                    now_s = now_us / 1_000_000
+                    lkey = p.prefix + key
+                    local = check(lkey, p.lp, cost, now_us)
+                    self._note_activity(name, key, now_s)
+                    act = activity[name]
+                    allowed = local.allowed
+                    if allowed:
+                        if not p.req_ok:
+                            m.child(m.requests, "local", "allowed")
+                        p.req_ok += 1
                     else:
-                        if not p.dropped:
-                            m.child(m.shadow_dropped, name)
-                        p.dropped += 1
-                # -- _finish, enforced by the local decision ------------------------------
-                if allowed:
-                    if not p.fin_ok:
-                        m.child(m.decisions, name, p.mode_value, "local", "true")
-                    p.fin_ok += 1
-                else:
-                    if not p.fin_rej:
-                        m.child(m.rejections, "local_exhausted")
-                        m.child(m.exceeded, "local")
-                        m.child(m.decisions, name, p.mode_value, "local", "false")
-                    p.fin_rej += 1
-                if p.remaining is None:
-                    m.child(m.tokens_remaining, "route", name)
-                p.remaining = local.remaining
-                act.last[key] = (now_s, allowed, "local")
-                out[i] = p.result(local, local, None, None, key, request_id, now_s, as_dicts)
+                        if not p.req_rej:
+                            m.child(m.requests, "local", "denied")
+                        p.req_rej += 1
+                    mode = p.mode
+                    if mode is not Mode.OFF:
+                        if mode is Mode.ENFORCE or (mode is Mode.CANARY and enforced_by_distributed(mode, p.percent, name, key)):
+                            pend.append((i, p, key, local, request_id, now_s))
+                            reqs.append((lkey, p.dp, cost, now_us))
+                            ovs.append(p.failure)
+                            continue
+                        # _enqueue_shadow: nothing takes from the queue before the next await, so
+                        # its free room is counted down instead of asking the queue each time
+                        if free is None:
+                            free = queue.maxsize - len(queue)
+                        if free:
+                            queue_put((lkey, p.dp, cost, now_us, name, key, allowed, request_id))
+                            free -= 1
+                        else:
+                            if not p.dropped:
+                                m.child(m.shadow_dropped, name)
+                            p.dropped += 1
+                    # -- _finish, enforced by the local decision ------------------------------
+                    if allowed:
+                        if not p.fin_ok:
+                            m.child(m.decisions, name, p.mode_value, "local", "true")
+                        p.fin_ok += 1
+                    else:
+                        if not p.fin_rej:
+                            m.child(m.rejections, "local_exhausted")
+                            m.child(m.exceeded, "local")
+                            m.child(m.decisions, name, p.mode_value, "local", "false")
+                        p.fin_rej += 1
+                    if p.remaining is None:
+                        m.child(m.tokens_remaining, "route", name)
+                    p.remaining = local.remaining
+                    act.last[key] = (now_s, allowed, "local")
+                    out[i] = p.result(local, local, None, None, key, request_id, now_s, as_dicts)
+                except Exception as exc:  # noqa: BLE001 - one item never fails the batch: its error in place
+                    out[i] = exc
         finally:
             self._flush_plans(plans)
 
         # -- the distributed decisions: one pipelined burst, then compare and enforce ---
         if pend:
-            outcomes = await self.resilient.check_many(reqs, overrides=ovs)
+            try:
+                outcomes = await self.resilient.check_many(reqs, overrides=ovs)
+            except Exception as exc:  # noqa: BLE001 - not a backend failure (those are outcomes): each item's error in place
+                for entry in pend:
+                    out[entry[0]] = exc
+                outcomes = []
             record = self.divergence.record
             dirty = False
             try:
                 for j, (entry, outcome) in enumerate(zip(pend, outcomes)):
                     i = entry[0]
-                    if len(entry) == 2:
-                        if dirty:
-                            self._flush_plans(plans)
-                            dirty = False
-                        out[i] = self._complete(entry[1], outcome)
-                        continue
-                    _, p, key, local, request_id, now_s = entry
-                    if outcome.source != "distributed":
-                        if dirty:
-                            self._flush_plans(plans)
-                            dirty = False
-                        lkey, dist_policy, cost, now_us = reqs[j]
-                        out[i] = self._complete(_Pending(p.rule, key, p.mode, p.percent, lkey, local, dist_policy, cost, now_us, now_s, request_id, *p.failure), outcome)
-                        continue
-                    # _complete for a distributed answer, then _finish
-                    dirty = True
-                    name = p.name
-                    dist = outcome.decision
-                    allowed = dist.allowed
-                    local_allowed = local.allowed
-                    div = _AGREE if local_allowed == allowed else _LADD if local_allowed else _LDDA
-                    record(name, div, distributed_attempt=True)
-                    p.count_divergence(m, div)
-                    if div is _LADD:
-                        self.blocked.record(name, key, request_id)
-                    if allowed:
-                        if not p.dreq_ok:
-                            m.child(m.requests, "distributed", "allowed")
-                            m.child(m.decisions, name, p.mode_value, "distributed", "true")
-                        p.dreq_ok += 1
-                    else:
-                        if not p.dreq_rej:
-                            m.child(m.requests, "distributed", "denied")
-                            m.child(m.rejections, "distributed_exhausted")
-                            m.child(m.exceeded, "distributed")
-                            m.child(m.decisions, name, p.mode_value, "distributed", "false")
-                        p.dreq_rej += 1
-                    if p.remaining is None:
-                        m.child(m.tokens_remaining, "route", name)
-                    p.remaining = dist.remaining
-                    act = activity.get(name)
-                    if act is not None:
-                        act.last[key] = (now_s, allowed, "distributed")
-                    out[i] = p.result(dist, local, dist, div, key, request_id, now_s, as_dicts)
+                    try:
+                        if len(entry) == 2:
+                            if dirty:
+                                self._flush_plans(plans)
+                                dirty = False
+                            out[i] = self._complete(entry[1], outcome)
+                            continue
+                        _, p, key, local, request_id, now_s = entry
+                        if outcome.source != "distributed":
+                            if dirty:
+                                self._flush_plans(plans)
+                                dirty = False
+                            lkey, dist_policy, cost, now_us = reqs[j]
+                            out[i] = self._complete(_Pending(p.rule, key, p.mode, p.percent, lkey, local, dist_policy, cost, now_us, now_s, request_id, *p.failure), outcome)
+                            continue
+                        # _complete for a distributed answer, then _finish
+                        dirty = True
+                        name = p.name
+                        dist = outcome.decision
+                        allowed = dist.allowed
+                        local_allowed = local.allowed
+                        div = _AGREE if local_allowed == allowed else _LADD if local_allowed else _LDDA
+                        record(name, div, distributed_attempt=True)
+                        p.count_divergence(m, div)
+                        if div is _LADD:
+                            self.blocked.record(name, key, request_id)
+                        if allowed:
+                            if not p.dreq_ok:
+                                m.child(m.requests, "distributed", "allowed")
+                                m.child(m.decisions, name, p.mode_value, "distributed", "true")
+                            p.dreq_ok += 1
+                        else:
+                            if not p.dreq_rej:
+                                m.child(m.requests, "distributed", "denied")
+                                m.child(m.rejections, "distributed_exhausted")
+                                m.child(m.exceeded, "distributed")
+                                m.child(m.decisions, name, p.mode_value, "distributed", "false")
+                            p.dreq_rej += 1
+                        if p.remaining is None:
+                            m.child(m.tokens_remaining, "route", name)
+                        p.remaining = dist.remaining
+                        act = activity.get(name)
+                        if act is not None:
+                            act.last[key] = (now_s, allowed, "distributed")
+                        out[i] = p.result(dist, local, dist, div, key, request_id, now_s, as_dicts)
+                    except Exception as exc:  # noqa: BLE001 - one item never fails the batch: its error in place
+                        out[i] = exc
             finally:
                 self._flush_plans(plans)
         for i, res in ext.items():  # ``out`` has one entry per input, in order
@@ -1428,6 +1447,15 @@ class Engine:
         """Wait (bounded) until the audit entries written in the background are stored."""
         if self._audit_tasks:
             await asyncio.wait(list(self._audit_tasks), timeout=timeout)
+
+    def _on_rules_recovered(self, rules: Rules) -> None:
+        """The rejected file was put back to the rules in force: nothing to reload, but
+        the error is over (rules_error, rate_limit_rules_valid, an event and the audit)."""
+        self.last_rules_error = None
+        self.metrics.rules_valid.set(1)
+        self.events.publish({"type": "rules_reload", "ok": True, "recovered": True, "routes": rules.names(), "digest": rules.digest, "instance": self.instance_id})
+        with contextlib.suppress(RuntimeError):
+            self._spawn_audit(self._audit_rules(True, f"the file is back to the rules in force ({len(rules.names())} routes, digest {rules.digest[:12]})"))
 
     async def _audit_rules(self, ok: bool, detail: str) -> None:
         entry = AuditEntry(route="*", actor=f"instance/{self.instance_id}", from_mode="", to_mode="ok" if ok else "error", reason=detail, kind="rules_reload")

@@ -1254,8 +1254,9 @@ class RulesWatcher:
     the content digest differs from the current rules. A valid new file calls
     ``on_change(rules)``; an invalid one calls ``on_error(err)`` once per bad version
     and the last good rules stay in place (``last_error`` says why until the file is
-    fixed). A file caught mid-write (its stat changes while being read) is retried on
-    the next check.
+    fixed). A file put back to the rules in force after an error (same digest, so
+    nothing to reload) calls ``on_recover(rules)``: the error is over. A file caught
+    mid-write (its stat changes while being read) is retried on the next check.
     """
 
     _RACY_S = 2.0  # mtimes newer than this (relative to the last read) are not trusted
@@ -1268,11 +1269,13 @@ class RulesWatcher:
         on_error: Callable[[RulesError], None] | None = None,
         *,
         initial: Rules | None = None,
+        on_recover: Callable[[Rules], None] | None = None,
     ) -> None:
         self.path = Path(path) if path is not None and str(path).strip() else None
         self.settings = settings
         self.on_change = on_change
         self.on_error = on_error
+        self.on_recover = on_recover
         self.last_error: RulesError | None = None
         self.reload_count = 0
         self.error_count = 0
@@ -1307,6 +1310,16 @@ class RulesWatcher:
         log.warning("rules file rejected, keeping the last good rules: %s", err)
         if self.on_error is not None:
             self.on_error(err)
+
+    def _recovered(self) -> None:
+        """The file is back to the rules in force: clear the error and say so."""
+        if self.last_error is None:
+            return
+        self.last_error = None
+        self._bad_digest = None
+        log.info("rules file %s is back to the rules in force (digest %s)", self.path, self._rules.digest[:12])
+        if self.on_recover is not None:
+            self.on_recover(self._rules)
 
     def _apply(self, rules: Rules) -> None:
         self._rules = rules
@@ -1352,9 +1365,7 @@ class RulesWatcher:
             self._bad_sig = None  # readable (again)
             digest = hashlib.sha256(data).hexdigest()
             if digest == self._rules.digest:
-                if self.last_error is not None:  # the file went back to the good version
-                    self.last_error = None
-                    self._bad_digest = None
+                self._recovered()  # if it had been rejected: it went back to the good version
                 return False
             if digest == self._bad_digest:
                 return False  # already reported
@@ -1390,6 +1401,7 @@ class RulesWatcher:
                 raise
             digest = hashlib.sha256(data).hexdigest()
             if not force and digest == self._rules.digest:
+                self._recovered()
                 return self._rules
             try:
                 rules = _parse(_decode(data, str(self.path)), self.settings, str(self.path), digest)

@@ -181,6 +181,19 @@ class Settings(BaseSettings):
             raise ValueError(f"SHADOWLIMIT_HOST: {self.host} is not a loopback address; set SHADOWLIMIT_ALLOW_REMOTE=true to listen beyond loopback")
         return self
 
+    @model_validator(mode="after")
+    def _check_default_policy(self) -> Settings:
+        """The default route's token bucket must be a valid policy (see limiter.policy's bounds)."""
+        from limiter import Policy
+
+        try:
+            Policy(average=self.global_refill_per_sec, period=1.0, burst=self.global_capacity)
+        except ValueError as exc:
+            field, _, rest = str(exc).partition(": ")
+            env = "RATE_LIMIT_GLOBAL_CAPACITY" if field == "burst" else "RATE_LIMIT_GLOBAL_REFILL_PER_SEC"
+            raise ValueError(f"{env}: {rest} (the default route's token bucket: RATE_LIMIT_GLOBAL_REFILL_PER_SEC={self.global_refill_per_sec:g}, RATE_LIMIT_GLOBAL_CAPACITY={self.global_capacity})") from None
+        return self
+
     @property
     def proxies(self) -> TrustedProxies:
         return TrustedProxies.parse(self.trusted_proxies)

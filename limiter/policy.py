@@ -6,6 +6,12 @@ scripts and the control plane, so they are small frozen dataclasses.
 
 Units: time in integer microseconds everywhere inside the engine; ``period`` is
 given in seconds for humans and converted once, here.
+
+Bounds: every time a decision derives from a policy (refill, retry, reset, key TTL)
+stays below :data:`MAX_REFILL_S` plus two periods, so a microsecond timestamp plus any
+of them is exact in a 64-bit integer and in a double (2^53 us is the year 2255), which
+is what Python, the C path, the Lua scripts and JSON all need. A policy outside the
+bounds is refused here, naming the field, instead of failing every decision later.
 """
 
 from __future__ import annotations
@@ -15,11 +21,30 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
-__all__ = ["Algorithm", "BucketView", "Decision", "Policy", "MIN_PERIOD_S", "MAX_PERIOD_S", "make_decision", "validate_cost"]
+__all__ = [
+    "Algorithm",
+    "BucketView",
+    "Decision",
+    "MAX_AVERAGE",
+    "MAX_PERIOD_S",
+    "MAX_REFILL_S",
+    "MIN_EMISSION_US",
+    "MIN_PERIOD_S",
+    "Policy",
+    "make_decision",
+    "validate_cost",
+]
 
 MIN_PERIOD_S = 0.001
 MAX_PERIOD_S = 366 * 86_400.0
 _MAX_BURST = 1_000_000_000
+#: the most tokens (or requests) per period: the windowed limit and the default burst stay <= 10^9
+MAX_AVERAGE = 1_000_000_000
+#: a full bucket must refill within 10 years of 365 days: burst * period / average <= this
+MAX_REFILL_S = 10 * 365 * 86_400
+#: GCRA adds one emission interval per token to a stored time of about 2^50 us, whose
+#: resolution is 0.25 us: a shorter interval would be rounded away, so it is refused
+MIN_EMISSION_US = 1.0
 
 
 class Algorithm(str, Enum):
@@ -46,10 +71,20 @@ _WINDOWED = frozenset({Algorithm.FIXED_WINDOW, Algorithm.SLIDING_WINDOW, Algorit
 def _number(name: str, value: object) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ValueError(f"{name}: must be a number, got {value!r}")
-    v = float(value)
+    try:
+        v = float(value)
+    except OverflowError:  # an int beyond the float range
+        raise ValueError(f"{name}: must be finite, got an integer of {len(str(abs(value)))} digits") from None
     if not math.isfinite(v):
         raise ValueError(f"{name}: must be finite, got {value!r}")
     return v
+
+
+def _span(seconds: float) -> str:
+    """``"3.2 years"``, ``"40 days"``: a long time, for error messages."""
+    if seconds >= 365 * 86_400:
+        return f"{seconds / (365 * 86_400):.3g} years"
+    return f"{seconds / 86_400:.3g} days"
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,6 +137,8 @@ class Policy:
 
         if algorithm.windowed and not unlimited and average < 1:
             raise ValueError(f"average: {algorithm.value} counts whole requests per window, so it must be >= 1 (or <= 0 for unlimited), got {self.average!r}")
+        if average > MAX_AVERAGE:
+            raise ValueError(f"average: must be at most {MAX_AVERAGE} per period, got {average:g}")
 
         burst = self.burst
         if burst is None:
@@ -124,9 +161,21 @@ class Policy:
             s(self, "ttl_us", self.ttl_s * 1_000_000)
             s(self, "fn", None)
             return
+        refill_s = burst * period / average  # a full bucket from empty; also drives the key TTL
+        if refill_s > MAX_REFILL_S:
+            raise ValueError(
+                f"average: {average:g} per {period:g} s takes {refill_s:.10g} s ({_span(refill_s)}) to refill burst {burst}; "
+                f"at most 10 years ({MAX_REFILL_S} s) is allowed: raise average, or lower burst or period"
+            )
+        emission_us = period_us / average
+        if algorithm is Algorithm.GCRA and emission_us < MIN_EMISSION_US:
+            raise ValueError(
+                f"average: gcra needs at least {MIN_EMISSION_US:g} us per token (average / period at most "
+                f"{1_000_000 / MIN_EMISSION_US:.0f} per second), got {emission_us:.3g} us; use token_bucket for higher rates"
+            )
         s(self, "limit", math.floor(average) if algorithm.windowed else burst)
         s(self, "rate_per_us", average / period_us)
-        s(self, "emission_us", period_us / average)
+        s(self, "emission_us", emission_us)
         # seed 000: TTL = max(ceil(burst / average_per_second), period_seconds) + period_seconds
         per_s = average / period
         period_s = math.ceil(period)

@@ -26,6 +26,7 @@ import orjson
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from pydantic import ValidationError
 
 import control_plane.engine as engine_mod
 from control_plane.api import decide as decide_api
@@ -455,11 +456,6 @@ _item = st.tuples(
 TAKEN: list[bool] = []
 
 
-def _lax(items: list[dict[str, Any]]) -> bool:
-    """Pydantic converts these to an int cost; the fast check leaves them to it."""
-    return any("cost" in it and type(it["cost"]) is not int for it in items)
-
-
 @settings(max_examples=1500, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
 @given(st.lists(_item, min_size=0, max_size=3), st.sampled_from(["plain"] * 6 + ["extra", "list"]))
 def test_fast_body_check_agrees_with_pydantic(items, shape):
@@ -471,8 +467,8 @@ def test_fast_body_check_agrees_with_pydantic(items, shape):
     if fast is not None:  # taken: pydantic must agree exactly
         assert slow is not None
         assert _norm_inputs(fast) == _norm_inputs(slow)
-    elif slow is not None:  # left to pydantic: only for its lax conversions
-        assert _lax(items), items
+    else:  # both strict: what the fast check leaves to pydantic, pydantic refuses too
+        assert slow is None, items
 
 
 @pytest.mark.parametrize(
@@ -512,6 +508,29 @@ def test_anything_unusual_goes_to_pydantic(raw):
     assert decide_api._fast_items(raw) is None
 
 
+@pytest.mark.parametrize("cost", ["1.0", "2.0", '"2"', "true", "false", "null", "1e2"])
+def test_a_cost_that_is_not_an_integer_is_refused_by_both(cost):
+    """Strict types: neither check turns a float, a string or a bool into a cost."""
+    raw = b'{"requests": [{"route": "a", "key": "k", "cost": %s}]}' % cost.encode()
+    assert decide_api._fast_items(raw) is None
+    with pytest.raises(ValidationError) as info:
+        BatchRequest.model_validate_json(raw)
+    assert info.value.errors()[0]["loc"] == ("requests", 0, "cost")
+
+
+def test_too_many_items_are_refused_before_any_is_looked_at():
+    """More than MAX_BATCH items: the 422 names ``requests``, whatever the items are
+    (pydantic would validate every one of them first)."""
+    from fastapi.exceptions import RequestValidationError
+
+    for items in ([{"route": "a", "key": "k"}] * 10_001, [1] * 20_000, [{"cost": "x"}] * 10_001):
+        with pytest.raises(RequestValidationError) as info:
+            decide_api._fast_items(orjson.dumps({"requests": items}))
+        (err,) = info.value.errors()
+        assert err["loc"] == ("body", "requests") and f"got {len(items)}" in err["msg"]
+    assert decide_api._fast_items(orjson.dumps({"requests": [{"route": "a", "key": "k"}] * 10_000})) is not None
+
+
 def test_fast_body_check_mirrors_the_schema():
     """_fast_items hard-codes DecideRequest's and BatchRequest's constraints."""
     schema = DecideRequest.model_json_schema()["properties"]
@@ -534,7 +553,9 @@ def test_fast_body_check_mirrors_the_schema():
     assert limits("headers")["maxProperties"] == 100
     assert DecideRequest.model_config.get("extra") == "forbid" and BatchRequest.model_config.get("extra") == "forbid"
     req = BatchRequest.model_json_schema()["properties"]["requests"]
-    assert (req["minItems"], req["maxItems"]) == (1, 10_000)
+    assert (req["minItems"], req["maxItems"]) == (1, 10_000) == (1, decide_api.MAX_BATCH)
+    # strict types on both sides (a test above checks the fast side by hand)
+    assert DecideRequest.model_config.get("strict") is True and BatchRequest.model_config.get("strict") is True
 
 
 def _result(**kw: Any) -> DecideResult:

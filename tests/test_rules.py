@@ -907,6 +907,28 @@ def test_watcher_missing_file_reports_once(settings, tmp_path):
     assert w.check() and w.rules.names() == ["b", "default"] and w.last_error is None
 
 
+def test_watcher_reports_a_return_to_the_rules_in_force(settings, tmp_path):
+    """A rejected file put back to the rules in force has nothing to reload (same digest),
+    so on_change is not called: on_recover is, once, whichever way the watcher sees it."""
+    f = tmp_path / "rules.yaml"
+    _write(f, GOOD_1, 0)
+    recovered: list[Rules] = []
+    w = RulesWatcher(f, settings, on_change=lambda r: pytest.fail("nothing to reload"), on_error=lambda e: None, on_recover=recovered.append)
+    _write(f, BAD, 1)
+    assert not w.check() and w.last_error is not None
+    _write(f, GOOD_1, 2)  # the next check sees it
+    assert not w.check() and w.last_error is None and recovered == [w.rules]
+    assert not w.check() and len(recovered) == 1  # reported once
+    _write(f, BAD, 3)
+    assert not w.check() and w.last_error is not None  # the same bad version again: reported again
+    _write(f, GOOD_1, 4)  # the admin reload (not forced) sees it
+    assert w.reload(force=False) is w.rules and w.last_error is None and len(recovered) == 2
+    f.unlink()  # an unreadable file, then the same content back
+    assert not w.check() and w.last_error is not None
+    _write(f, GOOD_1, 5)
+    assert not w.check() and w.last_error is None and len(recovered) == 3
+
+
 def test_watcher_reload_admin_call(settings, tmp_path):
     f = tmp_path / "rules.yaml"
     _write(f, GOOD_1, 0)

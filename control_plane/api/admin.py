@@ -10,6 +10,7 @@ from fastapi import APIRouter, Query, Request
 
 from limiter import Policy
 from limiter.errors import BackendError
+from limiter.keys import InvalidKeyError, validate_key
 
 from ..engine import UnknownRoute
 from ..rollout import AuditEntry
@@ -97,6 +98,13 @@ async def config(change: ConfigAdjust, request: Request, engine: EngineDep, _: O
     """Adjust a route's (or one client's) limit at runtime, fleet-wide and audited."""
     policy = None
     if not change.clear:
+        if change.key is not None:
+            # the key /v1/decide would accept, checked the same way (clearing takes any
+            # stored key, so one saved before this check can still be removed)
+            try:
+                validate_key(change.key, field="key")
+            except InvalidKeyError as exc:
+                raise ApiError(422, "invalid_key", str(exc), field=exc.field) from exc
         try:
             policy = Policy(average=change.average, period=change.period, burst=change.burst, algorithm=change.algorithm or "token_bucket")
         except ValueError as exc:

@@ -12,9 +12,10 @@ from pydantic import ValidationError
 
 from limiter.keys import InvalidKeyError
 
+from .. import incidents
 from ..engine import DecideInput, DecideResult, PlainInput, UnknownRoute
 from .deps import ApiError
-from .schemas import BatchRequest, BatchResponse, DecideRequest, DecideResponse, ErrorBody
+from .schemas import MAX_BATCH, BatchRequest, BatchResponse, DecideRequest, DecideResponse, ErrorBody
 
 router = APIRouter(prefix="/v1", tags=["decide"])
 
@@ -64,6 +65,9 @@ def _rejected(body: dict[str, Any]) -> dict[str, Any]:
 
 
 def _translate(exc: Exception) -> ApiError:
+    """The answer for an item the engine refused, or for one whose decision failed
+    unexpectedly: a 500-like error with an incident id (the traceback is logged under
+    it; the exception's text is never sent)."""
     if isinstance(exc, UnknownRoute):
         return ApiError(404, "unknown_route", f"no route named {exc.route!r}", field="route")
     if isinstance(exc, InvalidKeyError):
@@ -72,7 +76,7 @@ def _translate(exc: Exception) -> ApiError:
         msg = str(exc)
         field = msg.split(":", 1)[0] if ":" in msg else "request"
         return ApiError(422, "invalid_request", msg, field=field)
-    raise exc
+    return ApiError(500, "internal_error", incidents.MESSAGE, incident=incidents.report(exc, "a /v1/decide/batch item"))
 
 
 _RESPONSES: dict[int | str, dict[str, Any]] = {
@@ -130,16 +134,22 @@ def _fast_items(raw: bytes) -> list[DecideInput | PlainInput | ApiError] | None:
     route, a key and maybe cost and request_id as a PlainInput tuple), or None whenever
     anything is not plainly valid (bad JSON, unknown fields, a value of another type or
     out of range, ...). The caller then lets pydantic parse the body, so every 422 is
-    pydantic's own. Mirrors :class:`~.schemas.DecideRequest` and :class:`~.schemas.BatchRequest`
-    (a test keeps them in step)."""
+    pydantic's own, except one: more than ``MAX_BATCH`` items raise the 422 naming
+    ``requests`` here, before any item is validated. Mirrors
+    :class:`~.schemas.DecideRequest` and :class:`~.schemas.BatchRequest` (a test keeps
+    them in step)."""
     try:
         body = orjson.loads(raw)
     except orjson.JSONDecodeError:
         return None
-    if body.__class__ is not dict or len(body) != 1:
+    if body.__class__ is not dict:
         return None
     items = body.get("requests")
-    if items.__class__ is not list or not 1 <= len(items) <= 10_000:
+    if items.__class__ is not list:
+        return None
+    if len(items) > MAX_BATCH:  # refused before any item is looked at (pydantic checks every item first)
+        raise RequestValidationError([{"type": "too_long", "loc": ("body", "requests"), "msg": f"at most {MAX_BATCH} items per batch, got {len(items)}", "input": None}], body=None)
+    if len(body) != 1 or not items:
         return None
     fields = _ITEM_FIELDS
     plain = _PLAIN_FIELDS
@@ -222,5 +232,8 @@ async def decide_batch(request: Request) -> Response:
             append(res if res["allowed"] else _rejected(res))
             continue
         e = res if isinstance(res, ApiError) else _translate(res)
-        append({"error": e.error, "message": e.message, "index": i, "field": e.details.get("field")})
+        err = {"error": e.error, "message": e.message, "index": i, "field": e.details.get("field"), "status": e.status}
+        if "incident" in e.details:
+            err["incident"] = e.details["incident"]
+        append(err)
     return Response(orjson.dumps({"decisions": out}), media_type="application/json")

@@ -1,4 +1,10 @@
-"""Pydantic models at the API edge (requests and responses)."""
+"""Pydantic models at the API edge (requests and responses).
+
+Request bodies are strict: ``"5"`` or ``true`` is not an integer and ``1`` or ``"true"``
+not a boolean (a 422 naming the field); a whole number where a float is expected
+(``average``, ``period``) is fine. ``_fast_items`` in ``api/decide.py`` checks batch items
+by hand the same way (``tests/test_batch_fastpath.py`` keeps the two in step).
+"""
 
 from __future__ import annotations
 
@@ -14,7 +20,7 @@ class ErrorBody(BaseModel):
 
 
 class DecideRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
     route: str | None = Field(None, min_length=1, max_length=64, description="Route name; or give method + path.")
     method: str | None = Field(None, min_length=1, max_length=16, pattern=r"^[A-Za-z]+$")
     path: str | None = Field(None, min_length=1, max_length=2048, pattern=r"^/")
@@ -55,9 +61,13 @@ class DecideResponse(BaseModel):
     identifier: str | None = None
 
 
+#: the most items in one /v1/decide/batch request
+MAX_BATCH = 10_000
+
+
 class BatchRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    requests: list[DecideRequest] = Field(..., min_length=1, max_length=10_000)
+    model_config = ConfigDict(extra="forbid", strict=True)
+    requests: list[DecideRequest] = Field(..., min_length=1, max_length=MAX_BATCH)
 
 
 class BatchItemError(BaseModel):
@@ -65,6 +75,8 @@ class BatchItemError(BaseModel):
     message: str
     index: int
     field: str | None = None
+    status: int = Field(..., description="The status /v1/decide would answer for this item alone: 404, 422, or 500 (internal_error).")
+    incident: str | None = Field(None, description="internal_error only: the id the control plane logged the failure under.")
 
 
 class BatchResponse(BaseModel):
@@ -72,7 +84,7 @@ class BatchResponse(BaseModel):
 
 
 class ModeChange(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
     mode: Literal["off", "shadow", "canary", "enforce"]
     canary_percent: int = Field(0, ge=0, le=100)
     reason: str = Field(..., min_length=1, max_length=500)
@@ -82,7 +94,7 @@ class ModeChange(BaseModel):
 class ConfigAdjust(BaseModel):
     """Seed 002's ``adjust``: change a route's limit (or one key's) at runtime, fleet-wide."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
     route: str = Field("default", min_length=1, max_length=64)
     key: str | None = Field(None, min_length=1, max_length=256, description="One client's key; omit for the whole route.")
     target: Literal["local", "distributed", "both"] = "both"
