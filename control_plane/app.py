@@ -15,6 +15,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from .api import admin, decide, external, health, observe, routes, stream
 from .api.deps import ApiError
 from .gctune import tune_gc
+from .limits import RequestLimitsMiddleware
 from .settings import Settings, load_settings
 from .wiring import open_engine
 
@@ -90,4 +91,6 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     for r in (decide.router, routes.router, observe.router, external.router, admin.router, stream.router, health.router):
         app.include_router(r)
+    # oversized bodies (413) and header sets (431) are refused before any endpoint runs
+    app.add_middleware(RequestLimitsMiddleware, limits=settings.request_limits)
     return app

@@ -152,7 +152,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
         raise CliError(f"invalid rules file: {exc}", EXIT_USAGE) from None
     if settings.admin_token is None:
         print("warning: SHADOWLIMIT_ADMIN_TOKEN is not set: mode changes and admin calls will be refused (403)", file=sys.stderr)
-    uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_level=args.log_level, access_log=False)
+    from .serving import http_protocol
+
+    uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_level=args.log_level, access_log=False, http=http_protocol(settings.request_limits))
     return EXIT_OK
 
 
