@@ -85,6 +85,7 @@ class RequestLimitsMiddleware:
         self.app = app
         self.limits = limits
         self._max_body = limits.max_body_bytes
+        self._max_body_digits = len(str(limits.max_body_bytes))
         self._max_headers = limits.max_headers
         self._max_header_bytes = limits.max_header_bytes
         n = f"{limits.max_body_bytes:,}"
@@ -111,17 +112,13 @@ class RequestLimitsMiddleware:
         if size > self._max_header_bytes:
             await self._headers_too_large(send, size)
             return
-        if length is not None and framed:
-            try:
-                declared = int(length)
-            except ValueError:
-                declared = -1
-            if declared > self._max_body:
+        if length is not None and framed and length.isdigit():
+            # shorter than the limit written out: within it, no need to convert
+            if len(length) >= self._max_body_digits and int(length) > self._max_body:
                 await _respond(send, 413, self._declared_too_large)
                 return
-            if declared >= 0:
-                await self.app(scope, receive, send)
-                return
+            await self.app(scope, receive, send)
+            return
         await self._counted(scope, receive, send)
 
     async def _counted(self, scope: Scope, receive: Receive, send: Send) -> None:

@@ -89,33 +89,22 @@ def _bounded_httptools() -> type[Any]:
     from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
     class _BoundedHttpToolsProtocol(HttpToolsProtocol):
-        """httptools counting the bytes received while a head is incomplete."""
+        """httptools counting the bytes received while no body is arriving (a head is)."""
 
         limits: ClassVar[RequestLimits]
         refusal: ClassVar[bytes]
-
-        def __init__(self, *args: Any, **kwargs: Any) -> None:
-            super().__init__(*args, **kwargs)
-            self._in_head = True
-            self._head_bytes = 0
+        _head_bytes = 0
 
         def data_received(self, data: bytes) -> None:
-            if self._in_head:
-                self._head_bytes += len(data)
+            cycle = self.cycle
+            in_head = cycle is None or not cycle.more_body  # before parsing: these bytes start or continue a head
             super().data_received(data)
-            # checked after parsing, so a head completed by this read (with body bytes
-            # behind it) is never refused for them
-            if self._in_head and self._head_bytes > self.limits.head_bytes and not self.transport.is_closing():
-                self._refuse_head()
-
-        def on_headers_complete(self) -> None:
-            self._in_head = False
-            self._head_bytes = 0
-            super().on_headers_complete()
-
-        def on_message_complete(self) -> None:
-            super().on_message_complete()
-            self._in_head = True
+            if self.cycle is not cycle:  # a head completed (the rest of this read is not counted)
+                self._head_bytes = 0
+            elif in_head:
+                self._head_bytes += len(data)
+                if self._head_bytes > self.limits.head_bytes and not self.transport.is_closing():
+                    self._refuse_head()
 
         def _refuse_head(self) -> None:
             if self.cycle is None or self.cycle.response_complete:

@@ -58,23 +58,34 @@ def _answered(sock: socket.socket, timeout: float = 0.0) -> bool:
     return bool(select.select([sock], [], [], timeout)[0])
 
 
+class _Reader:
+    """HTTP/1.1 responses with a Content-Length, one after another, from a socket."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.buf = b""
+
+    def _fill(self) -> bool:
+        chunk = self.sock.recv(65536)  # bounded by the socket's timeout
+        self.buf += chunk
+        return bool(chunk)
+
+    def response(self) -> tuple[int, dict[str, str], bytes]:
+        """(status, lower-cased headers, body)"""
+        while b"\r\n\r\n" not in self.buf:
+            assert self._fill(), f"connection closed before a complete response head: {self.buf!r}"
+        head, _, self.buf = self.buf.partition(b"\r\n\r\n")
+        lines = head.decode("latin-1").split("\r\n")
+        headers = {k.strip().lower(): v.strip() for k, _, v in (line.partition(":") for line in lines[1:])}
+        length = int(headers.get("content-length", "0"))
+        while len(self.buf) < length and self._fill():
+            pass
+        body, self.buf = self.buf[:length], self.buf[length:]
+        return int(lines[0].split()[1]), headers, body
+
+
 def _read_response(sock: socket.socket) -> tuple[int, dict[str, str], bytes]:
-    """One HTTP/1.1 response with a Content-Length: (status, lower-cased headers, body)."""
-    data = b""
-    while b"\r\n\r\n" not in data:
-        chunk = sock.recv(65536)  # bounded by the socket's timeout
-        assert chunk, f"connection closed before a complete response head: {data!r}"
-        data += chunk
-    head, _, body = data.partition(b"\r\n\r\n")
-    lines = head.decode("latin-1").split("\r\n")
-    headers = {k.strip().lower(): v.strip() for k, _, v in (line.partition(":") for line in lines[1:])}
-    length = int(headers.get("content-length", "0"))
-    while len(body) < length:
-        chunk = sock.recv(65536)
-        if not chunk:
-            break
-        body += chunk
-    return int(lines[0].split()[1]), headers, body[:length]
+    return _Reader(sock).response()
 
 
 def _closed_by_server(sock: socket.socket) -> bool:
@@ -261,6 +272,25 @@ def test_huge_head_is_refused_while_it_arrives(make_cp, http):
         _refusal(status, headers, body, 431, "request_header_fields_too_large", 16384)
         assert _closed_by_server(s)
     _decide_ok(cp)
+
+
+@pytest.mark.parametrize("http", ["httptools", "h11"])
+def test_many_heads_on_one_connection_are_each_counted_alone(make_cp, http):
+    """The head bound is per request: a keep-alive connection (or a pipelined burst)
+    carrying many times the bound in heads is served."""
+    cp = make_cp(http=http)
+    padding = {f"X-Pad-{i}": "p" * 40 for i in range(10)}  # about 600 bytes of head per request
+    with httpx.Client(base_url=cp.url, timeout=WAIT_S) as c:
+        for i in range(100):  # 60 KB of heads, over twice the bound
+            r = c.post("/v1/decide", json={"route": "search", "key": f"k{i}"}, headers=padding)
+            assert r.status_code == 200, r.text
+    body = json.dumps(DECIDE).encode()
+    one = _head("POST", "/v1/decide", "Content-Type: application/json", f"Content-Length: {len(body)}", *(f"{k}: {v}" for k, v in padding.items())) + body
+    with _connect(cp.port) as s:
+        s.sendall(one * 60)  # pipelined, in one write
+        reader = _Reader(s)
+        statuses = [reader.response()[0] for _ in range(60)]
+    assert set(statuses) <= {200, 429}, statuses
 
 
 # --------------------------------------------------------------------------- settings and `serve`
