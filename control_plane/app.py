@@ -18,6 +18,7 @@ from .api import admin, decide, external, health, observe, routes, stream
 from .api.deps import ApiError
 from .auth import Authenticator, AuthGate, TokensFile
 from .gctune import tune_gc
+from .limits import RequestLimitsMiddleware
 from .settings import Settings, load_settings
 from .wiring import open_engine
 
@@ -93,8 +94,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     for r in (decide.router, routes.router, observe.router, external.router, admin.router, stream.router, health.router):
         app.include_router(r)
-    # who may call what, checked before any body is read (every route has an access level)
+    # innermost first: the access check (before any body is read), then the size limits
+    # (431/413 from the head, before the token is even looked at), then the last resort
     app.add_middleware(AuthGate, auth=authenticator(settings), endpoints=endpoints_of(app))
+    app.add_middleware(RequestLimitsMiddleware, limits=settings.request_limits)
     # a bug answers 500 + incident id and keeps the connection; the last add_middleware
     # call, so that it wraps every other middleware
     app.add_middleware(incidents.CatchAll)

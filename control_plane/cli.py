@@ -160,7 +160,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if settings.admin_token is None and settings.tokens_file is None:
         print("warning: neither SHADOWLIMIT_ADMIN_TOKEN nor SHADOWLIMIT_TOKENS_FILE is set: mode changes and admin calls will be refused (403)", file=sys.stderr)
     configure_logging(args.log_level)
-    uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_level=args.log_level, access_log=False)
+    from .serving import http_protocol
+
+    uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_level=args.log_level, access_log=False, http=http_protocol(settings.request_limits))
     return EXIT_OK
 
 

@@ -17,6 +17,8 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from limiter.keys import TrustedProxies
 from limiter.resilience import FailurePolicy
 
+from .limits import RequestLimits
+
 if TYPE_CHECKING:
     from .external import BackendHosts
 
@@ -61,6 +63,10 @@ class Settings(BaseSettings):
     namespace: str = Field("shadowlimit", pattern=r"^[A-Za-z0-9_.-]{1,64}$", validation_alias=_env("SHADOWLIMIT_NAMESPACE"))
     instance_id: str | None = Field(None, validation_alias=_env("SHADOWLIMIT_INSTANCE_ID"))
     local_max_keys: int = Field(65_536, ge=1, validation_alias=_env("SHADOWLIMIT_LOCAL_MAX_KEYS"))
+    # request size limits (control_plane/limits.py; docs/configuration.md explains the defaults)
+    max_body_bytes: int = Field(32 * 1024 * 1024, ge=4096, le=1024**3, validation_alias=_env("SHADOWLIMIT_MAX_BODY_BYTES"), description="Largest request body; more gets 413 before (or while) it is read. Fits a full 10,000-item batch at the schema's largest field sizes.")
+    max_headers: int = Field(100, ge=16, le=10_000, validation_alias=_env("SHADOWLIMIT_MAX_HEADERS"), description="Most header fields in a request; more gets 431.")
+    max_header_bytes: int = Field(16 * 1024, ge=1024, le=1024**2, validation_alias=_env("SHADOWLIMIT_MAX_HEADER_BYTES"), description="Largest total of header names and values in a request; more gets 431.")
     # shadow evaluation
     shadow_queue_size: int = Field(10_000, ge=1, validation_alias=_env("SHADOWLIMIT_SHADOW_QUEUE_SIZE"))
     shadow_batch_size: int = Field(256, ge=1, validation_alias=_env("SHADOWLIMIT_SHADOW_BATCH_SIZE"))
@@ -197,6 +203,10 @@ class Settings(BaseSettings):
     @property
     def proxies(self) -> TrustedProxies:
         return TrustedProxies.parse(self.trusted_proxies)
+
+    @property
+    def request_limits(self) -> RequestLimits:
+        return RequestLimits(self.max_body_bytes, self.max_headers, self.max_header_bytes)
 
     @property
     def backend_hosts(self) -> BackendHosts:

@@ -28,6 +28,7 @@ import uvicorn
 
 from control_plane.app import create_app
 from control_plane.hitters import WouldBeBlocked
+from control_plane.serving import http_protocol
 from control_plane.settings import Settings, load_settings
 
 __all__ = [
@@ -156,7 +157,7 @@ class ControlPlaneServer:
     promotion gate included) keeps the settings' own defaults unless overridden.
     """
 
-    def __init__(self, *, port: int | None = None, startup_timeout: float = 15.0, **overrides: Any) -> None:
+    def __init__(self, *, port: int | None = None, startup_timeout: float = 15.0, http: str = "auto", **overrides: Any) -> None:
         defaults: dict[str, Any] = {
             "enable_distributed_rate_limiting": True,
             "admin_token": ADMIN_TOKEN,
@@ -168,6 +169,7 @@ class ControlPlaneServer:
         self.port = port or free_port()
         self.host = "127.0.0.1"
         self.startup_timeout = startup_timeout
+        self.http = http  # uvicorn's HTTP implementation (auto, httptools, h11), bounded as `serve` bounds it
         self.app: Any = None
         self.server: uvicorn.Server | None = None
         self.thread: threading.Thread | None = None
@@ -205,7 +207,8 @@ class ControlPlaneServer:
             return self
         self._error = None
         self.app = create_app(self.settings)
-        config = uvicorn.Config(self.app, host=self.host, port=self.port, log_level="warning", lifespan="on", access_log=False)
+        protocol = http_protocol(self.settings.request_limits, self.http)
+        config = uvicorn.Config(self.app, host=self.host, port=self.port, log_level="warning", lifespan="on", access_log=False, http=protocol)
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self._run, name=f"cp-server-{self.port}", daemon=True)
         self.thread.start()

@@ -1,0 +1,167 @@
+"""Request size limits at the ASGI edge: bodies (413) and header sets (431), refused early.
+
+:class:`RequestLimitsMiddleware` sits in front of every control-plane endpoint:
+
+* more than ``max_headers`` header fields, or header names and values adding up to more
+  than ``max_header_bytes``: **431** ``request_header_fields_too_large``;
+* a ``Content-Length`` above ``max_body_bytes``: **413** ``payload_too_large`` before a
+  byte of the body is read (the app is not called at all);
+* a body without a ``Content-Length`` (chunked), or with one next to a
+  ``Transfer-Encoding``: its bytes are counted as the app receives them, and the 413 goes
+  out as soon as the count passes the limit. The chunk that passed it is dropped and the
+  app is told the client disconnected, so at most ``max_body_bytes`` ever reach it.
+
+Refusals carry ``Connection: close``: the unread rest of the body is never read.
+
+The hot path (a request with a ``Content-Length`` within the limit) costs one scan of the
+header list and nothing else: ``receive`` and ``send`` are passed through untouched. The
+server frames such a body by its ``Content-Length``, so the app cannot be handed more
+(bytes a client sends beyond it are parsed as the next request, which the HTTP parser
+refuses).
+
+A header set the middleware sees has already been parsed by the server; bounding it while
+it arrives is the HTTP protocol's job (:mod:`control_plane.serving`), which uses
+:meth:`RequestLimits.head_bytes` and :func:`refusal_body`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, MutableMapping
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+__all__ = ["REQUEST_LINE_ALLOWANCE", "RequestLimits", "RequestLimitsMiddleware", "refusal_body"]
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+#: Bytes a request head may use beyond its header fields while it arrives: the request
+#: line (method, target, version) and the line breaks.
+REQUEST_LINE_ALLOWANCE = 8192
+
+
+@dataclass(frozen=True, slots=True)
+class RequestLimits:
+    """How large a request may be (``SHADOWLIMIT_MAX_BODY_BYTES``, ``SHADOWLIMIT_MAX_HEADERS``,
+    ``SHADOWLIMIT_MAX_HEADER_BYTES``)."""
+
+    max_body_bytes: int
+    max_headers: int
+    max_header_bytes: int
+
+    @property
+    def head_bytes(self) -> int:
+        """The most a request head (request line, header fields and their framing) may
+        take on the wire: the header bytes, 4 bytes of ``": "`` and CRLF per allowed
+        field, and :data:`REQUEST_LINE_ALLOWANCE`."""
+        return self.max_header_bytes + 4 * self.max_headers + REQUEST_LINE_ALLOWANCE
+
+
+def refusal_body(status: int, message: str, limit: int) -> bytes:
+    """The JSON body of a 413 or 431 refusal."""
+    error = "payload_too_large" if status == 413 else "request_header_fields_too_large"
+    return orjson.dumps({"error": error, "message": message, "limit": limit})
+
+
+def _response_start(status: int, body: bytes) -> Message:
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()), (b"connection", b"close")]
+    return {"type": "http.response.start", "status": status, "headers": headers}
+
+
+async def _respond(send: Send, status: int, body: bytes) -> None:
+    await send(_response_start(status, body))
+    await send({"type": "http.response.body", "body": body, "more_body": False})
+
+
+class RequestLimitsMiddleware:
+    """Refuse oversized bodies (413) and header sets (431) before the app runs."""
+
+    def __init__(self, app: ASGIApp, limits: RequestLimits) -> None:
+        self.app = app
+        self.limits = limits
+        self._max_body = limits.max_body_bytes
+        self._max_body_digits = len(str(limits.max_body_bytes))
+        self._max_headers = limits.max_headers
+        self._max_header_bytes = limits.max_header_bytes
+        n = f"{limits.max_body_bytes:,}"
+        self._declared_too_large = refusal_body(413, f"the request body (Content-Length) is larger than the limit of {n} bytes", limits.max_body_bytes)
+        self._streamed_too_large = refusal_body(413, f"the request body passed the limit of {n} bytes", limits.max_body_bytes)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        headers = scope["headers"]
+        if len(headers) > self._max_headers:
+            await self._too_many_headers(send, len(headers))
+            return
+        size = 0
+        length = None
+        framed = True
+        for name, value in headers:
+            size += len(name) + len(value)
+            if name == b"content-length":
+                length = value
+            elif name == b"transfer-encoding":
+                framed = False
+        if size > self._max_header_bytes:
+            await self._headers_too_large(send, size)
+            return
+        if length is not None and framed and length.isdigit():
+            # shorter than the limit written out: within it, no need to convert
+            if len(length) >= self._max_body_digits and int(length) > self._max_body:
+                await _respond(send, 413, self._declared_too_large)
+                return
+            await self.app(scope, receive, send)
+            return
+        await self._counted(scope, receive, send)
+
+    async def _counted(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """The app behind a ``receive`` that counts body bytes and answers 413 at the limit."""
+        limit = self._max_body
+        received = 0
+        started = False
+        refused = False
+
+        async def bounded_receive() -> Message:
+            nonlocal received, refused
+            if refused:
+                return {"type": "http.disconnect"}
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > limit:
+                    refused = True
+                    if not started:
+                        await _respond(send, 413, self._streamed_too_large)
+                    return {"type": "http.disconnect"}
+            return message
+
+        async def guarded_send(message: Message) -> None:
+            nonlocal started
+            if refused:
+                return  # the 413 has been sent (or the response was cut off)
+            if message["type"] == "http.response.start":
+                started = True
+            await send(message)
+
+        try:
+            await self.app(scope, bounded_receive, guarded_send)
+        except Exception:
+            # after a refusal the app only sees a disconnected client; whatever it raises
+            # about that (ClientDisconnect, a parse error) has been answered by the 413
+            if not refused:
+                raise
+
+    async def _too_many_headers(self, send: Send, count: int) -> None:
+        limit = self._max_headers
+        await _respond(send, 431, refusal_body(431, f"the request has {count} header fields; the limit is {limit}", limit))
+
+    async def _headers_too_large(self, send: Send, size: int) -> None:
+        limit = self._max_header_bytes
+        await _respond(send, 431, refusal_body(431, f"the request's header fields take {size:,} bytes; the limit is {limit:,}", limit))
