@@ -1,6 +1,7 @@
 """``GET /v1/stream`` under many subscribers and across reconnects, over real HTTP against a
 real control plane (uvicorn on loopback, the session's Redis): shared snapshot builds, the
-subscriber cap, the minimum interval, ``Last-Event-ID`` replay and the gap notice."""
+subscriber cap, the minimum interval, ``Last-Event-ID`` replay and the gap notice, and the
+dashboard's client resuming where it left off."""
 
 from __future__ import annotations
 
@@ -12,8 +13,9 @@ from typing import Any
 import httpx
 import pytest
 
+from dashboard.client import ControlPlaneClient, EventView, Snapshot
 
-from cp_server import ControlPlaneServer, admin_headers, metric_value, wait_until, write_rules
+from cp_server import ADMIN_TOKEN, ControlPlaneServer, admin_headers, metric_value, wait_until, write_rules
 
 BUILDS = "rate_limit_stream_snapshot_builds_total"
 
@@ -227,3 +229,31 @@ async def test_an_id_older_than_the_history_or_not_an_id_replays_it_all_after_a_
     else:
         assert msgs[0][0] == "gap" and msgs[0][2]["reason"] == reason and msgs[0][2]["replayed"] == 3
     assert events_of(msgs) == [(f"{boot}-{n}", f"e{n}") for n in (3, 4, 5)]
+
+
+# --------------------------------------------------------------------------- the dashboard's client
+
+
+async def test_the_dashboard_client_resumes_after_its_last_event_id(make_cp):
+    cp = make_cp()
+    client = ControlPlaneClient(cp.url, ADMIN_TOKEN)
+    try:
+        first = client.stream()
+        async for item in first:
+            if isinstance(item, Snapshot):
+                await client.set_mode("search", "off", reason="d1", force=True)
+            elif isinstance(item, EventView) and item.audit and item.audit.reason == "d1":
+                break
+        await first.aclose()  # the stream is lost
+        assert client.last_event_id is not None
+        await asyncio.to_thread(change_modes, cp, ["d2", "d3"])
+        got: list[str] = []
+        async for item in client.stream():
+            if isinstance(item, Snapshot):
+                break
+            assert isinstance(item, EventView) and item.audit is not None
+            got.append(item.audit.reason)
+        assert got == ["d2", "d3"]
+        assert client.last_event_id == cp.engine.events.last_id
+    finally:
+        await client.aclose()
