@@ -103,6 +103,11 @@ class EventHub:
         return items[-n:]
 
     @property
+    def last_seq(self) -> int:
+        """The sequence number of the newest event (0 before the first)."""
+        return self._last_seq
+
+    @property
     def last_id(self) -> str | None:
         """The id of the newest event, ``None`` before the first."""
         return f"{self.boot}-{self._last_seq}" if self._last_seq else None

@@ -26,8 +26,10 @@ __all__ = ["SnapshotCache", "StreamSlots"]
 class _Entry:
     data: bytes | None = None
     built_at: float = float("-inf")
+    version: int = -1
     used_at: float = 0.0
     inflight: asyncio.Task[bytes] | None = field(default=None, repr=False)
+    inflight_version: int = -1
 
 
 class SnapshotCache:
@@ -36,18 +38,25 @@ class SnapshotCache:
     ``build(view)`` returns the encoded snapshot; it runs as its own task, so a subscriber
     that goes away while waiting does not cancel it for the others. A build that raises
     is not cached: its waiters get the exception and the next :meth:`get` builds again.
-    Views nobody asked for in ``forget_after_s`` are dropped. ``clock`` is monotonic seconds.
+
+    ``version()`` says what state a build starting now would show (for the stream: the
+    sequence number of the newest event). A subscriber that has already been sent event
+    ``n`` asks for ``min_version=n``, and is never handed a snapshot from before that
+    event, even a fresh one. Views nobody asked for in ``forget_after_s`` are dropped.
+    ``clock`` is monotonic seconds.
     """
 
     def __init__(
         self,
         build: Callable[[Hashable], Awaitable[bytes]],
         *,
+        version: Callable[[], int] = lambda: 0,
         on_build: Callable[[], None] | None = None,
         forget_after_s: float = 120.0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._build = build
+        self._version = version
         self._on_build = on_build
         self._forget_after_s = forget_after_s
         self._clock = clock
@@ -60,25 +69,28 @@ class SnapshotCache:
         """Views currently cached."""
         return len(self._entries)
 
-    async def get(self, view: Hashable, max_age: float) -> bytes:
+    async def get(self, view: Hashable, max_age: float, min_version: int = 0) -> bytes:
         """The view's snapshot, built at most ``max_age`` seconds ago (or by a build that
-        was already running when this was called)."""
+        was already running when this was called) and showing at least ``min_version``."""
         now = self._clock()
         entry = self._entries.get(view)
         if entry is None:
             self._forget_idle(now)
             entry = self._entries[view] = _Entry()
         entry.used_at = now
-        if entry.data is not None and now - entry.built_at < max_age:
+        if entry.data is not None and now - entry.built_at < max_age and entry.version >= min_version:
             return entry.data
         task = entry.inflight
-        if task is None:
-            task = entry.inflight = asyncio.get_running_loop().create_task(self._run(view, entry), name=f"snapshot-build {view!r}")
+        if task is None or entry.inflight_version < min_version:
+            # the running build (if any) started before what this caller has seen: a new one,
+            # which later callers join; the old one still answers its own waiters
+            entry.inflight_version = self._version()
+            task = entry.inflight = asyncio.get_running_loop().create_task(self._run(view, entry, entry.inflight_version), name=f"snapshot-build {view!r}")
             task.add_done_callback(_retrieve)  # a failure nobody waits for any more is not an error
         # shield: one waiter's cancellation (its client went away) must not cancel the build
         return await asyncio.shield(task)
 
-    async def _run(self, view: Hashable, entry: _Entry) -> bytes:
+    async def _run(self, view: Hashable, entry: _Entry, version: int) -> bytes:
         started = self._clock()
         self.builds += 1
         if self._on_build is not None:
@@ -86,9 +98,11 @@ class SnapshotCache:
         try:
             data = await self._build(view)
         finally:
-            entry.inflight = None
+            if entry.inflight is asyncio.current_task():
+                entry.inflight = None
         # age counts from the start of the build: what it shows is as of then
-        entry.data, entry.built_at = data, started
+        if version >= entry.version:
+            entry.data, entry.built_at, entry.version = data, started, version
         return data
 
     async def aclose(self) -> None:

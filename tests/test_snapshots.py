@@ -9,6 +9,12 @@ import asyncio
 from control_plane.snapshots import SnapshotCache, StreamSlots
 
 
+async def settle() -> None:
+    """Let every task that is ready run (a get, then the build task it started)."""
+    for _ in range(5):
+        await asyncio.sleep(0)
+
+
 async def test_concurrent_gets_await_one_build_and_a_cancelled_waiter_does_not_cancel_it():
     now = [100.0]
     release = asyncio.Event()
@@ -59,3 +65,36 @@ def test_stream_slots_refuse_beyond_the_limit_and_free_on_release():
     assert (slots.active, slots.refused) == (2, 1)
     slots.release()
     assert slots.acquire() and slots.active == 2
+
+
+async def test_a_snapshot_older_than_what_the_caller_has_seen_is_rebuilt_even_when_fresh():
+    version = [1]
+    gates: list[asyncio.Event] = []
+
+    async def build(view: object) -> bytes:
+        gate = asyncio.Event()
+        gates.append(gate)
+        v = version[0]
+        await gate.wait()
+        return f"v{v}".encode()
+
+    cache = SnapshotCache(build, version=lambda: version[0], clock=lambda: 0.0)
+    first = asyncio.ensure_future(cache.get("v", max_age=10.0, min_version=1))
+    await settle()
+    version[0] = 2  # an event while the build runs: a caller that saw it does not join that build
+    second = asyncio.ensure_future(cache.get("v", max_age=10.0, min_version=2))
+    third = asyncio.ensure_future(cache.get("v", max_age=10.0, min_version=1))  # joins the newest build
+    await settle()
+    assert len(gates) == 2
+    for g in gates:
+        g.set()
+    assert await first == b"v1" and await second == b"v2" and await third == b"v2"
+    assert await cache.get("v", max_age=10.0, min_version=2) == b"v2" and cache.builds == 2
+    version[0] = 3
+    assert await cache.get("v", max_age=10.0, min_version=2) == b"v2"  # nothing newer was seen
+    gates.clear()
+    later = asyncio.ensure_future(cache.get("v", max_age=10.0, min_version=3))
+    await settle()
+    gates[0].set()
+    assert await later == b"v3" and cache.builds == 3
+

@@ -117,6 +117,26 @@ async def test_subscribers_of_one_view_share_one_snapshot_build_per_interval(mak
     assert len(shared) + len(other) <= builds <= len(shared) + len(other) + 3
 
 
+async def test_a_shared_snapshot_never_predates_an_event_the_subscriber_could_not_see(make_cp):
+    """B joins A's view after a mode change: A's cached snapshot is fresh by age but from
+    before the change, which B will never be sent as an event; B gets a new build."""
+    cp = make_cp()
+    async with httpx.AsyncClient(base_url=cp.url, timeout=10) as c:
+        async with c.stream("GET", "/v1/stream", params={"interval": 60}) as a:
+            messages = sse(a)
+            kind, _, first = await anext(messages)
+            assert kind == "snapshot" and route_mode(first, "search") == "shadow"
+            await asyncio.to_thread(set_mode, cp, "off", "to off")
+            kind, _, ev = await anext(messages)
+            assert kind == "event" and ev["state"]["mode"] == "off"
+            msgs = await until_snapshot(c, {"interval": 60})
+    assert route_mode(msgs[-1][2], "search") == "off"
+
+
+def route_mode(snapshot: dict[str, Any], route: str) -> str:
+    return next(r["mode"] for r in snapshot["routes"] if r["name"] == route)
+
+
 # --------------------------------------------------------------------------- limits
 
 

@@ -69,7 +69,7 @@ class Streams:
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
         metrics = engine.metrics
-        self.cache = SnapshotCache(self._build, on_build=metrics.stream_snapshot_builds.labels().inc)
+        self.cache = SnapshotCache(self._build, version=lambda: engine.events.last_seq, on_build=metrics.stream_snapshot_builds.labels().inc)
         self.slots = StreamSlots(engine.settings.max_streams)
         self._subscribers = metrics.stream_subscribers.labels()
         self._refused = metrics.stream_refused.labels()
@@ -78,11 +78,12 @@ class Streams:
         route, minutes = view  # type: ignore[misc]
         return _sse("snapshot", await snapshot(self.engine, route, minutes))
 
-    async def snapshot(self, route: str | None, minutes: int, max_age: float) -> bytes:
-        """The encoded ``snapshot`` event of this view, at most ``max_age`` seconds old."""
+    async def snapshot(self, route: str | None, minutes: int, max_age: float, after_seq: int = 0) -> bytes:
+        """The encoded ``snapshot`` event of this view, at most ``max_age`` seconds old and
+        built after event ``after_seq`` (the last one sent to the subscriber asking)."""
         # buckets of an unknown route are those of every route: one view, not one per name
         view = (route if route and self.engine.rules.get(route) else None, minutes)
-        return await self.cache.get(view, max_age)
+        return await self.cache.get(view, max_age, min_version=after_seq)
 
     async def aclose(self) -> None:
         await self.cache.aclose()
@@ -157,6 +158,8 @@ async def stream(
     # subscribe and replay with no await between: nothing missed, nothing sent twice
     queue = engine.events.subscribe()
     backlog, gap = engine.events.replay(last_event_id) if last_event_id is not None else ([], None)
+    # a snapshot never shows a state older than the events of before this stream or sent on it
+    seen = engine.events.last_seq
 
     def close() -> None:
         engine.events.unsubscribe(queue)
@@ -166,17 +169,19 @@ async def stream(
         yield b"retry: 1000\n\n"
         if gap is not None:
             yield _sse("gap", gap.to_dict(len(backlog)))
+        sent = seen
         for ev in backlog:
             yield _sse("event", ev, ev["id"])
-        yield await streams.snapshot(route, minutes, period)
+        yield await streams.snapshot(route, minutes, period, sent)
         next_at = time.monotonic() + period
         while not await request.is_disconnected():
             timeout = max(0.0, next_at - time.monotonic())
             try:
                 ev = await asyncio.wait_for(queue.get(), timeout)
+                sent = ev["seq"]
                 yield _sse("event", ev, ev["id"])
             except asyncio.TimeoutError:
-                yield await streams.snapshot(route, minutes, period)
+                yield await streams.snapshot(route, minutes, period, sent)
                 next_at = time.monotonic() + period
 
     return _Stream(gen(), close, media_type="text/event-stream", headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
