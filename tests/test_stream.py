@@ -234,16 +234,19 @@ async def test_an_id_from_another_boot_replays_the_whole_history_after_a_gap_not
     assert events_of(msgs)[-1][1] == "b1"
 
 
-@pytest.mark.parametrize(("last", "reason"), [("seq1", "too_old"), ("seq2", None), ("x", "malformed"), ("future", "malformed")])
+@pytest.mark.parametrize(("last", "reason"), [("seq1", "too_old"), ("seq2", None), ("x", "malformed"), ("future", "malformed"), ("empty", "no replay")])
 async def test_an_id_older_than_the_history_or_not_an_id_replays_it_all_after_a_gap_notice(make_cp, last, reason):
     cp = make_cp(stream_history=3)
     await asyncio.to_thread(change_modes, cp, ["e1", "e2", "e3", "e4", "e5"])
     held = cp.engine.events.recent(1000)
     boot = cp.engine.events.boot
     assert [e["id"] for e in held] == [f"{boot}-{n}" for n in (3, 4, 5)]
-    header = {"seq1": f"{boot}-1", "seq2": f"{boot}-2", "x": "x", "future": f"{boot}-99"}[last]
+    header = {"seq1": f"{boot}-1", "seq2": f"{boot}-2", "x": "x", "future": f"{boot}-99", "empty": ""}[last]
     async with httpx.AsyncClient(base_url=cp.url, timeout=10) as c:
         msgs = await until_snapshot(c, {"interval": 60}, {"Last-Event-ID": header})
+    if reason == "no replay":  # an empty id is no id (EventSource does not send one)
+        assert [m[0] for m in msgs] == ["snapshot"]
+        return
     if reason is None:  # the event right after it is still held: no gap
         assert msgs[0][0] == "event"
     else:

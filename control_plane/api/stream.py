@@ -157,7 +157,7 @@ async def stream(
         return _too_many(streams.slots.limit)
     # subscribe and replay with no await between: nothing missed, nothing sent twice
     queue = engine.events.subscribe()
-    backlog, gap = engine.events.replay(last_event_id) if last_event_id is not None else ([], None)
+    backlog, gap = engine.events.replay(last_event_id) if last_event_id else ([], None)  # empty: none (as EventSource)
     # a snapshot never shows a state older than the events of before this stream or sent on it
     seen = engine.events.last_seq
 
