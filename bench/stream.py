@@ -299,7 +299,7 @@ def render(runs: dict[str, dict[str, Any]]) -> str:
         f"{EXTRA_ROUTES + 1} routes with traffic, so a snapshot is about {any_run['snapshot_bytes'] / 1000:.0f} KB. Each round runs "
         "decide with no subscriber, then with N connected; median of the rounds. Idle CPU: cores the server "
         "uses with no decide traffic. p50 N/0, paired: the median of each round's ratio (runs seconds apart, so "
-        f"the machine's drift cancels). Load average when the last run ended: {meta['load_avg'][0]:.1f} on "
+        f"the machine's drift cancels). Load average when a run ended: up to {max(r['meta']['load_avg'][0] for r in runs.values()):.1f} on "
         f"{os.cpu_count()} cores, other jobs included: absolute figures are noisy, the paired ratios less so.",
         "",
         "| code | subscribers | interval | views | decide p50 (0 / N) | p50 N/0, paired | p99 (0 / N) | requests/s (0 / N) | server CPU per request (0 / N) | server idle CPU (0 / N) | snapshots/s delivered | measured |",
