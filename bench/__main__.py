@@ -31,7 +31,16 @@ def _extra_sections() -> list[str]:
     from . import report
 
     cp = report.control_plane_section(ROOT / "bench" / "results" / "control_plane.json")
-    return [cp] if cp else []
+    return [s for s in (cp, _stream_section(ROOT / "bench" / "results" / "stream.json")) if s]
+
+
+def _stream_section(path: Path) -> str | None:
+    """``python -m bench.stream``'s results, measured separately like the control plane's."""
+    if not path.exists():
+        return None
+    from .stream import render
+
+    return render(json.loads(path.read_text(encoding="utf-8"))).rstrip() + "\n\n_Measured separately by `python -m bench.stream`; read from `bench/results/stream.json`._\n"
 
 
 def main(argv: list[str] | None = None) -> int:

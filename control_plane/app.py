@@ -47,6 +47,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         app.state.engine = handle.engine
         app.state.redis_url = handle.url
         app.state.embedded = handle.embedded
+        app.state.streams = streams = stream.Streams(handle.engine)
         # after everything is loaded and started: the startup heap is frozen out of the
         # collector's way (see gctune)
         tuning = tune_gc() if settings.gc_tuning else None
@@ -55,6 +56,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         finally:
             if tuning is not None:
                 tuning.undo()
+            await streams.aclose()
             await handle.aclose()
 
     app = FastAPI(

@@ -462,7 +462,7 @@ class Engine:
         self.settings = settings
         self.instance_id = instance_id or settings.instance_id or uuid.uuid4().hex[:12]
         self.metrics = metrics or Metrics()
-        self.events = EventHub()
+        self.events = EventHub(history=settings.stream_history)
         self.redis = redis
         self.client = client
         self.local = LocalLimiter(max_keys=settings.local_max_keys)

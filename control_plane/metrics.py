@@ -38,6 +38,9 @@ rate_limit_external_limits_total          counter  route, source: external, cach
                                                    stale, static
 rate_limit_external_backend_url_rejected_total
                                           counter  -
+rate_limit_stream_snapshot_builds_total   counter  -
+rate_limit_stream_subscribers             gauge    -
+rate_limit_stream_refused_total           counter  -
 ========================================  =======  =================================
 """
 
@@ -147,6 +150,9 @@ class Metrics:
         self.external_cache = FastCounter("rate_limit_external_cache_total", "External limits cache lookups (hit, miss) and stale copies used.", ["result"], registry=r)
         self.external_breaker_transitions = FastCounter("rate_limit_external_breaker_transitions_total", "Per-key external limits circuit breaker transitions.", ["to"], registry=r)
         self.external_limits = FastCounter("rate_limit_external_limits_total", "Decisions on routes with external limits, by where the limits came from.", ["route", "source"], registry=r)
+        self.stream_snapshot_builds = FastCounter("rate_limit_stream_snapshot_builds_total", "Event-stream snapshots built (one per view per interval, shared by its subscribers).", [], registry=r)
+        self.stream_subscribers = FastGauge("rate_limit_stream_subscribers", "Event streams open.", [], registry=r)
+        self.stream_refused = FastCounter("rate_limit_stream_refused_total", "Event streams refused with 503 too_many_streams.", [], registry=r)
         self.external_backend_url_rejected = FastCounter("rate_limit_external_backend_url_rejected_total", "backend_url values dropped (host not allow-listed or not a URL).", [], registry=r)
         self.rules_valid.set(1)
         for s in ("closed", "open", "half_open"):

@@ -116,6 +116,9 @@ class Settings(BaseSettings):
     default_mode: str = Field("shadow", pattern="^(off|shadow|canary|enforce)$", validation_alias=_env("SHADOWLIMIT_DEFAULT_MODE"), description="Mode of a route with no stored state.")
     # event stream
     stream_interval_s: float = Field(1.0, gt=0, le=60, validation_alias=_env("SHADOWLIMIT_STREAM_INTERVAL_S"))
+    stream_min_interval_s: float = Field(0.5, gt=0, le=60, validation_alias=_env("SHADOWLIMIT_STREAM_MIN_INTERVAL_S"), description="Smallest ?interval= a stream may ask for (smaller: 422); also the floor of the default interval.")
+    max_streams: int = Field(64, ge=1, validation_alias=_env("SHADOWLIMIT_MAX_STREAMS"), description="Event streams one replica serves at once; beyond: 503 too_many_streams.")
+    stream_history: int = Field(1000, ge=1, le=100_000, validation_alias=_env("SHADOWLIMIT_STREAM_HISTORY"), description="Events kept for clients that reconnect with Last-Event-ID.")
     rules_poll_interval_s: float = Field(1.0, gt=0, validation_alias=_env("SHADOWLIMIT_RULES_POLL_INTERVAL_S"))
     rollout_resync_s: float = Field(0.5, gt=0, validation_alias=_env("SHADOWLIMIT_ROLLOUT_RESYNC_S"))
     # external limits services (routes with an `external` block)

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Any, NamedTuple
 
 import httpx
 
@@ -53,6 +53,7 @@ __all__ = [
     "ModeChangeResult",
     "RouteView",
     "Snapshot",
+    "SseMessage",
     "Unauthorized",
     "parse_sse",
 ]
@@ -112,11 +113,20 @@ def _error_from(resp: httpx.Response) -> ClientError:
     return ApiError(resp.status_code, error, message, body)
 
 
-def parse_sse(lines: list[str]) -> tuple[str, str] | None:
-    """One SSE message's lines (without the blank terminator) -> ``(event, data)``;
+class SseMessage(NamedTuple):
+    """One SSE message: its event name, its data, and its ``id:`` (``None`` without one)."""
+
+    event: str
+    data: str
+    id: str | None = None
+
+
+def parse_sse(lines: list[str]) -> SseMessage | None:
+    """One SSE message's lines (without the blank terminator) -> :class:`SseMessage`;
     ``None`` for messages without data (``retry:``, comments)."""
     event = "message"
     data: list[str] = []
+    event_id: str | None = None
     for line in lines:
         if not line or line.startswith(":"):
             continue
@@ -126,7 +136,9 @@ def parse_sse(lines: list[str]) -> tuple[str, str] | None:
             event = value
         elif name == "data":
             data.append(value)
-    return (event, "\n".join(data)) if data else None
+        elif name == "id" and "\0" not in value:
+            event_id = value
+    return SseMessage(event, "\n".join(data), event_id) if data else None
 
 
 class ControlPlaneClient:
@@ -138,6 +150,9 @@ class ControlPlaneClient:
         self._timeout = timeout
         self._transport = transport
         self._http: httpx.AsyncClient | None = None
+        #: the id of the last stream event received; sent as ``Last-Event-ID`` when the
+        #: stream is opened again, so the events missed in between come first
+        self.last_event_id: str | None = None
 
     @property
     def has_token(self) -> bool:
@@ -211,11 +226,12 @@ class ControlPlaneClient:
     async def stream(self, route: str | None = None, minutes: int = 60) -> AsyncIterator[Snapshot | EventView]:
         """Yield :class:`Snapshot` and :class:`EventView` items from ``GET /v1/stream`` until
         the stream breaks (raises :class:`ControlPlaneUnavailable`). Reconnecting is the
-        caller's job."""
+        caller's job: calling this again resumes after :attr:`last_event_id`."""
         params: dict[str, Any] = {"minutes": minutes} | ({"route": route} if route else {})
         timeout = httpx.Timeout(self._timeout, read=STREAM_READ_TIMEOUT_S)
+        headers = {"Accept": "text/event-stream"} | ({"Last-Event-ID": self.last_event_id} if self.last_event_id else {})
         try:
-            async with self._client().stream("GET", "/v1/stream", params=params, timeout=timeout, headers={"Accept": "text/event-stream"}) as resp:
+            async with self._client().stream("GET", "/v1/stream", params=params, timeout=timeout, headers=headers) as resp:
                 if resp.status_code >= 400:
                     await resp.aread()
                     raise _error_from(resp)
@@ -227,7 +243,9 @@ class ControlPlaneClient:
                     msg, lines = parse_sse(lines), []
                     if msg is None:
                         continue
-                    item = _decode(*msg)
+                    if msg.id is not None:
+                        self.last_event_id = msg.id or None  # an empty id resets it (as in EventSource)
+                    item = _decode(msg.event, msg.data)
                     if item is not None:
                         yield item
         except httpx.HTTPError as exc:

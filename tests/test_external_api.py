@@ -169,7 +169,7 @@ def test_breakers_cache_and_calls_are_visible(make_cp):
     with AppServer(scripted_app(script)) as svc:
         cp = make_cp(rules_for(svc.url + "/limits"))
         with cp.client() as c:
-            stream = c.stream("GET", "/v1/stream", params={"interval": 0.2})
+            stream = c.stream("GET", "/v1/stream", params={"interval": 0.5})
             resp = stream.__enter__()
             try:
                 assert tenant(c, "acme").json()["limits_source"] == "external"
