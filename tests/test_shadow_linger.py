@@ -121,8 +121,8 @@ async def test_evaluate_shadow_counts_each_route_and_backend_errors():
 
     assert fake.shadow_evaluated == 5
     pending = {route: counts for (route, _), counts in fake.divergence.pending().items()}
-    assert pending["a"] == {"agree": 1, "local_allow_distributed_deny": 2, "local_deny_distributed_allow": 1, "compared": 4, "backend_errors": 0, "distributed_attempts": 4}
-    assert pending["b"] == {"agree": 1, "local_allow_distributed_deny": 0, "local_deny_distributed_allow": 0, "compared": 1, "backend_errors": 2, "distributed_attempts": 3}
+    assert pending["a"] == {"agree": 1, "local_allow_distributed_deny": 2, "local_deny_distributed_allow": 1, "compared": 4, "backend_errors": 0, "distributed_attempts": 4, "shadow_dropped": 0}
+    assert pending["b"] == {"agree": 1, "local_allow_distributed_deny": 0, "local_deny_distributed_allow": 0, "compared": 1, "backend_errors": 2, "distributed_attempts": 3, "shadow_dropped": 0}
 
     def value(route, direction):
         return m.registry.get_sample_value("rate_limit_shadow_divergence_total", {"route": route, "direction": direction}) or 0
