@@ -209,6 +209,11 @@ def _audit_entry(e: AuditEntryView) -> Text:
             t.append(" FORCED", style="bold #f7768e")
         if e.automatic:
             t.append(" AUTO", style="bold #e0af68")
+    elif e.kind == "restore":  # the store lost its data; a replica wrote the state back
+        t.append(f"{e.route} ", style="bold")
+        t.append("RESTORED ", style="bold #e0af68")
+        if e.to_mode:
+            t.append_text(mode_text(e.to_mode, e.to_percent))
     elif e.kind == "rules_reload":
         t.append("rules reload ", style="bold")
         t.append(e.to_mode, style="#9ece6a" if e.to_mode == "ok" else "bold #f7768e")

@@ -375,6 +375,25 @@ async def test_a_sampled_divergence_says_how_much_it_covers(control_plane: Calla
         assert cell(app, RoutesTable, "search", "newrej").endswith("%")
 
 
+async def test_a_restoration_shows_in_the_audit_panel(control_plane: Callable[..., ControlPlane], redis_server: Any) -> None:
+    """The store loses this fleet's state: the replica writes it back and the dashboard
+    shows the restoration next to the change it restored."""
+    import redis as redis_sync
+
+    cp = control_plane()
+    r = httpx.put(f"{cp.url}/v1/routes/search/mode", json={"mode": "enforce", "reason": "go", "force": True}, headers={"Authorization": f"Bearer {TOKEN}"})
+    assert r.status_code == 200
+    app = ShadowlimitDashboard(cp.url, TOKEN)
+    async with app.run_test(size=SIZE) as pilot:
+        await until_live(pilot, app)
+        rc = redis_sync.Redis.from_url(redis_server.url)
+        rc.delete(*rc.keys(f"rl:{{{cp.namespace}}}:*"))  # this fleet's rollout, audit and epoch: gone
+        await wait_for(pilot, lambda: "RESTORED" in plain(dash(app).query_one(AuditPanel)), what="the restoration in the audit panel")
+        text = plain(dash(app).query_one(AuditPanel))
+        assert "search RESTORED enforce" in text and "after the store lost its data" in text
+        assert cell(app, RoutesTable, "search", "mode") == "enforce"
+
+
 def server_routes_with(url: str, token: str) -> dict[str, Any]:
     routes = httpx.get(f"{url}/v1/routes", headers={"Authorization": f"Bearer {token}"}).json()["routes"]
     return {r["name"]: r for r in routes}
