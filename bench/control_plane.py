@@ -96,7 +96,7 @@ class Server:
         )
         env.pop("RATE_LIMIT_REDIS_URL", None)
         self.log = open(workdir / "server.log", "wb")  # noqa: SIM115
-        self.proc = subprocess.Popen([sys.executable, "-m", "control_plane.cli", "serve", "--port", str(self.port), "--log-level", "warning"], env=env, stdout=self.log, stderr=subprocess.STDOUT)
+        self.proc = subprocess.Popen([sys.executable, "-m", "control_plane.cli", "serve", "--port", str(self.port), "--log-level", "warning", "--embedded-redis"], env=env, stdout=self.log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
             with contextlib.suppress(httpx.HTTPError):
@@ -242,7 +242,7 @@ def measure_engine(seconds: float = 1.0, repeats: int = 10, tasks: int = 32) -> 
         work = Path(tempfile.mkdtemp(prefix="shadowlimit-bench-engine-"))
         rules = work / "rules.yaml"
         rules.write_text(RULES)
-        handle = await open_engine(load_settings(rules_path=rules, enable_distributed_rate_limiting=True, namespace="bench-engine", redis_url=None))
+        handle = await open_engine(load_settings(rules_path=rules, enable_distributed_rate_limiting=True, namespace="bench-engine", redis_url=None, embedded_redis=True))
         tuning = tune_gc()  # as `shadowlimit serve` does
         engine = handle.engine
         inputs = [DecideInput(route="api", key=f"k{i}") for i in range(1000)]
