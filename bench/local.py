@@ -166,7 +166,8 @@ def _cases(settings: Settings) -> list[tuple[str, str, str, Callable[[list[str] 
         if scen == "hot":
             out.append((scen, "shadowlimit", "token_bucket", lambda k: shadow_case(perm, k), "LocalLimiter.check(key, policy)"))
             out.append((scen, "shadowlimit", "token_bucket, caller now_us", lambda k: shadow_case(perm, k, explicit_now=True), "check(key, policy, 1, now_us)"))
-            out.append((scen, "shadowlimit", "gcra", lambda k: shadow_case({**perm, "algorithm": "gcra"}, k), ""))
+            # gcra's finest step is 1 us per token (limiter.policy.MIN_EMISSION_US): 10^6/s, still never limiting here
+            out.append((scen, "shadowlimit", "gcra", lambda k: shadow_case({**perm, "average": 1e6, "algorithm": "gcra"}, k), ""))
         elif scen == "hot_deny":
             for alg in ("token_bucket", "gcra", "fixed_window", "sliding_window", "sliding_log"):
                 out.append((scen, "shadowlimit", alg, lambda k, a=alg: shadow_case({**real, "algorithm": a}, k), ""))

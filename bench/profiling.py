@@ -111,7 +111,7 @@ def distributed_profile(settings: Settings, url: str) -> dict[str, Any]:
     stats = redis.Redis.from_url(url)
 
     async def main() -> dict[str, Any]:
-        p = Policy(average=6e10, period=60.0, burst=10**9)  # 1e9/s, keys live for the whole run
+        p = Policy(average=6e7, period=60.0, burst=10**9)  # 1e6/s: never limits here, keys live for the whole run
         keys = itertools.cycle([f"client-{i}" for i in range(settings.dist_keys)])
         out: dict[str, Any] = {"ops": total, "connections": []}
 
