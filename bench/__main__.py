@@ -40,17 +40,24 @@ def _stream_section(path: Path) -> str | None:
         return None
     from .stream import render
 
-    return render(json.loads(path.read_text(encoding="utf-8"))).rstrip() + "\n\n_Measured separately by `python -m bench.stream`; read from `bench/results/stream.json`._\n"
+    return (
+        render(json.loads(path.read_text(encoding="utf-8"))).rstrip()
+        + "\n\n_Measured separately by `python -m bench.stream`; read from `bench/results/stream.json`._\n"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    ap = argparse.ArgumentParser(prog="python -m bench", description="shadowlimit benchmarks vs limits and PyrateLimiter")
+    ap = argparse.ArgumentParser(
+        prog="python -m bench", description="shadowlimit benchmarks vs limits and PyrateLimiter"
+    )
     ap.add_argument("--quick", action="store_true", help="short runs (smoke test, < 60 s)")
     ap.add_argument("--only", choices=SECTIONS, action="append", help="run only this section (repeatable)")
     ap.add_argument("--out", default=None, help="Markdown report path (default: docs/benchmarks.md)")
     ap.add_argument("--json", default=None, help="raw results path (default: bench/results/latest.json)")
-    ap.add_argument("--render-only", action="store_true", help="only rewrite the Markdown report from the existing JSON results")
+    ap.add_argument(
+        "--render-only", action="store_true", help="only rewrite the Markdown report from the existing JSON results"
+    )
     args = ap.parse_args(argv)
 
     if args.render_only:
@@ -69,7 +76,9 @@ def main(argv: list[str] | None = None) -> int:
     env = environment(argv)
     env["quick"] = settings.quick
     results: dict[str, Any] = {"environment": env, "settings": settings.__dict__, "sections": sections}
-    log(f"bench: {env['cpu']} x{env['cores']}, {env['python']}, load {env['loadavg_start']}, sections {sections}{' (quick)' if settings.quick else ''}")
+    log(
+        f"bench: {env['cpu']} x{env['cores']}, {env['python']}, load {env['loadavg_start']}, sections {sections}{' (quick)' if settings.quick else ''}"
+    )
     if env["loadavg_start"][0] > 0.7 * (env["cores"] or 1):
         log(f"bench: warning: the machine is busy (load {env['loadavg_start'][0]}); numbers will be noisy")
 
@@ -146,9 +155,13 @@ def main(argv: list[str] | None = None) -> int:
     out_path = Path(args.out).resolve() if args.out else ROOT / "docs" / "benchmarks.md"
     _write_atomic(out_path, report.render(results, settings, _extra_sections()))
     log(f"bench: sections took {env.get('section_s')}")
-    log(f"bench: average cores used by other processes meanwhile: { {k: v['other_cores'] for k, v in env['background_cpu'].items()} }")
-    log(f"bench: wrote {json_path.relative_to(ROOT) if json_path.is_relative_to(ROOT) else json_path} and "
-        f"{out_path.relative_to(ROOT) if out_path.is_relative_to(ROOT) else out_path} in {env['duration_s']:.0f} s")
+    log(
+        f"bench: average cores used by other processes meanwhile: { {k: v['other_cores'] for k, v in env['background_cpu'].items()} }"
+    )
+    log(
+        f"bench: wrote {json_path.relative_to(ROOT) if json_path.is_relative_to(ROOT) else json_path} and "
+        f"{out_path.relative_to(ROOT) if out_path.is_relative_to(ROOT) else out_path} in {env['duration_s']:.0f} s"
+    )
     for t in results["targets"]:
         log(f"  target {'MET    ' if t['met'] else 'NOT MET'} {t['target']}: {t['measured']}")
     return 0

@@ -63,10 +63,25 @@ class Serve:
         self.url = f"http://127.0.0.1:{self.port}"
         rules = workdir / "rules.yaml"
         rules.write_text(RULES)
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("SHADOWLIMIT_", "RATE_LIMIT_", "ENABLE_DISTRIBUTED", "PYTHONPATH"))}
-        env.update(RATE_LIMIT_REDIS_URL=redis_url, RATE_LIMIT_RULES_PATH=str(rules), SHADOWLIMIT_NAMESPACE=f"bodylimit-{self.port}", SHADOWLIMIT_ADMIN_TOKEN="bench-token")
+        env = {
+            k: v
+            for k, v in os.environ.items()
+            if not k.startswith(("SHADOWLIMIT_", "RATE_LIMIT_", "ENABLE_DISTRIBUTED", "PYTHONPATH"))
+        }
+        env.update(
+            RATE_LIMIT_REDIS_URL=redis_url,
+            RATE_LIMIT_RULES_PATH=str(rules),
+            SHADOWLIMIT_NAMESPACE=f"bodylimit-{self.port}",
+            SHADOWLIMIT_ADMIN_TOKEN="bench-token",
+        )
         self.log = open(workdir / f"serve-{self.port}.log", "wb")  # noqa: SIM115
-        self.proc = subprocess.Popen([sys.executable, "-m", "control_plane.cli", "serve", "--port", str(self.port), "--log-level", "warning"], cwd=source, env=env, stdout=self.log, stderr=subprocess.STDOUT)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "control_plane.cli", "serve", "--port", str(self.port), "--log-level", "warning"],
+            cwd=source,
+            env=env,
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+        )
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
             with contextlib.suppress(httpx.HTTPError):
@@ -170,7 +185,15 @@ def main(argv: list[str] | None = None) -> int:
     work = Path(tempfile.mkdtemp(prefix="shadowlimit-bodylimit-"))
     with EmbeddedRedis() as redis_server:
         for case in args.case or CASES:
-            print(json.dumps({"source": str(args.source.resolve()), **run_case(case, args.source.resolve(), redis_server.url, body, work)}), flush=True)
+            print(
+                json.dumps(
+                    {
+                        "source": str(args.source.resolve()),
+                        **run_case(case, args.source.resolve(), redis_server.url, body, work),
+                    }
+                ),
+                flush=True,
+            )
     return 0
 
 

@@ -71,7 +71,13 @@ def ensure_wrk() -> str:
         return path
     if os.geteuid() == 0 and shutil.which("apt-get"):
         env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
-        subprocess.run(["apt-get", "install", "-y", "-qq", "wrk"], check=False, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        subprocess.run(
+            ["apt-get", "install", "-y", "-qq", "wrk"],
+            check=False,
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         path = shutil.which("wrk")
         if path:
             return path
@@ -96,7 +102,22 @@ class Server:
         )
         env.pop("RATE_LIMIT_REDIS_URL", None)
         self.log = open(workdir / "server.log", "wb")  # noqa: SIM115
-        self.proc = subprocess.Popen([sys.executable, "-m", "control_plane.cli", "serve", "--port", str(self.port), "--log-level", "warning", "--embedded-redis"], env=env, stdout=self.log, stderr=subprocess.STDOUT)
+        self.proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "control_plane.cli",
+                "serve",
+                "--port",
+                str(self.port),
+                "--log-level",
+                "warning",
+                "--embedded-redis",
+            ],
+            env=env,
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+        )
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
             with contextlib.suppress(httpx.HTTPError):
@@ -137,7 +158,9 @@ def process_cpu_s(pid: int) -> float | None:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def run_wrk(wrk: str, url: str, script: Path, seconds: float, connections: int, server_pid: int | None = None) -> dict[str, Any]:
+def run_wrk(
+    wrk: str, url: str, script: Path, seconds: float, connections: int, server_pid: int | None = None
+) -> dict[str, Any]:
     """One wrk run; with ``server_pid``, also the server's CPU time per request."""
     cpu0 = process_cpu_s(server_pid) if server_pid else None
     out = subprocess.run(
@@ -187,7 +210,9 @@ def measure(seconds: float = 3.0, connections: int = 32, repeats: int = 20) -> d
             for mode, pct in MODES:
                 server.set_mode(mode, pct)
                 time.sleep(0.5)
-                runs_by_mode.setdefault(f"{mode}{f' {pct}%' if pct else ''}", []).append(run_wrk(wrk, server.url, script, seconds, connections, server.proc.pid))
+                runs_by_mode.setdefault(f"{mode}{f' {pct}%' if pct else ''}", []).append(
+                    run_wrk(wrk, server.url, script, seconds, connections, server.proc.pid)
+                )
         off_runs = runs_by_mode["off"]
         for name, runs in runs_by_mode.items():
             cpu = [r["server_cpu_us_per_request"] for r in runs if "server_cpu_us_per_request" in r]
@@ -209,7 +234,10 @@ def measure(seconds: float = 3.0, connections: int = 32, repeats: int = 20) -> d
                 server.set_mode(mode, 0)
                 batch_runs.setdefault(mode, []).append(run_batch(server.url, seconds / 2))
         for mode, runs in batch_runs.items():
-            results["batch"][mode] = {"runs": runs, "decisions_per_s": statistics.median(r["decisions_per_s"] for r in runs)}
+            results["batch"][mode] = {
+                "runs": runs,
+                "decisions_per_s": statistics.median(r["decisions_per_s"] for r in runs),
+            }
     finally:
         server.stop()
     results["engine"] = measure_engine()
@@ -242,7 +270,15 @@ def measure_engine(seconds: float = 1.0, repeats: int = 10, tasks: int = 32) -> 
         work = Path(tempfile.mkdtemp(prefix="shadowlimit-bench-engine-"))
         rules = work / "rules.yaml"
         rules.write_text(RULES)
-        handle = await open_engine(load_settings(rules_path=rules, enable_distributed_rate_limiting=True, namespace="bench-engine", redis_url=None, embedded_redis=True))
+        handle = await open_engine(
+            load_settings(
+                rules_path=rules,
+                enable_distributed_rate_limiting=True,
+                namespace="bench-engine",
+                redis_url=None,
+                embedded_redis=True,
+            )
+        )
         tuning = tune_gc()  # as `shadowlimit serve` does
         engine = handle.engine
         inputs = [DecideInput(route="api", key=f"k{i}") for i in range(1000)]
@@ -260,7 +296,9 @@ def measure_engine(seconds: float = 1.0, repeats: int = 10, tasks: int = 32) -> 
         try:
             for _ in range(repeats):
                 for mode, pct in MODES:
-                    await engine.set_mode("api", Mode(mode), canary_percent=pct, reason="benchmark", actor="bench", force=True)
+                    await engine.set_mode(
+                        "api", Mode(mode), canary_percent=pct, reason="benchmark", actor="bench", force=True
+                    )
                     await asyncio.sleep(0.2)
                     stop = [False]
                     done[0] = 0
@@ -330,7 +368,13 @@ def render(results: dict[str, Any]) -> str:
             f"| {name} | {r['rps']:,.0f} | {r['p50_us'] / 1000:.2f} ms | {r['p99_us'] / 1000:.2f} ms | {ratio:.2f}x | "
             f"{f'{paired:.2f}x' if paired is not None else '-'} | {f'{cpu:.0f} µs' if cpu is not None else '-'} | {r['non2xx']} |"
         )
-    lines += ["", "Batch endpoint (`POST /v1/decide/batch`, 1,000 decisions per request, one client):", "", "| mode | decisions/s |", "|---|--:|"]
+    lines += [
+        "",
+        "Batch endpoint (`POST /v1/decide/batch`, 1,000 decisions per request, one client):",
+        "",
+        "| mode | decisions/s |",
+        "|---|--:|",
+    ]
     for name, r in results["batch"].items():
         lines.append(f"| {name} | {r['decisions_per_s']:,.0f} |")
     engine = results.get("engine")
@@ -340,7 +384,7 @@ def render(results: dict[str, Any]) -> str:
             f"The engine alone, in the benchmark's own process (no HTTP): {engine['tasks']} tasks calling `Engine.decide` "
             f"on the same rules, {engine['seconds_per_run']:g} s per run, median of {engine['repeats']} interleaved rounds; "
             "process CPU time per decision, shadow worker and Redis client included. "
-            '"Added" is the median of each round\'s difference from that round\'s off run.',
+            "\"Added\" is the median of each round's difference from that round's off run.",
             "",
             "| mode | CPU per decision | added vs off |",
             "|---|--:|--:|",
@@ -349,7 +393,11 @@ def render(results: dict[str, Any]) -> str:
             lines.append(f"| {name} | {r['cpu_us_per_decision']:.1f} µs | {r['added_vs_off_us']:+.1f} µs |")
     shadow = results["modes"].get("shadow", {})
     # met only when both estimates agree: the ratio of the medians and the paired one
-    p50_ok = bool(shadow and off) and shadow["p50_us"] <= off["p50_us"] * 1.10 and shadow.get("p50_vs_off_paired", 99.0) <= 1.10
+    p50_ok = (
+        bool(shadow and off)
+        and shadow["p50_us"] <= off["p50_us"] * 1.10
+        and shadow.get("p50_vs_off_paired", 99.0) <= 1.10
+    )
     best_batch = max((r["decisions_per_s"] for r in results["batch"].values()), default=0)
     lines += [
         "",

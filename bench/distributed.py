@@ -50,7 +50,9 @@ def shadow_factory(algorithm: str, batch: int = 0, policy_kw: dict[str, Any] | N
         from limiter import Policy, RedisLimiter
 
         rl = RedisLimiter.from_url(url, namespace=tag)
-        policy = Policy(**(policy_kw or {"average": float(PER_MINUTE), "period": 60.0, "burst": BIG}), algorithm=algorithm)
+        policy = Policy(
+            **(policy_kw or {"average": float(PER_MINUTE), "period": 60.0, "burst": BIG}), algorithm=algorithm
+        )
         if batch:
             many = rl.check_many
 
@@ -71,9 +73,17 @@ def limits_async_factory(strategy: str, implementation: str, limit: str | None =
     async def make(url: str, tag: str = "LIMITS"):
         import limits
         from limits.aio.storage import RedisStorage
-        from limits.aio.strategies import FixedWindowRateLimiter, MovingWindowRateLimiter, SlidingWindowCounterRateLimiter
+        from limits.aio.strategies import (
+            FixedWindowRateLimiter,
+            MovingWindowRateLimiter,
+            SlidingWindowCounterRateLimiter,
+        )
 
-        cls = {"moving": MovingWindowRateLimiter, "fixed": FixedWindowRateLimiter, "sliding": SlidingWindowCounterRateLimiter}[strategy]
+        cls = {
+            "moving": MovingWindowRateLimiter,
+            "fixed": FixedWindowRateLimiter,
+            "sliding": SlidingWindowCounterRateLimiter,
+        }[strategy]
         storage = RedisStorage("async+" + url, implementation=implementation, key_prefix=tag)
         lim = cls(storage)
         item = limits.RateLimitItemPerMinute(PER_MINUTE) if limit is None else limits.parse(limit)
@@ -105,7 +115,11 @@ def limits_sync_factory(strategy: str) -> Factory:
         from limits.storage import RedisStorage
         from limits.strategies import FixedWindowRateLimiter, MovingWindowRateLimiter, SlidingWindowCounterRateLimiter
 
-        cls = {"moving": MovingWindowRateLimiter, "fixed": FixedWindowRateLimiter, "sliding": SlidingWindowCounterRateLimiter}[strategy]
+        cls = {
+            "moving": MovingWindowRateLimiter,
+            "fixed": FixedWindowRateLimiter,
+            "sliding": SlidingWindowCounterRateLimiter,
+        }[strategy]
         storage = RedisStorage(url, key_prefix=tag)
         lim = cls(storage)
         item = limits.RateLimitItemPerMinute(PER_MINUTE)
@@ -125,7 +139,18 @@ def limits_sync_factory(strategy: str) -> Factory:
 def pyrate_redis_factory(kind: str, per_minute: int | None = None) -> Factory:
     async def make(url: str, tag: str = "pyrate"):
         import redis.asyncio as aredis
-        from pyrate_limiter import BucketFactory, Duration, Limiter, Rate, RateItem, RedisBucket, RedisStateStore, StateBucket, TokenBucket, WallClock
+        from pyrate_limiter import (
+            BucketFactory,
+            Duration,
+            Limiter,
+            Rate,
+            RateItem,
+            RedisBucket,
+            RedisStateStore,
+            StateBucket,
+            TokenBucket,
+            WallClock,
+        )
         from pyrate_limiter.buckets.redis_bucket import LuaScript
 
         client = aredis.Redis.from_url(url)
@@ -169,7 +194,9 @@ def pyrate_redis_factory(kind: str, per_minute: int | None = None) -> Factory:
 # --------------------------------------------------------------------------- #
 
 
-async def _drive(call: Callable[[Any], Awaitable[Any]], per_call: int, src: Any, total_calls: int, concurrency: int, batch: int) -> float:
+async def _drive(
+    call: Callable[[Any], Awaitable[Any]], per_call: int, src: Any, total_calls: int, concurrency: int, batch: int
+) -> float:
     """Issue ``total_calls`` calls from ``concurrency`` tasks; returns elapsed seconds."""
     counter = iter(range(total_calls))
     islice = itertools.islice
@@ -252,14 +279,19 @@ def _case_result(calls: int, per_rep: int, m: _Meter, cmd: dict[str, Any]) -> di
         # INFO commandstats counts commands run inside a Lua script as well as the EVALSHA itself
         "redis_calls_per_decision": {
             k: round(v["calls"] / decisions, 3)
-            for k, v in sorted(cmds.items(), key=lambda kv: (-round(kv[1]["calls"] / decisions, 2), not kv[0].startswith("eval"), kv[0]))
+            for k, v in sorted(
+                cmds.items(),
+                key=lambda kv: (-round(kv[1]["calls"] / decisions, 2), not kv[0].startswith("eval"), kv[0]),
+            )
         },
         "redis_usec_per_call": {k: v["usec_per_call"] for k, v in cmds.items()},
     }
 
 
 class _Case:
-    def __init__(self, lib: str, variant: str, conc: int, note: str, factory: Factory, batch: int = 0, sync: bool = False) -> None:
+    def __init__(
+        self, lib: str, variant: str, conc: int, note: str, factory: Factory, batch: int = 0, sync: bool = False
+    ) -> None:
         self.lib, self.variant, self.conc, self.note = lib, variant, conc, note
         self.factory, self.batch, self.sync = factory, batch, sync
         self.tag = "".join(ch if ch.isalnum() else "-" for ch in f"b{conc}-{lib}-{variant}")[:60]
@@ -292,17 +324,50 @@ def _cases(settings: Settings) -> list[_Case]:
     for conc in (1, c):
         for alg in ("token_bucket", "gcra", "sliding_window"):
             out.append(_Case("shadowlimit", alg, conc, own + ".check", shadow_factory(alg)))
-    out.append(_Case("shadowlimit", f"token_bucket, check_many x{settings.batch}", 1, f"one task, batches of {settings.batch} requests", shadow_factory("token_bucket", batch=settings.batch), batch=settings.batch))
+    out.append(
+        _Case(
+            "shadowlimit",
+            f"token_bucket, check_many x{settings.batch}",
+            1,
+            f"one task, batches of {settings.batch} requests",
+            shadow_factory("token_bucket", batch=settings.batch),
+            batch=settings.batch,
+        )
+    )
     names = {"moving": "MovingWindow", "fixed": "FixedWindow", "sliding": "SlidingWindowCounter"}
     for conc in (1, c):
         for impl in ("coredis", "redispy"):
             for strat in _LIMITS_STRATEGIES:
-                note = "limits.aio RedisStorage, implementation=" + impl + (" (the default)" if impl == "coredis" else "")
-                out.append(_Case(f"limits (async, {impl})", names[strat], conc, note, limits_async_factory(strat, impl)))
-        for kind, name in (("log", "RedisBucket (sliding log)"), ("token_bucket", "StateBucket(TokenBucket)+RedisStateStore")):
-            out.append(_Case("pyrate-limiter (async)", name, conc, "redis.asyncio client, one bucket per key", pyrate_redis_factory(kind)))
+                note = (
+                    "limits.aio RedisStorage, implementation=" + impl + (" (the default)" if impl == "coredis" else "")
+                )
+                out.append(
+                    _Case(f"limits (async, {impl})", names[strat], conc, note, limits_async_factory(strat, impl))
+                )
+        for kind, name in (
+            ("log", "RedisBucket (sliding log)"),
+            ("token_bucket", "StateBucket(TokenBucket)+RedisStateStore"),
+        ):
+            out.append(
+                _Case(
+                    "pyrate-limiter (async)",
+                    name,
+                    conc,
+                    "redis.asyncio client, one bucket per key",
+                    pyrate_redis_factory(kind),
+                )
+            )
     for strat in _LIMITS_STRATEGIES:
-        out.append(_Case("limits (sync, redis-py)", names[strat], 1, "limits.storage.RedisStorage", limits_sync_factory(strat), sync=True))
+        out.append(
+            _Case(
+                "limits (sync, redis-py)",
+                names[strat],
+                1,
+                "limits.storage.RedisStorage",
+                limits_sync_factory(strat),
+                sync=True,
+            )
+        )
     return out
 
 
@@ -324,7 +389,12 @@ def run_distributed(settings: Settings, url: str) -> list[dict[str, Any]]:
                     await _drive(case.call, 1, case.src, len(keys), settings.concurrency, 0)
                 el = await case.drive(warm)
                 rate = warm / el
-                case.calls = int(min(settings.dist_max_ops // case.per_call, max(case.conc * 5, 200 // case.per_call, rate * settings.dist_rep_s)))
+                case.calls = int(
+                    min(
+                        settings.dist_max_ops // case.per_call,
+                        max(case.conc * 5, 200 // case.per_call, rate * settings.dist_rep_s),
+                    )
+                )
                 case.meter = _Meter(stats)
             for rep in range(settings.dist_reps):
                 k = rep % len(cases)
@@ -358,7 +428,14 @@ def run_distributed(settings: Settings, url: str) -> list[dict[str, Any]]:
         for v in case.cmd.values():
             v["usec_per_call"] = round(v["usec"] / v["calls"], 2) if v["calls"] else 0.0
         res = _case_result(case.calls, case.calls * case.per_call, case.meter, case.cmd)  # type: ignore[arg-type]
-        row = {"library": case.lib, "variant": case.variant, "concurrency": case.conc, "note": case.note, **res, "allowed_fraction": case.allowed}
+        row = {
+            "library": case.lib,
+            "variant": case.variant,
+            "concurrency": case.conc,
+            "note": case.note,
+            **res,
+            "allowed_fraction": case.allowed,
+        }
         results.append(row)
         med = res["decisions_per_s"]["median"]
         log(

@@ -111,7 +111,13 @@ class CpuAccount:
         machine = (b[1] - a[1]) / wall
         own = (b[2] - a[2]) / wall
         red = max(0.0, b[3] - a[3]) / wall
-        return {"wall_s": round(wall, 1), "machine_cores": round(machine, 2), "bench_cores": round(own, 2), "redis_cores": round(red, 2), "other_cores": round(max(0.0, machine - own - red), 2)}
+        return {
+            "wall_s": round(wall, 1),
+            "machine_cores": round(machine, 2),
+            "bench_cores": round(own, 2),
+            "redis_cores": round(red, 2),
+            "other_cores": round(max(0.0, machine - own - red), 2),
+        }
 
 
 def log(msg: str) -> None:
@@ -207,8 +213,16 @@ def _git() -> str | None:
 
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     try:
-        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True, timeout=5).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root, capture_output=True, text=True, timeout=5).stdout.strip()
+        head = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True, timeout=5
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=root,
+            capture_output=True,
+            text=True,
+            timeout=5,
+        ).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         return None
     return f"{head}{' + uncommitted changes' if dirty else ''}" if head else None
@@ -217,7 +231,7 @@ def _git() -> str | None:
 def environment(argv: list[str]) -> dict[str, Any]:
     """Facts about the run; the Redis version is added by the caller once a server runs."""
     return {
-        "date_utc": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC"),
+        "date_utc": _dt.datetime.now(_dt.UTC).strftime("%Y-%m-%d %H:%M:%S UTC"),
         "command": "python -m bench" + ("" if not argv else " " + " ".join(argv)),
         "cpu": _cpu_model(),
         "cores": os.cpu_count(),

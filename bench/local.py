@@ -44,7 +44,9 @@ def _source(keys: list[str] | None) -> Iterator[str]:
     return itertools.repeat("hot-key") if keys is None else itertools.cycle(keys)
 
 
-def shadow_case(policy_kw: dict[str, Any], keys: list[str] | None, *, max_keys: int | None = None, explicit_now: bool = False) -> Case:
+def shadow_case(
+    policy_kw: dict[str, Any], keys: list[str] | None, *, max_keys: int | None = None, explicit_now: bool = False
+) -> Case:
     import time
 
     from limiter import LocalLimiter, Policy
@@ -80,7 +82,11 @@ def limits_case(strategy: str, limit: str | None, keys: list[str] | None) -> Cas
     from limits.storage import MemoryStorage
     from limits.strategies import FixedWindowRateLimiter, MovingWindowRateLimiter, SlidingWindowCounterRateLimiter
 
-    cls = {"fixed": FixedWindowRateLimiter, "moving": MovingWindowRateLimiter, "sliding": SlidingWindowCounterRateLimiter}[strategy]
+    cls = {
+        "fixed": FixedWindowRateLimiter,
+        "moving": MovingWindowRateLimiter,
+        "sliding": SlidingWindowCounterRateLimiter,
+    }[strategy]
     item = limits.RateLimitItemPerSecond(BIG) if limit is None else limits.parse(limit)
     storage = MemoryStorage()
     lim = cls(storage)
@@ -164,23 +170,73 @@ def _cases(settings: Settings) -> list[tuple[str, str, str, Callable[[list[str] 
     out: list[tuple[str, str, str, Callable[[list[str] | None], Case], str]] = []
     for scen in ("hot", "hot_deny", "rr"):
         if scen == "hot":
-            out.append((scen, "shadowlimit", "token_bucket", lambda k: shadow_case(perm, k), "LocalLimiter.check(key, policy)"))
-            out.append((scen, "shadowlimit", "token_bucket, caller now_us", lambda k: shadow_case(perm, k, explicit_now=True), "check(key, policy, 1, now_us)"))
+            out.append(
+                (scen, "shadowlimit", "token_bucket", lambda k: shadow_case(perm, k), "LocalLimiter.check(key, policy)")
+            )
+            out.append(
+                (
+                    scen,
+                    "shadowlimit",
+                    "token_bucket, caller now_us",
+                    lambda k: shadow_case(perm, k, explicit_now=True),
+                    "check(key, policy, 1, now_us)",
+                )
+            )
             # gcra's finest step is 1 us per token (limiter.policy.MIN_EMISSION_US): 10^6/s, still never limiting here
-            out.append((scen, "shadowlimit", "gcra", lambda k: shadow_case({**perm, "average": 1e6, "algorithm": "gcra"}, k), ""))
+            out.append(
+                (
+                    scen,
+                    "shadowlimit",
+                    "gcra",
+                    lambda k: shadow_case({**perm, "average": 1e6, "algorithm": "gcra"}, k),
+                    "",
+                )
+            )
         elif scen == "hot_deny":
             for alg in ("token_bucket", "gcra", "fixed_window", "sliding_window", "sliding_log"):
                 out.append((scen, "shadowlimit", alg, lambda k, a=alg: shadow_case({**real, "algorithm": a}, k), ""))
         else:
-            out.append((scen, "shadowlimit", "token_bucket, max_keys=131072", lambda k: shadow_case(perm, k, max_keys=131_072), "all keys fit"))
-            out.append((scen, "shadowlimit", "token_bucket, default max_keys=65536", lambda k: shadow_case(perm, k), "LRU evicts: every check is a new key"))
+            out.append(
+                (
+                    scen,
+                    "shadowlimit",
+                    "token_bucket, max_keys=131072",
+                    lambda k: shadow_case(perm, k, max_keys=131_072),
+                    "all keys fit",
+                )
+            )
+            out.append(
+                (
+                    scen,
+                    "shadowlimit",
+                    "token_bucket, default max_keys=65536",
+                    lambda k: shadow_case(perm, k),
+                    "LRU evicts: every check is a new key",
+                )
+            )
         limit = "100/second" if scen == "hot_deny" else None
         for strat in ("fixed", "moving", "sliding"):
             name = {"fixed": "FixedWindow", "moving": "MovingWindow", "sliding": "SlidingWindowCounter"}[strat]
             out.append((scen, "limits", name, lambda k, s=strat, lm=limit: limits_case(s, lm, k), "MemoryStorage"))
         routing = "single bucket" if scen != "rr" else "one bucket per key"
-        out.append((scen, "pyrate-limiter", "InMemoryBucket (sliding log)", lambda k, r=scen == "hot_deny": pyrate_case("log", r, k), routing))
-        out.append((scen, "pyrate-limiter", "StateBucket(TokenBucket)", lambda k, r=scen == "hot_deny": pyrate_case("token_bucket", r, k), routing))
+        out.append(
+            (
+                scen,
+                "pyrate-limiter",
+                "InMemoryBucket (sliding log)",
+                lambda k, r=scen == "hot_deny": pyrate_case("log", r, k),
+                routing,
+            )
+        )
+        out.append(
+            (
+                scen,
+                "pyrate-limiter",
+                "StateBucket(TokenBucket)",
+                lambda k, r=scen == "hot_deny": pyrate_case("token_bucket", r, k),
+                routing,
+            )
+        )
     return out
 
 
@@ -214,7 +270,9 @@ def run_local(settings: Settings) -> list[dict[str, Any]]:
     finally:
         threading.excepthook = previous_hook
         if thread_errors:
-            log(f"  local: {len(thread_errors)} exception(s) in background threads (limits MemoryStorage expiry timer), e.g. {thread_errors[0]}")
+            log(
+                f"  local: {len(thread_errors)} exception(s) in background threads (limits MemoryStorage expiry timer), e.g. {thread_errors[0]}"
+            )
 
 
 def _run_local(settings: Settings, thread_errors: list[str]) -> list[dict[str, Any]]:
@@ -233,7 +291,18 @@ def _run_local(settings: Settings, thread_errors: list[str]) -> list[dict[str, A
             ops = calibrate(run, settings.local_rep_s, settings.local_max_ops)
             run(min(ops, 20_000))  # warm-up
             _quiesce(meta)
-            cases.append({"lib": lib, "variant": variant, "note": note, "run": run, "allowed": allowed, "meta": meta, "ops": ops, "reps": []})
+            cases.append(
+                {
+                    "lib": lib,
+                    "variant": variant,
+                    "note": note,
+                    "run": run,
+                    "allowed": allowed,
+                    "meta": meta,
+                    "ops": ops,
+                    "reps": [],
+                }
+            )
         for rep in range(settings.reps):
             k = rep % len(cases)
             for c in cases[k:] + cases[:k]:
@@ -267,6 +336,8 @@ def _run_local(settings: Settings, thread_errors: list[str]) -> list[dict[str, A
                 except Exception:  # noqa: BLE001 - closing a benchmark object must not stop the run
                     pass
             results.append(row)
-            log(f"  local {scenario:8s} {c['lib']:14s} {c['variant']:38s} {st['median']:9.0f} ns/check  ({1e9 / st['median']:>10,.0f}/s, allowed {frac:.0%})")
+            log(
+                f"  local {scenario:8s} {c['lib']:14s} {c['variant']:38s} {st['median']:9.0f} ns/check  ({1e9 / st['median']:>10,.0f}/s, allowed {frac:.0%})"
+            )
         del cases
     return results

@@ -37,8 +37,18 @@ def _rows() -> list[tuple[str, str, Any, int, str]]:
         out.append(("shadowlimit", alg, shadow_factory(alg, batch=500, policy_kw=POLICY), 500, "1000/60s burst 1000"))
     for strat, name in (("moving", "MovingWindow"), ("fixed", "FixedWindow"), ("sliding", "SlidingWindowCounter")):
         out.append(("limits", name, limits_async_factory(strat, "redispy", LIMIT), 0, LIMIT))
-    out.append(("pyrate-limiter", "RedisBucket (sliding log)", pyrate_redis_factory("log", per_minute=1000), 0, "1000/minute"))
-    out.append(("pyrate-limiter", "StateBucket(TokenBucket)+RedisStateStore", pyrate_redis_factory("token_bucket", per_minute=1000), 0, "1000/minute"))
+    out.append(
+        ("pyrate-limiter", "RedisBucket (sliding log)", pyrate_redis_factory("log", per_minute=1000), 0, "1000/minute")
+    )
+    out.append(
+        (
+            "pyrate-limiter",
+            "StateBucket(TokenBucket)+RedisStateStore",
+            pyrate_redis_factory("token_bucket", per_minute=1000),
+            0,
+            "1000/minute",
+        )
+    )
     return out
 
 
@@ -79,7 +89,9 @@ def _sample_usage(r: redis.Redis, n: int = 100) -> tuple[float, int]:
     return sum(sizes) / len(sizes), len(keys)
 
 
-def _measure(url: str, stats: redis.Redis, factory: Any, batch: int, n_keys: int, hits: int, settle_s: float) -> dict[str, Any]:
+def _measure(
+    url: str, stats: redis.Redis, factory: Any, batch: int, n_keys: int, hits: int, settle_s: float
+) -> dict[str, Any]:
     keys = [f"client-{i}" for i in range(n_keys)]
 
     async def main() -> dict[str, Any]:

@@ -36,7 +36,14 @@ def _top(pr: cProfile.Profile, n: int, calls_norm: int) -> list[dict[str, Any]]:
         rows.append((tt, ct, nc, re.sub(r" at 0x[0-9a-f]+", "", func) if fname == "~" else f"{where}:{line}({func})"))
     rows.sort(reverse=True)
     return [
-        {"function": name, "ncalls": nc, "tottime_s": round(tt, 4), "cumtime_s": round(ct, 4), "share_of_total": round(tt / total, 3), "tottime_us_per_op": round(tt / calls_norm * 1e6, 3)}
+        {
+            "function": name,
+            "ncalls": nc,
+            "tottime_s": round(tt, 4),
+            "cumtime_s": round(ct, 4),
+            "share_of_total": round(tt / total, 3),
+            "tottime_us_per_op": round(tt / calls_norm * 1e6, 3),
+        }
         for tt, ct, nc, name in rows[:n]
     ]
 
@@ -141,7 +148,9 @@ def distributed_profile(settings: Settings, url: str) -> dict[str, Any]:
                 i1 = stats.info("cpu")
                 acc[n]["dps"].append(total / el)
                 acc[n]["cpu"].append((c1 - c0) / el)
-                acc[n]["rcpu"].append((i1["used_cpu_sys"] + i1["used_cpu_user"] - i0["used_cpu_sys"] - i0["used_cpu_user"]) / el)
+                acc[n]["rcpu"].append(
+                    (i1["used_cpu_sys"] + i1["used_cpu_user"] - i0["used_cpu_sys"] - i0["used_cpu_user"]) / el
+                )
         for n, a in acc.items():
             out["connections"].append(
                 {
@@ -181,5 +190,7 @@ def run_profile(settings: Settings, url: str | None) -> dict[str, Any]:
     if url is not None:
         out["distributed"] = distributed_profile(settings, url)
         for c in out["distributed"]["connections"]:
-            log(f"  profile dist   100 tasks over {c['instances']} RedisLimiter instance(s): {c['decisions_per_s_median']:>9,}/s (client cpu {c['client_cpu_util']:.0%}, redis cpu {c['redis_cpu_util']:.0%})")
+            log(
+                f"  profile dist   100 tasks over {c['instances']} RedisLimiter instance(s): {c['decisions_per_s_median']:>9,}/s (client cpu {c['client_cpu_util']:.0%}, redis cpu {c['redis_cpu_util']:.0%})"
+            )
     return out

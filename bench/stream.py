@@ -120,7 +120,10 @@ def warm_up(url: str, extra: int = EXTRA_ROUTES) -> None:
 
 def snapshot_size(url: str, interval: float) -> int:
     """Bytes of one ``snapshot`` event as the server sends it."""
-    with httpx.Client(timeout=10) as c, c.stream("GET", url + "/v1/stream", params={"interval": interval, "minutes": 30}) as resp:
+    with (
+        httpx.Client(timeout=10) as c,
+        c.stream("GET", url + "/v1/stream", params={"interval": interval, "minutes": 30}) as resp,
+    ):
         resp.raise_for_status()
         for line in resp.iter_lines():
             if line.startswith("data:"):
@@ -206,7 +209,17 @@ def idle_cores(server: Server, seconds: float) -> float:
     return (server.cpu_s() - c0) / (time.monotonic() - t0)
 
 
-def measure(configs: list[tuple[str, Path, float]], subscribers: int, *, views: int = 1, seconds: float = 5.0, idle_s: float = 3.0, repeats: int = 3, connections: int = 32, max_streams: int | None = None) -> dict[str, dict[str, Any]]:
+def measure(
+    configs: list[tuple[str, Path, float]],
+    subscribers: int,
+    *,
+    views: int = 1,
+    seconds: float = 5.0,
+    idle_s: float = 3.0,
+    repeats: int = 3,
+    connections: int = 32,
+    max_streams: int | None = None,
+) -> dict[str, dict[str, Any]]:
     """Each config is ``(label, server source directory, interval)``: one server each, all
     started up front, and every round measures every config in turn (drift in the
     machine's speed hits them alike)."""
@@ -230,7 +243,10 @@ def measure(configs: list[tuple[str, Path, float]], subscribers: int, *, views: 
         for _ in range(repeats):
             for label, _, interval in configs:
                 server = servers[label]
-                r: dict[str, Any] = {"idle_cores_0": idle_cores(server, idle_s), "wrk_0": run_wrk(wrk, server.url, script, seconds, connections, server.proc.pid)}
+                r: dict[str, Any] = {
+                    "idle_cores_0": idle_cores(server, idle_s),
+                    "wrk_0": run_wrk(wrk, server.url, script, seconds, connections, server.proc.pid),
+                }
                 subs = Subscribers(server.url, subscribers, interval, views)
                 try:
                     r["subscribers_ready"] = subs.ready
@@ -253,10 +269,15 @@ def measure(configs: list[tuple[str, Path, float]], subscribers: int, *, views: 
         "python": platform.python_version(),
         "load_avg": os.getloadavg(),
     }
-    return {label: summarize(rounds[label], subscribers, interval, views, sizes[label], meta) for label, _, interval in configs}
+    return {
+        label: summarize(rounds[label], subscribers, interval, views, sizes[label], meta)
+        for label, _, interval in configs
+    }
 
 
-def summarize(rounds: list[dict[str, Any]], subscribers: int, interval: float, views: int, size: int, meta: dict[str, Any]) -> dict[str, Any]:
+def summarize(
+    rounds: list[dict[str, Any]], subscribers: int, interval: float, views: int, size: int, meta: dict[str, Any]
+) -> dict[str, Any]:
     def med(f: Any) -> float:
         return float(statistics.median(f(r) for r in rounds))
 
@@ -323,16 +344,35 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     ap = argparse.ArgumentParser(prog="python -m bench.stream", description=__doc__.splitlines()[0])
     ap.add_argument("--subscribers", type=int, default=200)
-    ap.add_argument("--interval", type=float, default=0.5, help="each subscriber's ?interval= (default 0.5, the minimum)")
-    ap.add_argument("--views", type=int, default=1, help="spread the subscribers over this many views (minutes=30, 29, ...)")
+    ap.add_argument(
+        "--interval", type=float, default=0.5, help="each subscriber's ?interval= (default 0.5, the minimum)"
+    )
+    ap.add_argument(
+        "--views", type=int, default=1, help="spread the subscribers over this many views (minutes=30, 29, ...)"
+    )
     ap.add_argument("--seconds", type=float, default=5.0, help="seconds per wrk run")
     ap.add_argument("--idle-s", type=float, default=3.0, help="seconds of the idle CPU window")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--connections", type=int, default=32)
-    ap.add_argument("--max-streams", type=int, default=None, help="SHADOWLIMIT_MAX_STREAMS for the server (default: --subscribers)")
-    ap.add_argument("--server-src", type=Path, default=ROOT, help="directory whose control_plane package is served (default: this checkout)")
-    ap.add_argument("--label", default=None, help="name of this run in the results (default: the checkout's git describe)")
-    ap.add_argument("--config", action="append", default=[], metavar="LABEL=DIR@INTERVAL", help="measure several servers in interleaved rounds (repeatable; replaces --server-src/--label/--interval)")
+    ap.add_argument(
+        "--max-streams", type=int, default=None, help="SHADOWLIMIT_MAX_STREAMS for the server (default: --subscribers)"
+    )
+    ap.add_argument(
+        "--server-src",
+        type=Path,
+        default=ROOT,
+        help="directory whose control_plane package is served (default: this checkout)",
+    )
+    ap.add_argument(
+        "--label", default=None, help="name of this run in the results (default: the checkout's git describe)"
+    )
+    ap.add_argument(
+        "--config",
+        action="append",
+        default=[],
+        metavar="LABEL=DIR@INTERVAL",
+        help="measure several servers in interleaved rounds (repeatable; replaces --server-src/--label/--interval)",
+    )
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "stream.json"))
     args = ap.parse_args(argv)
     configs: list[tuple[str, Path, float]] = []
@@ -341,9 +381,23 @@ def main(argv: list[str] | None = None) -> int:
         src, _, interval = rest.rpartition("@")
         configs.append((label, Path(src).resolve(), float(interval)))
     if not configs:
-        label = args.label or subprocess.run(["git", "describe", "--always", "--dirty"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+        label = (
+            args.label
+            or subprocess.run(
+                ["git", "describe", "--always", "--dirty"], cwd=ROOT, capture_output=True, text=True
+            ).stdout.strip()
+        )
         configs.append((label, args.server_src.resolve(), args.interval))
-    results = measure(configs, args.subscribers, views=args.views, seconds=args.seconds, idle_s=args.idle_s, repeats=args.repeats, connections=args.connections, max_streams=args.max_streams)
+    results = measure(
+        configs,
+        args.subscribers,
+        views=args.views,
+        seconds=args.seconds,
+        idle_s=args.idle_s,
+        repeats=args.repeats,
+        connections=args.connections,
+        max_streams=args.max_streams,
+    )
     out = Path(args.out)
     runs = json.loads(out.read_text()) if out.exists() else {}
     runs.update(results)

@@ -83,18 +83,34 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         field = _field_of(tuple(first.get("loc", ())))
         msg = f"{field}: {first.get('msg', 'invalid value')}"
         details = [{"field": _field_of(tuple(e.get("loc", ()))), "message": e.get("msg")} for e in errors]
-        return JSONResponse({"error": "invalid_request", "message": msg, "field": field, "errors": details}, status_code=422)
+        return JSONResponse(
+            {"error": "invalid_request", "message": msg, "field": field, "errors": details}, status_code=422
+        )
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
-        return JSONResponse({"error": "not_found" if exc.status_code == 404 else "http_error", "message": str(exc.detail)}, status_code=exc.status_code, headers=getattr(exc, "headers", None))
+        return JSONResponse(
+            {"error": "not_found" if exc.status_code == 404 else "http_error", "message": str(exc.detail)},
+            status_code=exc.status_code,
+            headers=getattr(exc, "headers", None),
+        )
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception) -> JSONResponse:  # pragma: no cover - behind CatchAll
         # the exception's text stays in the log (under the incident id), never in the answer
-        return JSONResponse(incidents.body(incidents.report(exc, f"{request.method} {request.url.path}")), status_code=500)
+        return JSONResponse(
+            incidents.body(incidents.report(exc, f"{request.method} {request.url.path}")), status_code=500
+        )
 
-    for r in (decide.router, routes.router, observe.router, external.router, admin.router, stream.router, health.router):
+    for r in (
+        decide.router,
+        routes.router,
+        observe.router,
+        external.router,
+        admin.router,
+        stream.router,
+        health.router,
+    ):
         app.include_router(r)
     # innermost first: the access check (before any body is read), then the size limits
     # (431/413 from the head, before the token is even looked at), then the last resort

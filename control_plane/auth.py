@@ -156,7 +156,9 @@ def parse_tokens(text: str, source: str = "tokens file") -> dict[str, Identity]:
             raise TokensFileError(f"{where}: role must be viewer, operator or admin, got {role!r}") from None
         digest = digest.lower()
         if not _SHA256.fullmatch(digest):
-            raise TokensFileError(f"{where}: the third field must be the token's SHA-256 as 64 hex digits (sha256sum), not the token itself")
+            raise TokensFileError(
+                f"{where}: the third field must be the token's SHA-256 as 64 hex digits (sha256sum), not the token itself"
+            )
         if name in names:
             raise TokensFileError(f"{where}: name {name!r} appears twice")
         if digest in out:
@@ -220,7 +222,14 @@ class TokensFile:
 class Authenticator:
     """Maps a bearer token to an :class:`Identity` (or None)."""
 
-    def __init__(self, *, admin_token: str | None = None, client_token: str | None = None, tokens_file: TokensFile | None = None, open_reads: bool = False) -> None:
+    def __init__(
+        self,
+        *,
+        admin_token: str | None = None,
+        client_token: str | None = None,
+        tokens_file: TokensFile | None = None,
+        open_reads: bool = False,
+    ) -> None:
         self._admin = admin_token.encode() if admin_token else None
         self._client = client_token.encode() if client_token else None
         self.tokens_file = tokens_file
@@ -283,14 +292,30 @@ def check(auth: Authenticator, access: Access, token: str | None) -> Identity | 
         return auth.identify(token)
     needed = _NEEDS[access]
     if access is not Access.READ and not auth.mutations_enabled:
-        raise Denied(403, "admin_disabled", "no admin token is configured (SHADOWLIMIT_ADMIN_TOKEN or SHADOWLIMIT_TOKENS_FILE), so changes through the API are refused")
+        raise Denied(
+            403,
+            "admin_disabled",
+            "no admin token is configured (SHADOWLIMIT_ADMIN_TOKEN or SHADOWLIMIT_TOKENS_FILE), so changes through the API are refused",
+        )
     if token is None:
-        raise Denied(401, "unauthorized", f"this endpoint needs Authorization: Bearer <token> with the {needed.value} role", needs=needed.value)
+        raise Denied(
+            401,
+            "unauthorized",
+            f"this endpoint needs Authorization: Bearer <token> with the {needed.value} role",
+            needs=needed.value,
+        )
     ident = auth.identify(token)
     if ident is None:
         raise Denied(401, "unauthorized", "the token is not valid", needs=needed.value)
     if not ident.may(needed):
-        raise Denied(403, "forbidden", f"this needs the {needed.value} role; the token {ident.name!r} has the {ident.role.value} role", needs=needed.value, role=ident.role.value, token=ident.name)
+        raise Denied(
+            403,
+            "forbidden",
+            f"this needs the {needed.value} role; the token {ident.name!r} has the {ident.role.value} role",
+            needs=needed.value,
+            role=ident.role.value,
+            token=ident.name,
+        )
     return ident
 
 
@@ -326,7 +351,9 @@ class AuthGate:
                 if method == "GET":
                     self._exact[("HEAD", path)] = access
         if missing:
-            raise RuntimeError("endpoints without an access level in control_plane.auth.ACCESS: " + ", ".join(sorted(missing)))
+            raise RuntimeError(
+                "endpoints without an access level in control_plane.auth.ACCESS: " + ", ".join(sorted(missing))
+            )
 
     def access_for(self, method: str, path: str) -> Access:
         access = self._exact.get((method, path))

@@ -25,14 +25,22 @@ class CliError(Exception):
 # -- talking to a control plane ----------------------------------------------------------
 
 
-def _request(args: argparse.Namespace, method: str, path: str, body: dict[str, Any] | None = None, params: dict[str, Any] | None = None) -> Any:
+def _request(
+    args: argparse.Namespace,
+    method: str,
+    path: str,
+    body: dict[str, Any] | None = None,
+    params: dict[str, Any] | None = None,
+) -> Any:
     import httpx
 
     headers = {"X-Shadowlimit-Actor": os.environ.get("USER", "cli")}
     if args.token:
         headers["Authorization"] = f"Bearer {args.token}"
     try:
-        r = httpx.request(method, args.url.rstrip("/") + path, json=body, params=params, headers=headers, timeout=args.timeout)
+        r = httpx.request(
+            method, args.url.rstrip("/") + path, json=body, params=params, headers=headers, timeout=args.timeout
+        )
     except httpx.HTTPError as exc:
         raise CliError(f"cannot reach the control plane at {args.url}: {exc}", EXIT_UNREACHABLE) from None
     try:
@@ -40,7 +48,11 @@ def _request(args: argparse.Namespace, method: str, path: str, body: dict[str, A
     except ValueError:
         data = {"message": r.text}
     if r.status_code in (401, 403):
-        raise CliError(f"not authorised ({r.status_code}): {data.get('message')}" + ("" if args.token else " (pass --token or set SHADOWLIMIT_TOKEN)"), EXIT_AUTH)
+        raise CliError(
+            f"not authorised ({r.status_code}): {data.get('message')}"
+            + ("" if args.token else " (pass --token or set SHADOWLIMIT_TOKEN)"),
+            EXIT_AUTH,
+        )
     if r.status_code == 409:
         gate = data.get("gate") or {}
         raise CliError(f"refused by the gate: {data.get('message')}\n  gate figures: {json.dumps(gate)}", EXIT_GATE)
@@ -67,8 +79,22 @@ def cmd_routes(args: argparse.Namespace) -> int:
         gate = r.get("gate") or {}
         gate_s = "pass" if gate.get("passed") else "; ".join(gate.get("reasons", []))[:60]
         share = div.get("sampled_share")
-        sampled = "-" if share is None else f"{share:.1%}" + (f" ({div.get('shadow_dropped', 0):,} dropped)" if share < 1 else "")
-        rows.append([r["name"], mode, str(r["decisions_per_s"]), str(div.get("compared", "-")), f"{div.get('new_rejection_rate', 0):.2%}" if div else "-", sampled, f"->{gate.get('target')}: {gate_s}"])
+        sampled = (
+            "-"
+            if share is None
+            else f"{share:.1%}" + (f" ({div.get('shadow_dropped', 0):,} dropped)" if share < 1 else "")
+        )
+        rows.append(
+            [
+                r["name"],
+                mode,
+                str(r["decisions_per_s"]),
+                str(div.get("compared", "-")),
+                f"{div.get('new_rejection_rate', 0):.2%}" if div else "-",
+                sampled,
+                f"->{gate.get('target')}: {gate_s}",
+            ]
+        )
     _print(args, data, rows)
     return EXIT_OK
 
@@ -77,12 +103,18 @@ def cmd_mode(args: argparse.Namespace) -> int:
     body = {"mode": args.mode, "canary_percent": args.percent or 0, "reason": args.reason, "force": args.force}
     data = _request(args, "PUT", f"/v1/routes/{args.route}/mode", body)
     st = data["state"]
-    print(f"{args.route}: {data['audit']['from']} -> {st['mode']}" + (f" {st['canary_percent']}%" if st["mode"] == "canary" else "") + f" (audit {data['audit']['id']})")
+    print(
+        f"{args.route}: {data['audit']['from']} -> {st['mode']}"
+        + (f" {st['canary_percent']}%" if st["mode"] == "canary" else "")
+        + f" (audit {data['audit']['id']})"
+    )
     return EXIT_OK
 
 
 def cmd_audit(args: argparse.Namespace) -> int:
-    data = _request(args, "GET", "/v1/rollout/audit", params={"limit": args.limit, **({"route": args.route} if args.route else {})})
+    data = _request(
+        args, "GET", "/v1/rollout/audit", params={"limit": args.limit, **({"route": args.route} if args.route else {})}
+    )
     rows = [["AT", "KIND", "ROUTE", "FROM", "TO", "ACTOR", "REASON"]]
     import datetime as dt
 
@@ -101,17 +133,35 @@ def cmd_stats(args: argparse.Namespace) -> int:
 
 
 def cmd_top(args: argparse.Namespace) -> int:
-    data = _request(args, "GET", "/v1/buckets", params={"limit": args.limit, **({"route": args.route} if args.route else {})})
+    data = _request(
+        args, "GET", "/v1/buckets", params={"limit": args.limit, **({"route": args.route} if args.route else {})}
+    )
     rows = [["ROUTE", "KEY", "RECENT", "LOCAL TOKENS", "DISTRIBUTED TOKENS"]]
     for b in data["buckets"]:
         d = b.get("distributed")
-        rows.append([b["route"], b["key"], str(b["recent_requests"]), f"{b['local']['tokens']:.1f}/{b['local']['limit']}", f"{d['tokens']:.1f}/{d['limit']}" if d else "-"])
+        rows.append(
+            [
+                b["route"],
+                b["key"],
+                str(b["recent_requests"]),
+                f"{b['local']['tokens']:.1f}/{b['local']['limit']}",
+                f"{d['tokens']:.1f}/{d['limit']}" if d else "-",
+            ]
+        )
     _print(args, data, rows)
     return EXIT_OK
 
 
 def cmd_clients(args: argparse.Namespace) -> int:
-    _print(args, _request(args, "GET", "/ratelimit/clients", params={"limit": args.limit, **({"route": args.route} if args.route else {})}))
+    _print(
+        args,
+        _request(
+            args,
+            "GET",
+            "/ratelimit/clients",
+            params={"limit": args.limit, **({"route": args.route} if args.route else {})},
+        ),
+    )
     return EXIT_OK
 
 
@@ -122,7 +172,16 @@ def cmd_reset(args: argparse.Namespace) -> int:
 
 
 def cmd_adjust(args: argparse.Namespace) -> int:
-    body: dict[str, Any] = {"route": args.route, "key": args.key, "target": args.target, "average": args.rate if args.rate is not None else 0, "period": args.period, "burst": args.burst, "reason": args.reason, "clear": args.clear}
+    body: dict[str, Any] = {
+        "route": args.route,
+        "key": args.key,
+        "target": args.target,
+        "average": args.rate if args.rate is not None else 0,
+        "period": args.period,
+        "burst": args.burst,
+        "reason": args.reason,
+        "clear": args.clear,
+    }
     if args.rate is None and not args.clear:
         raise CliError("adjust needs --rate (or --clear)", EXIT_USAGE)
     _print(args, _request(args, "PUT", "/ratelimit/config", body))
@@ -136,9 +195,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from .app import create_app
-    from .settings import SettingsError, load_settings
-
     from .rules import RulesError, load_rules
+    from .settings import SettingsError, load_settings
     from .wiring import NO_REDIS_URL
 
     overrides: dict[str, Any] = {}
@@ -158,11 +216,21 @@ def cmd_serve(args: argparse.Namespace) -> int:
     except RulesError as exc:
         raise CliError(f"invalid rules file: {exc}", EXIT_USAGE) from None
     if settings.admin_token is None and settings.tokens_file is None:
-        print("warning: neither SHADOWLIMIT_ADMIN_TOKEN nor SHADOWLIMIT_TOKENS_FILE is set: mode changes and admin calls will be refused (403)", file=sys.stderr)
+        print(
+            "warning: neither SHADOWLIMIT_ADMIN_TOKEN nor SHADOWLIMIT_TOKENS_FILE is set: mode changes and admin calls will be refused (403)",
+            file=sys.stderr,
+        )
     configure_logging(args.log_level)
     from .serving import http_protocol
 
-    uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_level=args.log_level, access_log=False, http=http_protocol(settings.request_limits))
+    uvicorn.run(
+        create_app(settings),
+        host=settings.host,
+        port=settings.port,
+        log_level=args.log_level,
+        access_log=False,
+        http=http_protocol(settings.request_limits),
+    )
     return EXIT_OK
 
 
@@ -203,12 +271,19 @@ def cmd_dash(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="shadowlimit", description="Move a fleet from per-replica rate limits to one global Redis-backed limit, safely.")
+    p = argparse.ArgumentParser(
+        prog="shadowlimit",
+        description="Move a fleet from per-replica rate limits to one global Redis-backed limit, safely.",
+    )
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     def remote(name: str, help_: str) -> argparse.ArgumentParser:
         sp = sub.add_parser(name, help=help_)
-        sp.add_argument("--url", default=os.environ.get("SHADOWLIMIT_URL", "http://127.0.0.1:8080"), help="control plane URL (env SHADOWLIMIT_URL)")
+        sp.add_argument(
+            "--url",
+            default=os.environ.get("SHADOWLIMIT_URL", "http://127.0.0.1:8080"),
+            help="control plane URL (env SHADOWLIMIT_URL)",
+        )
         sp.add_argument(
             "--token",
             default=os.environ.get("SHADOWLIMIT_TOKEN") or os.environ.get("SHADOWLIMIT_ADMIN_TOKEN"),
@@ -222,14 +297,23 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--host", default=None, help="listen address (default SHADOWLIMIT_HOST or 127.0.0.1)")
     s.add_argument("--port", type=int, default=None, help="listen port (default SHADOWLIMIT_PORT or 8080)")
     s.add_argument("--log-level", default="info")
-    s.add_argument("--embedded-redis", action="store_true", help="development only: with no RATE_LIMIT_REDIS_URL, start a private redis-server for this process")
+    s.add_argument(
+        "--embedded-redis",
+        action="store_true",
+        help="development only: with no RATE_LIMIT_REDIS_URL, start a private redis-server for this process",
+    )
     s.set_defaults(func=cmd_serve)
 
     d = sub.add_parser("demo", help="the main job: embedded Redis, 3 replicas, demo traffic, dashboard")
     d.add_argument("--no-dash", action="store_true", help="run headless; print where it listens and the admin token")
     d.add_argument("--replicas", type=int, default=3)
     d.add_argument("--base-port", type=int, default=0, help="first replica port (default: free ports)")
-    d.add_argument("--duration", type=float, default=0, help="stop after this many seconds (0 = until Ctrl-C / quitting the dashboard)")
+    d.add_argument(
+        "--duration",
+        type=float,
+        default=0,
+        help="stop after this many seconds (0 = until Ctrl-C / quitting the dashboard)",
+    )
     d.set_defaults(func=cmd_demo)
 
     dash = remote("dash", "the terminal dashboard")

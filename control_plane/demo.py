@@ -134,7 +134,9 @@ class DemoStack:
                 "SHADOWLIMIT_NAMESPACE": env.get("SHADOWLIMIT_NAMESPACE", "demo"),
                 "SHADOWLIMIT_GATE_WINDOW_S": env.get("SHADOWLIMIT_GATE_WINDOW_S", "60"),
                 "SHADOWLIMIT_GATE_MIN_SAMPLES": env.get("SHADOWLIMIT_GATE_MIN_SAMPLES", "200"),
-                "SHADOWLIMIT_EXTERNAL_BACKEND_HOSTS": env.get("SHADOWLIMIT_EXTERNAL_BACKEND_HOSTS", "*.backend.internal"),
+                "SHADOWLIMIT_EXTERNAL_BACKEND_HOSTS": env.get(
+                    "SHADOWLIMIT_EXTERNAL_BACKEND_HOSTS", "*.backend.internal"
+                ),
                 # the fleet's audit trail outside Redis: each replica appends the entries it writes
                 "SHADOWLIMIT_AUDIT_LOG": env.get("SHADOWLIMIT_AUDIT_LOG", str(self.workdir / "audit.jsonl")),
             }
@@ -144,7 +146,18 @@ class DemoStack:
             log = open(self.workdir / f"replica-{i + 1}.log", "wb")  # noqa: SIM115 - closed with the process
             env_i = dict(env, SHADOWLIMIT_INSTANCE_ID=f"replica-{i + 1}")
             proc = subprocess.Popen(
-                [sys.executable, "-m", "control_plane.cli", "serve", "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning"],
+                [
+                    sys.executable,
+                    "-m",
+                    "control_plane.cli",
+                    "serve",
+                    "--host",
+                    "127.0.0.1",
+                    "--port",
+                    str(port),
+                    "--log-level",
+                    "warning",
+                ],
                 env=env_i,
                 stdout=log,
                 stderr=subprocess.STDOUT,
@@ -211,7 +224,12 @@ class DemoStack:
                 while not stop.is_set():
                     url = self.urls[i % len(self.urls)] if spread else self.urls[home]
                     i += 1
-                    body = {"method": method, "path": path, "headers": {"X-Client-Id": name, "X-Tenant-Id": name}, "client_ip": "127.0.0.1"}
+                    body = {
+                        "method": method,
+                        "path": path,
+                        "headers": {"X-Client-Id": name, "X-Tenant-Id": name},
+                        "client_ip": "127.0.0.1",
+                    }
                     try:
                         await http.post(url + "/v1/decide", json=body)
                         self.sent += 1

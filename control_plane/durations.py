@@ -38,4 +38,6 @@ def parse_duration(value: object) -> float:
             pos = m.end()
         if text and pos == len(text):
             return total
-    raise ValueError(f"period: invalid duration {value!r}; use a number of seconds or a duration like 500ms, 1s, 1.5s, 1m, 1h")
+    raise ValueError(
+        f"period: invalid duration {value!r}; use a number of seconds or a duration like 500ms, 1s, 1.5s, 1m, 1h"
+    )

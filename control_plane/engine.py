@@ -267,7 +267,9 @@ def _shadow_policy_text(route: str, policy: Policy) -> str:
     return text
 
 
-def rate_limit_headers(route: str, decision: Decision, policy: Policy, *, shadow_policy: Policy | None, now_s: float) -> dict[str, str]:
+def rate_limit_headers(
+    route: str, decision: Decision, policy: Policy, *, shadow_policy: Policy | None, now_s: float
+) -> dict[str, str]:
     """Seed 002's X-RateLimit-* and Retry-After, and draft-ietf-httpapi-ratelimit-headers-11.
 
     In shadow (and the shadowed share of canary), ``RateLimit-Policy`` also describes
@@ -291,7 +293,9 @@ def rate_limit_headers(route: str, decision: Decision, policy: Policy, *, shadow
 
 def _with_source(result: DecideResult, res: Resolution) -> DecideResult:
     """A decision on a route with external limits says where its limits came from."""
-    return replace(result, limits_source=res.source, backend_url=res.limits.backend_url if res.limits is not None else None)
+    return replace(
+        result, limits_source=res.source, backend_url=res.limits.backend_url if res.limits is not None else None
+    )
 
 
 _AGREE = Divergence.AGREE
@@ -349,9 +353,23 @@ class _Plan:
 
     def dist_headers(self, limit: int) -> None:
         """The same for decisions enforced by the distributed answer."""
-        self.d_limit, self.d_limit_s, self.d_policy_h = limit, str(limit), f'"{self.name}";q={limit};w={_window_s(self.dp)}'
+        self.d_limit, self.d_limit_s, self.d_policy_h = (
+            limit,
+            str(limit),
+            f'"{self.name}";q={limit};w={_window_s(self.dp)}',
+        )
 
-    def result(self, decision: Decision, local: Decision, dist: Decision | None, div: Divergence | None, key: str, request_id: str, now_s: float, as_dicts: bool) -> Any:
+    def result(
+        self,
+        decision: Decision,
+        local: Decision,
+        dist: Decision | None,
+        div: Divergence | None,
+        key: str,
+        request_id: str,
+        now_s: float,
+        as_dicts: bool,
+    ) -> Any:
         """One fast-path answer, enforced by ``decision`` (the local one when ``dist`` is
         None): rate_limit_headers() from the plan's cached parts, then the DecideResult,
         or its ``to_dict()`` form when ``as_dicts``."""
@@ -381,7 +399,20 @@ class _Plan:
         enforced_by = "local" if dist is None else "distributed"
         status = 200 if allowed else 429
         if not as_dicts:
-            return DecideResult(allowed=allowed, route=name, mode=self.mode_value, canary_percent=self.percent, enforced_by=enforced_by, key=key, local=local, distributed=dist, divergence=div, status_code=status, headers=headers, request_id=request_id)
+            return DecideResult(
+                allowed=allowed,
+                route=name,
+                mode=self.mode_value,
+                canary_percent=self.percent,
+                enforced_by=enforced_by,
+                key=key,
+                local=local,
+                distributed=dist,
+                divergence=div,
+                status_code=status,
+                headers=headers,
+                request_id=request_id,
+            )
         return {
             "allowed": allowed,
             "route": name,
@@ -467,7 +498,9 @@ class Engine:
         self.client = client
         self.local = LocalLimiter(max_keys=settings.local_max_keys)
         self.fleet = FleetMembership(redis, instance_id=self.instance_id, interval_s=2.0)
-        self.breaker = CircuitBreaker(failure_threshold=settings.breaker_failure_threshold, on_transition=self._on_breaker)
+        self.breaker = CircuitBreaker(
+            failure_threshold=settings.breaker_failure_threshold, on_transition=self._on_breaker
+        )
         self.resilient = ResilientLimiter(
             redis,
             failure_policy=settings.failure_policy,
@@ -495,7 +528,14 @@ class Engine:
         self.watcher: RulesWatcher | None = None
         if settings.rules_path is not None:
             # the rules were just loaded: the watcher starts from them instead of reading the file again
-            self.watcher = RulesWatcher(settings.rules_path, settings, on_change=self._on_rules, on_error=self._on_rules_error, initial=self.rules, on_recover=self._on_rules_recovered)
+            self.watcher = RulesWatcher(
+                settings.rules_path,
+                settings,
+                on_change=self._on_rules,
+                on_error=self._on_rules_error,
+                initial=self.rules,
+                on_recover=self._on_rules_recovered,
+            )
         self._states: dict[str, RouteState] = self.memory.states  # the newest state seen per route
         self._adjust: dict[str, dict[str, Policy]] = {}
         self._pending_rollbacks: dict[str, tuple[RouteState, RouteState]] = {}  # route -> (rollback, from)
@@ -560,7 +600,14 @@ class Engine:
         if self._tasks:
             await asyncio.wait(self._tasks, timeout=3.0)
         self._tasks.clear()
-        final = [self.settle_audit(), self.external.aclose(), self._drain_shadow(), self.divergence.flush(), self.blocked.flush(self.client), self.resilient.aclose()]
+        final = [
+            self.settle_audit(),
+            self.external.aclose(),
+            self._drain_shadow(),
+            self.divergence.flush(),
+            self.blocked.flush(self.client),
+            self.resilient.aclose(),
+        ]
         for step in final:
             with contextlib.suppress(Exception, asyncio.TimeoutError):
                 await asyncio.wait_for(step, timeout=2.0)
@@ -604,7 +651,9 @@ class Engine:
                     return adj.get("local", local), adj.get("distributed", dist)
         return local, dist
 
-    async def adjust(self, route: str, key: str | None, target: str, policy: Policy | None, *, reason: str, actor: str) -> AuditEntry:
+    async def adjust(
+        self, route: str, key: str | None, target: str, policy: Policy | None, *, reason: str, actor: str
+    ) -> AuditEntry:
         """Set (or clear, with ``policy=None``) a runtime limit for a route or one key, fleet-wide."""
         if self.rules.get(route) is None:
             raise UnknownRoute(route)
@@ -614,10 +663,17 @@ class Engine:
                 await self.client.hdel(self._adjust_key, field_name)
             else:
                 cur = json.loads(await self.client.hget(self._adjust_key, field_name) or "{}")
-                for t in (("local", "distributed") if target == "both" else (target,)):
+                for t in ("local", "distributed") if target == "both" else (target,):
                     cur[t] = policy.to_dict()
                 await self.client.hset(self._adjust_key, field_name, json.dumps(cur))
-            entry = AuditEntry(route=route, actor=actor, from_mode="", to_mode="cleared" if policy is None else policy.describe(), reason=reason + (f" (key {key}, {target})" if key else f" ({target})"), kind="config_change")
+            entry = AuditEntry(
+                route=route,
+                actor=actor,
+                from_mode="",
+                to_mode="cleared" if policy is None else policy.describe(),
+                reason=reason + (f" (key {key}, {target})" if key else f" ({target})"),
+                kind="config_change",
+            )
             entry = await self.store.append_audit(entry)
             await self._load_adjustments()
         except (OSError, BackendError, StoreUnavailable, ConnectionError) as exc:
@@ -630,7 +686,10 @@ class Engine:
 
     async def _load_adjustments(self) -> None:
         raw = await self.client.hgetall(self._adjust_key)
-        self.memory.adjustments = {(k.decode() if isinstance(k, bytes) else k): (v.decode() if isinstance(v, bytes) else v) for k, v in (raw or {}).items()}
+        self.memory.adjustments = {
+            (k.decode() if isinstance(k, bytes) else k): (v.decode() if isinstance(v, bytes) else v)
+            for k, v in (raw or {}).items()
+        }
         self._apply_adjustments()
 
     def _apply_adjustments(self) -> None:
@@ -669,7 +728,10 @@ class Engine:
                 self.metrics.restorations.inc()
                 log.warning(
                     "the store lost its data (%s): restored %d route states, %d audit entries and %d adjustments",
-                    loss.describe(), result.routes, result.audit_entries, result.adjustments,
+                    loss.describe(),
+                    result.routes,
+                    result.audit_entries,
+                    result.adjustments,
                 )
             view = await self.store.read_view(mem.head)
         changed = mem.absorb(view)
@@ -718,7 +780,14 @@ class Engine:
         if isinstance(audit, dict) and isinstance(audit.get("id"), str):
             body = {k: v for k, v in audit.items() if k != "id"}
             kind = str(audit.get("kind", event.get("type", "")))
-            self.memory.note_audit(RememberedAudit(audit["id"], kind, str(audit.get("route", route or "")), json.dumps(body, separators=(",", ":"), ensure_ascii=False)))
+            self.memory.note_audit(
+                RememberedAudit(
+                    audit["id"],
+                    kind,
+                    str(audit.get("route", route or "")),
+                    json.dumps(body, separators=(",", ":"), ensure_ascii=False),
+                )
+            )
 
     def _on_audit_written(self, entry: AuditEntry, raw: RememberedAudit) -> None:
         """Every audit entry this replica stored: remembered, and logged once (the log
@@ -730,7 +799,17 @@ class Engine:
         stats = await self.divergence.window_stats(route, self.gate_config.window_s)
         return evaluate_gate(self.state_for(route), target, percent, stats, self.gate_config)
 
-    async def set_mode(self, route: str, mode: Mode, *, canary_percent: int = 0, reason: str, actor: str, force: bool = False, automatic: bool = False) -> tuple[RouteState, AuditEntry, GateResult]:
+    async def set_mode(
+        self,
+        route: str,
+        mode: Mode,
+        *,
+        canary_percent: int = 0,
+        reason: str,
+        actor: str,
+        force: bool = False,
+        automatic: bool = False,
+    ) -> tuple[RouteState, AuditEntry, GateResult]:
         """Change a route's mode fleet-wide (atomic in Redis; audited)."""
         if self.rules.get(route) is None:
             raise UnknownRoute(route)
@@ -739,7 +818,11 @@ class Engine:
         try:
             remembered = self._states.get(route)
             stored = await self.store.get(route)
-            if remembered is not None and remembered.version > 0 and (stored is None or stored.version < remembered.version):
+            if (
+                remembered is not None
+                and remembered.version > 0
+                and (stored is None or stored.version < remembered.version)
+            ):
                 await self.sync_rollout()  # the store lost this route's state: write it back first
                 stored = await self.store.get(route)
             current = stored or remembered or self.default_state(self.rules.get(route))
@@ -748,7 +831,14 @@ class Engine:
             raise StoreUnavailable(str(exc)) from exc
         if gate.required and not gate.passed and not force:
             raise GateRefused(gate)
-        new = RouteState(mode=mode, canary_percent=canary_percent, updated_at=time.time(), updated_by=actor, reason=reason, version=current.version + 1)
+        new = RouteState(
+            mode=mode,
+            canary_percent=canary_percent,
+            updated_at=time.time(),
+            updated_by=actor,
+            reason=reason,
+            version=current.version + 1,
+        )
         entry = AuditEntry(
             route=route,
             actor=actor,
@@ -794,9 +884,23 @@ class Engine:
         res: Resolution | None = None
         if rule.external is not None and not self._listed(rule, key, inp.client_ip):
             res = await self.external.resolve(rule, key, inp.method, inp.path, inp.headers)
-        step = self._begin(rule, key, inp.cost, inp.request_id or self._next_id(), inp.client_ip, res.limits if res is not None else None)
+        step = self._begin(
+            rule,
+            key,
+            inp.cost,
+            inp.request_id or self._next_id(),
+            inp.client_ip,
+            res.limits if res is not None else None,
+        )
         if isinstance(step, _Pending):
-            outcome = await self.resilient.check(step.lkey, step.dist_policy, step.cost, step.now_us, failure_policy=step.failure_policy, failure_code=step.failure_code)
+            outcome = await self.resilient.check(
+                step.lkey,
+                step.dist_policy,
+                step.cost,
+                step.now_us,
+                failure_policy=step.failure_policy,
+                failure_code=step.failure_code,
+            )
             step = self._complete(step, outcome)
         if res is not None:
             step = _with_source(step, res)
@@ -840,7 +944,15 @@ class Engine:
             else:
                 route = inp.route
                 key = inp.key
-            if route is not None and key.__class__ is str and 0 < len(key) <= DEFAULT_MAX_KEY_LENGTH and key.isascii() and key.isprintable() and key[0] != " " and key[-1] != " ":
+            if (
+                route is not None
+                and key.__class__ is str
+                and 0 < len(key) <= DEFAULT_MAX_KEY_LENGTH
+                and key.isascii()
+                and key.isprintable()
+                and key[0] != " "
+                and key[-1] != " "
+            ):
                 # what resolve() does, for a named route and a plain printable ASCII key
                 # (validate_key returns such a key unchanged)
                 rule = rules_get(route)
@@ -864,7 +976,13 @@ class Engine:
                     lookups.append(i)
         ext: dict[int, Resolution] = {}
         if lookups:
-            got = await asyncio.gather(*[self.external.resolve(rules_l[i], keys_l[i], items[i].method, items[i].path, items[i].headers) for i in lookups], return_exceptions=True)  # type: ignore[arg-type, union-attr]
+            got = await asyncio.gather(
+                *[
+                    self.external.resolve(rules_l[i], keys_l[i], items[i].method, items[i].path, items[i].headers)
+                    for i in lookups
+                ],
+                return_exceptions=True,
+            )  # type: ignore[arg-type, union-attr]
             for i, res in zip(lookups, got):
                 if isinstance(res, BaseException):
                     if not isinstance(res, Exception):
@@ -912,7 +1030,14 @@ class Engine:
                             items, inp = _as_input(items, inputs, i)
                         res = ext.get(i)
                         try:
-                            step = self._begin(rule, key, cost, inp.request_id or self._next_id(), inp.client_ip, res.limits if res is not None else None)
+                            step = self._begin(
+                                rule,
+                                key,
+                                cost,
+                                inp.request_id or self._next_id(),
+                                inp.client_ip,
+                                res.limits if res is not None else None,
+                            )
                         except (UnknownRoute, ValueError) as exc:
                             out[i] = exc
                             continue
@@ -946,7 +1071,9 @@ class Engine:
                         p.req_rej += 1
                     mode = p.mode
                     if mode is not Mode.OFF:
-                        if mode is Mode.ENFORCE or (mode is Mode.CANARY and enforced_by_distributed(mode, p.percent, name, key)):
+                        if mode is Mode.ENFORCE or (
+                            mode is Mode.CANARY and enforced_by_distributed(mode, p.percent, name, key)
+                        ):
                             pend.append((i, p, key, local, request_id, now_s))
                             reqs.append((lkey, p.dp, cost, now_us))
                             ovs.append(p.failure)
@@ -1009,7 +1136,23 @@ class Engine:
                                 self._flush_plans(plans)
                                 dirty = False
                             lkey, dist_policy, cost, now_us = reqs[j]
-                            out[i] = self._complete(_Pending(p.rule, key, p.mode, p.percent, lkey, local, dist_policy, cost, now_us, now_s, request_id, *p.failure), outcome)
+                            out[i] = self._complete(
+                                _Pending(
+                                    p.rule,
+                                    key,
+                                    p.mode,
+                                    p.percent,
+                                    lkey,
+                                    local,
+                                    dist_policy,
+                                    cost,
+                                    now_us,
+                                    now_s,
+                                    request_id,
+                                    *p.failure,
+                                ),
+                                outcome,
+                            )
                             continue
                         # _complete for a distributed answer, then _finish
                         dirty = True
@@ -1062,7 +1205,13 @@ class Engine:
         """The per-route facts of the batch fast path (called with no await pending, so
         mode, rules and adjustments cannot change while a plan is in use)."""
         mode, percent = self.effective_mode(rule.name)
-        fast = rule.external is None and not rule.deny and not rule.allow and not rule.api_key_overrides and not rule.tenant_overrides
+        fast = (
+            rule.external is None
+            and not rule.deny
+            and not rule.allow
+            and not rule.api_key_overrides
+            and not rule.tenant_overrides
+        )
         lp, dp = rule.local, rule.distributed
         if self._adjust:
             # policies(): a per-key adjustment first, then the route's
@@ -1090,7 +1239,15 @@ class Engine:
         self._seq += 1
         return f"{self.instance_id}-{self._seq}"
 
-    def _begin(self, rule: RouteRule, key: str, cost: int, request_id: str, client_ip: str | None, ext: ExternalLimits | None = None) -> DecideResult | _Pending:
+    def _begin(
+        self,
+        rule: RouteRule,
+        key: str,
+        cost: int,
+        request_id: str,
+        client_ip: str | None,
+        ext: ExternalLimits | None = None,
+    ) -> DecideResult | _Pending:
         """Everything up to the distributed call: lists, the local decision, shadow queueing.
 
         ``ext`` is the limits service's answer for this key (routes with ``external``):
@@ -1118,10 +1275,40 @@ class Engine:
         if rule.deny.matches(key, client_ip):
             d = make_decision(False, 0, local_policy.limit, local_policy.period_us, 0)
             m.child(m.rejections, "deny_list").inc()
-            return self._result(rule, key, mode, percent, "local", d, d, None, 403, request_id, now_s, local_policy, None, list_match="deny")
+            return self._result(
+                rule,
+                key,
+                mode,
+                percent,
+                "local",
+                d,
+                d,
+                None,
+                403,
+                request_id,
+                now_s,
+                local_policy,
+                None,
+                list_match="deny",
+            )
         if rule.allow.matches(key, client_ip):
             d = make_decision(True, local_policy.limit, local_policy.limit, 0, 0)
-            return self._result(rule, key, mode, percent, "local", d, d, None, 200, request_id, now_s, local_policy, None, list_match="allow")
+            return self._result(
+                rule,
+                key,
+                mode,
+                percent,
+                "local",
+                d,
+                d,
+                None,
+                200,
+                request_id,
+                now_s,
+                local_policy,
+                None,
+                list_match="allow",
+            )
 
         key = bkey
         lkey = f"{name}:{key}"
@@ -1132,10 +1319,14 @@ class Engine:
         m.child(m.requests, "local", "allowed" if local.allowed else "denied").inc()
 
         if mode is Mode.OFF:
-            return self._finish(rule, key, mode, percent, "local", local, None, None, request_id, now_s, local_policy, None)
+            return self._finish(
+                rule, key, mode, percent, "local", local, None, None, request_id, now_s, local_policy, None
+            )
         if not enforced_by_distributed(mode, percent, name, key):
             self._enqueue_shadow((lkey, dist_policy, cost, now_us, name, key, local.allowed, request_id))
-            return self._finish(rule, key, mode, percent, "local", local, None, None, request_id, now_s, local_policy, dist_policy)
+            return self._finish(
+                rule, key, mode, percent, "local", local, None, None, request_id, now_s, local_policy, dist_policy
+            )
         return _Pending(rule, key, mode, percent, lkey, local, dist_policy, cost, now_us, now_s, request_id, fp, fc)
 
     def _complete(self, p: _Pending, outcome: Outcome) -> DecideResult:
@@ -1147,13 +1338,44 @@ class Engine:
             div = classify(p.local.allowed, dist.allowed)
             self._record_comparison(name, p.key, div, p.request_id, backend_error=False)
             m.child(m.requests, "distributed", "allowed" if dist.allowed else "denied").inc()
-            return self._finish(p.rule, p.key, p.mode, p.percent, "distributed", dist, p.local, dist, p.request_id, p.now_s, p.dist_policy, None, div)
+            return self._finish(
+                p.rule,
+                p.key,
+                p.mode,
+                p.percent,
+                "distributed",
+                dist,
+                p.local,
+                dist,
+                p.request_id,
+                p.now_s,
+                p.dist_policy,
+                None,
+                div,
+            )
         # Redis failed: the failure policy decides
         self._record_backend_error(name)
         m.child(m.fallback, (p.failure_policy or self.resilient.failure_policy).value).inc()
         status = outcome.status_code if outcome.source == "fail_closed" else 429
         reason = "fallback_exhausted" if outcome.source == "fallback" else "backend_error"
-        return self._finish(p.rule, p.key, p.mode, p.percent, "failure_policy", outcome.decision, p.local, None, p.request_id, p.now_s, p.dist_policy, None, None, status=status, backend_error=outcome.error, reject_reason=reason)
+        return self._finish(
+            p.rule,
+            p.key,
+            p.mode,
+            p.percent,
+            "failure_policy",
+            outcome.decision,
+            p.local,
+            None,
+            p.request_id,
+            p.now_s,
+            p.dist_policy,
+            None,
+            None,
+            status=status,
+            backend_error=outcome.error,
+            reject_reason=reason,
+        )
 
     def _finish(
         self,
@@ -1178,7 +1400,13 @@ class Engine:
         m = self.metrics
         allowed = enforced.allowed
         if not allowed:
-            reason = reject_reason or ("local_exhausted" if enforced_by == "local" else "distributed_exhausted" if enforced_by == "distributed" else "backend_error")
+            reason = reject_reason or (
+                "local_exhausted"
+                if enforced_by == "local"
+                else "distributed_exhausted"
+                if enforced_by == "distributed"
+                else "backend_error"
+            )
             m.child(m.rejections, reason).inc()
             m.child(m.exceeded, enforced_by).inc()
         m.child(m.decisions, rule.name, mode.value, enforced_by, "true" if allowed else "false").inc()
@@ -1186,9 +1414,44 @@ class Engine:
         act = self._activity.get(rule.name)
         if act is not None:
             act.last[key] = (now_s, allowed, enforced_by)
-        return self._result(rule, key, mode, percent, enforced_by, enforced, local if local is not None else enforced, dist, 200 if allowed else status, request_id, now_s, policy, shadow_policy, div=div, backend_error=backend_error)
+        return self._result(
+            rule,
+            key,
+            mode,
+            percent,
+            enforced_by,
+            enforced,
+            local if local is not None else enforced,
+            dist,
+            200 if allowed else status,
+            request_id,
+            now_s,
+            policy,
+            shadow_policy,
+            div=div,
+            backend_error=backend_error,
+        )
 
-    def _result(self, rule, key, mode, percent, enforced_by, enforced, local, dist, status, request_id, now_s, policy, shadow_policy, *, div=None, list_match=None, backend_error=None) -> DecideResult:  # type: ignore[no-untyped-def]
+    def _result(
+        self,
+        rule,
+        key,
+        mode,
+        percent,
+        enforced_by,
+        enforced,
+        local,
+        dist,
+        status,
+        request_id,
+        now_s,
+        policy,
+        shadow_policy,
+        *,
+        div=None,
+        list_match=None,
+        backend_error=None,
+    ) -> DecideResult:  # type: ignore[no-untyped-def]
         headers = rate_limit_headers(rule.name, enforced, policy, shadow_policy=shadow_policy, now_s=now_s)
         return DecideResult(
             allowed=enforced.allowed,
@@ -1272,7 +1535,9 @@ class Engine:
                 if errors:
                     m.backend_errors.inc(errors)
 
-    def _record_comparison(self, route: str, key: str, div: Divergence, request_id: str, *, backend_error: bool) -> None:
+    def _record_comparison(
+        self, route: str, key: str, div: Divergence, request_id: str, *, backend_error: bool
+    ) -> None:
         self.divergence.record(route, div, distributed_attempt=True)
         self.metrics.child(self.metrics.divergence, route, div.value).inc()
         if div is Divergence.LOCAL_ALLOW_DISTRIBUTED_DENY:
@@ -1287,7 +1552,12 @@ class Engine:
         minute = int(now_s // 60)
         if act is None or act.minute != minute:
             old = act
-            act = _RouteActivity({}, old.counts if old is not None and old.minute == minute - 1 else {}, old.last if old is not None else {}, minute)
+            act = _RouteActivity(
+                {},
+                old.counts if old is not None and old.minute == minute - 1 else {},
+                old.last if old is not None else {},
+                minute,
+            )
             if old is not None:
                 act.external = old.external
                 act.per_second = old.per_second  # decisions/s must not drop at the minute boundary
@@ -1381,10 +1651,25 @@ class Engine:
         for name in self.rules.names():
             st = self.state_for(name)
             if st.mode in (Mode.ENFORCE, Mode.CANARY) and name not in self._pending_rollbacks:
-                rb = RouteState(mode=Mode.SHADOW, updated_at=time.time(), updated_by="shadowlimit/auto-rollback", reason=f"Redis circuit breaker open for {open_for:.0f}s", version=st.version)
+                rb = RouteState(
+                    mode=Mode.SHADOW,
+                    updated_at=time.time(),
+                    updated_by="shadowlimit/auto-rollback",
+                    reason=f"Redis circuit breaker open for {open_for:.0f}s",
+                    version=st.version,
+                )
                 self._pending_rollbacks[name] = (rb, st)
                 self._set_mode_metric(name)
-                self.events.publish({"type": "auto_rollback", "route": name, "from": st.mode.value, "to": "shadow", "reason": rb.reason, "persisted": False})
+                self.events.publish(
+                    {
+                        "type": "auto_rollback",
+                        "route": name,
+                        "from": st.mode.value,
+                        "to": "shadow",
+                        "reason": rb.reason,
+                        "persisted": False,
+                    }
+                )
                 # the mode changed on this replica: on record now (log and audit file), in
                 # the store once Redis answers again
                 self.audit_sink.emit(self._rollback_entry(name, rb, st), stored=False)
@@ -1392,7 +1677,15 @@ class Engine:
 
     @staticmethod
     def _rollback_entry(name: str, rb: RouteState, frm: RouteState) -> AuditEntry:
-        return AuditEntry(route=name, actor=rb.updated_by, from_mode=frm.mode.value, to_mode="shadow", from_percent=frm.canary_percent, reason=rb.reason, automatic=True)
+        return AuditEntry(
+            route=name,
+            actor=rb.updated_by,
+            from_mode=frm.mode.value,
+            to_mode="shadow",
+            from_percent=frm.canary_percent,
+            reason=rb.reason,
+            automatic=True,
+        )
 
     async def persist_rollbacks(self) -> None:
         """Persist automatic rollbacks once Redis answers again (audited as automatic, from
@@ -1404,7 +1697,9 @@ class Engine:
             try:
                 if cur.mode in (Mode.ENFORCE, Mode.CANARY):
                     new = replace(rb, version=cur.version + 1)
-                    await self.store.change(name, new, self._rollback_entry(name, rb, cur), expected_version=cur.version)
+                    await self.store.change(
+                        name, new, self._rollback_entry(name, rb, cur), expected_version=cur.version
+                    )
                     self.memory.note_state(name, new)
                     self.metrics.mode_changes.labels(name, "shadow", "true").inc()
             except VersionConflict:
@@ -1414,7 +1709,9 @@ class Engine:
     def _on_breaker(self, frm: BreakerState, to: BreakerState, reason: str | None) -> None:
         self.metrics.set_breaker(to.value)
         self.metrics.breaker_transitions.labels(to.value).inc()
-        self.events.publish({"type": "breaker", "from": frm.value, "to": to.value, "reason": reason, "instance": self.instance_id})
+        self.events.publish(
+            {"type": "breaker", "from": frm.value, "to": to.value, "reason": reason, "instance": self.instance_id}
+        )
 
     def _on_rules(self, rules: Rules) -> None:
         self.rules = rules
@@ -1422,7 +1719,13 @@ class Engine:
         self.last_rules_error = None
         self.metrics.rules_reloads.labels("ok").inc()
         self.metrics.rules_valid.set(1)
-        event = {"type": "rules_reload", "ok": True, "routes": rules.names(), "digest": rules.digest, "instance": self.instance_id}
+        event = {
+            "type": "rules_reload",
+            "ok": True,
+            "routes": rules.names(),
+            "digest": rules.digest,
+            "instance": self.instance_id,
+        }
         self.events.publish(event)
         for name in rules.names():
             self._set_mode_metric(name)
@@ -1453,12 +1756,33 @@ class Engine:
         the error is over (rules_error, rate_limit_rules_valid, an event and the audit)."""
         self.last_rules_error = None
         self.metrics.rules_valid.set(1)
-        self.events.publish({"type": "rules_reload", "ok": True, "recovered": True, "routes": rules.names(), "digest": rules.digest, "instance": self.instance_id})
+        self.events.publish(
+            {
+                "type": "rules_reload",
+                "ok": True,
+                "recovered": True,
+                "routes": rules.names(),
+                "digest": rules.digest,
+                "instance": self.instance_id,
+            }
+        )
         with contextlib.suppress(RuntimeError):
-            self._spawn_audit(self._audit_rules(True, f"the file is back to the rules in force ({len(rules.names())} routes, digest {rules.digest[:12]})"))
+            self._spawn_audit(
+                self._audit_rules(
+                    True,
+                    f"the file is back to the rules in force ({len(rules.names())} routes, digest {rules.digest[:12]})",
+                )
+            )
 
     async def _audit_rules(self, ok: bool, detail: str) -> None:
-        entry = AuditEntry(route="*", actor=f"instance/{self.instance_id}", from_mode="", to_mode="ok" if ok else "error", reason=detail, kind="rules_reload")
+        entry = AuditEntry(
+            route="*",
+            actor=f"instance/{self.instance_id}",
+            from_mode="",
+            to_mode="ok" if ok else "error",
+            reason=detail,
+            kind="rules_reload",
+        )
         with contextlib.suppress(StoreUnavailable, BackendError, Exception):
             await self.store.append_audit(entry)
 
@@ -1522,7 +1846,7 @@ class Engine:
             if not redis["scripts"]:
                 await self.redis.load_scripts()
                 redis["scripts"] = await self.redis.scripts_loaded()
-        except (BackendError, asyncio.TimeoutError, OSError) as exc:
+        except (TimeoutError, BackendError, OSError) as exc:
             redis["error"] = str(exc) or type(exc).__name__
         can_decide = not reasons
         if self.settings.ready_requires_redis and not (redis["reachable"] and redis["scripts"]):
@@ -1563,4 +1887,3 @@ class Engine:
             }
         )
         return snap
-

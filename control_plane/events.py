@@ -34,7 +34,13 @@ class Gap:
     oldest_id: str | None
 
     def to_dict(self, replayed: int) -> dict[str, Any]:
-        return {"reason": self.reason, "last_event_id": self.last_event_id, "boot": self.boot, "oldest_id": self.oldest_id, "replayed": replayed}
+        return {
+            "reason": self.reason,
+            "last_event_id": self.last_event_id,
+            "boot": self.boot,
+            "oldest_id": self.oldest_id,
+            "replayed": replayed,
+        }
 
 
 class EventHub:

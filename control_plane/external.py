@@ -122,7 +122,18 @@ SENSITIVE_HEADERS = frozenset(
     }
 )
 # ... nor anything whose name says it carries a credential
-_SENSITIVE_PARTS = ("authorization", "cookie", "api-key", "apikey", "api_key", "token", "secret", "password", "passwd", "credential")
+_SENSITIVE_PARTS = (
+    "authorization",
+    "cookie",
+    "api-key",
+    "apikey",
+    "api_key",
+    "token",
+    "secret",
+    "password",
+    "passwd",
+    "credential",
+)
 
 
 def is_sensitive_header(name: str) -> bool:
@@ -196,7 +207,9 @@ def check_service_url(url: object) -> str:
     if not parts.hostname:
         raise ValueError(f"url: has no host: {url!r}")
     if parts.username is not None or parts.password is not None:
-        raise ValueError("url: must not contain credentials (user:password@); the limits service is called without them")
+        raise ValueError(
+            "url: must not contain credentials (user:password@); the limits service is called without them"
+        )
     if parts.fragment:
         raise ValueError(f"url: must not have a fragment ('#'), got {url!r}")
     del port
@@ -228,7 +241,12 @@ class ExternalConfig:
             raise ValueError(f"timeout: must be more than 0 and at most {MAX_TIMEOUT_S:g}s, got {t!r}")
         s(self, "timeout_s", float(t))
         c = self.cache_ttl_s
-        if isinstance(c, bool) or not isinstance(c, (int, float)) or not math.isfinite(c) or not 0 <= c <= MAX_CACHE_TTL_S:
+        if (
+            isinstance(c, bool)
+            or not isinstance(c, (int, float))
+            or not math.isfinite(c)
+            or not 0 <= c <= MAX_CACHE_TTL_S
+        ):
             raise ValueError(f"cache_ttl: must be from 0 to {MAX_CACHE_TTL_S:g}s, got {c!r}")
         s(self, "cache_ttl_s", float(c))
         m = self.max_concurrent_requests
@@ -254,7 +272,11 @@ class ExternalConfig:
         )
 
     def to_dict(self) -> dict[str, Any]:
-        hf: dict[str, Any] = {"allow_list": list(self.allow_list)} if self.allow_list is not None else {"deny_list": list(self.deny_list)}
+        hf: dict[str, Any] = (
+            {"allow_list": list(self.allow_list)}
+            if self.allow_list is not None
+            else {"deny_list": list(self.deny_list)}
+        )
         return {
             "url": self.url,
             "timeout_s": self.timeout_s,
@@ -332,7 +354,11 @@ class BackendHosts:
         return host in self._exact or (host, port) in self._ports or any(host.endswith(s) for s in self._suffixes)
 
     def entries(self) -> list[str]:
-        return sorted(self._exact) + sorted(f"[{h}]:{p}" if ":" in h else f"{h}:{p}" for h, p in self._ports) + [f"*{s}" for s in self._suffixes]
+        return (
+            sorted(self._exact)
+            + sorted(f"[{h}]:{p}" if ":" in h else f"{h}:{p}" for h, p in self._ports)
+            + [f"*{s}" for s in self._suffixes]
+        )
 
 
 _HOST = re.compile(r"[a-z0-9]([a-z0-9\-_]{0,62}[a-z0-9_])?(\.[a-z0-9]([a-z0-9\-_]{0,62}[a-z0-9_])?)*\.?")
@@ -428,7 +454,9 @@ def _opt_str(data: Mapping[str, Any], name: str) -> str | None:
     return v
 
 
-def parse_limits(data: Any, *, algorithm: Algorithm | str = Algorithm.TOKEN_BUCKET, backend_hosts: BackendHosts | None = None) -> ExternalLimits:
+def parse_limits(
+    data: Any, *, algorithm: Algorithm | str = Algorithm.TOKEN_BUCKET, backend_hosts: BackendHosts | None = None
+) -> ExternalLimits:
     """Validate a response body; raise :class:`InvalidResponse` naming the bad field.
 
     ``average``, ``burst`` (whole numbers; ``average`` 0 = unlimited) and ``period`` (a
@@ -447,7 +475,7 @@ def parse_limits(data: Any, *, algorithm: Algorithm | str = Algorithm.TOKEN_BUCK
     if period is None:
         raise InvalidResponse("period: missing (average, burst and period are required)")
     if not isinstance(period, str):
-        raise InvalidResponse(f"period: must be a duration string like \"1s\", got {type(period).__name__}")
+        raise InvalidResponse(f'period: must be a duration string like "1s", got {type(period).__name__}')
     try:
         period_s = parse_duration(period)
     except ValueError:
@@ -473,7 +501,9 @@ def parse_limits(data: Any, *, algorithm: Algorithm | str = Algorithm.TOKEN_BUCK
         try:
             failure_policy = FailurePolicy.parse(fp_raw)
         except ValueError:
-            raise InvalidResponse(f"failure_policy: must be passthrough, failclosed or inmemoryfallback, got {fp_raw[:40]!r}") from None
+            raise InvalidResponse(
+                f"failure_policy: must be passthrough, failclosed or inmemoryfallback, got {fp_raw[:40]!r}"
+            ) from None
     fc = _whole(data, "failure_code", 0, 599, required=False)
     if fc is not None and fc != 0 and fc < 400:
         raise InvalidResponse(f"failure_code: must be an HTTP error status (400-599), got {fc}")
@@ -493,7 +523,10 @@ def parse_limits(data: Any, *, algorithm: Algorithm | str = Algorithm.TOKEN_BUCK
             rejected, backend_url = f"not a usable URL: {str(exc).removeprefix('url: ')}", None
         else:
             if backend_hosts is None or not backend_hosts:
-                rejected, backend_url = "no backend hosts are allowed (SHADOWLIMIT_EXTERNAL_BACKEND_HOSTS is empty)", None
+                rejected, backend_url = (
+                    "no backend hosts are allowed (SHADOWLIMIT_EXTERNAL_BACKEND_HOSTS is empty)",
+                    None,
+                )
             elif not backend_hosts.allows(backend_url):
                 host = urlsplit(backend_url).hostname
                 rejected, backend_url = f"host {host!r} is not in SHADOWLIMIT_EXTERNAL_BACKEND_HOSTS", None
@@ -736,7 +769,9 @@ class BreakerSet:
             "failures": b.failures,
             "total_failures": b.total_failures,
             "next_probe_in_s": probe,
-            "open_for_s": round(now - b.opened_at, 3) if b.opened_at is not None and b.state is not BreakerState.CLOSED else None,
+            "open_for_s": round(now - b.opened_at, 3)
+            if b.opened_at is not None and b.state is not BreakerState.CLOSED
+            else None,
             "idle_s": round(now - b.last_used, 3),
             "last_error": b.last_error,
         }
@@ -784,7 +819,11 @@ class _CallFailed(Exception):
         self.message = message
 
 
-_REQUEST_HEADERS = {"Content-Type": "application/json", "Accept": "application/json", "User-Agent": "shadowlimit-external/1"}
+_REQUEST_HEADERS = {
+    "Content-Type": "application/json",
+    "Accept": "application/json",
+    "User-Agent": "shadowlimit-external/1",
+}
 _MEMO_SIZE = 4096
 
 
@@ -823,7 +862,9 @@ class ExternalResolver:
         if raw in memo:
             return memo[raw]
         try:
-            limits: ExternalLimits | None = parse_limits(orjson.loads(raw), algorithm=self.algorithm, backend_hosts=self.manager.backend_hosts)
+            limits: ExternalLimits | None = parse_limits(
+                orjson.loads(raw), algorithm=self.algorithm, backend_hosts=self.manager.backend_hosts
+            )
         except (InvalidResponse, orjson.JSONDecodeError):
             limits = None
         memo[raw] = limits
@@ -859,13 +900,23 @@ class ExternalResolver:
             return Resolution("stale", state.stale, state.error)
         return Resolution("static", None, state.error)
 
-    async def _lookup(self, key: str, method: str | None, path: str | None, headers: Mapping[str, str], state: _Lookup, deadline: float) -> Resolution | None:
+    async def _lookup(
+        self,
+        key: str,
+        method: str | None,
+        path: str | None,
+        headers: Mapping[str, str],
+        state: _Lookup,
+        deadline: float,
+    ) -> Resolution | None:
         m = self.manager
         client = m.cache_client()
         if client is not None:
             fresh_raw = stale_raw = None
             try:
-                async with asyncio.timeout(min(m.cache_timeout_s, max(0.0, deadline - asyncio.get_running_loop().time()))):
+                async with asyncio.timeout(
+                    min(m.cache_timeout_s, max(0.0, deadline - asyncio.get_running_loop().time()))
+                ):
                     fresh_raw, stale_raw = await client.mget(self.cache_key(key), self.stale_key(key))
             except Exception as exc:  # noqa: BLE001 - an unreadable cache is a miss, not a failure
                 m.cache_errors += 1
@@ -913,7 +964,10 @@ class ExternalResolver:
             except TimeoutError:
                 self.breakers.abandon(key)
                 m.count_error("overloaded")
-                result = _Fetched(None, f"no free slot for a call within the timeout ({self.config.max_concurrent_requests} calls in flight)")
+                result = _Fetched(
+                    None,
+                    f"no free slot for a call within the timeout ({self.config.max_concurrent_requests} calls in flight)",
+                )
                 return
             finally:
                 self.waiting -= 1
@@ -921,7 +975,10 @@ class ExternalResolver:
                 self.semaphore.release()
                 self.breakers.abandon(key)
                 m.count_error("overloaded")
-                result = _Fetched(None, f"no free slot for a call within the timeout ({self.config.max_concurrent_requests} calls in flight)")
+                result = _Fetched(
+                    None,
+                    f"no free slot for a call within the timeout ({self.config.max_concurrent_requests} calls in flight)",
+                )
                 return
             self.active += 1
             try:
@@ -960,7 +1017,9 @@ class ExternalResolver:
     async def _call(self, payload: bytes) -> _Fetched:
         http = self.manager.http()
         try:
-            async with http.stream("POST", self.config.url, content=payload, headers=_REQUEST_HEADERS, timeout=self.config.timeout_s) as resp:
+            async with http.stream(
+                "POST", self.config.url, content=payload, headers=_REQUEST_HEADERS, timeout=self.config.timeout_s
+            ) as resp:
                 if not 200 <= resp.status_code < 300:
                     raise _CallFailed("error", f"the limits service answered HTTP {resp.status_code}")
                 chunks: list[bytes] = []
@@ -1109,12 +1168,18 @@ class ExternalManager:
         wanted = {r.name: r for r in routes if getattr(r, "external", None) is not None}
         for name in list(self._resolvers):
             rule = wanted.get(name)
-            if rule is None or self._resolvers[name].config != rule.external or self._resolvers[name].algorithm is not rule.local.algorithm:
+            if (
+                rule is None
+                or self._resolvers[name].config != rule.external
+                or self._resolvers[name].algorithm is not rule.local.algorithm
+            ):
                 del self._resolvers[name]
         for name, rule in wanted.items():
             self.resolver(name, rule.external, rule.local.algorithm)
 
-    async def resolve(self, rule: Any, key: str, method: str | None, path: str | None, headers: Mapping[str, str]) -> Resolution:
+    async def resolve(
+        self, rule: Any, key: str, method: str | None, path: str | None, headers: Mapping[str, str]
+    ) -> Resolution:
         """The limits for one request on a route with an ``external`` block."""
         try:
             r = self.resolver(rule.name, rule.external, rule.local.algorithm)
@@ -1193,7 +1258,13 @@ class ExternalManager:
         if self.metrics is not None:
             self.metrics.child(self.metrics.external_breaker_transitions, to.value).inc()
         if to is BreakerState.OPEN:
-            log.warning("external limits breaker for route %s key %r opened after %d failures: %s", route, b.key, b.failures, b.last_error)
+            log.warning(
+                "external limits breaker for route %s key %r opened after %d failures: %s",
+                route,
+                b.key,
+                b.failures,
+                b.last_error,
+            )
         if self.publish is None:
             return
         sec = int(self.wall_clock())
@@ -1203,7 +1274,18 @@ class ExternalManager:
         if self._events_in_second > 20:  # a dead service with many tenants must not flood the stream
             self.events_suppressed += 1
             return
-        self.publish({"type": "external_breaker", "route": route, "key": b.key, "from": frm.value, "to": to.value, "failures": b.failures, "reason": b.last_error, "instance": self.instance_id})
+        self.publish(
+            {
+                "type": "external_breaker",
+                "route": route,
+                "key": b.key,
+                "from": frm.value,
+                "to": to.value,
+                "failures": b.failures,
+                "reason": b.last_error,
+                "instance": self.instance_id,
+            }
+        )
 
     # -- the read model -----------------------------------------------------------------
 

@@ -69,7 +69,11 @@ def refusal_body(status: int, message: str, limit: int) -> bytes:
 
 
 def _response_start(status: int, body: bytes) -> Message:
-    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()), (b"connection", b"close")]
+    headers = [
+        (b"content-type", b"application/json"),
+        (b"content-length", str(len(body)).encode()),
+        (b"connection", b"close"),
+    ]
     return {"type": "http.response.start", "status": status, "headers": headers}
 
 
@@ -89,8 +93,12 @@ class RequestLimitsMiddleware:
         self._max_headers = limits.max_headers
         self._max_header_bytes = limits.max_header_bytes
         n = f"{limits.max_body_bytes:,}"
-        self._declared_too_large = refusal_body(413, f"the request body (Content-Length) is larger than the limit of {n} bytes", limits.max_body_bytes)
-        self._streamed_too_large = refusal_body(413, f"the request body passed the limit of {n} bytes", limits.max_body_bytes)
+        self._declared_too_large = refusal_body(
+            413, f"the request body (Content-Length) is larger than the limit of {n} bytes", limits.max_body_bytes
+        )
+        self._streamed_too_large = refusal_body(
+            413, f"the request body passed the limit of {n} bytes", limits.max_body_bytes
+        )
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -160,8 +168,14 @@ class RequestLimitsMiddleware:
 
     async def _too_many_headers(self, send: Send, count: int) -> None:
         limit = self._max_headers
-        await _respond(send, 431, refusal_body(431, f"the request has {count} header fields; the limit is {limit}", limit))
+        await _respond(
+            send, 431, refusal_body(431, f"the request has {count} header fields; the limit is {limit}", limit)
+        )
 
     async def _headers_too_large(self, send: Send, size: int) -> None:
         limit = self._max_header_bytes
-        await _respond(send, 431, refusal_body(431, f"the request's header fields take {size:,} bytes; the limit is {limit:,}", limit))
+        await _respond(
+            send,
+            431,
+            refusal_body(431, f"the request's header fields take {size:,} bytes; the limit is {limit:,}", limit),
+        )

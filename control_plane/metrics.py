@@ -117,6 +117,7 @@ class FastCounter(_Family):
 class FastGauge(_Family):
     kind = "gauge"
 
+
 _LATENCY_BUCKETS = (0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
 
 
@@ -126,34 +127,113 @@ class Metrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         r = self.registry = registry or CollectorRegistry()
         self._children: dict[tuple[int, tuple[str, ...]], Any] = {}
-        self.rejections = FastCounter("rate_limit_rejections_total", "Requests rejected, by reason.", ["reason"], registry=r)
-        self.tokens_remaining = FastGauge("rate_limit_tokens_remaining", "Last observed tokens remaining.", ["scope", "route"], registry=r)
+        self.rejections = FastCounter(
+            "rate_limit_rejections_total", "Requests rejected, by reason.", ["reason"], registry=r
+        )
+        self.tokens_remaining = FastGauge(
+            "rate_limit_tokens_remaining", "Last observed tokens remaining.", ["scope", "route"], registry=r
+        )
         self.backend_errors = Counter("rate_limit_backend_errors_total", "Redis operation failures.", registry=r)
-        self.divergence = FastCounter("rate_limit_shadow_divergence_total", "Compared local/distributed decision pairs, by direction.", ["route", "direction"], registry=r)
-        self.requests = FastCounter("rate_limit_requests_total", "Rate-limit checks (seed 002).", ["limiter_type", "status"], registry=r)
-        self.exceeded = FastCounter("rate_limit_exceeded_total", "Rate-limit violations (seed 002).", ["limiter_type"], registry=r)
-        self.active_clients = Gauge("rate_limit_active_clients", "Keys tracked by the limiter (seed 002).", ["limiter_type"], registry=r)
-        self.latency = Histogram("rate_limit_decision_duration_seconds", "Time to decide one request.", ["mode"], buckets=_LATENCY_BUCKETS, registry=r)
-        self.decisions = FastCounter("rate_limit_decisions_total", "Decisions by route, mode, enforcer and result.", ["route", "mode", "enforced_by", "allowed"], registry=r)
-        self.shadow_dropped = FastCounter("rate_limit_shadow_dropped_total", "Shadow evaluations dropped because the queue was full.", ["route"], registry=r)
+        self.divergence = FastCounter(
+            "rate_limit_shadow_divergence_total",
+            "Compared local/distributed decision pairs, by direction.",
+            ["route", "direction"],
+            registry=r,
+        )
+        self.requests = FastCounter(
+            "rate_limit_requests_total", "Rate-limit checks (seed 002).", ["limiter_type", "status"], registry=r
+        )
+        self.exceeded = FastCounter(
+            "rate_limit_exceeded_total", "Rate-limit violations (seed 002).", ["limiter_type"], registry=r
+        )
+        self.active_clients = Gauge(
+            "rate_limit_active_clients", "Keys tracked by the limiter (seed 002).", ["limiter_type"], registry=r
+        )
+        self.latency = Histogram(
+            "rate_limit_decision_duration_seconds",
+            "Time to decide one request.",
+            ["mode"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.decisions = FastCounter(
+            "rate_limit_decisions_total",
+            "Decisions by route, mode, enforcer and result.",
+            ["route", "mode", "enforced_by", "allowed"],
+            registry=r,
+        )
+        self.shadow_dropped = FastCounter(
+            "rate_limit_shadow_dropped_total",
+            "Shadow evaluations dropped because the queue was full.",
+            ["route"],
+            registry=r,
+        )
         self.shadow_queue = Gauge("rate_limit_shadow_queue_depth", "Shadow evaluations waiting.", registry=r)
-        self.route_mode = Gauge("rate_limit_route_mode", "1 for each route's current mode.", ["route", "mode"], registry=r)
-        self.breaker_state = Gauge("rate_limit_breaker_state", "1 for the Redis circuit breaker's current state.", ["state"], registry=r)
-        self.breaker_transitions = Counter("rate_limit_breaker_transitions_total", "Circuit breaker transitions.", ["to"], registry=r)
-        self.fallback = FastCounter("rate_limit_fallback_decisions_total", "Decisions made by the failure policy.", ["policy"], registry=r)
+        self.route_mode = Gauge(
+            "rate_limit_route_mode", "1 for each route's current mode.", ["route", "mode"], registry=r
+        )
+        self.breaker_state = Gauge(
+            "rate_limit_breaker_state", "1 for the Redis circuit breaker's current state.", ["state"], registry=r
+        )
+        self.breaker_transitions = Counter(
+            "rate_limit_breaker_transitions_total", "Circuit breaker transitions.", ["to"], registry=r
+        )
+        self.fallback = FastCounter(
+            "rate_limit_fallback_decisions_total", "Decisions made by the failure policy.", ["policy"], registry=r
+        )
         self.rules_reloads = Counter("rate_limit_rules_reload_total", "Rules file reloads.", ["result"], registry=r)
         self.rules_valid = Gauge("rate_limit_rules_valid", "1 when the last rules reload succeeded.", registry=r)
-        self.restorations = Counter("rate_limit_state_restorations_total", "Times this replica wrote back rollout state, audit entries or adjustments the store had lost.", registry=r)
-        self.mode_changes = Counter("rate_limit_mode_changes_total", "Rollout mode changes applied.", ["route", "to", "automatic"], registry=r)
-        self.external_calls = FastCounter("rate_limit_external_calls_total", "Calls to external limits services, by result.", ["result"], registry=r)
-        self.external_errors = FastCounter("rate_limit_external_errors_total", "External limits lookups that got no answer from the service, by reason.", ["reason"], registry=r)
-        self.external_cache = FastCounter("rate_limit_external_cache_total", "External limits cache lookups (hit, miss) and stale copies used.", ["result"], registry=r)
-        self.external_breaker_transitions = FastCounter("rate_limit_external_breaker_transitions_total", "Per-key external limits circuit breaker transitions.", ["to"], registry=r)
-        self.external_limits = FastCounter("rate_limit_external_limits_total", "Decisions on routes with external limits, by where the limits came from.", ["route", "source"], registry=r)
-        self.stream_snapshot_builds = FastCounter("rate_limit_stream_snapshot_builds_total", "Event-stream snapshots built (one per view per interval, shared by its subscribers).", [], registry=r)
+        self.restorations = Counter(
+            "rate_limit_state_restorations_total",
+            "Times this replica wrote back rollout state, audit entries or adjustments the store had lost.",
+            registry=r,
+        )
+        self.mode_changes = Counter(
+            "rate_limit_mode_changes_total", "Rollout mode changes applied.", ["route", "to", "automatic"], registry=r
+        )
+        self.external_calls = FastCounter(
+            "rate_limit_external_calls_total", "Calls to external limits services, by result.", ["result"], registry=r
+        )
+        self.external_errors = FastCounter(
+            "rate_limit_external_errors_total",
+            "External limits lookups that got no answer from the service, by reason.",
+            ["reason"],
+            registry=r,
+        )
+        self.external_cache = FastCounter(
+            "rate_limit_external_cache_total",
+            "External limits cache lookups (hit, miss) and stale copies used.",
+            ["result"],
+            registry=r,
+        )
+        self.external_breaker_transitions = FastCounter(
+            "rate_limit_external_breaker_transitions_total",
+            "Per-key external limits circuit breaker transitions.",
+            ["to"],
+            registry=r,
+        )
+        self.external_limits = FastCounter(
+            "rate_limit_external_limits_total",
+            "Decisions on routes with external limits, by where the limits came from.",
+            ["route", "source"],
+            registry=r,
+        )
+        self.stream_snapshot_builds = FastCounter(
+            "rate_limit_stream_snapshot_builds_total",
+            "Event-stream snapshots built (one per view per interval, shared by its subscribers).",
+            [],
+            registry=r,
+        )
         self.stream_subscribers = FastGauge("rate_limit_stream_subscribers", "Event streams open.", [], registry=r)
-        self.stream_refused = FastCounter("rate_limit_stream_refused_total", "Event streams refused with 503 too_many_streams.", [], registry=r)
-        self.external_backend_url_rejected = FastCounter("rate_limit_external_backend_url_rejected_total", "backend_url values dropped (host not allow-listed or not a URL).", [], registry=r)
+        self.stream_refused = FastCounter(
+            "rate_limit_stream_refused_total", "Event streams refused with 503 too_many_streams.", [], registry=r
+        )
+        self.external_backend_url_rejected = FastCounter(
+            "rate_limit_external_backend_url_rejected_total",
+            "backend_url values dropped (host not allow-listed or not a URL).",
+            [],
+            registry=r,
+        )
         self.rules_valid.set(1)
         for s in ("closed", "open", "half_open"):
             self.breaker_state.labels(s).set(1 if s == "closed" else 0)

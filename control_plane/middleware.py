@@ -66,16 +66,29 @@ class ShadowLimitMiddleware:
             value = v.decode("latin-1")
             headers[name] = f"{headers[name]}, {value}" if name in headers else value  # repeated lines join (RFC 9110)
         client = scope.get("client")
-        inp = DecideInput(method=scope.get("method", "GET"), path=scope.get("path", "/"), client_ip=client[0] if client else None, headers=headers)
+        inp = DecideInput(
+            method=scope.get("method", "GET"),
+            path=scope.get("path", "/"),
+            client_ip=client[0] if client else None,
+            headers=headers,
+        )
         try:
             result = await self.engine.decide(inp)
         except InvalidKeyError as exc:
             await _json(send, 400, {"error": "invalid_key", "message": str(exc), "field": exc.field}, {})
             return
         if not result.allowed:
-            body = {"error": "rate limit exceeded", "message": "Too many requests. Please try again later.", "identifier": f"{result.route}:{result.key}"}
+            body = {
+                "error": "rate limit exceeded",
+                "message": "Too many requests. Please try again later.",
+                "identifier": f"{result.route}:{result.key}",
+            }
             if result.list_match == "deny":
-                body = {"error": "denied", "message": "This client is on the route's deny list.", "identifier": f"{result.route}:{result.key}"}
+                body = {
+                    "error": "denied",
+                    "message": "This client is on the route's deny list.",
+                    "identifier": f"{result.route}:{result.key}",
+                }
             await _json(send, result.status_code, body, result.headers)
             return
         extra = [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in result.headers.items()]

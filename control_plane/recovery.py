@@ -161,7 +161,11 @@ class StateMemory:
         if self.head is not None and not view.head_present:
             # the head can only have been trimmed from a full stream, and then only if
             # newer entries pushed it out
-            trimmed = view.audit_len >= audit_maxlen and view.audit_first is not None and stream_id_key(view.audit_first) > stream_id_key(self.head)
+            trimmed = (
+                view.audit_len >= audit_maxlen
+                and view.audit_first is not None
+                and stream_id_key(view.audit_first) > stream_id_key(self.head)
+            )
             audit_missing = not trimmed
         return LossReport(epoch_changed=epoch_changed, routes=tuple(sorted(routes)), audit_missing=audit_missing)
 

@@ -219,7 +219,9 @@ class GateResult:
         }
 
 
-def evaluate_gate(current: RouteState, target: Mode, target_percent: int, stats: GateStats, config: GateConfig) -> GateResult:
+def evaluate_gate(
+    current: RouteState, target: Mode, target_percent: int, stats: GateStats, config: GateConfig
+) -> GateResult:
     """Does moving ``current`` to ``target`` need the gate, and does it pass?
 
     Only promotions toward enforcement are gated: shadow -> canary, canary -> a larger
@@ -227,13 +229,16 @@ def evaluate_gate(current: RouteState, target: Mode, target_percent: int, stats:
     off/shadow is always allowed.
     """
     promoting = target in (Mode.CANARY, Mode.ENFORCE) and (
-        target.rank > current.mode.rank or (target is Mode.CANARY and current.mode is Mode.CANARY and target_percent > current.canary_percent)
+        target.rank > current.mode.rank
+        or (target is Mode.CANARY and current.mode is Mode.CANARY and target_percent > current.canary_percent)
     )
     if not promoting:
         return GateResult(True, False, (), stats, config)
     reasons: list[str] = []
     if stats.compared < config.min_samples:
-        reasons.append(f"only {stats.compared} compared decisions in the last {config.window_s}s (need {config.min_samples})")
+        reasons.append(
+            f"only {stats.compared} compared decisions in the last {config.window_s}s (need {config.min_samples})"
+        )
     if stats.new_rejection_rate > config.max_new_rejection_rate:
         reasons.append(f"new rejections {stats.new_rejection_rate:.2%} exceed {config.max_new_rejection_rate:.2%}")
     if stats.backend_error_rate > config.max_backend_error_rate:

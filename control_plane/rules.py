@@ -87,7 +87,14 @@ from limiter.policy import Algorithm, Policy
 from limiter.resilience import FailurePolicy
 
 from .durations import parse_duration
-from .external import DEFAULT_CACHE_TTL_S, DEFAULT_MAX_CONCURRENT, DEFAULT_TIMEOUT_S, ExternalConfig, check_service_url, is_sensitive_header
+from .external import (
+    DEFAULT_CACHE_TTL_S,
+    DEFAULT_MAX_CONCURRENT,
+    DEFAULT_TIMEOUT_S,
+    ExternalConfig,
+    check_service_url,
+    is_sensitive_header,
+)
 from .rollout import Mode
 
 if TYPE_CHECKING:
@@ -228,7 +235,9 @@ def compile_path_pattern(pattern: object) -> tuple[_Segment, ...]:
             params.add(m.group(1))
             segments.append(_ONE)
         elif any(c in part for c in "*{}"):
-            raise ValueError(f"wildcards must be whole segments ('*', '**' or '{{name}}'), got segment {part!r} in {pattern!r}")
+            raise ValueError(
+                f"wildcards must be whole segments ('*', '**' or '{{name}}'), got segment {part!r} in {pattern!r}"
+            )
         else:
             segments.append(part)
     return tuple(segments)
@@ -381,7 +390,11 @@ class ListMatcher:
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, ListMatcher):
             return NotImplemented
-        return self._keys == other._keys and set(self._networks) == set(other._networks) and self._composite == other._composite
+        return (
+            self._keys == other._keys
+            and set(self._networks) == set(other._networks)
+            and self._composite == other._composite
+        )
 
     def __hash__(self) -> int:
         return hash((self._keys, frozenset(self._networks), self._composite))
@@ -616,8 +629,10 @@ class _StrictLoader(yaml.SafeLoader):
                 k = self.construct_object(key_node, deep=deep)
                 if k in seen:
                     raise yaml.constructor.ConstructorError(
-                        "while constructing a mapping", node.start_mark,
-                        f"found duplicate key {k!r} (first on line {seen[k]})", key_node.start_mark,
+                        "while constructing a mapping",
+                        node.start_mark,
+                        f"found duplicate key {k!r} (first on line {seen[k]})",
+                        key_node.start_mark,
                     )
                 seen[k] = key_node.start_mark.line + 1
         return super().construct_mapping(node, deep=deep)
@@ -682,7 +697,11 @@ class _Builder:
     def build(self, node: Node, path: _Path) -> Any:
         self.count += 1
         if self.count > _MAX_NODES:
-            raise _Fail(path, node.start_mark.line + 1, f"the document is too large (more than {_MAX_NODES} values, aliases included)")
+            raise _Fail(
+                path,
+                node.start_mark.line + 1,
+                f"the document is too large (more than {_MAX_NODES} values, aliases included)",
+            )
         if isinstance(node, ScalarNode):
             return self.loader.construct_object(node, deep=True)
         if id(node) in self.active:
@@ -746,7 +765,9 @@ def _load_yaml(text: str, source: str | None) -> tuple[Any, dict[_Path, int]]:
             problem = exc.problem or exc.context or "invalid YAML"
             if exc.context and exc.problem:
                 problem = f"{exc.problem} ({exc.context})"
-            raise RulesError(f"YAML syntax error: {problem}", path=source, line=mark.line + 1 if mark else None) from None
+            raise RulesError(
+                f"YAML syntax error: {problem}", path=source, line=mark.line + 1 if mark else None
+            ) from None
         except yaml.YAMLError as exc:
             raise RulesError(f"YAML syntax error: {exc}", path=source) from None
         if node is None:
@@ -755,10 +776,14 @@ def _load_yaml(text: str, source: str | None) -> tuple[Any, dict[_Path, int]]:
         try:
             data = builder.build(node, ())
         except _Fail as exc:
-            raise RulesError(exc.message, path=source, line=exc.line, field=_format_path(_display_path(exc.path))) from None
+            raise RulesError(
+                exc.message, path=source, line=exc.line, field=_format_path(_display_path(exc.path))
+            ) from None
         except yaml.MarkedYAMLError as exc:
             mark = exc.problem_mark or exc.context_mark
-            raise RulesError(f"{exc.problem or exc.context}", path=source, line=mark.line + 1 if mark else None) from None
+            raise RulesError(
+                f"{exc.problem or exc.context}", path=source, line=mark.line + 1 if mark else None
+            ) from None
         builder.lines.setdefault((), node.start_mark.line + 1)
         return data, builder.lines
     finally:
@@ -771,8 +796,19 @@ def _load_yaml(text: str, source: str | None) -> tuple[Any, dict[_Path, int]]:
 _TOP_KEYS = ("version", "defaults", "routes")
 _DEFAULTS_KEYS = ("key", "failure_policy", "failure_code")
 _ROUTE_KEYS = (
-    "name", "match", "key", "local", "distributed", "overrides", "allow", "deny",
-    "failure_policy", "failure_code", "mode", "canary_percent", "external",
+    "name",
+    "match",
+    "key",
+    "local",
+    "distributed",
+    "overrides",
+    "allow",
+    "deny",
+    "failure_policy",
+    "failure_code",
+    "mode",
+    "canary_percent",
+    "external",
 )
 _MATCH_KEYS = ("methods", "path")
 _KEY_KEYS = ("strategy", "header", "api_key_header", "forwarded_mode", "max_length")
@@ -781,8 +817,14 @@ _OVERRIDE_KEYS = ("api_keys", "tenants")
 _EXTERNAL_KEYS = ("url", "timeout", "cache_ttl", "max_concurrent_requests", "header_filter")
 _HEADER_FILTER_KEYS = ("allow_list", "deny_list")
 _HINTS = {
-    ("key", "trusted_proxies"): "trusted proxies are not set in the rules file; they come from SHADOWLIMIT_TRUSTED_PROXIES",
-    ("external", "enabled"): "a route asks its limits service whenever it has an external block; remove the block to turn that off",
+    (
+        "key",
+        "trusted_proxies",
+    ): "trusted proxies are not set in the rules file; they come from SHADOWLIMIT_TRUSTED_PROXIES",
+    (
+        "external",
+        "enabled",
+    ): "a route asks its limits service whenever it has an external block; remove the block to turn that off",
     ("external", "http"): "give the service's address as external.url (only HTTP limits services are supported)",
     ("external", "grpc"): "only HTTP limits services are supported: give external.url",
 }
@@ -820,7 +862,9 @@ class _Validator:
 
     # -- shapes --
 
-    def mapping(self, value: Any, path: _Path, allowed: tuple[str, ...], required: tuple[str, ...] = ()) -> dict[str, Any]:
+    def mapping(
+        self, value: Any, path: _Path, allowed: tuple[str, ...], required: tuple[str, ...] = ()
+    ) -> dict[str, Any]:
         if not isinstance(value, dict):
             raise self.error(path, f"must be a mapping, got {_type_name(value)}")
         for k in value:
@@ -885,7 +929,9 @@ class _Validator:
         if "forwarded_mode" in m and strategy is not KeyStrategy.CLIENT_IP:
             raise self.error((*path, "forwarded_mode"), "only applies to the clientIP strategy")
         if "header" in m and strategy not in (KeyStrategy.HEADER, KeyStrategy.COMPOSITE):
-            raise self.error((*path, "header"), f"only applies to the header and composite strategies, not {strategy.value}")
+            raise self.error(
+                (*path, "header"), f"only applies to the header and composite strategies, not {strategy.value}"
+            )
         if "api_key_header" in m and strategy is not KeyStrategy.API_KEY:
             raise self.error((*path, "api_key_header"), f"only applies to the apiKey strategy, not {strategy.value}")
         try:
@@ -931,9 +977,21 @@ class _Validator:
             check_service_url(url)
         except ValueError as exc:
             raise self.error((*path, "url"), _bare(exc, "url")) from None
-        timeout = self.duration(m["timeout"], (*path, "timeout"), 0.0, 60.0, allow_zero=False) if "timeout" in m else DEFAULT_TIMEOUT_S
-        cache_ttl = self.duration(m["cache_ttl"], (*path, "cache_ttl"), 0.0, 86_400.0, allow_zero=True) if "cache_ttl" in m else DEFAULT_CACHE_TTL_S
-        conc = self.integer(m["max_concurrent_requests"], (*path, "max_concurrent_requests"), 1, 10_000) if "max_concurrent_requests" in m else DEFAULT_MAX_CONCURRENT
+        timeout = (
+            self.duration(m["timeout"], (*path, "timeout"), 0.0, 60.0, allow_zero=False)
+            if "timeout" in m
+            else DEFAULT_TIMEOUT_S
+        )
+        cache_ttl = (
+            self.duration(m["cache_ttl"], (*path, "cache_ttl"), 0.0, 86_400.0, allow_zero=True)
+            if "cache_ttl" in m
+            else DEFAULT_CACHE_TTL_S
+        )
+        conc = (
+            self.integer(m["max_concurrent_requests"], (*path, "max_concurrent_requests"), 1, 10_000)
+            if "max_concurrent_requests" in m
+            else DEFAULT_MAX_CONCURRENT
+        )
         secret = (key.api_key_header,) if key.strategy is KeyStrategy.API_KEY and key.api_key_header else ()
         allow: list[str] | None = None
         deny: list[str] = []
@@ -941,25 +999,39 @@ class _Validator:
             hp = (*path, "header_filter")
             hf = self.mapping(m["header_filter"], hp, _HEADER_FILTER_KEYS)
             if "allow_list" in hf and "deny_list" in hf:
-                raise self.error((*hp, "deny_list"), "give allow_list (only these headers are sent) or deny_list (these are not), not both")
+                raise self.error(
+                    (*hp, "deny_list"),
+                    "give allow_list (only these headers are sent) or deny_list (these are not), not both",
+                )
             if "allow_list" in hf:
                 allow = self.header_list(hf["allow_list"], (*hp, "allow_list"))
                 for i, name in enumerate(allow):
                     if is_sensitive_header(name) or name.lower() in {h.lower() for h in secret}:
-                        raise self.error((*hp, "allow_list", i), f"{name!r} carries credentials and is never sent to the limits service")
+                        raise self.error(
+                            (*hp, "allow_list", i),
+                            f"{name!r} carries credentials and is never sent to the limits service",
+                        )
             if "deny_list" in hf:
                 deny = self.header_list(hf["deny_list"], (*hp, "deny_list"))
         try:
-            return ExternalConfig(url=url, timeout_s=timeout, cache_ttl_s=cache_ttl, max_concurrent_requests=conc, allow_list=tuple(allow) if allow is not None else None, deny_list=tuple(deny), secret_headers=secret)
+            return ExternalConfig(
+                url=url,
+                timeout_s=timeout,
+                cache_ttl_s=cache_ttl,
+                max_concurrent_requests=conc,
+                allow_list=tuple(allow) if allow is not None else None,
+                deny_list=tuple(deny),
+                secret_headers=secret,
+            )
         except ValueError as exc:  # checked above; kept as a safety net
             raise self.value_error(path, exc, _EXTERNAL_KEYS) from None
 
     def methods(self, value: Any, path: _Path) -> frozenset[str] | None:
         items = [value] if isinstance(value, str) else value
         if not isinstance(items, list):
-            raise self.error(path, f"must be a list of HTTP methods (or \"*\"), got {_type_name(value)}")
+            raise self.error(path, f'must be a list of HTTP methods (or "*"), got {_type_name(value)}')
         if not items:
-            raise self.error(path, "must not be empty (omit it, or use \"*\", for any method)")
+            raise self.error(path, 'must not be empty (omit it, or use "*", for any method)')
         out: set[str] = set()
         for i, item in enumerate(items):
             p = (*path, i) if isinstance(value, list) else path
@@ -969,7 +1041,9 @@ class _Validator:
             if _HTTP_TOKEN.fullmatch(m) is None:
                 raise self.error(p, f"{m!r} is not an HTTP method")
             if m != m.upper():
-                raise self.error(p, f"HTTP methods are case-sensitive and written in upper case: use {m.upper()!r}, not {m!r}")
+                raise self.error(
+                    p, f"HTTP methods are case-sensitive and written in upper case: use {m.upper()!r}, not {m!r}"
+                )
             out.add(m)
         return frozenset(out)
 
@@ -1053,7 +1127,10 @@ class _Validator:
         if _ROUTE_NAME.fullmatch(name) is None:
             raise self.error((*path, "name"), f"must be 1-64 characters of [A-Za-z0-9_.-], got {name!r}")
         if name in RESERVED_ROUTE_NAMES:
-            raise self.error((*path, "name"), f"{name!r} is reserved (it would share Redis keys with shadowlimit's own data); reserved: {', '.join(sorted(RESERVED_ROUTE_NAMES))}")
+            raise self.error(
+                (*path, "name"),
+                f"{name!r} is reserved (it would share Redis keys with shadowlimit's own data); reserved: {', '.join(sorted(RESERVED_ROUTE_NAMES))}",
+            )
 
         # match
         methods: frozenset[str] | None = None
@@ -1069,7 +1146,10 @@ class _Validator:
             except ValueError as exc:
                 raise self.error((*mp, "path"), str(exc)) from None
             if is_default and (segments != (_ANY,) or methods is not None):
-                raise self.error(mp, f"the {DEFAULT_ROUTE!r} route is the fallback for every request no other route matches; its match must be path /** for any method (or be omitted)")
+                raise self.error(
+                    mp,
+                    f"the {DEFAULT_ROUTE!r} route is the fallback for every request no other route matches; its match must be path /** for any method (or be omitted)",
+                )
 
         # key
         if "key" in r:
@@ -1081,7 +1161,9 @@ class _Validator:
 
         # policies
         local = self.policy(r["local"], (*path, "local"))
-        distributed = self.policy(r["distributed"], (*path, "distributed"), inherit=local) if "distributed" in r else local
+        distributed = (
+            self.policy(r["distributed"], (*path, "distributed"), inherit=local) if "distributed" in r else local
+        )
 
         # overrides
         api_overrides: dict[str, Policy] = {}
@@ -1092,10 +1174,15 @@ class _Validator:
             if "api_keys" in o:
                 ap = (*op, "api_keys")
                 if key.strategy is not KeyStrategy.API_KEY:
-                    raise self.error(ap, f"API key overrides only apply to routes whose key strategy is apiKey (this route uses {key.strategy.value})")
+                    raise self.error(
+                        ap,
+                        f"API key overrides only apply to routes whose key strategy is apiKey (this route uses {key.strategy.value})",
+                    )
                 entries = o["api_keys"] or {}
                 if not isinstance(entries, dict):
-                    raise self.error(ap, f"must be a mapping of API key (or apikey:<id>) to policy, got {_type_name(entries)}")
+                    raise self.error(
+                        ap, f"must be a mapping of API key (or apikey:<id>) to policy, got {_type_name(entries)}"
+                    )
                 for raw, pv in entries.items():
                     kp = (*ap, raw)
                     if _API_KEY_ID.fullmatch(raw):
@@ -1130,7 +1217,9 @@ class _Validator:
             raise self.error((*path, "deny"), f"{sorted(both)[0]!r} is in both allow and deny")
         composite = key.strategy is KeyStrategy.COMPOSITE
 
-        fp = self.failure_policy(r["failure_policy"], (*path, "failure_policy")) if "failure_policy" in r else default_fp
+        fp = (
+            self.failure_policy(r["failure_policy"], (*path, "failure_policy")) if "failure_policy" in r else default_fp
+        )
         fc = self.failure_code(r["failure_code"], (*path, "failure_code")) if "failure_code" in r else default_fc
 
         mode: Mode | None = None
@@ -1353,7 +1442,11 @@ class RulesWatcher:
                 data = _read(self.path)
                 st2 = os.stat(self.path)
             except (RulesError, OSError) as exc:
-                err = exc if isinstance(exc, RulesError) else RulesError(f"cannot read the rules file: {exc.strerror or exc}", path=str(self.path))
+                err = (
+                    exc
+                    if isinstance(exc, RulesError)
+                    else RulesError(f"cannot read the rules file: {exc.strerror or exc}", path=str(self.path))
+                )
                 if self._bad_sig != ("read", str(err)):
                     self._bad_sig = ("read", str(err))
                     self._report(err)

@@ -30,7 +30,11 @@ __all__ = ["http_protocol"]
 
 
 def _head_refusal(limits: RequestLimits) -> bytes:
-    return refusal_body(431, f"the request head (request line and header fields) passed {limits.head_bytes:,} bytes; header fields may take {limits.max_header_bytes:,}", limits.max_header_bytes)
+    return refusal_body(
+        431,
+        f"the request head (request line and header fields) passed {limits.head_bytes:,} bytes; header fields may take {limits.max_header_bytes:,}",
+        limits.max_header_bytes,
+    )
 
 
 def http_protocol(limits: RequestLimits, impl: str = "auto") -> type[asyncio.Protocol]:
@@ -78,8 +82,14 @@ class _BoundedH11Protocol(H11Protocol):
         if self.conn.refused_status != 431:
             super().send_400_response(msg)
             return
-        headers = [(b"content-type", b"application/json"), (b"content-length", str(len(self.refusal)).encode()), (b"connection", b"close")]
-        self.transport.write(self.conn.send(h11.Response(status_code=431, headers=headers, reason=b"Request Header Fields Too Large")))
+        headers = [
+            (b"content-type", b"application/json"),
+            (b"content-length", str(len(self.refusal)).encode()),
+            (b"connection", b"close"),
+        ]
+        self.transport.write(
+            self.conn.send(h11.Response(status_code=431, headers=headers, reason=b"Request Header Fields Too Large"))
+        )
         self.transport.write(self.conn.send(h11.Data(data=self.refusal)))
         self.transport.write(self.conn.send(h11.EndOfMessage()))
         self.transport.close()
@@ -110,7 +120,10 @@ def _bounded_httptools() -> type[Any]:
             if self.cycle is None or self.cycle.response_complete:
                 head = [b"HTTP/1.1 431 Request Header Fields Too Large\r\n"]
                 head += [b"%s: %s\r\n" % (name, value) for name, value in self.server_state.default_headers]
-                head.append(b"content-type: application/json\r\ncontent-length: %d\r\nconnection: close\r\n\r\n" % len(self.refusal))
+                head.append(
+                    b"content-type: application/json\r\ncontent-length: %d\r\nconnection: close\r\n\r\n"
+                    % len(self.refusal)
+                )
                 self.transport.write(b"".join(head) + self.refusal)
             # else: a pipelined head during a response in progress; no room for an answer
             self.transport.close()

@@ -39,13 +39,35 @@ class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="", case_sensitive=False, extra="ignore", populate_by_name=True)
 
     # seed 004
-    enable_distributed_rate_limiting: bool = Field(False, validation_alias=_env("ENABLE_DISTRIBUTED_RATE_LIMITING"), description="Global kill switch: off makes every route behave as mode off.")
-    redis_url: str | None = Field(None, validation_alias=_env("RATE_LIMIT_REDIS_URL"), description="Redis URL (required unless SHADOWLIMIT_EMBEDDED_REDIS / --embedded-redis).")
-    global_capacity: int = Field(60, ge=1, validation_alias=_env("RATE_LIMIT_GLOBAL_CAPACITY"), description="Burst of the default route's token bucket.")
-    global_refill_per_sec: float = Field(1.0, ge=0, validation_alias=_env("RATE_LIMIT_GLOBAL_REFILL_PER_SEC"), description="Refill of the default route (tokens per second; 0 = unlimited).")
-    rules_path: Path | None = Field(None, validation_alias=_env("RATE_LIMIT_RULES_PATH"), description="YAML rules file.")
+    enable_distributed_rate_limiting: bool = Field(
+        False,
+        validation_alias=_env("ENABLE_DISTRIBUTED_RATE_LIMITING"),
+        description="Global kill switch: off makes every route behave as mode off.",
+    )
+    redis_url: str | None = Field(
+        None,
+        validation_alias=_env("RATE_LIMIT_REDIS_URL"),
+        description="Redis URL (required unless SHADOWLIMIT_EMBEDDED_REDIS / --embedded-redis).",
+    )
+    global_capacity: int = Field(
+        60,
+        ge=1,
+        validation_alias=_env("RATE_LIMIT_GLOBAL_CAPACITY"),
+        description="Burst of the default route's token bucket.",
+    )
+    global_refill_per_sec: float = Field(
+        1.0,
+        ge=0,
+        validation_alias=_env("RATE_LIMIT_GLOBAL_REFILL_PER_SEC"),
+        description="Refill of the default route (tokens per second; 0 = unlimited).",
+    )
+    rules_path: Path | None = Field(
+        None, validation_alias=_env("RATE_LIMIT_RULES_PATH"), description="YAML rules file."
+    )
     # failure handling (seed 000)
-    failure_policy: FailurePolicy = Field(FailurePolicy.IN_MEMORY_FALLBACK, validation_alias=_env("RATE_LIMIT_FAILURE_POLICY"))
+    failure_policy: FailurePolicy = Field(
+        FailurePolicy.IN_MEMORY_FALLBACK, validation_alias=_env("RATE_LIMIT_FAILURE_POLICY")
+    )
     failure_code: int = Field(429, ge=400, le=599, validation_alias=_env("RATE_LIMIT_FAILURE_CODE"))
     breaker_failure_threshold: int = Field(5, ge=1, validation_alias=_env("RATE_LIMIT_BREAKER_FAILURES"))
     redis_connect_timeout_s: float = Field(1.0, gt=0, validation_alias=_env("RATE_LIMIT_REDIS_CONNECT_TIMEOUT"))
@@ -53,20 +75,58 @@ class Settings(BaseSettings):
     time_source: str = Field("local", pattern="^(local|redis)$", validation_alias=_env("RATE_LIMIT_TIME_SOURCE"))
     # service
     admin_token: SecretStr | None = Field(None, validation_alias=_env("SHADOWLIMIT_ADMIN_TOKEN"))
-    client_token: SecretStr | None = Field(None, validation_alias=_env("SHADOWLIMIT_CLIENT_TOKEN"), description="Optional bearer token guarding the decide endpoints.")
-    tokens_file: Path | None = Field(None, validation_alias=_env("SHADOWLIMIT_TOKENS_FILE"), description="Named tokens with roles: one 'name role sha256-of-token' per line (viewer, operator, admin); re-read on change.")
-    open_reads: bool = Field(False, validation_alias=_env("SHADOWLIMIT_OPEN_READS"), description="With a tokens file, keep the read endpoints open (by default they need at least the viewer role).")
-    trusted_proxies: str = Field("", validation_alias=_env("SHADOWLIMIT_TRUSTED_PROXIES"), description="Comma-separated CIDRs whose X-Forwarded-For is honoured.")
+    client_token: SecretStr | None = Field(
+        None,
+        validation_alias=_env("SHADOWLIMIT_CLIENT_TOKEN"),
+        description="Optional bearer token guarding the decide endpoints.",
+    )
+    tokens_file: Path | None = Field(
+        None,
+        validation_alias=_env("SHADOWLIMIT_TOKENS_FILE"),
+        description="Named tokens with roles: one 'name role sha256-of-token' per line (viewer, operator, admin); re-read on change.",
+    )
+    open_reads: bool = Field(
+        False,
+        validation_alias=_env("SHADOWLIMIT_OPEN_READS"),
+        description="With a tokens file, keep the read endpoints open (by default they need at least the viewer role).",
+    )
+    trusted_proxies: str = Field(
+        "",
+        validation_alias=_env("SHADOWLIMIT_TRUSTED_PROXIES"),
+        description="Comma-separated CIDRs whose X-Forwarded-For is honoured.",
+    )
     host: str = Field("127.0.0.1", validation_alias=_env("SHADOWLIMIT_HOST"))
     port: int = Field(8080, ge=0, le=65535, validation_alias=_env("SHADOWLIMIT_PORT"))
-    allow_remote: bool = Field(False, validation_alias=_env("SHADOWLIMIT_ALLOW_REMOTE"), description="Must be true to listen beyond loopback.")
-    namespace: str = Field("shadowlimit", pattern=r"^[A-Za-z0-9_.-]{1,64}$", validation_alias=_env("SHADOWLIMIT_NAMESPACE"))
+    allow_remote: bool = Field(
+        False, validation_alias=_env("SHADOWLIMIT_ALLOW_REMOTE"), description="Must be true to listen beyond loopback."
+    )
+    namespace: str = Field(
+        "shadowlimit", pattern=r"^[A-Za-z0-9_.-]{1,64}$", validation_alias=_env("SHADOWLIMIT_NAMESPACE")
+    )
     instance_id: str | None = Field(None, validation_alias=_env("SHADOWLIMIT_INSTANCE_ID"))
     local_max_keys: int = Field(65_536, ge=1, validation_alias=_env("SHADOWLIMIT_LOCAL_MAX_KEYS"))
     # request size limits (control_plane/limits.py; docs/configuration.md explains the defaults)
-    max_body_bytes: int = Field(32 * 1024 * 1024, ge=4096, le=1024**3, validation_alias=_env("SHADOWLIMIT_MAX_BODY_BYTES"), description="Largest request body; more gets 413 before (or while) it is read. Fits a full 10,000-item batch at the schema's largest field sizes.")
-    max_headers: int = Field(100, ge=16, le=10_000, validation_alias=_env("SHADOWLIMIT_MAX_HEADERS"), description="Most header fields in a request; more gets 431.")
-    max_header_bytes: int = Field(16 * 1024, ge=1024, le=1024**2, validation_alias=_env("SHADOWLIMIT_MAX_HEADER_BYTES"), description="Largest total of header names and values in a request; more gets 431.")
+    max_body_bytes: int = Field(
+        32 * 1024 * 1024,
+        ge=4096,
+        le=1024**3,
+        validation_alias=_env("SHADOWLIMIT_MAX_BODY_BYTES"),
+        description="Largest request body; more gets 413 before (or while) it is read. Fits a full 10,000-item batch at the schema's largest field sizes.",
+    )
+    max_headers: int = Field(
+        100,
+        ge=16,
+        le=10_000,
+        validation_alias=_env("SHADOWLIMIT_MAX_HEADERS"),
+        description="Most header fields in a request; more gets 431.",
+    )
+    max_header_bytes: int = Field(
+        16 * 1024,
+        ge=1024,
+        le=1024**2,
+        validation_alias=_env("SHADOWLIMIT_MAX_HEADER_BYTES"),
+        description="Largest total of header names and values in a request; more gets 431.",
+    )
     # shadow evaluation
     shadow_queue_size: int = Field(10_000, ge=1, validation_alias=_env("SHADOWLIMIT_SHADOW_QUEUE_SIZE"))
     shadow_batch_size: int = Field(256, ge=1, validation_alias=_env("SHADOWLIMIT_SHADOW_BATCH_SIZE"))
@@ -83,7 +143,11 @@ class Settings(BaseSettings):
         validation_alias=_env("SHADOWLIMIT_EMBEDDED_REDIS"),
         description="Development only: with no RATE_LIMIT_REDIS_URL, start a private redis-server for this process (each process then has its own 'global' limit).",
     )
-    audit_log: Path | None = Field(None, validation_alias=_env("SHADOWLIMIT_AUDIT_LOG"), description="Append every audit entry this replica writes to this file, one JSON line each.")
+    audit_log: Path | None = Field(
+        None,
+        validation_alias=_env("SHADOWLIMIT_AUDIT_LOG"),
+        description="Append every audit entry this replica writes to this file, one JSON line each.",
+    )
     ready_requires_redis: bool = Field(
         False,
         validation_alias=_env("SHADOWLIMIT_READY_REQUIRES_REDIS"),
@@ -103,8 +167,12 @@ class Settings(BaseSettings):
     # rollout gates
     gate_window_s: int = Field(300, ge=10, validation_alias=_env("SHADOWLIMIT_GATE_WINDOW_S"))
     gate_min_samples: int = Field(500, ge=0, validation_alias=_env("SHADOWLIMIT_GATE_MIN_SAMPLES"))
-    gate_max_new_rejection_rate: float = Field(0.01, ge=0, le=1, validation_alias=_env("SHADOWLIMIT_GATE_MAX_NEW_REJECTION_RATE"))
-    gate_max_backend_error_rate: float = Field(0.001, ge=0, le=1, validation_alias=_env("SHADOWLIMIT_GATE_MAX_BACKEND_ERROR_RATE"))
+    gate_max_new_rejection_rate: float = Field(
+        0.01, ge=0, le=1, validation_alias=_env("SHADOWLIMIT_GATE_MAX_NEW_REJECTION_RATE")
+    )
+    gate_max_backend_error_rate: float = Field(
+        0.001, ge=0, le=1, validation_alias=_env("SHADOWLIMIT_GATE_MAX_BACKEND_ERROR_RATE")
+    )
     gate_min_sampled_share: float = Field(
         0.9,
         ge=0,
@@ -112,17 +180,48 @@ class Settings(BaseSettings):
         validation_alias=_env("SHADOWLIMIT_GATE_MIN_SAMPLED_SHARE"),
         description="A promotion needs at least this share of the window's decisions evaluated by the distributed limiter (not dropped by a full shadow queue); 0 turns the check off.",
     )
-    auto_rollback_after_s: float = Field(30.0, gt=0, validation_alias=_env("SHADOWLIMIT_AUTO_ROLLBACK_AFTER_S"), description="Enforced routes fall back to shadow when the breaker stays open this long.")
-    default_mode: str = Field("shadow", pattern="^(off|shadow|canary|enforce)$", validation_alias=_env("SHADOWLIMIT_DEFAULT_MODE"), description="Mode of a route with no stored state.")
+    auto_rollback_after_s: float = Field(
+        30.0,
+        gt=0,
+        validation_alias=_env("SHADOWLIMIT_AUTO_ROLLBACK_AFTER_S"),
+        description="Enforced routes fall back to shadow when the breaker stays open this long.",
+    )
+    default_mode: str = Field(
+        "shadow",
+        pattern="^(off|shadow|canary|enforce)$",
+        validation_alias=_env("SHADOWLIMIT_DEFAULT_MODE"),
+        description="Mode of a route with no stored state.",
+    )
     # event stream
     stream_interval_s: float = Field(1.0, gt=0, le=60, validation_alias=_env("SHADOWLIMIT_STREAM_INTERVAL_S"))
-    stream_min_interval_s: float = Field(0.5, gt=0, le=60, validation_alias=_env("SHADOWLIMIT_STREAM_MIN_INTERVAL_S"), description="Smallest ?interval= a stream may ask for (smaller: 422); also the floor of the default interval.")
-    max_streams: int = Field(64, ge=1, validation_alias=_env("SHADOWLIMIT_MAX_STREAMS"), description="Event streams one replica serves at once; beyond: 503 too_many_streams.")
-    stream_history: int = Field(1000, ge=1, le=100_000, validation_alias=_env("SHADOWLIMIT_STREAM_HISTORY"), description="Events kept for clients that reconnect with Last-Event-ID.")
+    stream_min_interval_s: float = Field(
+        0.5,
+        gt=0,
+        le=60,
+        validation_alias=_env("SHADOWLIMIT_STREAM_MIN_INTERVAL_S"),
+        description="Smallest ?interval= a stream may ask for (smaller: 422); also the floor of the default interval.",
+    )
+    max_streams: int = Field(
+        64,
+        ge=1,
+        validation_alias=_env("SHADOWLIMIT_MAX_STREAMS"),
+        description="Event streams one replica serves at once; beyond: 503 too_many_streams.",
+    )
+    stream_history: int = Field(
+        1000,
+        ge=1,
+        le=100_000,
+        validation_alias=_env("SHADOWLIMIT_STREAM_HISTORY"),
+        description="Events kept for clients that reconnect with Last-Event-ID.",
+    )
     rules_poll_interval_s: float = Field(1.0, gt=0, validation_alias=_env("SHADOWLIMIT_RULES_POLL_INTERVAL_S"))
     rollout_resync_s: float = Field(0.5, gt=0, validation_alias=_env("SHADOWLIMIT_ROLLOUT_RESYNC_S"))
     # external limits services (routes with an `external` block)
-    external_backend_hosts: str = Field("", validation_alias=_env("SHADOWLIMIT_EXTERNAL_BACKEND_HOSTS"), description="Comma-separated hosts (host, host:port, *.domain) a limits service's backend_url may point at; empty drops every backend_url.")
+    external_backend_hosts: str = Field(
+        "",
+        validation_alias=_env("SHADOWLIMIT_EXTERNAL_BACKEND_HOSTS"),
+        description="Comma-separated hosts (host, host:port, *.domain) a limits service's backend_url may point at; empty drops every backend_url.",
+    )
 
     @field_validator("failure_policy", mode="before")
     @classmethod
@@ -187,7 +286,9 @@ class Settings(BaseSettings):
         except ValueError:
             raise ValueError(f"SHADOWLIMIT_HOST: not an IP address: {self.host!r}") from None
         if not loopback and not self.allow_remote:
-            raise ValueError(f"SHADOWLIMIT_HOST: {self.host} is not a loopback address; set SHADOWLIMIT_ALLOW_REMOTE=true to listen beyond loopback")
+            raise ValueError(
+                f"SHADOWLIMIT_HOST: {self.host} is not a loopback address; set SHADOWLIMIT_ALLOW_REMOTE=true to listen beyond loopback"
+            )
         return self
 
     @model_validator(mode="after")
@@ -200,7 +301,9 @@ class Settings(BaseSettings):
         except ValueError as exc:
             field, _, rest = str(exc).partition(": ")
             env = "RATE_LIMIT_GLOBAL_CAPACITY" if field == "burst" else "RATE_LIMIT_GLOBAL_REFILL_PER_SEC"
-            raise ValueError(f"{env}: {rest} (the default route's token bucket: RATE_LIMIT_GLOBAL_REFILL_PER_SEC={self.global_refill_per_sec:g}, RATE_LIMIT_GLOBAL_CAPACITY={self.global_capacity})") from None
+            raise ValueError(
+                f"{env}: {rest} (the default route's token bucket: RATE_LIMIT_GLOBAL_REFILL_PER_SEC={self.global_refill_per_sec:g}, RATE_LIMIT_GLOBAL_CAPACITY={self.global_capacity})"
+            ) from None
         return self
 
     @property
@@ -218,7 +321,10 @@ class Settings(BaseSettings):
         return BackendHosts(self.external_backend_hosts)
 
 
-_ENV_NAMES = {name: (f.validation_alias.choices[0] if isinstance(f.validation_alias, AliasChoices) else name) for name, f in Settings.model_fields.items()}
+_ENV_NAMES = {
+    name: (f.validation_alias.choices[0] if isinstance(f.validation_alias, AliasChoices) else name)
+    for name, f in Settings.model_fields.items()
+}
 
 
 def env_name(field_name: str) -> str:

@@ -85,7 +85,9 @@ class SnapshotCache:
             # the running build (if any) started before what this caller has seen: a new one,
             # which later callers join; the old one still answers its own waiters
             entry.inflight_version = self._version()
-            task = entry.inflight = asyncio.get_running_loop().create_task(self._run(view, entry, entry.inflight_version), name=f"snapshot-build {view!r}")
+            task = entry.inflight = asyncio.get_running_loop().create_task(
+                self._run(view, entry, entry.inflight_version), name=f"snapshot-build {view!r}"
+            )
             task.add_done_callback(_retrieve)  # a failure nobody waits for any more is not an error
         # shield: one waiter's cancellation (its client went away) must not cancel the build
         return await asyncio.shield(task)

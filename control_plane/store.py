@@ -427,7 +427,9 @@ class RolloutStore:
             log.warning("ignoring unreadable rollout state for route %r: %s", route, exc)
             return None
 
-    async def change(self, route: str, new: RouteState, entry: AuditEntry, *, expected_version: int | None) -> AuditEntry:
+    async def change(
+        self, route: str, new: RouteState, entry: AuditEntry, *, expected_version: int | None
+    ) -> AuditEntry:
         """Store ``new`` for ``route`` (its version becomes stored version + 1), append
         ``entry`` to the audit stream and publish a ``mode_change`` event -- atomically.
 
@@ -473,7 +475,9 @@ class RolloutStore:
         args = [entry.kind, entry.route, _dumps(audit), self.channel, str(AUDIT_MAXLEN), head]
         with translate_errors(f"append audit entry ({entry.kind})"):
             sid = _text(await self._append(keys=[self.audit_key], args=args))
-        return self._written(audit_entry_from_dict(audit, id=sid), RememberedAudit(sid, entry.kind, entry.route, args[2]))
+        return self._written(
+            audit_entry_from_dict(audit, id=sid), RememberedAudit(sid, entry.kind, entry.route, args[2])
+        )
 
     # -- surviving the loss of the store's data (see control_plane.recovery) --------------
 
@@ -522,7 +526,9 @@ class RolloutStore:
         f = {_text(k): _text(v) for k, v in fields.items()}
         return RememberedAudit(_text(sid), f.get("kind", ""), f.get("route", ""), f.get("json", "{}"))
 
-    async def restore(self, memory: StateMemory, *, instance: str, new_epoch: str, at: float | None = None) -> RestoreResult:
+    async def restore(
+        self, memory: StateMemory, *, instance: str, new_epoch: str, at: float | None = None
+    ) -> RestoreResult:
         """Write back, compare-and-set, what the store lost of ``memory`` (see
         :data:`_RESTORE_LUA`): route states whose stored version is missing or older,
         missing audit entries at their own ids, and -- when the epoch changed --
@@ -545,14 +551,22 @@ class RolloutStore:
             _dumps(memory.adjustments) if memory.adjustments else "{}",
         ]
         with translate_errors("restore the control plane's state"):
-            reply = await self._restore(keys=[self.rollout_key, self.audit_key, self.meta_key, self.adjust_key], args=args)
+            reply = await self._restore(
+                keys=[self.rollout_key, self.audit_key, self.meta_key, self.adjust_key], args=args
+            )
         epoch, n_routes, n_audit, n_adjust = _text(reply[0]), int(reply[1]), int(reply[2]), int(reply[3])
         entries = []
         for i in range(4, len(reply) - 1, 2):
             sid, raw = _text(reply[i]), _text(reply[i + 1])
             d = json.loads(raw)
-            entries.append(self._written(audit_entry_from_dict(d, id=sid), RememberedAudit(sid, "restore", str(d.get("route", "")), raw)))
-        return RestoreResult(epoch=epoch, routes=n_routes, audit_entries=n_audit, adjustments=n_adjust, entries=tuple(entries))
+            entries.append(
+                self._written(
+                    audit_entry_from_dict(d, id=sid), RememberedAudit(sid, "restore", str(d.get("route", "")), raw)
+                )
+            )
+        return RestoreResult(
+            epoch=epoch, routes=n_routes, audit_entries=n_audit, adjustments=n_adjust, entries=tuple(entries)
+        )
 
     async def ensure_epoch(self, candidate: str) -> str:
         """The store's epoch, set to ``candidate`` if it has none."""
@@ -614,7 +628,9 @@ class RolloutStore:
             nodes = list(self.client.get_nodes())
         last: BaseException | None = None
         for node in nodes:
-            pool = aredis.ConnectionPool(connection_class=node.connection_class, max_connections=2, **node.connection_kwargs)
+            pool = aredis.ConnectionPool(
+                connection_class=node.connection_class, max_connections=2, **node.connection_kwargs
+            )
             conn = aredis.Redis(connection_pool=pool)
             try:
                 await conn.ping()
@@ -730,7 +746,17 @@ class DivergenceStore:
         elif distributed_attempt:
             c[_F_ATT] += 1
 
-    def add(self, route: str, *, agree: int = 0, ladd: int = 0, ldda: int = 0, backend_errors: int = 0, dropped: int = 0, now: float | None = None) -> None:
+    def add(
+        self,
+        route: str,
+        *,
+        agree: int = 0,
+        ladd: int = 0,
+        ldda: int = 0,
+        backend_errors: int = 0,
+        dropped: int = 0,
+        now: float | None = None,
+    ) -> None:
         """Count many decisions of one route at once, as that many :meth:`record` calls
         would: ``agree``, ``ladd`` (local allow, distributed deny) and ``ldda`` compared
         pairs, ``backend_errors`` distributed calls that failed, and ``dropped`` shadow
@@ -883,4 +909,3 @@ def gate_stats_of(rows: list[dict[str, int]]) -> GateStats:
         distributed_attempts=s["distributed_attempts"],
         shadow_dropped=s["shadow_dropped"],
     )
-

@@ -59,7 +59,10 @@ async def open_engine(settings: Settings, *, metrics: Metrics | None = None) -> 
 
         embedded = EmbeddedRedis().start()
         url = embedded.url
-        log.warning("development mode (--embedded-redis): started a private redis-server at %s; this process's 'global' limit is its own", url)
+        log.warning(
+            "development mode (--embedded-redis): started a private redis-server at %s; this process's 'global' limit is its own",
+            url,
+        )
     redis = RedisLimiter.from_url(
         url,
         namespace=settings.namespace,
@@ -67,7 +70,11 @@ async def open_engine(settings: Settings, *, metrics: Metrics | None = None) -> 
         connect_timeout=settings.redis_connect_timeout_s,
         command_timeout=settings.redis_command_timeout_s,
     )
-    client = make_redis_py_client(url, socket_timeout=max(1.0, settings.redis_command_timeout_s * 4), connect_timeout=settings.redis_connect_timeout_s)
+    client = make_redis_py_client(
+        url,
+        socket_timeout=max(1.0, settings.redis_command_timeout_s * 4),
+        connect_timeout=settings.redis_connect_timeout_s,
+    )
     engine = Engine(settings, redis=redis, client=client, metrics=metrics or Metrics())
     handle = EngineHandle(engine, redis, client, url, embedded)
     try:

@@ -39,7 +39,15 @@ class ShadowlimitDashboard(App[int]):
     #: ``shadowlimit demo --duration N`` sets this: quit after N seconds.
     call_later_after: float | None = None
 
-    def __init__(self, url: str, token: str | None = None, *, replicas: list[str] | None = None, demo_banner: str | None = None, snapshot: Snapshot | None = None) -> None:
+    def __init__(
+        self,
+        url: str,
+        token: str | None = None,
+        *,
+        replicas: list[str] | None = None,
+        demo_banner: str | None = None,
+        snapshot: Snapshot | None = None,
+    ) -> None:
         super().__init__()
         self.url = url.rstrip("/")
         self.token = token or None
@@ -49,7 +57,11 @@ class ShadowlimitDashboard(App[int]):
         self.fixed_snapshot = snapshot
 
     def on_mount(self) -> None:
-        self.push_screen(DashboardScreen(self.replicas, self.token, hint=DEMO_HINT if self.demo_banner else None, snapshot=self.fixed_snapshot))
+        self.push_screen(
+            DashboardScreen(
+                self.replicas, self.token, hint=DEMO_HINT if self.demo_banner else None, snapshot=self.fixed_snapshot
+            )
+        )
         if self.call_later_after:
             self.set_timer(self.call_later_after, self.exit)
 
@@ -75,8 +87,17 @@ class ShadowlimitDashboard(App[int]):
             yield SystemCommand("Next replica", "Follow the next control-plane replica", dash.action_next_replica)
         route = dash.selected
         if route:
-            for mode, label in (("off", "off"), ("shadow", "shadow"), ("canary", "canary (asks the percent)"), ("enforce", "enforce")):
-                yield SystemCommand(f"Set {route} to {mode}", f"Move route {route} to {label}; asks for a reason", lambda m=mode: dash.action_mode(m))
+            for mode, label in (
+                ("off", "off"),
+                ("shadow", "shadow"),
+                ("canary", "canary (asks the percent)"),
+                ("enforce", "enforce"),
+            ):
+                yield SystemCommand(
+                    f"Set {route} to {mode}",
+                    f"Move route {route} to {label}; asks for a reason",
+                    lambda m=mode: dash.action_mode(m),
+                )
 
 
 def run_dashboard(url: str, token: str | None = None, *, replicas: list[str] | None = None) -> int:

@@ -58,8 +58,13 @@ class DivergenceChart(Widget):
             tot = rd.totals
             out.append(f"{name:<{LABEL}}", style="bold reverse" if name == self._selected else "bold")
             out.append(f" {tot.compared:,} compared · ", style="dim")
-            out.append(f"{pct(tot.new_rejection_rate, 2)} new rej.", style="#f7768e" if tot.local_allow_distributed_deny else "dim")
-            out.append(f" · {pct(tot.reverse_rate, 2)} reverse", style="#e0af68" if tot.local_deny_distributed_allow else "dim")
+            out.append(
+                f"{pct(tot.new_rejection_rate, 2)} new rej.",
+                style="#f7768e" if tot.local_allow_distributed_deny else "dim",
+            )
+            out.append(
+                f" · {pct(tot.reverse_rate, 2)} reverse", style="#e0af68" if tot.local_deny_distributed_allow else "dim"
+            )
             if tot.backend_errors:
                 out.append(f" · {tot.backend_errors:,} backend errors", style="bold #f7768e")
             if tot.sampled_share is not None:
@@ -87,4 +92,3 @@ def _short(n: int) -> str:
 def _axis(minutes: int) -> str:
     left = f"-{minutes}m"
     return " " * LABEL + left + "now".rjust(max(0, minutes - len(left)))
-

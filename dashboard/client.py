@@ -89,7 +89,9 @@ class Unauthorized(ApiError):
 class GateRefused(ApiError):
     """409: the promotion gate refused; ``gate`` holds its reasons and figures."""
 
-    def __init__(self, gate: GateView, message: str = "promotion refused by the gate", body: dict[str, Any] | None = None) -> None:
+    def __init__(
+        self, gate: GateView, message: str = "promotion refused by the gate", body: dict[str, Any] | None = None
+    ) -> None:
         super().__init__(409, "gate_failed", message, body)
         self.gate = gate
 
@@ -144,7 +146,14 @@ def parse_sse(lines: list[str]) -> SseMessage | None:
 class ControlPlaneClient:
     """Async HTTP client for one control-plane replica (its URL and optional admin token)."""
 
-    def __init__(self, url: str, token: str | None = None, *, timeout: float = 5.0, transport: httpx.AsyncBaseTransport | None = None) -> None:
+    def __init__(
+        self,
+        url: str,
+        token: str | None = None,
+        *,
+        timeout: float = 5.0,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
         self.url = url.rstrip("/")
         self.token = token or None
         self._timeout = timeout
@@ -163,8 +172,12 @@ class ControlPlaneClient:
             # the token goes with every request: a viewer token is enough for watching (a
             # control plane with a tokens file needs one for its read endpoints), an
             # operator token also changes modes
-            headers = {"X-Shadowlimit-Actor": "dashboard"} | ({"Authorization": f"Bearer {self.token}"} if self.token else {})
-            self._http = httpx.AsyncClient(base_url=self.url, timeout=self._timeout, transport=self._transport, headers=headers)
+            headers = {"X-Shadowlimit-Actor": "dashboard"} | (
+                {"Authorization": f"Bearer {self.token}"} if self.token else {}
+            )
+            self._http = httpx.AsyncClient(
+                base_url=self.url, timeout=self._timeout, transport=self._transport, headers=headers
+            )
         return self._http
 
     async def aclose(self) -> None:
@@ -212,12 +225,23 @@ class ControlPlaneClient:
 
     # -- the one write -------------------------------------------------------------------
 
-    async def set_mode(self, route: str, mode: str, *, canary_percent: int = 0, reason: str, force: bool = False) -> ModeChangeResult:
+    async def set_mode(
+        self, route: str, mode: str, *, canary_percent: int = 0, reason: str, force: bool = False
+    ) -> ModeChangeResult:
         """``PUT /v1/routes/{route}/mode``; raises :class:`GateRefused`, :class:`Unauthorized`,
         :class:`ControlPlaneUnavailable` or :class:`ApiError`."""
         if not self.token:
-            raise Unauthorized(401, "unauthorized", "changing a route's mode needs a token with the operator role (--token or SHADOWLIMIT_ADMIN_TOKEN)")
-        body = {"mode": mode, "canary_percent": canary_percent if mode == "canary" else 0, "reason": reason, "force": force}
+            raise Unauthorized(
+                401,
+                "unauthorized",
+                "changing a route's mode needs a token with the operator role (--token or SHADOWLIMIT_ADMIN_TOKEN)",
+            )
+        body = {
+            "mode": mode,
+            "canary_percent": canary_percent if mode == "canary" else 0,
+            "reason": reason,
+            "force": force,
+        }
         data = await self._request("PUT", f"/v1/routes/{route}/mode", body=body)
         return ModeChangeResult.parse(data)
 
@@ -229,9 +253,13 @@ class ControlPlaneClient:
         caller's job: calling this again resumes after :attr:`last_event_id`."""
         params: dict[str, Any] = {"minutes": minutes} | ({"route": route} if route else {})
         timeout = httpx.Timeout(self._timeout, read=STREAM_READ_TIMEOUT_S)
-        headers = {"Accept": "text/event-stream"} | ({"Last-Event-ID": self.last_event_id} if self.last_event_id else {})
+        headers = {"Accept": "text/event-stream"} | (
+            {"Last-Event-ID": self.last_event_id} if self.last_event_id else {}
+        )
         try:
-            async with self._client().stream("GET", "/v1/stream", params=params, timeout=timeout, headers=headers) as resp:
+            async with self._client().stream(
+                "GET", "/v1/stream", params=params, timeout=timeout, headers=headers
+            ) as resp:
                 if resp.status_code >= 400:
                     await resp.aread()
                     raise _error_from(resp)

@@ -22,7 +22,9 @@ _RANK = {"off": 0, "shadow": 1, "canary": 2, "enforce": 3}
 def is_promotion(route: RouteView, mode: str, percent: int) -> bool:
     """Would the server gate this move? (Only for display; the server decides.)"""
     cur = route.state.mode
-    return mode in ("canary", "enforce") and (_RANK.get(mode, 0) > _RANK.get(cur, 0) or (mode == cur == "canary" and percent > route.state.canary_percent))
+    return mode in ("canary", "enforce") and (
+        _RANK.get(mode, 0) > _RANK.get(cur, 0) or (mode == cur == "canary" and percent > route.state.canary_percent)
+    )
 
 
 def _change(route: RouteView, mode: str, percent: int) -> Text:
@@ -47,7 +49,9 @@ class PercentScreen(ModalScreen[int | None]):
         suggestion = min(100, max(10, cur * 2)) if cur else 10
         with Vertical(classes="dialog"):
             yield Label(Text.assemble(("Canary for ", ""), (self.route.name, "bold")), classes="dialog-title")
-            yield Static("Share of keys (by key hash, stable across replicas) enforced by the distributed limit, 1-100 %.")
+            yield Static(
+                "Share of keys (by key hash, stable across replicas) enforced by the distributed limit, 1-100 %."
+            )
             yield Input(str(suggestion), type="integer", placeholder="percent", id="percent")
             yield Label("", id="percent-error", classes="error")
             with Horizontal(classes="buttons"):
@@ -201,7 +205,9 @@ class HelpScreen(ModalScreen[None]):
         with VerticalScroll(classes="dialog help"):
             yield Label("shadowlimit dashboard", classes="dialog-title")
             yield Static(HELP, markup=True)
-            conn = f"[b]Connected to[/b] {self.url}  ·  admin token: {'set' if self.has_token else 'not set (read-only)'}"
+            conn = (
+                f"[b]Connected to[/b] {self.url}  ·  admin token: {'set' if self.has_token else 'not set (read-only)'}"
+            )
             if len(self.replicas) > 1:
                 conn += "\n[b]Replicas[/b] " + "  ".join(self.replicas)
             yield Static(conn)

@@ -78,7 +78,9 @@ class PolicyView:
         d = _d(d)
         if not d:
             return None
-        return cls(_s(d.get("algorithm"), "token_bucket"), _f(d.get("average")), _f(d.get("period"), 1.0), _i(d.get("burst")))
+        return cls(
+            _s(d.get("algorithm"), "token_bucket"), _f(d.get("average")), _f(d.get("period"), 1.0), _i(d.get("burst"))
+        )
 
     def describe(self) -> str:
         if self.average <= 0:
@@ -195,7 +197,14 @@ class RouteStateView:
     @classmethod
     def parse(cls, d: Any) -> RouteStateView:
         d = _d(d)
-        return cls(_s(d.get("mode"), "shadow"), _i(d.get("canary_percent")), _f(d.get("updated_at")), _s(d.get("updated_by")), _s(d.get("reason")), _i(d.get("version")))
+        return cls(
+            _s(d.get("mode"), "shadow"),
+            _i(d.get("canary_percent")),
+            _f(d.get("updated_at")),
+            _s(d.get("updated_by")),
+            _s(d.get("reason")),
+            _i(d.get("version")),
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -248,7 +257,20 @@ class MinutePoint:
     @classmethod
     def parse(cls, d: Any) -> MinutePoint:
         d = _d(d)
-        return cls(*(_i(d.get(k)) for k in ("minute", "agree", "local_allow_distributed_deny", "local_deny_distributed_allow", "compared", "backend_errors", "distributed_attempts")))
+        return cls(
+            *(
+                _i(d.get(k))
+                for k in (
+                    "minute",
+                    "agree",
+                    "local_allow_distributed_deny",
+                    "local_deny_distributed_allow",
+                    "compared",
+                    "backend_errors",
+                    "distributed_attempts",
+                )
+            )
+        )
 
     @property
     def new_rejection_rate(self) -> float:
@@ -308,7 +330,14 @@ class BucketSide:
     def parse(cls, d: Any) -> BucketSide | None:
         if not isinstance(d, dict):
             return None
-        return cls(_f(d.get("tokens")), _i(d.get("limit")), bool(d.get("exists")), _i(d.get("reset_after_us")), _i(d.get("burst"), _i(d.get("limit"))), PolicyView.parse(d.get("policy")))
+        return cls(
+            _f(d.get("tokens")),
+            _i(d.get("limit")),
+            bool(d.get("exists")),
+            _i(d.get("reset_after_us")),
+            _i(d.get("burst"), _i(d.get("limit"))),
+            PolicyView.parse(d.get("policy")),
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -336,7 +365,14 @@ class BucketView:
     @classmethod
     def parse(cls, d: Any) -> BucketView:
         d = _d(d)
-        return cls(_s(d.get("route")), _s(d.get("key")), _i(d.get("recent_requests")), BucketSide.parse(d.get("local")), BucketSide.parse(d.get("distributed")), LastDecision.parse(d.get("last_decision")))
+        return cls(
+            _s(d.get("route")),
+            _s(d.get("key")),
+            _i(d.get("recent_requests")),
+            BucketSide.parse(d.get("local")),
+            BucketSide.parse(d.get("distributed")),
+            LastDecision.parse(d.get("last_decision")),
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -403,7 +439,14 @@ class ExternalBreakerView:
     @classmethod
     def parse(cls, d: Any) -> ExternalBreakerView:
         d = _d(d)
-        return cls(_s(d.get("route")), _s(d.get("key")), _s(d.get("state"), "closed"), _i(d.get("failures")), _fo(d.get("next_probe_in_s")), _so(d.get("last_error")))
+        return cls(
+            _s(d.get("route")),
+            _s(d.get("key")),
+            _s(d.get("state"), "closed"),
+            _i(d.get("failures")),
+            _fo(d.get("next_probe_in_s")),
+            _so(d.get("last_error")),
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -507,7 +550,14 @@ class EventView:
     def parse(cls, d: Any) -> EventView:
         d = _d(d)
         audit = d.get("audit")
-        return cls(_i(d.get("seq")), _f(d.get("at")), _s(d.get("type"), "event"), _so(d.get("route")), AuditEntryView.parse(audit) if isinstance(audit, dict) else None, d)
+        return cls(
+            _i(d.get("seq")),
+            _f(d.get("at")),
+            _s(d.get("type"), "event"),
+            _so(d.get("route")),
+            AuditEntryView.parse(audit) if isinstance(audit, dict) else None,
+            d,
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -553,7 +603,12 @@ class ModeChangeResult:
     @classmethod
     def parse(cls, d: Any) -> ModeChangeResult:
         d = _d(d)
-        return cls(_s(d.get("route")), RouteStateView.parse(d.get("state")), AuditEntryView.parse(d.get("audit")), GateView.parse(d.get("gate")))
+        return cls(
+            _s(d.get("route")),
+            RouteStateView.parse(d.get("state")),
+            AuditEntryView.parse(d.get("audit")),
+            GateView.parse(d.get("gate")),
+        )
 
 
 @dataclass(frozen=True, slots=True)

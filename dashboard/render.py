@@ -9,12 +9,29 @@ from rich.text import Text
 
 from .models import GateView
 
-__all__ = ["BREAKER_STYLE", "MODE_STYLE", "ago", "bar", "clock", "gate_figures", "gate_problems", "gate_text", "mode_text", "pct", "spark_text", "sparkline"]
+__all__ = [
+    "BREAKER_STYLE",
+    "MODE_STYLE",
+    "ago",
+    "bar",
+    "clock",
+    "gate_figures",
+    "gate_problems",
+    "gate_text",
+    "mode_text",
+    "pct",
+    "spark_text",
+    "sparkline",
+]
 
 BLOCKS = " ▁▂▃▄▅▆▇█"
 
 MODE_STYLE = {"off": "dim", "shadow": "bold #7aa2f7", "canary": "bold #e0af68", "enforce": "bold #9ece6a"}
-BREAKER_STYLE = {"closed": "bold #1e1e1e on #9ece6a", "open": "bold #1e1e1e on #f7768e", "half_open": "bold #1e1e1e on #e0af68"}
+BREAKER_STYLE = {
+    "closed": "bold #1e1e1e on #9ece6a",
+    "open": "bold #1e1e1e on #f7768e",
+    "half_open": "bold #1e1e1e on #e0af68",
+}
 
 
 def sparkline(values: Sequence[float], width: int | None = None, *, top: float | None = None) -> str:
@@ -35,7 +52,9 @@ def sparkline(values: Sequence[float], width: int | None = None, *, top: float |
     return "".join(out)
 
 
-def spark_text(values: Sequence[float], width: int, colour: str, *, top: float | None = None, zero: str = "#3b4261") -> Text:
+def spark_text(
+    values: Sequence[float], width: int, colour: str, *, top: float | None = None, zero: str = "#3b4261"
+) -> Text:
     """:func:`sparkline` as Text: minutes with data in ``colour``, empty minutes dim."""
     vals = list(values)[-width:]
     vals = [0.0] * (width - len(vals)) + vals
@@ -119,13 +138,25 @@ def gate_problems(gate: GateView) -> list[str]:
     if not gate.has_figures:
         return list(gate.reasons) or ["refused"]
     out = []
-    if gate.new_rejection_rate is not None and gate.max_new_rejection_rate is not None and gate.new_rejection_rate > gate.max_new_rejection_rate:
+    if (
+        gate.new_rejection_rate is not None
+        and gate.max_new_rejection_rate is not None
+        and gate.new_rejection_rate > gate.max_new_rejection_rate
+    ):
         out.append(f"new rej {pct(gate.new_rejection_rate)} > {pct(gate.max_new_rejection_rate)}")
-    if gate.backend_error_rate is not None and gate.max_backend_error_rate is not None and gate.backend_error_rate > gate.max_backend_error_rate:
+    if (
+        gate.backend_error_rate is not None
+        and gate.max_backend_error_rate is not None
+        and gate.backend_error_rate > gate.max_backend_error_rate
+    ):
         out.append(f"errors {pct(gate.backend_error_rate, 2)} > {pct(gate.max_backend_error_rate, 2)}")
     if gate.min_samples is not None and (gate.compared or 0) < gate.min_samples:
         out.append(f"samples {gate.compared}/{gate.min_samples}")
-    if gate.sampled_share is not None and gate.min_sampled_share is not None and gate.sampled_share < gate.min_sampled_share:
+    if (
+        gate.sampled_share is not None
+        and gate.min_sampled_share is not None
+        and gate.sampled_share < gate.min_sampled_share
+    ):
         out.append(f"sampled {pct(gate.sampled_share)} < {pct(gate.min_sampled_share)}")
     return out or list(gate.reasons) or ["refused"]
 
@@ -143,9 +174,19 @@ def gate_figures(gate: GateView | None) -> Text:
         t.append(f"{value:<12}", style="#9ece6a" if ok else "bold #f7768e")
         t.append(f"{limit}\n", style="dim")
 
-    row("compared", f"{gate.compared:,}", f"need ≥ {gate.min_samples:,} ({window})", (gate.compared or 0) >= (gate.min_samples or 0))
+    row(
+        "compared",
+        f"{gate.compared:,}",
+        f"need ≥ {gate.min_samples:,} ({window})",
+        (gate.compared or 0) >= (gate.min_samples or 0),
+    )
     nr, mnr = gate.new_rejection_rate or 0.0, gate.max_new_rejection_rate or 0.0
-    row("new rejections", pct(nr, 2), f"max {pct(mnr, 2)}" + (f" · {gate.new_rejections:,} requests" if gate.new_rejections is not None else ""), nr <= mnr)
+    row(
+        "new rejections",
+        pct(nr, 2),
+        f"max {pct(mnr, 2)}" + (f" · {gate.new_rejections:,} requests" if gate.new_rejections is not None else ""),
+        nr <= mnr,
+    )
     be, mbe = gate.backend_error_rate or 0.0, gate.max_backend_error_rate or 0.0
     row("backend errors", pct(be, 2), f"max {pct(mbe, 2)}", be <= mbe)
     if gate.sampled_share is not None:

@@ -45,7 +45,9 @@ class DashboardScreen(Screen[None]):
         Binding("n", "next_replica", "Next replica"),
     ]
 
-    def __init__(self, urls: Sequence[str], token: str | None, *, hint: str | None = None, snapshot: Snapshot | None = None) -> None:
+    def __init__(
+        self, urls: Sequence[str], token: str | None, *, hint: str | None = None, snapshot: Snapshot | None = None
+    ) -> None:
         super().__init__()
         self.urls = list(urls)
         self.token = token
@@ -54,7 +56,9 @@ class DashboardScreen(Screen[None]):
         self.client = ControlPlaneClient(self.urls[0], token)
         self.snapshot: Snapshot | None = None
         self.selected: str | None = None
-        self.conn = ConnectionState("fixed" if snapshot else "connecting", self.client.url, self.client.has_token, hint=hint)
+        self.conn = ConnectionState(
+            "fixed" if snapshot else "connecting", self.client.url, self.client.has_token, hint=hint
+        )
         self._audit: dict[tuple[str, str, str, int], AuditEntryView] = {}
         self._events: dict[int, EventView] = {}
         self._applied_at = 0.0  # monotonic time the last snapshot was shown
@@ -76,7 +80,13 @@ class DashboardScreen(Screen[None]):
         yield Footer()
 
     def on_mount(self) -> None:
-        titles = {"routes": "Routes", "buckets": "Buckets", "backend-box": "Backend", "chart-box": "Divergence · last hour", "audit-box": "Audit & events"}
+        titles = {
+            "routes": "Routes",
+            "buckets": "Buckets",
+            "backend-box": "Backend",
+            "chart-box": "Divergence · last hour",
+            "audit-box": "Audit & events",
+        }
         for wid, title in titles.items():
             self.query_one(f"#{wid}").border_title = title
         self.query_one(BackendPanel).show(None)
@@ -134,7 +144,9 @@ class DashboardScreen(Screen[None]):
     def _note_event(self, ev: EventView) -> None:
         if ev.audit is not None:
             self._audit[ev.audit.identity] = ev.audit
-        elif ev.type in AUDIT_KINDS_WITHOUT_ENTRY or (ev.type == "external_breaker" and ev.data.get("to") != "half_open"):
+        elif ev.type in AUDIT_KINDS_WITHOUT_ENTRY or (
+            ev.type == "external_breaker" and ev.data.get("to") != "half_open"
+        ):
             self._events[ev.seq] = ev
 
     def _render_audit(self) -> None:
@@ -227,7 +239,9 @@ class DashboardScreen(Screen[None]):
         self.selected = event.route
         self._show_buckets()
         if self.snapshot is not None:
-            self.query_one(DivergenceChart).show(self.snapshot.divergence, [r.name for r in self.snapshot.routes], self.selected)
+            self.query_one(DivergenceChart).show(
+                self.snapshot.divergence, [r.name for r in self.snapshot.routes], self.selected
+            )
         if self.fixed is None:
             if self._restart is not None:
                 self._restart.stop()
@@ -265,7 +279,11 @@ class DashboardScreen(Screen[None]):
 
     def action_mode(self, mode: str) -> None:
         if not self.client.has_token:
-            self.notify("Changing a route's mode needs an operator or admin token: start the dashboard with --token (or SHADOWLIMIT_ADMIN_TOKEN).", title="Read-only", severity="warning")
+            self.notify(
+                "Changing a route's mode needs an operator or admin token: start the dashboard with --token (or SHADOWLIMIT_ADMIN_TOKEN).",
+                title="Read-only",
+                severity="warning",
+            )
             return
         route = self.snapshot.route(self.selected) if self.snapshot else None
         if route is None:
@@ -288,16 +306,24 @@ class DashboardScreen(Screen[None]):
         force = False
         while True:
             try:
-                result = await self.client.set_mode(route.name, mode, canary_percent=percent, reason=reason, force=force)
+                result = await self.client.set_mode(
+                    route.name, mode, canary_percent=percent, reason=reason, force=force
+                )
             except GateRefused as exc:
                 forced = await self.app.push_screen_wait(GateRefusedScreen(route, mode, percent, exc.gate, reason))
                 if forced is None:
-                    self.notify(f"{route.name} not changed: the gate refused and it was not forced.", severity="warning")
+                    self.notify(
+                        f"{route.name} not changed: the gate refused and it was not forced.", severity="warning"
+                    )
                     return
                 reason, force = forced, True
                 continue
             except Unauthorized as exc:
-                self.notify(f"The control plane refused the token: {exc.message}", title=f"{exc.status} {exc.error}", severity="error")
+                self.notify(
+                    f"The control plane refused the token: {exc.message}",
+                    title=f"{exc.status} {exc.error}",
+                    severity="error",
+                )
                 return
             except ControlPlaneUnavailable as exc:
                 self.notify(f"{route.name} not changed: {exc}", title="Control plane unavailable", severity="error")
@@ -308,7 +334,9 @@ class DashboardScreen(Screen[None]):
             st = result.state
             label = f"canary {st.canary_percent}%" if st.mode == "canary" else st.mode
             forced_txt = " (forced)" if result.audit.forced else ""
-            self.notify(f"{result.route} is now {label}{forced_txt} — version {st.version}, confirmed by the control plane.", title="Mode changed")
+            self.notify(
+                f"{result.route} is now {label}{forced_txt} — version {st.version}, confirmed by the control plane.",
+                title="Mode changed",
+            )
             self.refresh_routes()
             return
-

@@ -12,7 +12,17 @@ from rich.text import Text
 from textual.message import Message
 from textual.widgets import DataTable, Static
 
-from .models import AuditEntryView, BackendView, BucketSide, BucketView, ConnectionState, DivergenceView, EventView, ExternalView, RouteView
+from .models import (
+    AuditEntryView,
+    BackendView,
+    BucketSide,
+    BucketView,
+    ConnectionState,
+    DivergenceView,
+    EventView,
+    ExternalView,
+    RouteView,
+)
 from .render import BREAKER_STYLE, ago, bar, clock, gate_text, mode_text, pct, spark_text
 
 __all__ = ["AuditPanel", "BackendPanel", "BucketsTable", "ConnectionBar", "RoutesTable"]
@@ -30,7 +40,15 @@ class RoutesTable(DataTable[Text | str]):
             super().__init__()
             self.route = route
 
-    COLUMNS = (("route", "Route"), ("mode", "Mode"), ("rate", "Dec/s"), ("div", f"Diverged 5m · {SPARK_MINUTES}m"), ("newrej", "New rej. 5m"), ("errors", "Errors 5m"), ("gate", "Gate (next step)"))
+    COLUMNS = (
+        ("route", "Route"),
+        ("mode", "Mode"),
+        ("rate", "Dec/s"),
+        ("div", f"Diverged 5m · {SPARK_MINUTES}m"),
+        ("newrej", "New rej. 5m"),
+        ("errors", "Errors 5m"),
+        ("gate", "Gate (next step)"),
+    )
 
     def __init__(self, **kwargs: object) -> None:
         super().__init__(cursor_type="row", zebra_stripes=True, **kwargs)  # type: ignore[arg-type]
@@ -61,13 +79,18 @@ class RoutesTable(DataTable[Text | str]):
             mode.append(f" (stored {r.stored_mode})", style="dim")
         d = r.divergence_5m
         series = divergence.routes[r.name].series if divergence and r.name in divergence.routes else ()
-        rates = [(p.local_allow_distributed_deny + p.local_deny_distributed_allow) / p.compared if p.compared else 0.0 for p in series]
+        rates = [
+            (p.local_allow_distributed_deny + p.local_deny_distributed_allow) / p.compared if p.compared else 0.0
+            for p in series
+        ]
         div = Text(f"{pct(d.divergence_rate) if d else '—':>6} ", style="bold" if d and d.divergence_rate else "")
         div.append_text(spark_text(rates, SPARK_MINUTES, "#f7768e"))
         if d is None:
             newrej, errors = Text("Redis unavailable", style="#e0af68"), Text("—")
         else:
-            newrej = Text(f"{d.local_allow_distributed_deny:,}", style="bold #f7768e" if d.local_allow_distributed_deny else "")
+            newrej = Text(
+                f"{d.local_allow_distributed_deny:,}", style="bold #f7768e" if d.local_allow_distributed_deny else ""
+            )
             newrej.append(f" ({pct(d.new_rejection_rate)})", style="dim")
             if d.sampled:  # a sample: say how much of the traffic it covers
                 newrej.append(f" of {pct(d.sampled_share)}", style="bold #e0af68")
@@ -114,20 +137,33 @@ class BucketsTable(DataTable[Text | str]):
             if b.last_decision is not None:
                 ld = b.last_decision
                 last = Text("✔ " if ld.allowed else "✘ ", style="#9ece6a" if ld.allowed else "bold #f7768e")
-                last.append(self.BY.get(ld.enforced_by, ld.enforced_by), style="#9ece6a" if ld.allowed else "bold #f7768e")
+                last.append(
+                    self.BY.get(ld.enforced_by, ld.enforced_by), style="#9ece6a" if ld.allowed else "bold #f7768e"
+                )
                 last.append(f" {ago(ld.at, now)}", style="dim")
-            self.add_row(Text(b.key, style="bold"), f"{b.recent_requests:,}", _side(b.local, self.BAR), _side(b.distributed, self.BAR), last, key=b.key)
+            self.add_row(
+                Text(b.key, style="bold"),
+                f"{b.recent_requests:,}",
+                _side(b.local, self.BAR),
+                _side(b.distributed, self.BAR),
+                last,
+                key=b.key,
+            )
 
 
 class BackendPanel(Static):
     """Circuit breaker (coloured by state), failure policy and the live fleet; and, when
     routes take their limits from a limits service, its per-key breakers and cache."""
 
-    def show(self, backend: BackendView | None, replicas: Sequence[str] = (), external: ExternalView | None = None) -> None:
+    def show(
+        self, backend: BackendView | None, replicas: Sequence[str] = (), external: ExternalView | None = None
+    ) -> None:
         self.update(self._render_backend(backend, replicas, external))
 
     @staticmethod
-    def _render_backend(b: BackendView | None, replicas: Sequence[str], external: ExternalView | None = None) -> RenderableType:
+    def _render_backend(
+        b: BackendView | None, replicas: Sequence[str], external: ExternalView | None = None
+    ) -> RenderableType:
         if b is None:
             return Text("waiting for the first snapshot …", style="dim")
         grid = Table.grid(padding=(0, 1))
@@ -138,7 +174,11 @@ class BackendPanel(Static):
             grid.add_row(label, Text(value, style=style) if isinstance(value, str) else value)
 
         row("breaker", Text.assemble((f" {b.state.replace('_', '-').upper()} ", BREAKER_STYLE.get(b.state, "bold"))))
-        row("failures", f"{b.consecutive_failures} in a row · {b.total_failures} total", "bold #f7768e" if b.consecutive_failures else "")
+        row(
+            "failures",
+            f"{b.consecutive_failures} in a row · {b.total_failures} total",
+            "bold #f7768e" if b.consecutive_failures else "",
+        )
         row("last error", b.last_error or "—", "#f7768e" if b.last_error and b.state != "closed" else "dim")
         if b.state == "open":
             probe = f"in {b.next_probe_in_s:.1f}s" if b.next_probe_in_s is not None else "due"
@@ -151,7 +191,11 @@ class BackendPanel(Static):
         row("following", b.instance_id + (f" (1 of {len(replicas)} replicas)" if len(replicas) > 1 else ""))
         row("redis", b.redis or "?", "dim")
         cap = f"/{b.shadow_queue_capacity:,}" if b.shadow_queue_capacity else ""
-        row("shadow", f"queue {b.shadow_queue:,}{cap} · dropped {b.shadow_dropped:,} · {b.shadow_evaluated:,} evaluated", "bold #f7768e" if b.shadow_dropped else "")
+        row(
+            "shadow",
+            f"queue {b.shadow_queue:,}{cap} · dropped {b.shadow_dropped:,} · {b.shadow_evaluated:,} evaluated",
+            "bold #f7768e" if b.shadow_dropped else "",
+        )
         if b.pending_rollbacks:
             row("rollback", "pending: " + ", ".join(b.pending_rollbacks), "bold #f7768e")
         if not b.distributed_enabled:
@@ -174,8 +218,13 @@ def _external_rows(row: Any, x: ExternalView) -> None:
     if not x.cache_enabled:
         row("ext cache", "off (no Redis): every lookup calls the service", "#e0af68")
     else:
-        c = Text(f"hit {pct(x.hit_ratio) if x.hit_ratio is not None else '—'}", style="bold" if x.cache_available else "dim")
-        c.append(f" ({x.cache_hits:,}/{x.cache_hits + x.cache_misses:,}) · stale {x.stale_used:,}", style="" if x.cache_available else "dim")
+        c = Text(
+            f"hit {pct(x.hit_ratio) if x.hit_ratio is not None else '—'}", style="bold" if x.cache_available else "dim"
+        )
+        c.append(
+            f" ({x.cache_hits:,}/{x.cache_hits + x.cache_misses:,}) · stale {x.stale_used:,}",
+            style="" if x.cache_available else "dim",
+        )
         if not x.cache_available:
             c.append(" · skipped: Redis down", style="bold #e0af68")
         row("ext cache", c)
@@ -191,7 +240,11 @@ def _external_rows(row: Any, x: ExternalView) -> None:
             if i:
                 keys.append(", ")
             keys.append(f"{br.route}/{br.key}", style="bold #f7768e" if br.state == "open" else "bold #e0af68")
-            probe = "probing" if br.state == "half_open" else (f"probe in {br.next_probe_in_s:.0f}s" if br.next_probe_in_s is not None else "probe due")
+            probe = (
+                "probing"
+                if br.state == "half_open"
+                else (f"probe in {br.next_probe_in_s:.0f}s" if br.next_probe_in_s is not None else "probe due")
+            )
             keys.append(f" ({probe})", style="dim")
         if x.breakers_open + x.breakers_half_open > len(open_):
             keys.append(f" +{x.breakers_open + x.breakers_half_open - len(open_)} more", style="dim")
@@ -283,7 +336,12 @@ class ConnectionBar(Static):
         t.append(*badge)
         stale = c.status == "stale"
         if stale:
-            t.append(f" reconnecting in {c.retry_in_s:.0f}s" if c.retry_in_s and c.retry_in_s >= 0.5 else " reconnecting now", style="bold #e0af68")
+            t.append(
+                f" reconnecting in {c.retry_in_s:.0f}s"
+                if c.retry_in_s and c.retry_in_s >= 0.5
+                else " reconnecting now",
+                style="bold #e0af68",
+            )
             if c.data_at:
                 t.append(f" · showing data from {clock(c.data_at)}", style="bold #e0af68")
         t.append(f"  {c.url}", style="bold")

@@ -39,16 +39,35 @@ __all__ = ["DEFAULT_TENANTS", "FREE_PLAN", "app", "create_app", "main"]
 #: tenant -> (response body, response headers)
 DEFAULT_TENANTS: dict[str, tuple[dict[str, Any], dict[str, str]]] = {
     "acme": (
-        {"average": 50, "burst": 50, "period": "1s", "tenant_key": "acme", "backend_url": "http://acme.backend.internal:8080"},
+        {
+            "average": 50,
+            "burst": 50,
+            "period": "1s",
+            "tenant_key": "acme",
+            "backend_url": "http://acme.backend.internal:8080",
+        },
         {"Cache-Control": "max-age=30"},
     ),
     "acme-eu": (
-        {"average": 50, "burst": 50, "period": "1s", "tenant_key": "acme", "backend_url": "http://acme.backend.internal:8080"},
+        {
+            "average": 50,
+            "burst": 50,
+            "period": "1s",
+            "tenant_key": "acme",
+            "backend_url": "http://acme.backend.internal:8080",
+        },
         {"Cache-Control": "max-age=30"},
     ),
     "globex": ({"average": 5, "burst": 5, "period": "1s", "cache_max_age_seconds": 10}, {}),
     "initech": (
-        {"average": 100, "burst": 20, "period": "1m", "failure_policy": "failclosed", "failure_code": 503, "cache_no_store": True},
+        {
+            "average": 100,
+            "burst": 20,
+            "period": "1m",
+            "failure_policy": "failclosed",
+            "failure_code": 503,
+            "cache_no_store": True,
+        },
         {},
     ),
 }
@@ -73,7 +92,9 @@ def create_app(tenants: dict[str, tuple[dict[str, Any], dict[str, str]]] | None 
         headers = body.get("headers") if isinstance(body.get("headers"), dict) else {}
         headers_seen.update(str(h).lower() for h in headers)
         headers_seen.update(f"http:{h.lower()}" for h in request.headers)
-        tenant = next((str(v) for k, v in headers.items() if str(k).lower() == "x-tenant-id"), None) or str(body.get("key") or "")
+        tenant = next((str(v) for k, v in headers.items() if str(k).lower() == "x-tenant-id"), None) or str(
+            body.get("key") or ""
+        )
         lookups[tenant] += 1
         answer, extra = table.get(tenant, (FREE_PLAN, {}))
         return JSONResponse(answer, headers=extra)

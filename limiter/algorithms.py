@@ -61,7 +61,9 @@ def _unlimited(state: State, policy: Policy) -> tuple[Decision, State]:
     return make_decision(True, policy.limit, policy.limit, 0, 0), state
 
 
-def token_bucket(state: tuple[int, float] | None, now: int, policy: Policy, cost: int = 1) -> tuple[Decision, tuple[int, float] | None]:
+def token_bucket(
+    state: tuple[int, float] | None, now: int, policy: Policy, cost: int = 1
+) -> tuple[Decision, tuple[int, float] | None]:
     """Seed 000's token bucket with a cost, and stored time that never moves back."""
     if policy.unlimited:
         return _unlimited(state, policy)
@@ -112,7 +114,9 @@ def gcra(state: float | None, now: int, policy: Policy, cost: int = 1) -> tuple[
     return make_decision(False, remaining, policy.limit, ceil(allow_at - now), ceil(tat - now)), state
 
 
-def fixed_window(state: tuple[int, int] | None, now: int, policy: Policy, cost: int = 1) -> tuple[Decision, tuple[int, int] | None]:
+def fixed_window(
+    state: tuple[int, int] | None, now: int, policy: Policy, cost: int = 1
+) -> tuple[Decision, tuple[int, int] | None]:
     """A counter per window of ``period``; windows aligned to the epoch."""
     if policy.unlimited:
         return _unlimited(state, policy)
@@ -132,7 +136,9 @@ def fixed_window(state: tuple[int, int] | None, now: int, policy: Policy, cost: 
     return make_decision(False, limit - count, limit, reset, reset), state
 
 
-def sliding_window(state: tuple[int, int, int] | None, now: int, policy: Policy, cost: int = 1) -> tuple[Decision, tuple[int, int, int] | None]:
+def sliding_window(
+    state: tuple[int, int, int] | None, now: int, policy: Policy, cost: int = 1
+) -> tuple[Decision, tuple[int, int, int] | None]:
     """Seed 003's two-counter sliding window: previous window weighted by its overlap."""
     if policy.unlimited:
         return _unlimited(state, policy)
@@ -184,7 +190,9 @@ def sliding_window(state: tuple[int, int, int] | None, now: int, policy: Policy,
     return make_decision(False, remaining, limit, retry, reset), state
 
 
-def sliding_log(state: tuple[int, ...] | None, now: int, policy: Policy, cost: int = 1) -> tuple[Decision, tuple[int, ...] | None]:
+def sliding_log(
+    state: tuple[int, ...] | None, now: int, policy: Policy, cost: int = 1
+) -> tuple[Decision, tuple[int, ...] | None]:
     """Seed 001's sliding log: one entry per token in a sorted set, exact over any window."""
     if policy.unlimited:
         return _unlimited(state, policy)
@@ -194,7 +202,7 @@ def sliding_log(state: tuple[int, ...] | None, now: int, policy: Policy, cost: i
     if entries and now < entries[-1]:
         now = entries[-1]
     cutoff = now - w
-    live = entries[bisect_right(entries, cutoff):]
+    live = entries[bisect_right(entries, cutoff) :]
     count = len(live)
     if count + cost <= limit:
         # expired entries are pruned only here, where 'now' becomes the newest entry:

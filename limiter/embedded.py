@@ -181,9 +181,7 @@ def find_redis_server() -> str:
         if not os.path.exists(path):
             raise EmbeddedRedisError(f"{ENV_SERVER_BIN}={configured!r}: no such file")
         if not _is_executable_file(path):
-            raise EmbeddedRedisError(
-                f"{ENV_SERVER_BIN}={configured!r} is not an executable file"
-            )
+            raise EmbeddedRedisError(f"{ENV_SERVER_BIN}={configured!r} is not an executable file")
         return path
     on_path = shutil.which("redis-server")
     if on_path:

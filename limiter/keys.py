@@ -136,25 +136,20 @@ def validate_key(key: str, *, field: str = "key", max_length: int = DEFAULT_MAX_
     if not key:
         raise InvalidKeyError(f"{field}: must not be empty", field=field)
     if len(key) > max_length:  # every character is at least one byte: cheap early out
-        raise InvalidKeyError(
-            f"{field}: too long (more than {max_length} bytes of UTF-8)", field=field
-        )
+        raise InvalidKeyError(f"{field}: too long (more than {max_length} bytes of UTF-8)", field=field)
     if not (key.isascii() and key.isprintable()):  # fast path for plain ASCII keys
         for index, char in enumerate(key):
             category = unicodedata.category(char)
             if category in _FORBIDDEN_CATEGORIES:
                 raise InvalidKeyError(
-                    f"{field}: contains {_CATEGORY_NAMES[category]} U+{ord(char):04X} "
-                    f"at index {index}",
+                    f"{field}: contains {_CATEGORY_NAMES[category]} U+{ord(char):04X} at index {index}",
                     field=field,
                 )
     if key != key.strip():
         raise InvalidKeyError(f"{field}: must not start or end with whitespace", field=field)
     size = len(key.encode("utf-8"))
     if size > max_length:
-        raise InvalidKeyError(
-            f"{field}: too long ({size} bytes of UTF-8, max {max_length})", field=field
-        )
+        raise InvalidKeyError(f"{field}: too long ({size} bytes of UTF-8, max {max_length})", field=field)
     return key
 
 
@@ -188,9 +183,7 @@ def redis_key(namespace: str, key: str, *, max_length: int = DEFAULT_MAX_KEY_LEN
     through :func:`validate_key`.
     """
     if not isinstance(namespace, str) or _NAMESPACE.fullmatch(namespace) is None:
-        raise ValueError(
-            f"namespace: must be 1-64 characters of [A-Za-z0-9_.-], got {namespace!r}"
-        )
+        raise ValueError(f"namespace: must be 1-64 characters of [A-Za-z0-9_.-], got {namespace!r}")
     validate_key(key, field="key", max_length=max_length)
     return f"rl:{namespace}:{key}"
 
@@ -455,8 +448,7 @@ class KeyExtractor:
         _check_max_length(self.max_length)
         if self.forwarded_mode not in _FORWARDED_MODES:
             raise ValueError(
-                f"forwarded_mode: must be one of {', '.join(_FORWARDED_MODES)}, "
-                f"got {self.forwarded_mode!r}"
+                f"forwarded_mode: must be one of {', '.join(_FORWARDED_MODES)}, got {self.forwarded_mode!r}"
             )
         _check_header_name(self.api_key_header, "api_key_header")
         if strategy in (KeyStrategy.HEADER, KeyStrategy.COMPOSITE):
@@ -469,8 +461,7 @@ class KeyExtractor:
             needed = _LONGEST_IP_TEXT if strategy is KeyStrategy.CLIENT_IP else _API_KEY_ID_LENGTH
             if self.max_length < needed:
                 raise ValueError(
-                    f"max_length: the {strategy.value!r} strategy needs at least {needed}, "
-                    f"got {self.max_length}"
+                    f"max_length: the {strategy.value!r} strategy needs at least {needed}, got {self.max_length}"
                 )
 
     def extract(
@@ -600,8 +591,7 @@ class KeyExtractor:
             source = "Authorization"
         if raw is None:
             raise MissingKeyError(
-                f"header {name} (or Authorization: Bearer <token>) is required by this "
-                "route's key strategy",
+                f"header {name} (or Authorization: Bearer <token>) is required by this route's key strategy",
                 field=f"header:{name}",
             )
         validate_key(raw, field=f"header:{source}", max_length=_MAX_RAW_API_KEY_BYTES)

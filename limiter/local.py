@@ -36,6 +36,7 @@ def speedups_available() -> bool:
     with ``SHADOWLIMIT_PURE_PYTHON=1``."""
     return _FastCheck is not None and os.environ.get("SHADOWLIMIT_PURE_PYTHON", "") in ("", "0")
 
+
 _SWEEP_BUDGET = 8  # idle keys looked at per new key
 
 
@@ -70,7 +71,9 @@ class LocalLimiter:
     19
     """
 
-    def __init__(self, max_keys: int = 65_536, *, clock: Callable[[], int] = _now_us, speedups: bool | None = None) -> None:
+    def __init__(
+        self, max_keys: int = 65_536, *, clock: Callable[[], int] = _now_us, speedups: bool | None = None
+    ) -> None:
         if max_keys < 1:
             raise ValueError(f"max_keys: must be >= 1, got {max_keys!r}")
         self.max_keys = max_keys
@@ -90,7 +93,13 @@ class LocalLimiter:
             # an instance attribute shadows the method: lim.check(...) goes straight to C,
             # which handles a known token-bucket key and hands everything else to _check_py
             self.check = _FastCheck(  # type: ignore[method-assign]
-                self._data, self._lock, self._check_py, clock if self._custom_clock else None, Decision, Algorithm.TOKEN_BUCKET, token_bucket
+                self._data,
+                self._lock,
+                self._check_py,
+                clock if self._custom_clock else None,
+                Decision,
+                Algorithm.TOKEN_BUCKET,
+                token_bucket,
             )
 
     def check(self, key: str, policy: Policy, cost: int = 1, now_us: int | None = None) -> Decision:
@@ -152,7 +161,9 @@ class LocalLimiter:
             return BucketView(tokens, policy.limit, state is not None, d.reset_after_us)
         d, _ = decide(state, now_us, policy, 0)
         # a key never seen is already at its full allowance: nothing to wait for
-        return BucketView(float(d.remaining), policy.limit, state is not None, d.reset_after_us if state is not None else 0)
+        return BucketView(
+            float(d.remaining), policy.limit, state is not None, d.reset_after_us if state is not None else 0
+        )
 
     def state(self, key: str) -> Any:
         """The raw pure-function state for ``key`` (``None`` when unknown)."""

@@ -127,7 +127,9 @@ class Policy:
         average = _number("average", self.average)
         period = _number("period", self.period)
         if period < MIN_PERIOD_S or period > MAX_PERIOD_S:
-            raise ValueError(f"period: must be between {MIN_PERIOD_S} and {MAX_PERIOD_S:.0f} seconds, got {self.period!r}")
+            raise ValueError(
+                f"period: must be between {MIN_PERIOD_S} and {MAX_PERIOD_S:.0f} seconds, got {self.period!r}"
+            )
         s(self, "average", average)
         s(self, "period", period)
         period_us = round(period * 1_000_000)
@@ -136,7 +138,9 @@ class Policy:
         s(self, "unlimited", unlimited)
 
         if algorithm.windowed and not unlimited and average < 1:
-            raise ValueError(f"average: {algorithm.value} counts whole requests per window, so it must be >= 1 (or <= 0 for unlimited), got {self.average!r}")
+            raise ValueError(
+                f"average: {algorithm.value} counts whole requests per window, so it must be >= 1 (or <= 0 for unlimited), got {self.average!r}"
+            )
         if average > MAX_AVERAGE:
             raise ValueError(f"average: must be at most {MAX_AVERAGE} per period, got {average:g}")
 
@@ -262,7 +266,12 @@ class BucketView:
     reset_after_us: int
 
     def to_dict(self) -> dict[str, object]:
-        return {"tokens": self.tokens, "limit": self.limit, "exists": self.exists, "reset_after_us": self.reset_after_us}
+        return {
+            "tokens": self.tokens,
+            "limit": self.limit,
+            "exists": self.exists,
+            "reset_after_us": self.reset_after_us,
+        }
 
 
 def validate_cost(policy: Policy, cost: object) -> int:

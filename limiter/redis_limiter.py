@@ -103,9 +103,13 @@ class RedisLimiter:
         is_cluster = target.cluster if cluster is None else cluster
         backend: Backend
         if is_cluster:
-            backend = ClusterBackend(target.seeds or (target.endpoint,), connect_timeout=connect_timeout, command_timeout=command_timeout)
+            backend = ClusterBackend(
+                target.seeds or (target.endpoint,), connect_timeout=connect_timeout, command_timeout=command_timeout
+            )
         else:
-            backend = StandaloneBackend(target.endpoint, connect_timeout=connect_timeout, command_timeout=command_timeout)
+            backend = StandaloneBackend(
+                target.endpoint, connect_timeout=connect_timeout, command_timeout=command_timeout
+            )
         return cls(backend, namespace=namespace, time_source=time_source, clock=clock, url=url)
 
     # -- the hot path -------------------------------------------------------------
@@ -153,7 +157,9 @@ class RedisLimiter:
             reply = await self._recover(rkey, prep, rest, reply)
         return make_decision(reply[0] == 1, reply[1], reply[2], reply[3], reply[4])
 
-    async def check_many(self, requests: Sequence[tuple[str, Policy, int, int | None]]) -> list[Decision | BackendError]:
+    async def check_many(
+        self, requests: Sequence[tuple[str, Policy, int, int | None]]
+    ) -> list[Decision | BackendError]:
         """Decide many requests in one pipelined burst, in order.
 
         Each item is ``(key, policy, cost, now_us)``. Failures are returned in place
@@ -192,7 +198,9 @@ class RedisLimiter:
         groups: list[tuple[Any, list[int]]] = []
         for fut, idx in self.backend.send_many(keys, payloads):
             if fut is None:  # the connection must be (re)opened: one call per command
-                fut = asyncio.ensure_future(asyncio.gather(*(self.backend.call(keys[j], payloads[j]) for j in idx), return_exceptions=True))
+                fut = asyncio.ensure_future(
+                    asyncio.gather(*(self.backend.call(keys[j], payloads[j]) for j in idx), return_exceptions=True)
+                )
             groups.append((fut, idx))
         for fut, idx in groups:
             try:
@@ -204,7 +212,9 @@ class RedisLimiter:
             for j, reply in zip(idx, replies):
                 pos = meta[j][0]
                 if type(reply) is not list:
-                    if isinstance(reply, BaseException) and not isinstance(reply, ReplyError):  # from the one-by-one calls
+                    if isinstance(reply, BaseException) and not isinstance(
+                        reply, ReplyError
+                    ):  # from the one-by-one calls
                         if not isinstance(reply, BackendError):
                             raise reply
                         out[pos] = reply
@@ -215,7 +225,9 @@ class RedisLimiter:
                     except BackendError as exc:
                         out[pos] = exc
                         continue
-                out[pos] = reply[0] == 1 if verdicts else make_decision(reply[0] == 1, reply[1], reply[2], reply[3], reply[4])
+                out[pos] = (
+                    reply[0] == 1 if verdicts else make_decision(reply[0] == 1, reply[1], reply[2], reply[3], reply[4])
+                )
         return out
 
     async def _recover(self, rkey: bytes, prep: _Prepared, rest: bytes, reply: Any) -> list[Any]:
@@ -256,7 +268,9 @@ class RedisLimiter:
         state = await self.raw_state(key, policy.algorithm)
         now = now_arg if isinstance(now_arg, int) else await self.redis_time_us()
         d, _ = decide(state, now, policy, 0)
-        return BucketView(float(d.remaining), policy.limit, state is not None, d.reset_after_us if state is not None else 0)
+        return BucketView(
+            float(d.remaining), policy.limit, state is not None, d.reset_after_us if state is not None else 0
+        )
 
     async def raw_state(self, key: str, algorithm: Algorithm) -> Any:
         """The pure-function state stored for ``key`` (``None`` when absent)."""
@@ -358,7 +372,15 @@ def make_redis_py_client(url: str, *, socket_timeout: float = 1.0, connect_timeo
             retry=retry,
         )
     if e.unix_path:
-        return aredis.Redis(unix_socket_path=e.unix_path, db=e.db, username=e.username, password=e.password, socket_timeout=socket_timeout, socket_connect_timeout=connect_timeout, retry=retry)
+        return aredis.Redis(
+            unix_socket_path=e.unix_path,
+            db=e.db,
+            username=e.username,
+            password=e.password,
+            socket_timeout=socket_timeout,
+            socket_connect_timeout=connect_timeout,
+            retry=retry,
+        )
     return aredis.Redis(
         host=e.host or "127.0.0.1",
         port=e.port or 6379,

@@ -194,7 +194,9 @@ class CircuitBreaker:
             self._open()
 
     def probe_due(self) -> bool:
-        return self.state is BreakerState.OPEN and self.next_probe_at is not None and self._clock() >= self.next_probe_at
+        return (
+            self.state is BreakerState.OPEN and self.next_probe_at is not None and self._clock() >= self.next_probe_at
+        )
 
     def probe_succeeded(self) -> None:
         if self.state is BreakerState.OPEN:
@@ -296,7 +298,14 @@ class FleetMembership:
     as last read from Redis; it is kept while Redis is down, which is the point.
     """
 
-    def __init__(self, redis: RedisLimiter, *, instance_id: str | None = None, interval_s: float = 2.0, stale_after_s: float | None = None) -> None:
+    def __init__(
+        self,
+        redis: RedisLimiter,
+        *,
+        instance_id: str | None = None,
+        interval_s: float = 2.0,
+        stale_after_s: float | None = None,
+    ) -> None:
         self.redis = redis
         self.instance_id = instance_id or uuid.uuid4().hex[:12]
         self.interval_s = interval_s
@@ -312,7 +321,9 @@ class FleetMembership:
         now_ms = time.time_ns() // 1_000_000
         b = self.redis.backend
         await b.call(self.key, encode_command("ZADD", self.key, now_ms, self.instance_id))
-        await b.call(self.key, encode_command("ZREMRANGEBYSCORE", self.key, "-inf", now_ms - int(self.stale_after_s * 1000)))
+        await b.call(
+            self.key, encode_command("ZREMRANGEBYSCORE", self.key, "-inf", now_ms - int(self.stale_after_s * 1000))
+        )
         await b.call(self.key, encode_command("PEXPIRE", self.key, int(self.stale_after_s * 1000) * 2))
         members = await b.call(self.key, encode_command("ZRANGE", self.key, 0, -1))
         if not isinstance(members, list):
@@ -413,7 +424,9 @@ class ResilientLimiter:
             self.breaker.record_success()
             return Outcome(d, "distributed")
         self._ensure_prober()
-        return self._degraded(key, policy, cost, now_us, self.breaker.last_error or "circuit open", failure_policy, failure_code)
+        return self._degraded(
+            key, policy, cost, now_us, self.breaker.last_error or "circuit open", failure_policy, failure_code
+        )
 
     async def check_many(
         self,
@@ -433,7 +446,10 @@ class ResilientLimiter:
             err = self.breaker.last_error or "circuit open"
             if not degrade:
                 return [Outcome(_SKIPPED, "skipped", err) for _ in requests]
-            return [self._degraded(k, p, validate_cost(p, c), n, err, fp, fc) for (k, p, c, n), (fp, fc) in zip(requests, ov)]
+            return [
+                self._degraded(k, p, validate_cost(p, c), n, err, fp, fc)
+                for (k, p, c, n), (fp, fc) in zip(requests, ov)
+            ]
         try:
             results = await self.redis.check_many(requests)
         except BaseException:
@@ -447,7 +463,9 @@ class ResilientLimiter:
             else:
                 failed = True
                 self.backend_errors += 1
-                out.append(self._degraded(k, p, c, n, str(r), fp, fc) if degrade else Outcome(_SKIPPED, "skipped", str(r)))
+                out.append(
+                    self._degraded(k, p, c, n, str(r), fp, fc) if degrade else Outcome(_SKIPPED, "skipped", str(r))
+                )
         if failed:
             self.breaker.record_failure(next(r for r in results if not isinstance(r, Decision)))  # type: ignore[arg-type]
             self._ensure_prober()
@@ -504,7 +522,12 @@ class ResilientLimiter:
             snap = self.breaker.snapshot()
             retry_s = snap.next_probe_in_s if snap.next_probe_in_s is not None else 1.0
             retry_us = max(1_000_000, int(retry_s * 1_000_000))
-            return Outcome(make_decision(False, 0, policy.limit, retry_us, 0), "fail_closed", error, failure_code or self.failure_code)
+            return Outcome(
+                make_decision(False, 0, policy.limit, retry_us, 0),
+                "fail_closed",
+                error,
+                failure_code or self.failure_code,
+            )
         self.fallback_decisions += 1
         share = self.shared_policy(policy)
         if cost > share.limit and not share.unlimited:

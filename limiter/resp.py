@@ -79,7 +79,9 @@ class Endpoint:
         return f"unix:{self.unix_path}" if self.unix_path else f"{self.host}:{self.port}"
 
     def with_address(self, host: str, port: int) -> Endpoint:
-        return Endpoint(host=host, port=port, use_ssl=self.use_ssl, username=self.username, password=self.password, db=0)
+        return Endpoint(
+            host=host, port=port, use_ssl=self.use_ssl, username=self.username, password=self.password, db=0
+        )
 
 
 @dataclass(frozen=True)
@@ -115,7 +117,9 @@ def parse_redis_url(url: str) -> RedisTarget:
             db = int(query.get("db", ["0"])[0])
         except ValueError:
             raise ValueError(f"redis url: database must be a number, got {query.get('db')!r}") from None
-        return RedisTarget(Endpoint(host=None, port=None, unix_path=u.path, username=username, password=password, db=db))
+        return RedisTarget(
+            Endpoint(host=None, port=None, unix_path=u.path, username=username, password=password, db=db)
+        )
     if u.scheme not in ("redis", "rediss", "redis+cluster", "rediss+cluster"):
         raise ValueError(f"redis url: scheme must be redis, rediss, unix or redis+cluster, got {u.scheme!r}")
     cluster = cluster_flag or u.scheme.endswith("+cluster")
@@ -152,7 +156,9 @@ def parse_redis_url(url: str) -> RedisTarget:
             raise ValueError(f"redis url: database must be a number, got {path!r}") from None
     if cluster and db != 0:
         raise ValueError("redis url: Redis Cluster only has database 0")
-    first = Endpoint(host=seeds[0].host, port=seeds[0].port, use_ssl=use_ssl, username=username, password=password, db=db)
+    first = Endpoint(
+        host=seeds[0].host, port=seeds[0].port, use_ssl=use_ssl, username=username, password=password, db=db
+    )
     return RedisTarget(first, cluster=cluster, seeds=tuple(seeds))
 
 
@@ -208,7 +214,9 @@ class NodeConnection:
     longer be matched.
     """
 
-    def __init__(self, endpoint: Endpoint, *, connect_timeout: float = 1.0, command_timeout: float | None = 0.5) -> None:
+    def __init__(
+        self, endpoint: Endpoint, *, connect_timeout: float = 1.0, command_timeout: float | None = 0.5
+    ) -> None:
         self.endpoint = endpoint
         self.connect_timeout = connect_timeout
         self.command_timeout = command_timeout
@@ -238,7 +246,7 @@ class NodeConnection:
                 ctx = ssl_module.create_default_context() if e.use_ssl else None
                 coro = loop.create_connection(lambda: _Protocol(self), e.host, e.port, ssl=ctx)
             transport, _ = await asyncio.wait_for(coro, self.connect_timeout)
-        except (OSError, OverflowError, asyncio.TimeoutError) as exc:
+        except (TimeoutError, OSError, OverflowError) as exc:
             kind = "timed out" if isinstance(exc, asyncio.TimeoutError) else str(exc) or type(exc).__name__
             raise BackendUnavailable(f"cannot connect to Redis at {e.label}: {kind}") from exc
         self._transport = transport  # type: ignore[assignment]
@@ -254,16 +262,20 @@ class NodeConnection:
         self._closed = False
         hello: list[bytes] = []
         if e.password:
-            hello.append(encode_command("AUTH", e.username, e.password) if e.username else encode_command("AUTH", e.password))
+            hello.append(
+                encode_command("AUTH", e.username, e.password) if e.username else encode_command("AUTH", e.password)
+            )
         if e.db:
             hello.append(encode_command("SELECT", e.db))
         hello.append(encode_command("CLIENT", "SETNAME", "shadowlimit"))
         futs = [self.send(h) for h in hello]
         try:
             replies = await asyncio.wait_for(asyncio.gather(*futs), self.connect_timeout)
-        except (asyncio.TimeoutError, BackendError) as exc:
+        except (TimeoutError, BackendError) as exc:
             self.close()
-            raise BackendUnavailable(f"Redis at {e.label} did not complete the handshake: {exc or 'timed out'}") from exc
+            raise BackendUnavailable(
+                f"Redis at {e.label} did not complete the handshake: {exc or 'timed out'}"
+            ) from exc
         for r in replies[:-1]:
             if isinstance(r, ReplyError):
                 self.close()
@@ -356,14 +368,18 @@ class NodeConnection:
         if not self._pending or self._closed:
             return
         if self._progress == self._mark:
-            self._fail(BackendTimeout(f"Redis at {self.endpoint.label} did not answer within {self.command_timeout:g}s"))
+            self._fail(
+                BackendTimeout(f"Redis at {self.endpoint.label} did not answer within {self.command_timeout:g}s")
+            )
             return
         self._mark = self._progress
         assert self._loop is not None
         self._watch = self._loop.call_later(self.command_timeout or 1.0, self._check_stall)
 
     def _on_lost(self, exc: Exception | None) -> None:
-        self._fail(BackendUnavailable(f"connection to Redis at {self.endpoint.label} lost: {exc or 'closed by server'}"))
+        self._fail(
+            BackendUnavailable(f"connection to Redis at {self.endpoint.label} lost: {exc or 'closed by server'}")
+        )
 
     def _fail(self, error: BackendError) -> None:
         self._closed = True
@@ -405,7 +421,9 @@ class _NodeClient:
         loop = asyncio.get_running_loop()
         self._connecting = loop.create_future()
         try:
-            conn = NodeConnection(self.endpoint, connect_timeout=self._connect_timeout, command_timeout=self._command_timeout)
+            conn = NodeConnection(
+                self.endpoint, connect_timeout=self._connect_timeout, command_timeout=self._command_timeout
+            )
             await conn.connect()
         except BaseException as exc:
             self._connecting.set_exception(exc if isinstance(exc, Exception) else BackendUnavailable(str(exc)))
@@ -455,7 +473,14 @@ class StandaloneBackend:
 
     cluster = False
 
-    def __init__(self, endpoint: Endpoint, *, connect_timeout: float = 1.0, command_timeout: float | None = 0.5, connections: int = 2) -> None:
+    def __init__(
+        self,
+        endpoint: Endpoint,
+        *,
+        connect_timeout: float = 1.0,
+        command_timeout: float | None = 0.5,
+        connections: int = 2,
+    ) -> None:
         if connections < 1:
             raise ValueError(f"connections: must be >= 1, got {connections!r}")
         self.endpoint = endpoint
@@ -476,7 +501,9 @@ class StandaloneBackend:
     def send_now(self, key: bytes, payload: bytes) -> asyncio.Future[Any] | None:
         return self._pick().send_now(payload)
 
-    def send_many(self, keys: list[bytes], payloads: list[bytes]) -> list[tuple[asyncio.Future[list[Any]] | None, list[int]]]:
+    def send_many(
+        self, keys: list[bytes], payloads: list[bytes]
+    ) -> list[tuple[asyncio.Future[list[Any]] | None, list[int]]]:
         """Queue a batch without awaiting: ``(future of the replies, positions)`` per
         connection used; a ``None`` future means those positions must go through
         :meth:`call` one by one (the connection must be reopened first)."""
@@ -510,7 +537,9 @@ class ClusterBackend:
     cluster = True
     _MAX_REDIRECTS = 5
 
-    def __init__(self, seeds: tuple[Endpoint, ...], *, connect_timeout: float = 1.0, command_timeout: float | None = 0.5) -> None:
+    def __init__(
+        self, seeds: tuple[Endpoint, ...], *, connect_timeout: float = 1.0, command_timeout: float | None = 0.5
+    ) -> None:
         if not seeds:
             raise ValueError("cluster: at least one seed node is required")
         self.seeds = seeds
@@ -565,7 +594,9 @@ class ClusterBackend:
             return None
         return node.send_now(payload)
 
-    def send_many(self, keys: list[bytes], payloads: list[bytes]) -> list[tuple[asyncio.Future[list[Any]] | None, list[int]]]:
+    def send_many(
+        self, keys: list[bytes], payloads: list[bytes]
+    ) -> list[tuple[asyncio.Future[list[Any]] | None, list[int]]]:
         """Queue a batch without awaiting, one pipelined write per master: ``(future of
         the replies, positions)`` per master; positions whose slot has no known owner or
         whose connection is down come last with a ``None`` future (use :meth:`call`)."""

@@ -16,8 +16,8 @@ import re
 import socket
 import sys
 import threading
-import traceback
 import time
+import traceback
 import uuid
 from collections.abc import Callable
 from pathlib import Path
@@ -157,7 +157,9 @@ class ControlPlaneServer:
     promotion gate included) keeps the settings' own defaults unless overridden.
     """
 
-    def __init__(self, *, port: int | None = None, startup_timeout: float = 15.0, http: str = "auto", **overrides: Any) -> None:
+    def __init__(
+        self, *, port: int | None = None, startup_timeout: float = 15.0, http: str = "auto", **overrides: Any
+    ) -> None:
         defaults: dict[str, Any] = {
             "enable_distributed_rate_limiting": True,
             "admin_token": ADMIN_TOKEN,
@@ -208,7 +210,15 @@ class ControlPlaneServer:
         self._error = None
         self.app = create_app(self.settings)
         protocol = http_protocol(self.settings.request_limits, self.http)
-        config = uvicorn.Config(self.app, host=self.host, port=self.port, log_level="warning", lifespan="on", access_log=False, http=protocol)
+        config = uvicorn.Config(
+            self.app,
+            host=self.host,
+            port=self.port,
+            log_level="warning",
+            lifespan="on",
+            access_log=False,
+            http=protocol,
+        )
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self._run, name=f"cp-server-{self.port}", daemon=True)
         self.thread.start()
@@ -228,7 +238,9 @@ class ControlPlaneServer:
             time.sleep(0.02)
         stack = _stack_of(self.thread)
         self.stop()
-        raise RuntimeError(f"control plane on port {self.port} not healthy within {self.startup_timeout}s (last: {last!r}); its thread:\n{stack}")
+        raise RuntimeError(
+            f"control plane on port {self.port} not healthy within {self.startup_timeout}s (last: {last!r}); its thread:\n{stack}"
+        )
 
     def stop(self, timeout: float = 15.0) -> None:
         if self.server is not None:
@@ -240,7 +252,9 @@ class ControlPlaneServer:
                 self.server.force_exit = True
                 self.thread.join(5.0)
             if self.thread.is_alive():
-                raise RuntimeError(f"control plane on port {self.port} did not stop within {timeout}s; its thread:\n{_stack_of(self.thread)}")
+                raise RuntimeError(
+                    f"control plane on port {self.port} did not stop within {timeout}s; its thread:\n{_stack_of(self.thread)}"
+                )
         self.thread = None
         self.server = None
 

@@ -26,7 +26,6 @@ from pathlib import Path
 from typing import Any
 
 import uvicorn
-
 from cp_server import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -56,7 +55,9 @@ class AppServer:
         return f"http://127.0.0.1:{self.port}"
 
     def start(self, timeout: float = 10.0) -> AppServer:
-        config = uvicorn.Config(self.app, host="127.0.0.1", port=self.port, log_level="warning", lifespan="off", access_log=False)
+        config = uvicorn.Config(
+            self.app, host="127.0.0.1", port=self.port, log_level="warning", lifespan="off", access_log=False
+        )
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run, name=f"limits-service-{self.port}", daemon=True)
         self.thread.start()
@@ -212,9 +213,16 @@ class RawServer:
                 pass
             elif self.mode == "huge":
                 body = b'{"average": 1, "burst": 1, "period": "1s", "pad": "' + b"x" * (1024 * 1024) + b'"}'
-                sock.sendall(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+                sock.sendall(
+                    b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: "
+                    + str(len(body)).encode()
+                    + b"\r\n\r\n"
+                    + body
+                )
             elif self.mode == "bad_length":
-                sock.sendall(b'HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 500\r\n\r\n{"average": 1')
+                sock.sendall(
+                    b'HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 500\r\n\r\n{"average": 1'
+                )
             else:  # pragma: no cover
                 raise ValueError(self.mode)
         except OSError:

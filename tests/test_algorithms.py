@@ -178,7 +178,9 @@ def test_sliding_log_never_exceeds_limit_in_any_window(limit, period, seq):
         assert in_window <= limit
 
 
-@given(st.integers(1, 20), st.sampled_from([0.01, 0.5, 1.0]), steps, st.sampled_from(["fixed_window", "sliding_window"]))
+@given(
+    st.integers(1, 20), st.sampled_from([0.01, 0.5, 1.0]), steps, st.sampled_from(["fixed_window", "sliding_window"])
+)
 @settings(max_examples=200, deadline=None)
 def test_window_counters_stay_within_their_bounds(limit, period, seq, alg):
     p = Policy(average=limit, period=period, algorithm=alg)

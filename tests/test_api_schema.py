@@ -7,11 +7,10 @@ from __future__ import annotations
 
 import pytest
 import schemathesis
+from cp_server import ControlPlaneServer, admin_headers, write_rules
 from hypothesis import HealthCheck, settings
 from schemathesis.checks import not_a_server_error
 from schemathesis.specs.openapi.checks import response_schema_conformance
-
-from cp_server import ControlPlaneServer, admin_headers, write_rules
 
 CHECKS = [not_a_server_error, response_schema_conformance]
 

@@ -9,14 +9,28 @@ import socket
 
 import httpx
 import pytest
+from cp_server import ADMIN_TOKEN, ControlPlaneServer, wait_until, write_rules
 
-from control_plane.auth import ACCESS, Access, Authenticator, Denied, Identity, Role, TokensFile, TokensFileError, check, parse_tokens
+from control_plane.auth import (
+    ACCESS,
+    Access,
+    Authenticator,
+    Denied,
+    Identity,
+    Role,
+    TokensFile,
+    TokensFileError,
+    check,
+    parse_tokens,
+)
 from control_plane.cli import main
 from control_plane.settings import SettingsError, load_settings
 
-from cp_server import ADMIN_TOKEN, ControlPlaneServer, wait_until, write_rules
-
-TOKENS = {"vera": ("viewer", "vera-token-0123456789"), "otto": ("operator", "otto-token-0123456789"), "ada": ("admin", "ada-token-0123456789")}
+TOKENS = {
+    "vera": ("viewer", "vera-token-0123456789"),
+    "otto": ("operator", "otto-token-0123456789"),
+    "ada": ("admin", "ada-token-0123456789"),
+}
 
 
 def _sha(token: str) -> str:
@@ -118,7 +132,14 @@ BODIES = {
     ("PUT", "/v1/routes/{route}/mode"): {"mode": "shadow", "reason": "role test"},
     ("PUT", "/ratelimit/config"): {"route": "search", "average": 10, "reason": "role test", "clear": True},
 }
-CALLERS = {"nobody": None, "wrong": "not-a-token", "viewer": TOKENS["vera"][1], "operator": TOKENS["otto"][1], "admin": TOKENS["ada"][1], "single-admin": ADMIN_TOKEN}
+CALLERS = {
+    "nobody": None,
+    "wrong": "not-a-token",
+    "viewer": TOKENS["vera"][1],
+    "operator": TOKENS["otto"][1],
+    "admin": TOKENS["ada"][1],
+    "single-admin": ADMIN_TOKEN,
+}
 RANK = {"viewer": 1, "operator": 2, "admin": 3, "single-admin": 3}
 
 
@@ -138,8 +159,12 @@ def role_servers(redis_server, tmp_path_factory):
     tokens = d / "tokens"
     tokens.write_text(tokens_text())
     rules = write_rules(d)
-    strict = ControlPlaneServer(redis_url=redis_server.url, rules_path=rules, tokens_file=str(tokens), gate_min_samples=0).start()
-    open_ = ControlPlaneServer(redis_url=redis_server.url, rules_path=rules, tokens_file=str(tokens), open_reads=True, gate_min_samples=0).start()
+    strict = ControlPlaneServer(
+        redis_url=redis_server.url, rules_path=rules, tokens_file=str(tokens), gate_min_samples=0
+    ).start()
+    open_ = ControlPlaneServer(
+        redis_url=redis_server.url, rules_path=rules, tokens_file=str(tokens), open_reads=True, gate_min_samples=0
+    ).start()
     yield {"strict": strict, "open_reads": open_}
     strict.stop()
     open_.stop()
@@ -184,9 +209,20 @@ def test_every_role_on_every_endpoint(role_servers, server, caller):
 
 def test_forbidden_names_the_role_needed(role_servers):
     cp = role_servers["strict"]
-    r = httpx.put(cp.url + "/v1/routes/search/mode", json={"mode": "off", "reason": "x"}, headers={"Authorization": f"Bearer {TOKENS['vera'][1]}"}, timeout=5)
+    r = httpx.put(
+        cp.url + "/v1/routes/search/mode",
+        json={"mode": "off", "reason": "x"},
+        headers={"Authorization": f"Bearer {TOKENS['vera'][1]}"},
+        timeout=5,
+    )
     assert r.status_code == 403
-    assert r.json() == {"error": "forbidden", "message": "this needs the operator role; the token 'vera' has the viewer role", "needs": "operator", "role": "viewer", "token": "vera"}
+    assert r.json() == {
+        "error": "forbidden",
+        "message": "this needs the operator role; the token 'vera' has the viewer role",
+        "needs": "operator",
+        "role": "viewer",
+        "token": "vera",
+    }
 
 
 def test_the_audit_actor_is_the_token_name_and_the_header_only_adds_a_note(role_servers):
@@ -204,7 +240,9 @@ def test_token_is_checked_before_the_body_is_read(role_servers):
     the answer comes while the client has sent almost none of it."""
     cp = role_servers["strict"]
     with socket.create_connection(("127.0.0.1", cp.port), timeout=10) as s:
-        s.sendall(b"PUT /v1/routes/search/mode HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 20000000\r\n\r\n{\"mode\":")
+        s.sendall(
+            b'PUT /v1/routes/search/mode HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 20000000\r\n\r\n{"mode":'
+        )
         reply = s.recv(65536).decode("latin-1")
     assert reply.startswith("HTTP/1.1 401"), reply[:200]
     assert '"error":"unauthorized"' in reply
@@ -212,16 +250,25 @@ def test_token_is_checked_before_the_body_is_read(role_servers):
 
 def test_malformed_body_without_a_token_is_401_not_422(role_servers):
     cp = role_servers["strict"]
-    r = httpx.put(cp.url + "/v1/routes/search/mode", content=b"{not json", headers={"Content-Type": "application/json"}, timeout=5)
+    r = httpx.put(
+        cp.url + "/v1/routes/search/mode", content=b"{not json", headers={"Content-Type": "application/json"}, timeout=5
+    )
     assert r.status_code == 401
-    r = httpx.put(cp.url + "/ratelimit/config", content=b"[1,2", headers={"Content-Type": "application/json", "Authorization": f"Bearer {TOKENS['vera'][1]}"}, timeout=5)
+    r = httpx.put(
+        cp.url + "/ratelimit/config",
+        content=b"[1,2",
+        headers={"Content-Type": "application/json", "Authorization": f"Bearer {TOKENS['vera'][1]}"},
+        timeout=5,
+    )
     assert r.status_code == 403
 
 
 def test_without_a_tokens_file_reads_stay_open_and_the_single_token_is_admin(redis_server, tmp_path):
     with ControlPlaneServer(redis_url=redis_server.url, rules_path=write_rules(tmp_path)) as cp:
         assert httpx.get(cp.url + "/v1/buckets", timeout=5).status_code == 200
-        r = httpx.post(cp.url + "/ratelimit/rules/reload", headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}, timeout=5)
+        r = httpx.post(
+            cp.url + "/ratelimit/rules/reload", headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}, timeout=5
+        )
         assert r.status_code == 200
         assert httpx.post(cp.url + "/ratelimit/rules/reload", timeout=5).status_code == 401
 
@@ -229,11 +276,18 @@ def test_without_a_tokens_file_reads_stay_open_and_the_single_token_is_admin(red
 def test_a_token_added_to_the_file_works_without_a_restart(redis_server, tmp_path):
     tokens = tmp_path / "tokens"
     tokens.write_text(tokens_text({"vera": TOKENS["vera"]}))
-    with ControlPlaneServer(redis_url=redis_server.url, rules_path=write_rules(tmp_path), tokens_file=str(tokens)) as cp:
+    with ControlPlaneServer(
+        redis_url=redis_server.url, rules_path=write_rules(tmp_path), tokens_file=str(tokens)
+    ) as cp:
         h = {"Authorization": f"Bearer {TOKENS['otto'][1]}"}
         assert httpx.get(cp.url + "/v1/routes", headers=h, timeout=5).status_code == 401
         tokens.write_text(tokens_text())
-        wait_until(lambda: httpx.get(cp.url + "/v1/routes", headers=h, timeout=5).status_code == 200, 5.0, 0.1, "the new token to be accepted")
+        wait_until(
+            lambda: httpx.get(cp.url + "/v1/routes", headers=h, timeout=5).status_code == 200,
+            5.0,
+            0.1,
+            "the new token to be accepted",
+        )
 
 
 def test_cli_with_a_viewer_token_reads_and_is_told_what_a_change_needs(role_servers, capsys):

@@ -16,11 +16,10 @@ import logging
 
 import orjson
 import pytest
+from cp_server import RULES_YAML, ControlPlaneServer, admin_headers, metric_value, wait_until, write_rules
 
 from control_plane.incidents import MESSAGE
 from control_plane.settings import SettingsError, load_settings
-
-from cp_server import RULES_YAML, ControlPlaneServer, admin_headers, metric_value, wait_until, write_rules
 
 ADMIN = admin_headers()
 
@@ -50,7 +49,14 @@ def http(cp):
     [
         {"route": "search", "average": 1e-9, "period": 86_400, "burst": 1},
         {"route": "search", "average": 1e-300},
-        {"route": "search", "key": "k1", "average": 1, "period": 86_400, "burst": 1_000_000_000, "algorithm": "fixed_window"},
+        {
+            "route": "search",
+            "key": "k1",
+            "average": 1,
+            "period": 86_400,
+            "burst": 1_000_000_000,
+            "algorithm": "fixed_window",
+        },
         {"route": "search", "average": 1e9, "period": 0.001, "algorithm": "gcra"},
     ],
 )
@@ -62,12 +68,18 @@ def test_adjustment_that_cannot_be_represented_is_422_naming_average(http, body)
     # nothing was stored: the route still decides, one item and in a batch
     assert http.get("/ratelimit/stats").json()["adjustments"] == []
     assert http.post("/v1/decide", json={"route": "search", "key": "k1"}).status_code == 200
-    out = http.post("/v1/decide/batch", json={"requests": [{"route": "search", "key": "k2"}, {"route": "login", "key": "k3"}]})
+    out = http.post(
+        "/v1/decide/batch", json={"requests": [{"route": "search", "key": "k2"}, {"route": "login", "key": "k3"}]}
+    )
     assert out.status_code == 200 and all(d["allowed"] for d in out.json()["decisions"])
 
 
 def test_rules_file_with_a_tiny_average_is_refused_with_file_and_line(http, rules_file):
-    rules_file.write_text(RULES_YAML.replace("local: {average: 10, period: 1s, burst: 10}", "local:\n      average: 1.0e-300\n      burst: 10"))
+    rules_file.write_text(
+        RULES_YAML.replace(
+            "local: {average: 10, period: 1s, burst: 10}", "local:\n      average: 1.0e-300\n      burst: 10"
+        )
+    )
     r = http.post("/ratelimit/rules/reload", headers=ADMIN)
     assert r.status_code == 422, r.text
     body = r.json()
@@ -110,7 +122,10 @@ def test_unexpected_error_is_a_generic_500_with_an_incident_id(cp, http, caplog)
 
 @pytest.mark.parametrize("mode", ["shadow", "enforce"])
 def test_batch_item_that_fails_unexpectedly_gets_an_error_in_its_place(cp, http, caplog, mode):
-    assert http.put("/v1/routes/search/mode", json={"mode": mode, "reason": "t", "force": True}, headers=ADMIN).status_code == 200
+    assert (
+        http.put("/v1/routes/search/mode", json={"mode": mode, "reason": "t", "force": True}, headers=ADMIN).status_code
+        == 200
+    )
     check = cp.engine.local.check
 
     def flaky(key, policy, cost=1, now_us=None):
@@ -119,20 +134,37 @@ def test_batch_item_that_fails_unexpectedly_gets_an_error_in_its_place(cp, http,
         return check(key, policy, cost, now_us)
 
     cp.engine.local.check = flaky
-    items = [{"route": "search", "key": "a"}, {"route": "search", "key": "boom"}, {"route": "nope", "key": "b"}, {"route": "search", "key": "c"}]
+    items = [
+        {"route": "search", "key": "a"},
+        {"route": "search", "key": "boom"},
+        {"route": "nope", "key": "b"},
+        {"route": "search", "key": "c"},
+    ]
     with caplog.at_level(logging.ERROR, logger="shadowlimit.incident"):
         r = http.post("/v1/decide/batch", json={"requests": items})
     assert r.status_code == 200, r.text
     out = r.json()["decisions"]
     assert [d.get("allowed") for d in out] == [True, None, None, True]
-    assert out[1] == {"error": "internal_error", "message": MESSAGE, "index": 1, "field": None, "status": 500, "incident": out[1]["incident"]}
+    assert out[1] == {
+        "error": "internal_error",
+        "message": MESSAGE,
+        "index": 1,
+        "field": None,
+        "status": 500,
+        "incident": out[1]["incident"],
+    }
     assert out[2]["error"] == "unknown_route" and out[2]["status"] == 404 and "incident" not in out[2]
     assert "OverflowError" not in r.text and "infinity" not in r.text
     assert any(out[1]["incident"] in rec.getMessage() and rec.exc_info for rec in caplog.records)
 
 
 def test_batch_keeps_the_local_answers_when_the_distributed_step_fails_unexpectedly(cp, http):
-    assert http.put("/v1/routes/export/mode", json={"mode": "enforce", "reason": "t", "force": True}, headers=ADMIN).status_code == 200
+    assert (
+        http.put(
+            "/v1/routes/export/mode", json={"mode": "enforce", "reason": "t", "force": True}, headers=ADMIN
+        ).status_code
+        == 200
+    )
 
     async def broken(*args, **kwargs):
         raise KeyError("slot table")
@@ -157,7 +189,12 @@ def test_batch_keeps_the_local_answers_when_the_distributed_step_fails_unexpecte
         ("POST", "/v1/decide", {"route": "search", "key": "k", "cost": True}, "cost"),
         ("POST", "/v1/decide", {"route": "search", "key": "k", "cost": 2.0}, "cost"),
         ("POST", "/v1/decide/batch", {"requests": [{"route": "search", "key": "k", "cost": "5"}]}, "requests.0.cost"),
-        ("POST", "/v1/decide/batch", {"requests": [{"route": "search", "key": "k"}, {"route": "search", "key": "k", "cost": True}]}, "requests.1.cost"),
+        (
+            "POST",
+            "/v1/decide/batch",
+            {"requests": [{"route": "search", "key": "k"}, {"route": "search", "key": "k", "cost": True}]},
+            "requests.1.cost",
+        ),
         ("PUT", "/v1/routes/search/mode", {"mode": "canary", "canary_percent": "10", "reason": "r"}, "canary_percent"),
         ("PUT", "/v1/routes/search/mode", {"mode": "shadow", "reason": "r", "force": "true"}, "force"),
         ("PUT", "/v1/routes/search/mode", {"mode": "shadow", "reason": "r", "force": 1}, "force"),
@@ -178,9 +215,18 @@ def test_strict_types_in_request_bodies(http, method, path, body, field):
 
 
 def test_whole_numbers_are_fine_where_a_float_is_expected(http):
-    r = http.put("/ratelimit/config", json={"route": "search", "average": 5, "period": 2, "burst": 5, "reason": "ints"}, headers=ADMIN)
+    r = http.put(
+        "/ratelimit/config",
+        json={"route": "search", "average": 5, "period": 2, "burst": 5, "reason": "ints"},
+        headers=ADMIN,
+    )
     assert r.status_code == 200, r.text
-    assert r.json()["adjustments"][0]["local"] == {"algorithm": "token_bucket", "average": 5.0, "period": 2.0, "burst": 5}
+    assert r.json()["adjustments"][0]["local"] == {
+        "algorithm": "token_bucket",
+        "average": 5.0,
+        "period": 2.0,
+        "burst": 5,
+    }
 
 
 # --------------------------------------------------------------------------- keys of adjustments
@@ -189,7 +235,9 @@ def test_whole_numbers_are_fine_where_a_float_is_expected(http):
 @pytest.mark.parametrize("key", [" lead", "tab\tkey", "x" * 257, "zero\u200bwidth", "é" * 200])
 def test_adjustment_keys_are_checked_as_decide_checks_them(http, key):
     decided = http.post("/v1/decide", json={"route": "search", "key": key})
-    adjusted = http.put("/ratelimit/config", json={"route": "search", "key": key, "average": 5, "reason": "k"}, headers=ADMIN)
+    adjusted = http.put(
+        "/ratelimit/config", json={"route": "search", "key": key, "average": 5, "reason": "k"}, headers=ADMIN
+    )
     assert decided.status_code == adjusted.status_code == 422
     assert adjusted.json()["field"] == "key"
     if len(key) <= 256:  # longer keys are refused by the body schema first, on both
@@ -218,13 +266,19 @@ def test_restoring_the_good_rules_file_clears_the_error(http, rules_file):
     good = rules_file.read_bytes()
 
     def state() -> tuple[str | None, float]:
-        return http.get("/v1/routes").json()["rules_error"], metric_value(http.get("/metrics").text, "rate_limit_rules_valid")
+        return http.get("/v1/routes").json()["rules_error"], metric_value(
+            http.get("/metrics").text, "rate_limit_rules_valid"
+        )
 
     rules_file.write_text(RULES_YAML.replace("burst: 10}", "burst: 0}", 1))
     err, valid = wait_until(lambda: (s := state())[0] is not None and s, timeout=10, what="the bad file to be reported")
     assert "routes[0].local.burst" in err and valid == 0.0
     rules_file.write_bytes(good)  # the rules in force: same digest, nothing to reload
     wait_until(lambda: state() == (None, 1.0), timeout=10, what="the error to clear")
-    audit = wait_until(lambda: (a := http.get("/v1/rollout/audit").json()["entries"]) and a[0]["to"] == "ok" and a, timeout=10, what="the recovery's audit entry")
+    audit = wait_until(
+        lambda: (a := http.get("/v1/rollout/audit").json()["entries"]) and a[0]["to"] == "ok" and a,
+        timeout=10,
+        what="the recovery's audit entry",
+    )
     assert audit[0]["kind"] == "rules_reload" and "back to the rules in force" in audit[0]["reason"]
     assert audit[1]["kind"] == "rules_reload" and audit[1]["to"] == "error"

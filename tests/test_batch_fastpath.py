@@ -112,7 +112,14 @@ async def reference_decide_many(self: Engine, inputs: list[DecideInput]) -> list
             lookups.append(i)
     ext: dict[int, Resolution] = {}
     if lookups:
-        got = await asyncio.gather(*[self.external.resolve(resolved[i][0], resolved[i][1], inputs[i].method, inputs[i].path, inputs[i].headers) for i in lookups])
+        got = await asyncio.gather(
+            *[
+                self.external.resolve(
+                    resolved[i][0], resolved[i][1], inputs[i].method, inputs[i].path, inputs[i].headers
+                )
+                for i in lookups
+            ]
+        )
         ext = dict(zip(lookups, got))
     for i, (inp, rk) in enumerate(zip(inputs, resolved)):
         if isinstance(rk, Exception):
@@ -120,7 +127,14 @@ async def reference_decide_many(self: Engine, inputs: list[DecideInput]) -> list
             continue
         res = ext.get(i)
         try:
-            step = self._begin(rk[0], rk[1], inp.cost, inp.request_id or self._next_id(), inp.client_ip, res.limits if res is not None else None)
+            step = self._begin(
+                rk[0],
+                rk[1],
+                inp.cost,
+                inp.request_id or self._next_id(),
+                inp.client_ip,
+                res.limits if res is not None else None,
+            )
         except (UnknownRoute, ValueError) as exc:
             out.append(exc)
             continue
@@ -168,14 +182,23 @@ def clock(monkeypatch):
     # start 30 ms before a minute boundary, so batches cross it
     start = (int(time.time()) // 60 * 60 + 60) * 1_000_000 - 30_000
     c = Clock(start, 997)
-    fake = types.SimpleNamespace(time_ns=c.time_ns, time=time.time, perf_counter=time.perf_counter, monotonic=time.monotonic)
+    fake = types.SimpleNamespace(
+        time_ns=c.time_ns, time=time.time, perf_counter=time.perf_counter, monotonic=time.monotonic
+    )
     monkeypatch.setattr(engine_mod, "time", fake)
     return c
 
 
 async def make_engine(redis_url: str, *, queue: int = 10_000) -> Engine:
     ns = f"fp{uuid.uuid4().hex[:10]}"
-    s = load_settings(redis_url=redis_url, namespace=ns, instance_id="inst", enable_distributed_rate_limiting=True, shadow_queue_size=queue, rules_path=None)
+    s = load_settings(
+        redis_url=redis_url,
+        namespace=ns,
+        instance_id="inst",
+        enable_distributed_rate_limiting=True,
+        shadow_queue_size=queue,
+        rules_path=None,
+    )
     redis = RedisLimiter.from_url(redis_url, namespace=ns)
     client = make_redis_py_client(redis_url)
     eng = Engine(s, redis=redis, client=client, metrics=Metrics(), rules=parse_rules(RULES, s))
@@ -210,15 +233,33 @@ def metrics_state(m: Metrics) -> list[Any]:
     for name, fam in vars(m).items():
         if isinstance(fam, _Family):
             fams.append((name, [(k, v.value) for k, v in fam._children.items()]))
-    fams.append(("latency_count", sorted((s.labels.get("mode"), s.value) for f in m.latency.collect() for s in f.samples if s.name.endswith("_count"))))
-    fams.append(("backend_errors", [s.value for f in m.backend_errors.collect() for s in f.samples if s.name.endswith("_total")]))
+    fams.append(
+        (
+            "latency_count",
+            sorted(
+                (s.labels.get("mode"), s.value)
+                for f in m.latency.collect()
+                for s in f.samples
+                if s.name.endswith("_count")
+            ),
+        )
+    )
+    fams.append(
+        (
+            "backend_errors",
+            [s.value for f in m.backend_errors.collect() for s in f.samples if s.name.endswith("_total")],
+        )
+    )
     return fams
 
 
 def engine_state(e: Engine) -> dict[str, Any]:
     return {
         "metrics": metrics_state(e.metrics),
-        "activity": {n: (a.counts, a.previous, list(a.last.items()), a.minute, a.per_second, a.external) for n, a in e._activity.items()},
+        "activity": {
+            n: (a.counts, a.previous, list(a.last.items()), a.minute, a.per_second, a.external)
+            for n, a in e._activity.items()
+        },
         "queue": list(e._queue._queue),  # type: ignore[attr-defined]
         "dropped": e.shadow_dropped,
         "seq": e._seq,
@@ -234,13 +275,18 @@ async def run_all(engines: list[Engine], clock: Clock, inputs: list[DecideInput]
     outs = []
     for n, e in enumerate(engines):
         clock.reset()
-        fresh = [DecideInput(i.route, i.method, i.path, i.key, i.client_ip, dict(i.headers), i.cost, i.request_id) for i in inputs]
+        fresh = [
+            DecideInput(i.route, i.method, i.path, i.key, i.client_ip, dict(i.headers), i.cost, i.request_id)
+            for i in inputs
+        ]
         if n == 0:
             outs.append(await reference_decide_many(e, fresh))
         else:
             # the new code also gets every other plain item as a PlainInput tuple
             given: list[Any] = [
-                (i.route, i.key, i.cost, i.request_id) if j % 2 and i.method is i.path is i.client_ip is None and not i.headers else i
+                (i.route, i.key, i.cost, i.request_id)
+                if j % 2 and i.method is i.path is i.client_ip is None and not i.headers
+                else i
                 for j, i in enumerate(fresh)
             ]
             before = list(given)
@@ -285,11 +331,28 @@ def batch(seed: int, n: int = 120) -> list[DecideInput]:
         elif r < 0.70:
             out.append(DecideInput(route="nope", key=key))
         elif r < 0.74:
-            out.append(DecideInput(route=route, key=rnd.choice([" lead", "trail ", "tab\tkey", "x" * 257, "ключ", "é" * 200, "a:b/c d"])))
+            out.append(
+                DecideInput(
+                    route=route,
+                    key=rnd.choice([" lead", "trail ", "tab\tkey", "x" * 257, "ключ", "é" * 200, "a:b/c d"]),
+                )
+            )
         elif r < 0.80:
-            out.append(DecideInput(method="GET", path=f"/api/{route}/x", headers={"X-Client-Id": key, "X-Tenant": rnd.choice(["big", "small"])}))
+            out.append(
+                DecideInput(
+                    method="GET",
+                    path=f"/api/{route}/x",
+                    headers={"X-Client-Id": key, "X-Tenant": rnd.choice(["big", "small"])},
+                )
+            )
         elif r < 0.84:
-            out.append(DecideInput(route="listed", key=rnd.choice(["vip", "bad", "k1"]), client_ip=rnd.choice([None, "203.0.113.9", "10.0.0.1"])))
+            out.append(
+                DecideInput(
+                    route="listed",
+                    key=rnd.choice(["vip", "bad", "k1"]),
+                    client_ip=rnd.choice([None, "203.0.113.9", "10.0.0.1"]),
+                )
+            )
         elif r < 0.88:
             out.append(DecideInput(route="over", key=rnd.choice(["big", "small"])))
         elif r < 0.92:
@@ -306,7 +369,12 @@ MODES = [
     {n: (Mode.SHADOW, 0) for n in ROUTES},
     {n: (Mode.CANARY, 50) for n in ROUTES},
     {n: (Mode.ENFORCE, 0) for n in ROUTES},
-    {n: (m, p) for n, (m, p) in zip(ROUTES, itertools.cycle([(Mode.OFF, 0), (Mode.SHADOW, 0), (Mode.CANARY, 30), (Mode.ENFORCE, 0)]))},
+    {
+        n: (m, p)
+        for n, (m, p) in zip(
+            ROUTES, itertools.cycle([(Mode.OFF, 0), (Mode.SHADOW, 0), (Mode.CANARY, 30), (Mode.ENFORCE, 0)])
+        )
+    },
 ]
 
 
@@ -321,7 +389,9 @@ async def test_fast_path_matches_per_item_path(redis_url, clock, modes):
         for seed in range(4):
             check_same(engines, await run_all(engines, clock, batch(seed)))
         # a plain batch, the benchmark's shape
-        check_same(engines, await run_all(engines, clock, [DecideInput(route="plain", key=f"b{i % 7}") for i in range(60)]))
+        check_same(
+            engines, await run_all(engines, clock, [DecideInput(route="plain", key=f"b{i % 7}") for i in range(60)])
+        )
     finally:
         await close(*engines)
 
@@ -380,7 +450,9 @@ async def test_fast_path_when_redis_answers_are_missing(redis_url, clock):
             async def flaky(requests, *, overrides=None, degrade=True, _real=real, _e=e):
                 outs = await _real(requests, overrides=overrides, degrade=degrade)
                 res = _e.resilient
-                for j, ((k, p, c, n), (fp, fc)) in enumerate(zip(requests, overrides or [(None, None)] * len(requests))):
+                for j, ((k, p, c, n), (fp, fc)) in enumerate(
+                    zip(requests, overrides or [(None, None)] * len(requests))
+                ):
                     if j % 3 == 1:
                         res.backend_errors += 1
                         outs[j] = res._degraded(k, p, c, n, "injected", fp, fc)
@@ -433,7 +505,12 @@ def _norm_inputs(items: list[Any]) -> list[Any]:
             assert len(x) == 4
             out.append(_norm_inputs([DecideInput(route=x[0], key=x[1], cost=x[2], request_id=x[3])])[0])
         else:
-            out.append([(f, type(getattr(x, f)), getattr(x, f)) for f in ("route", "method", "path", "key", "client_ip", "headers", "cost", "request_id")])
+            out.append(
+                [
+                    (f, type(getattr(x, f)), getattr(x, f))
+                    for f in ("route", "method", "path", "key", "client_ip", "headers", "cost", "request_id")
+                ]
+            )
     return out
 
 
@@ -445,12 +522,21 @@ _POOLS: dict[str, tuple[list[Any], list[Any]]] = {
     "path": ([None, "/", "/a/b", "/" + "x" * 2047, "/é"], ["/" + "x" * 2048, "a", "", 3]),
     "key": ([None, "k", "x" * 256, "é" * 256, " k"], ["x" * 257, "", "é" * 257, 1]),
     "client_ip": ([None, "", "10.0.0.1", "x" * 64], ["x" * 65, 7]),
-    "headers": ([{}, {"a": "b"}, {"X-Client-Id": "c"}, _H100], [{"a": 1}, None, [], "h", {**_H100, "one-more": "v"}, {"a": None}]),
+    "headers": (
+        [{}, {"a": "b"}, {"X-Client-Id": "c"}, _H100],
+        [{"a": 1}, None, [], "h", {**_H100, "one-more": "v"}, {"a": None}],
+    ),
     "cost": ([1, 2, 10**6], [10**6 + 1, 0, -1, 1.0, 2.5, True, False, "2", None, 10**20]),
     "request_id": ([None, "", "r", "x" * 128], ["x" * 129, 5]),
 }
 _item = st.tuples(
-    st.fixed_dictionaries({}, optional={f: st.sampled_from(ok) | st.sampled_from(ok) | st.sampled_from(ok) | st.sampled_from(bad) for f, (ok, bad) in _POOLS.items()}),
+    st.fixed_dictionaries(
+        {},
+        optional={
+            f: st.sampled_from(ok) | st.sampled_from(ok) | st.sampled_from(ok) | st.sampled_from(bad)
+            for f, (ok, bad) in _POOLS.items()
+        },
+    ),
     st.sampled_from([False] * 9 + [True]),
 ).map(lambda t: {**t[0], "extra": 1} if t[1] else t[0])  # "extra" is not a field
 TAKEN: list[bool] = []
@@ -476,8 +562,19 @@ def test_fast_body_check_agrees_with_pydantic(items, shape):
     [
         {"requests": [{"route": "api", "key": "b1"}]},
         {"requests": [{"route": "api", "key": "b1", "cost": 3, "request_id": "r"}, {"route": "api"}, {"key": "x"}]},
-        {"requests": [{"method": "GET", "path": "/a", "headers": {"X-Client-Id": "z"}}, {"method": "post", "path": "/b", "client_ip": "10.0.0.1"}]},
-        {"requests": [{"route": "api", "key": "k", "headers": {}}, {"route": "api", "client_ip": ""}, {"route": "r", "request_id": ""}]},
+        {
+            "requests": [
+                {"method": "GET", "path": "/a", "headers": {"X-Client-Id": "z"}},
+                {"method": "post", "path": "/b", "client_ip": "10.0.0.1"},
+            ]
+        },
+        {
+            "requests": [
+                {"route": "api", "key": "k", "headers": {}},
+                {"route": "api", "client_ip": ""},
+                {"route": "r", "request_id": ""},
+            ]
+        },
     ],
 )
 def test_plain_bodies_take_the_fast_check(body):
@@ -542,14 +639,67 @@ def test_fast_body_check_mirrors_the_schema():
             flat.update(alt)
         return {k: flat.get(k) for k in ("minLength", "maxLength", "pattern", "minimum", "maximum", "maxProperties")}
 
-    assert set(schema) == set(decide_api._ITEM_FIELDS) == {"route", "method", "path", "key", "client_ip", "headers", "cost", "request_id"}
-    assert limits("route") == {"minLength": 1, "maxLength": 64, "pattern": None, "minimum": None, "maximum": None, "maxProperties": None}
-    assert limits("method") == {"minLength": 1, "maxLength": 16, "pattern": "^[A-Za-z]+$", "minimum": None, "maximum": None, "maxProperties": None}
-    assert limits("path") == {"minLength": 1, "maxLength": 2048, "pattern": "^/", "minimum": None, "maximum": None, "maxProperties": None}
-    assert limits("key") == {"minLength": 1, "maxLength": 256, "pattern": None, "minimum": None, "maximum": None, "maxProperties": None}
-    assert limits("client_ip") == {"minLength": None, "maxLength": 64, "pattern": None, "minimum": None, "maximum": None, "maxProperties": None}
-    assert limits("request_id") == {"minLength": None, "maxLength": 128, "pattern": None, "minimum": None, "maximum": None, "maxProperties": None}
-    assert limits("cost") == {"minLength": None, "maxLength": None, "pattern": None, "minimum": 1, "maximum": 1_000_000, "maxProperties": None}
+    assert (
+        set(schema)
+        == set(decide_api._ITEM_FIELDS)
+        == {"route", "method", "path", "key", "client_ip", "headers", "cost", "request_id"}
+    )
+    assert limits("route") == {
+        "minLength": 1,
+        "maxLength": 64,
+        "pattern": None,
+        "minimum": None,
+        "maximum": None,
+        "maxProperties": None,
+    }
+    assert limits("method") == {
+        "minLength": 1,
+        "maxLength": 16,
+        "pattern": "^[A-Za-z]+$",
+        "minimum": None,
+        "maximum": None,
+        "maxProperties": None,
+    }
+    assert limits("path") == {
+        "minLength": 1,
+        "maxLength": 2048,
+        "pattern": "^/",
+        "minimum": None,
+        "maximum": None,
+        "maxProperties": None,
+    }
+    assert limits("key") == {
+        "minLength": 1,
+        "maxLength": 256,
+        "pattern": None,
+        "minimum": None,
+        "maximum": None,
+        "maxProperties": None,
+    }
+    assert limits("client_ip") == {
+        "minLength": None,
+        "maxLength": 64,
+        "pattern": None,
+        "minimum": None,
+        "maximum": None,
+        "maxProperties": None,
+    }
+    assert limits("request_id") == {
+        "minLength": None,
+        "maxLength": 128,
+        "pattern": None,
+        "minimum": None,
+        "maximum": None,
+        "maxProperties": None,
+    }
+    assert limits("cost") == {
+        "minLength": None,
+        "maxLength": None,
+        "pattern": None,
+        "minimum": 1,
+        "maximum": 1_000_000,
+        "maxProperties": None,
+    }
     assert limits("headers")["maxProperties"] == 100
     assert DecideRequest.model_config.get("extra") == "forbid" and BatchRequest.model_config.get("extra") == "forbid"
     req = BatchRequest.model_json_schema()["properties"]["requests"]
@@ -602,7 +752,6 @@ def test_rejected_body_is_body(kw):
     assert list(decide_api._body(r).items()) == want
     got = r.to_dict() if r.allowed else decide_api._rejected(r.to_dict())
     assert list(got.items()) == want
-
 
 
 def test_zz_generated_bodies_often_take_the_fast_check():

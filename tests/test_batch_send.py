@@ -153,7 +153,12 @@ async def test_check_many_keeps_the_decisions_redis_made_before_the_connection_d
         try:
             await rl.backend._nodes[0].connection()
             out = await asyncio.wait_for(rl.check_many([(f"k{i}", POLICY, 1, T0) for i in range(4)]), 5)
-            assert [type(x).__name__ for x in out] == ["Decision", "Decision", "BackendUnavailable", "BackendUnavailable"]
+            assert [type(x).__name__ for x in out] == [
+                "Decision",
+                "Decision",
+                "BackendUnavailable",
+                "BackendUnavailable",
+            ]
             assert out[0].allowed and out[0].remaining == 4
         finally:
             await rl.aclose()
@@ -232,7 +237,11 @@ async def test_allowed_many_reports_a_failing_key_in_place(any_redis_url):
     async with contextlib.AsyncExitStack() as stack:
         rl = RedisLimiter.from_url(any_redis_url, namespace="bad")
         stack.push_async_callback(rl.aclose)
-        client = redis_sync.RedisCluster.from_url(any_redis_url.replace("redis+cluster", "redis")) if "cluster" in any_redis_url else redis_sync.Redis.from_url(any_redis_url)
+        client = (
+            redis_sync.RedisCluster.from_url(any_redis_url.replace("redis+cluster", "redis"))
+            if "cluster" in any_redis_url
+            else redis_sync.Redis.from_url(any_redis_url)
+        )
         client.set(rl.redis_key("broken"), b"not a hash")
         out = await rl.allowed_many([("a", POLICY, 1, T0), ("broken", POLICY, 1, T0), ("a", POLICY, 1, T0)])
         assert out[0] is True and out[2] is True
@@ -261,7 +270,11 @@ async def test_compare_many_feeds_the_breaker_and_never_degrades(redis_url):
 def test_divergence_add_counts_like_record():
     one, many = DivergenceStore(None, "ns"), DivergenceStore(None, "ns")
     now = 1_700_000_030.0
-    for div, n in ((Divergence.AGREE, 4), (Divergence.LOCAL_ALLOW_DISTRIBUTED_DENY, 2), (Divergence.LOCAL_DENY_DISTRIBUTED_ALLOW, 1)):
+    for div, n in (
+        (Divergence.AGREE, 4),
+        (Divergence.LOCAL_ALLOW_DISTRIBUTED_DENY, 2),
+        (Divergence.LOCAL_DENY_DISTRIBUTED_ALLOW, 1),
+    ):
         for _ in range(n):
             one.record("r", div, distributed_attempt=True, now=now)
     for _ in range(3):

@@ -17,7 +17,9 @@ class FakeClock:
 def make(rng=0.0, **kw):
     clock = FakeClock()
     seen = []
-    b = CircuitBreaker(clock=clock, wall_clock=clock, rng=lambda: rng, on_transition=lambda a, b_, r: seen.append((a, b_)), **kw)
+    b = CircuitBreaker(
+        clock=clock, wall_clock=clock, rng=lambda: rng, on_transition=lambda a, b_, r: seen.append((a, b_)), **kw
+    )
     return b, clock, seen
 
 

@@ -11,10 +11,9 @@ from pathlib import Path
 
 import httpx
 import pytest
+from cp_server import ADMIN_TOKEN, RULES_YAML, ControlPlaneServer, free_port, wait_until, write_rules
 
 from control_plane.cli import main
-
-from cp_server import ADMIN_TOKEN, RULES_YAML, ControlPlaneServer, free_port, wait_until, write_rules
 
 SHADOWLIMIT = Path(sys.executable).parent / "shadowlimit"
 
@@ -71,7 +70,9 @@ def test_mode_gate_force_and_auth(cp, capsys):
     figures = json.loads(err.split("gate figures:", 1)[1])
     assert figures["min_samples"] == 1000 and figures["passed"] is False
     # --force with a reason: exit 0
-    code, out, err = run(capsys, *remote(cp, "mode", "search", "canary", "--percent", "10", "--reason", "incident 7", "--force"))
+    code, out, err = run(
+        capsys, *remote(cp, "mode", "search", "canary", "--percent", "10", "--reason", "incident 7", "--force")
+    )
     assert code == 0, err
     assert out.startswith("search: shadow -> canary 10% (audit ")
     state = httpx.get(cp.url + "/v1/routes").json()["routes"][0]
@@ -133,7 +134,23 @@ def test_adjust(cp, capsys):
     assert code == 2 and "--rate" in err
     code, _, err = run(capsys, *remote(cp, "adjust", "--route", "search", "--rate", "2", "--burst", "2", token=False))
     assert code == 4
-    code, out, err = run(capsys, *remote(cp, "adjust", "--route", "search", "--rate", "1", "--period", "10", "--burst", "2", "--reason", "cli tighten"))
+    code, out, err = run(
+        capsys,
+        *remote(
+            cp,
+            "adjust",
+            "--route",
+            "search",
+            "--rate",
+            "1",
+            "--period",
+            "10",
+            "--burst",
+            "2",
+            "--reason",
+            "cli tighten",
+        ),
+    )
     assert code == 0, err
     data = json.loads(out)
     assert data["audit"]["kind"] == "config_change"
@@ -151,21 +168,27 @@ def test_unreachable_control_plane_exits_3(capsys):
     assert f"cannot reach the control plane at {url}" in err
     assert "Traceback" not in err
     # the installed command behaves the same
-    proc = subprocess.run([str(SHADOWLIMIT), "stats", "--url", url, "--timeout", "2"], capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        [str(SHADOWLIMIT), "stats", "--url", url, "--timeout", "2"], capture_output=True, text=True, timeout=60
+    )
     assert proc.returncode == 3
     assert "cannot reach the control plane" in proc.stderr
     assert "Traceback" not in proc.stderr
 
 
 def _serve_env(redis_url: str, **extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("SHADOWLIMIT_", "RATE_LIMIT_", "ENABLE_DISTRIBUTED"))}
+    env = {
+        k: v for k, v in os.environ.items() if not k.startswith(("SHADOWLIMIT_", "RATE_LIMIT_", "ENABLE_DISTRIBUTED"))
+    }
     env.update({"RATE_LIMIT_REDIS_URL": redis_url, "SHADOWLIMIT_PORT": str(free_port())}, **extra)
     return env
 
 
 def _serve(env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     # if validation wrongly passed, the server would run: the timeout bounds that
-    return subprocess.run([str(SHADOWLIMIT), "serve", "--log-level", "warning"], env=env, capture_output=True, text=True, timeout=60)
+    return subprocess.run(
+        [str(SHADOWLIMIT), "serve", "--log-level", "warning"], env=env, capture_output=True, text=True, timeout=60
+    )
 
 
 def test_serve_invalid_env_var_exits_2(redis_url):
@@ -177,7 +200,11 @@ def test_serve_invalid_env_var_exits_2(redis_url):
 
 
 def test_serve_bad_rules_file_exits_2(redis_url, tmp_path):
-    bad = write_rules(tmp_path, RULES_YAML.replace("local: {average: 10, period: 1s, burst: 10}", "local: {average: 10, period: 1s, burst: 0}"), name="bad.yaml")
+    bad = write_rules(
+        tmp_path,
+        RULES_YAML.replace("local: {average: 10, period: 1s, burst: 10}", "local: {average: 10, period: 1s, burst: 0}"),
+        name="bad.yaml",
+    )
     proc = _serve(_serve_env(redis_url, RATE_LIMIT_RULES_PATH=str(bad)))
     assert proc.returncode == 2, proc.stderr
     assert f"{bad}:6:" in proc.stderr
@@ -205,9 +232,20 @@ def test_serve_with_embedded_redis_flag_serves_and_says_it_is_for_development():
     env = _serve_env("")
     del env["RATE_LIMIT_REDIS_URL"]
     port = env["SHADOWLIMIT_PORT"]
-    proc = subprocess.Popen([str(SHADOWLIMIT), "serve", "--embedded-redis", "--log-level", "warning"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [str(SHADOWLIMIT), "serve", "--embedded-redis", "--log-level", "warning"],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
-        ready = wait_until(lambda: httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=1).status_code == 200, 30.0, 0.1, "serve --embedded-redis to be ready")
+        ready = wait_until(
+            lambda: httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=1).status_code == 200,
+            30.0,
+            0.1,
+            "serve --embedded-redis to be ready",
+        )
         assert ready
         backend = httpx.get(f"http://127.0.0.1:{port}/v1/backend", timeout=5).json()
         assert backend["redis"].startswith("127.0.0.1:")

@@ -137,7 +137,9 @@ def _run(pool, url: str, algorithm: str) -> tuple[int, float, list[dict]]:
 def test_one_key_many_processes_bucket(pool, url, algorithm):
     total, elapsed_s, results = _run(pool, url, algorithm)
     bound = BURST + RATE * elapsed_s + SLACK
-    print(f"{algorithm}: admitted {total} of bound {bound:.1f} over {elapsed_s:.3f}s; requests {sum(r['allowed'] + r['denied'] for r in results)}")
+    print(
+        f"{algorithm}: admitted {total} of bound {bound:.1f} over {elapsed_s:.3f}s; requests {sum(r['allowed'] + r['denied'] for r in results)}"
+    )
     assert total <= bound, (total, bound, results)
     assert total >= 0.8 * bound, (total, bound, results)
     # the admissions were shared between the processes
@@ -150,7 +152,9 @@ def test_one_key_many_processes_sliding_log(pool, url):
     # any `limit + 1` admitted requests span at least one window, so over elapsed_s
     # at most limit * (floor(elapsed / window) + 1) are admitted
     bound = limit * (math.floor(elapsed_s / 1.0) + 1) + SLACK
-    print(f"sliding_log: admitted {total} of bound {bound} over {elapsed_s:.3f}s; requests {sum(r['allowed'] + r['denied'] for r in results)}")
+    print(
+        f"sliding_log: admitted {total} of bound {bound} over {elapsed_s:.3f}s; requests {sum(r['allowed'] + r['denied'] for r in results)}"
+    )
     assert total <= bound, (total, bound, results)
     assert total >= 0.8 * bound, (total, bound, results)
     assert sum(1 for r in results if r["allowed"] > 0) >= 2

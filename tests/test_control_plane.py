@@ -11,10 +11,6 @@ import time
 import httpx
 import pytest
 import redis as redis_sync
-
-from control_plane.rollout import canary_bucket, classify
-from limiter.embedded import EmbeddedRedis
-
 from cp_server import (
     RULES_YAML,
     ControlPlaneServer,
@@ -25,6 +21,9 @@ from cp_server import (
     wait_until,
     write_rules,
 )
+
+from control_plane.rollout import canary_bucket, classify
+from limiter.embedded import EmbeddedRedis
 
 ADMIN = admin_headers()
 # draft-ietf-httpapi-ratelimit-headers-11: a structured-field List of named items
@@ -82,8 +81,21 @@ def decide(c: httpx.Client, **body):
     return c.post("/v1/decide", json=body)
 
 
-def set_mode(c: httpx.Client, route: str, mode: str, *, percent: int = 0, reason: str = "test", force: bool = False, headers=ADMIN):
-    return c.put(f"/v1/routes/{route}/mode", json={"mode": mode, "canary_percent": percent, "reason": reason, "force": force}, headers=headers)
+def set_mode(
+    c: httpx.Client,
+    route: str,
+    mode: str,
+    *,
+    percent: int = 0,
+    reason: str = "test",
+    force: bool = False,
+    headers=ADMIN,
+):
+    return c.put(
+        f"/v1/routes/{route}/mode",
+        json={"mode": mode, "canary_percent": percent, "reason": reason, "force": force},
+        headers=headers,
+    )
 
 
 def route_view(c: httpx.Client, name: str) -> dict:
@@ -257,7 +269,9 @@ def test_mode_shadow_compares_off_the_hot_path(http):
         assert r.json()["distributed"] is None
         assert r.json()["divergence"] is None
         assert "sl-shadow" in r.headers["RateLimit-Policy"]
-    totals = wait_until(lambda: (t := div_totals(http, "search"))["compared"] >= 7 and t, 5.0, 0.1, "shadow comparisons")
+    totals = wait_until(
+        lambda: (t := div_totals(http, "search"))["compared"] >= 7 and t, 5.0, 0.1, "shadow comparisons"
+    )
     assert totals["compared"] == 7
     assert totals["agree"] == 7
     assert totals["distributed_attempts"] == 7
@@ -305,7 +319,9 @@ def test_mode_enforce_classifies_divergence(make_cp):
         assert [r.status_code for r in results] == [200, 200, 200, 429, 429]
         assert results[-1].headers["X-RateLimit-Limit"] == "3"
         assert results[-1].json()["error"] == "rate limit exceeded"
-        totals = wait_until(lambda: (t := div_totals(c, "export"))["compared"] >= 5 and t, 5.0, 0.1, "enforce comparisons")
+        totals = wait_until(
+            lambda: (t := div_totals(c, "export"))["compared"] >= 5 and t, 5.0, 0.1, "enforce comparisons"
+        )
         assert totals["local_allow_distributed_deny"] == 2
 
 
@@ -530,7 +546,15 @@ def test_buckets_read_without_consuming(http):
 def test_backend_view(http):
     b = http.get("/v1/backend").json()
     assert b["state"] == "closed"
-    for k in ("consecutive_failures", "total_failures", "transitions", "last_error", "opened_at", "next_probe_in_s", "probe_attempt"):
+    for k in (
+        "consecutive_failures",
+        "total_failures",
+        "transitions",
+        "last_error",
+        "opened_at",
+        "next_probe_in_s",
+        "probe_attempt",
+    ):
         assert k in b
     assert b["failure_policy"] == "inMemoryFallback"
     assert b["pending_rollbacks"] == []
@@ -550,7 +574,9 @@ def test_stats_clients_and_reset(http):
     assert stats["routes"]["search"] == "shadow"
     assert stats["active_clients"]["local"] >= 2
     clients = http.get("/ratelimit/clients").json()
-    assert {"route": "login", "key": "alice"}.items() <= next(c for c in clients["clients"] if c["key"] == "alice").items()
+    assert {"route": "login", "key": "alice"}.items() <= next(
+        c for c in clients["clients"] if c["key"] == "alice"
+    ).items()
     assert clients["total"] >= 2
     only_search = http.get("/ratelimit/clients", params={"route": "search"}).json()["clients"]
     assert [c["key"] for c in only_search] == ["bert"]
@@ -599,10 +625,19 @@ def test_config_adjust(http):
     entry = http.get("/v1/rollout/audit").json()["entries"][0]
     assert entry["kind"] == "config_change" and "tighten search" in entry["reason"]
     # one key only, then clear the route-wide adjustment
-    r = http.put("/ratelimit/config", json={"route": "search", "key": "vip", "average": 50, "burst": 50, "reason": "vip"}, headers=ADMIN)
+    r = http.put(
+        "/ratelimit/config",
+        json={"route": "search", "key": "vip", "average": 50, "burst": 50, "reason": "vip"},
+        headers=ADMIN,
+    )
     assert r.status_code == 200
     assert decide(http, route="search", key="vip").headers["X-RateLimit-Limit"] == "50"
-    assert http.put("/ratelimit/config", json={"route": "search", "average": 0, "clear": True, "reason": "undo"}, headers=ADMIN).status_code == 200
+    assert (
+        http.put(
+            "/ratelimit/config", json={"route": "search", "average": 0, "clear": True, "reason": "undo"}, headers=ADMIN
+        ).status_code
+        == 200
+    )
     assert decide(http, route="search", key="fresh").headers["X-RateLimit-Limit"] == "10"
     # errors
     assert http.put("/ratelimit/config", json={**body, "route": "nope"}, headers=ADMIN).status_code == 404
@@ -615,13 +650,17 @@ def test_rules_reload_good_and_bad(http, rules_file):
         return metric_value(http.get("/metrics").text, "rate_limit_rules_reload_total", result="error")
 
     assert http.post("/ratelimit/rules/reload").status_code == 401
-    rules_file.write_text(RULES_YAML.replace("local: {average: 10, period: 1s, burst: 10}", "local: {average: 20, period: 1s, burst: 20}"))
+    rules_file.write_text(
+        RULES_YAML.replace("local: {average: 10, period: 1s, burst: 10}", "local: {average: 20, period: 1s, burst: 20}")
+    )
     r = http.post("/ratelimit/rules/reload", headers=ADMIN)
     assert r.status_code == 200, r.text
     assert r.json()["routes"] == ["search", "login", "export", "default"]
     assert decide(http, route="search", key="ria").headers["X-RateLimit-Limit"] == "20"
     before = errors()
-    rules_file.write_text(RULES_YAML.replace("local: {average: 10, period: 1s, burst: 10}", "local: {average: 10, period: 1s, burst: 0}"))
+    rules_file.write_text(
+        RULES_YAML.replace("local: {average: 10, period: 1s, burst: 10}", "local: {average: 10, period: 1s, burst: 0}")
+    )
     r = http.post("/ratelimit/rules/reload", headers=ADMIN)
     assert r.status_code == 422, r.text
     body = r.json()
@@ -805,7 +844,9 @@ def test_mode_change_refused_with_503_when_redis_is_down(make_cp, private_redis)
 
 
 def test_auto_rollback_when_redis_stays_down(make_cp, private_redis):
-    cp = make_cp(redis_url=private_redis.url, gate_min_samples=0, auto_rollback_after_s=1.0, breaker_failure_threshold=1)
+    cp = make_cp(
+        redis_url=private_redis.url, gate_min_samples=0, auto_rollback_after_s=1.0, breaker_failure_threshold=1
+    )
     with cp.client() as c:
         assert set_mode(c, "search", "enforce", reason="rollout").status_code == 200
         assert decide(c, route="search", key="ann").json()["enforced_by"] == "distributed"

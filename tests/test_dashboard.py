@@ -57,7 +57,9 @@ def _free_port() -> int:
 class ControlPlane:
     """A real control plane (``create_app``) served by uvicorn in a background thread."""
 
-    def __init__(self, redis_url: str, rules_path: Path, *, namespace: str, port: int | None = None, **overrides: Any) -> None:
+    def __init__(
+        self, redis_url: str, rules_path: Path, *, namespace: str, port: int | None = None, **overrides: Any
+    ) -> None:
         self.redis_url, self.rules_path, self.namespace = redis_url, rules_path, namespace
         self.port = port or _free_port()
         self.overrides = overrides
@@ -80,7 +82,14 @@ class ControlPlane:
             namespace=self.namespace,
             **{"gate_min_samples": 0, "stream_interval_s": 0.5, **self.overrides},
         )
-        config = uvicorn.Config(create_app(settings), host="127.0.0.1", port=self.port, log_level="warning", timeout_graceful_shutdown=1, lifespan="on")
+        config = uvicorn.Config(
+            create_app(settings),
+            host="127.0.0.1",
+            port=self.port,
+            log_level="warning",
+            timeout_graceful_shutdown=1,
+            lifespan="on",
+        )
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run, name=f"control-plane-{self.port}", daemon=True)
         self.thread.start()
@@ -105,7 +114,9 @@ class ControlPlane:
 
     def restart(self) -> ControlPlane:
         """Start again on the same port, Redis and namespace (state survives in Redis)."""
-        return ControlPlane(self.redis_url, self.rules_path, namespace=self.namespace, port=self.port, **self.overrides).start()
+        return ControlPlane(
+            self.redis_url, self.rules_path, namespace=self.namespace, port=self.port, **self.overrides
+        ).start()
 
 
 @pytest.fixture
@@ -132,7 +143,9 @@ async def traffic(url: str, n: int = 30, *, route: str = "search", key: str = "b
             assert r.status_code in (200, 429), r.text
 
 
-async def wait_for(pilot: Pilot[Any], predicate: Callable[[], Any], timeout: float = 15.0, what: str = "condition") -> None:
+async def wait_for(
+    pilot: Pilot[Any], predicate: Callable[[], Any], timeout: float = 15.0, what: str = "condition"
+) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if predicate():
@@ -173,7 +186,11 @@ def server_routes(url: str) -> dict[str, dict[str, Any]]:
 
 
 async def until_live(pilot: Pilot[Any], app: ShadowlimitDashboard) -> None:
-    await wait_for(pilot, lambda: app.dashboard is not None and dash(app).conn.status == "live" and dash(app).snapshot is not None, what="the dashboard to go live")
+    await wait_for(
+        pilot,
+        lambda: app.dashboard is not None and dash(app).conn.status == "live" and dash(app).snapshot is not None,
+        what="the dashboard to go live",
+    )
 
 
 async def type_reason(pilot: Pilot[Any], reason: str) -> None:
@@ -183,7 +200,9 @@ async def type_reason(pilot: Pilot[Any], reason: str) -> None:
 # -- against a real control plane ---------------------------------------------------------
 
 
-async def test_routes_and_buckets_show_the_servers_figures(control_plane: Callable[..., ControlPlane], tmp_path: Path) -> None:
+async def test_routes_and_buckets_show_the_servers_figures(
+    control_plane: Callable[..., ControlPlane], tmp_path: Path
+) -> None:
     cp = control_plane()
     await traffic(cp.url, 30)  # local burst 20, global burst 5: 15 new rejections
     await traffic(cp.url, 4, route="checkout", key="carol")
@@ -221,11 +240,17 @@ async def test_routes_and_buckets_show_the_servers_figures(control_plane: Callab
 
         # live: more traffic shows up without doing anything
         await traffic(cp.url, 10, key="dave")
-        await wait_for(pilot, lambda: "dave" in dash(app).query_one(BucketsTable).rows and cell(app, BucketsTable, "dave", "req") == "10", what="dave's 10 requests to appear live")
+        await wait_for(
+            pilot,
+            lambda: "dave" in dash(app).query_one(BucketsTable).rows and cell(app, BucketsTable, "dave", "req") == "10",
+            what="dave's 10 requests to appear live",
+        )
 
         # moving to checkout shows checkout's keys
         await pilot.press("down")
-        await wait_for(pilot, lambda: set(dash(app).query_one(BucketsTable).rows) == {"carol"}, what="checkout's buckets")
+        await wait_for(
+            pilot, lambda: set(dash(app).query_one(BucketsTable).rows) == {"carol"}, what="checkout's buckets"
+        )
         assert "Backend" in str(dash(app).query_one("#backend-box").border_title)
         assert "CLOSED" in plain(dash(app).query_one("#backend"))
 
@@ -253,12 +278,21 @@ async def test_toggle_with_a_reason_changes_the_mode_on_the_server(control_plane
         assert server_routes(cp.url)["search"]["stored_mode"] == "shadow"
         await type_reason(pilot, "pause the rollout")
         await pilot.press("enter")
-        await wait_for(pilot, lambda: server_routes(cp.url)["search"]["stored_mode"] == "off", what="the server to store off")
+        await wait_for(
+            pilot, lambda: server_routes(cp.url)["search"]["stored_mode"] == "off", what="the server to store off"
+        )
         await wait_for(pilot, lambda: cell(app, RoutesTable, "search", "mode") == "off", what="the table to show off")
         entry = httpx.get(f"{cp.url}/v1/rollout/audit").json()["entries"][0]
-        assert (entry["route"], entry["from"], entry["to"], entry["reason"]) == ("search", "shadow", "off", "pause the rollout")
+        assert (entry["route"], entry["from"], entry["to"], entry["reason"]) == (
+            "search",
+            "shadow",
+            "off",
+            "pause the rollout",
+        )
         assert entry["actor"] == "admin@127.0.0.1 (note: dashboard)"  # the token's name; the header is a note
-        await wait_for(pilot, lambda: "pause the rollout" in plain(dash(app).query_one(AuditPanel)), what="the audit panel")
+        await wait_for(
+            pilot, lambda: "pause the rollout" in plain(dash(app).query_one(AuditPanel)), what="the audit panel"
+        )
 
         # canary asks the percent first; the gate passes (gate_min_samples=0, no divergence)
         await pilot.press("s")
@@ -300,11 +334,19 @@ async def test_a_refused_gate_shows_why_and_force_works(control_plane: Callable[
         # the reason is carried over; forcing sends force=true with it
         assert app.screen.query_one("#reason", Input).value == "go global"
         await pilot.press("enter")
-        await wait_for(pilot, lambda: server_routes(cp.url)["search"]["stored_mode"] == "enforce", what="the forced change")
-        await wait_for(pilot, lambda: cell(app, RoutesTable, "search", "mode") == "enforce", what="the table to show enforce")
+        await wait_for(
+            pilot, lambda: server_routes(cp.url)["search"]["stored_mode"] == "enforce", what="the forced change"
+        )
+        await wait_for(
+            pilot, lambda: cell(app, RoutesTable, "search", "mode") == "enforce", what="the table to show enforce"
+        )
         entry = httpx.get(f"{cp.url}/v1/rollout/audit").json()["entries"][0]
         assert entry["forced"] is True and entry["to"] == "enforce" and entry["reason"] == "go global"
-        await wait_for(pilot, lambda: "FORCED" in plain(dash(app).query_one(AuditPanel)), what="the forced entry in the audit panel")
+        await wait_for(
+            pilot,
+            lambda: "FORCED" in plain(dash(app).query_one(AuditPanel)),
+            what="the forced entry in the audit panel",
+        )
 
         # cancelling the refusal leaves the server alone
         await pilot.press("c")
@@ -330,7 +372,9 @@ async def test_without_a_token_the_toggles_say_they_need_one(control_plane: Call
         assert server_routes(cp.url)["search"]["stored_mode"] == "shadow"
 
 
-async def test_a_viewer_token_watches_and_is_told_a_change_needs_more(control_plane: Callable[..., ControlPlane], tmp_path: Path) -> None:
+async def test_a_viewer_token_watches_and_is_told_a_change_needs_more(
+    control_plane: Callable[..., ControlPlane], tmp_path: Path
+) -> None:
     """With a tokens file the stream needs a viewer token; a mode change with it is refused
     by the server, and the dashboard says which role it needs."""
     import hashlib
@@ -352,7 +396,11 @@ async def test_a_viewer_token_watches_and_is_told_a_change_needs_more(control_pl
     # without a token the stream itself is refused, and the bar says why
     app = ShadowlimitDashboard(cp.url, None)
     async with app.run_test(size=SIZE) as pilot:
-        await wait_for(pilot, lambda: "viewer role" in connection_text(app), what="the connection bar to say a viewer token is needed")
+        await wait_for(
+            pilot,
+            lambda: "viewer role" in connection_text(app),
+            what="the connection bar to say a viewer token is needed",
+        )
 
 
 async def test_a_sampled_divergence_says_how_much_it_covers(control_plane: Callable[..., ControlPlane]) -> None:
@@ -362,33 +410,55 @@ async def test_a_sampled_divergence_says_how_much_it_covers(control_plane: Calla
 
     cp = control_plane(shadow_queue_size=1)
     async with httpx.AsyncClient(base_url=cp.url) as c:
-        r = await c.post("/v1/decide/batch", json={"requests": [{"route": "search", "key": f"k{i % 20}"} for i in range(300)]})
+        r = await c.post(
+            "/v1/decide/batch", json={"requests": [{"route": "search", "key": f"k{i % 20}"} for i in range(300)]}
+        )
         assert r.status_code == 200
     app = ShadowlimitDashboard(cp.url, TOKEN)
     async with app.run_test(size=SIZE) as pilot:
         await until_live(pilot, app)
-        await wait_for(pilot, lambda: " sampled" in str(dash(app).query_one(DivergenceChart).render()), what="the chart to show the sampled share")
-        header = next(line for line in str(dash(app).query_one(DivergenceChart).render()).splitlines() if line.startswith("search"))
+        await wait_for(
+            pilot,
+            lambda: " sampled" in str(dash(app).query_one(DivergenceChart).render()),
+            what="the chart to show the sampled share",
+        )
+        header = next(
+            line
+            for line in str(dash(app).query_one(DivergenceChart).render()).splitlines()
+            if line.startswith("search")
+        )
         share = float(header.split(" sampled")[0].rsplit("· ", 1)[1].rstrip("%"))
         assert 0 < share < 30
-        await wait_for(pilot, lambda: " of " in cell(app, RoutesTable, "search", "newrej"), what="the table to show the share")
+        await wait_for(
+            pilot, lambda: " of " in cell(app, RoutesTable, "search", "newrej"), what="the table to show the share"
+        )
         assert cell(app, RoutesTable, "search", "newrej").endswith("%")
 
 
-async def test_a_restoration_shows_in_the_audit_panel(control_plane: Callable[..., ControlPlane], redis_server: Any) -> None:
+async def test_a_restoration_shows_in_the_audit_panel(
+    control_plane: Callable[..., ControlPlane], redis_server: Any
+) -> None:
     """The store loses this fleet's state: the replica writes it back and the dashboard
     shows the restoration next to the change it restored."""
     import redis as redis_sync
 
     cp = control_plane()
-    r = httpx.put(f"{cp.url}/v1/routes/search/mode", json={"mode": "enforce", "reason": "go", "force": True}, headers={"Authorization": f"Bearer {TOKEN}"})
+    r = httpx.put(
+        f"{cp.url}/v1/routes/search/mode",
+        json={"mode": "enforce", "reason": "go", "force": True},
+        headers={"Authorization": f"Bearer {TOKEN}"},
+    )
     assert r.status_code == 200
     app = ShadowlimitDashboard(cp.url, TOKEN)
     async with app.run_test(size=SIZE) as pilot:
         await until_live(pilot, app)
         rc = redis_sync.Redis.from_url(redis_server.url)
         rc.delete(*rc.keys(f"rl:{{{cp.namespace}}}:*"))  # this fleet's rollout, audit and epoch: gone
-        await wait_for(pilot, lambda: "RESTORED" in plain(dash(app).query_one(AuditPanel)), what="the restoration in the audit panel")
+        await wait_for(
+            pilot,
+            lambda: "RESTORED" in plain(dash(app).query_one(AuditPanel)),
+            what="the restoration in the audit panel",
+        )
         text = plain(dash(app).query_one(AuditPanel))
         assert "search RESTORED enforce" in text and "after the store lost its data" in text
         assert cell(app, RoutesTable, "search", "mode") == "enforce"
@@ -399,7 +469,9 @@ def server_routes_with(url: str, token: str) -> dict[str, Any]:
     return {r["name"]: r for r in routes}
 
 
-async def test_a_lost_control_plane_marks_the_data_stale_and_reconnects(control_plane: Callable[..., ControlPlane]) -> None:
+async def test_a_lost_control_plane_marks_the_data_stale_and_reconnects(
+    control_plane: Callable[..., ControlPlane],
+) -> None:
     cp = control_plane()
     await traffic(cp.url, 8)
     app = ShadowlimitDashboard(cp.url, TOKEN)
@@ -454,7 +526,9 @@ async def test_client_translates_errors(control_plane: Callable[..., ControlPlan
 AT = 1_700_000_000.0
 
 
-def _gate(target: str, compared: int, min_samples: int, new_rej: int, errors: int = 0, attempts: int | None = None) -> dict[str, Any]:
+def _gate(
+    target: str, compared: int, min_samples: int, new_rej: int, errors: int = 0, attempts: int | None = None
+) -> dict[str, Any]:
     rate = new_rej / compared if compared else 0.0
     erate = errors / (attempts or compared) if (attempts or compared) else 0.0
     reasons = []
@@ -462,21 +536,53 @@ def _gate(target: str, compared: int, min_samples: int, new_rej: int, errors: in
         reasons.append(f"only {compared} compared decisions in the last 300s (need {min_samples})")
     if rate > 0.01:
         reasons.append(f"new rejections {rate:.2%} exceed 1.00%")
-    return {"target": target, "passed": not reasons, "required": True, "reasons": reasons, "window_s": 300, "compared": compared, "min_samples": min_samples,
-            "new_rejections": new_rej, "new_rejection_rate": rate, "max_new_rejection_rate": 0.01, "backend_errors": errors, "backend_error_rate": erate, "max_backend_error_rate": 0.001}
+    return {
+        "target": target,
+        "passed": not reasons,
+        "required": True,
+        "reasons": reasons,
+        "window_s": 300,
+        "compared": compared,
+        "min_samples": min_samples,
+        "new_rejections": new_rej,
+        "new_rejection_rate": rate,
+        "max_new_rejection_rate": 0.01,
+        "backend_errors": errors,
+        "backend_error_rate": erate,
+        "max_backend_error_rate": 0.001,
+    }
 
 
-def _series(minutes: int, agree: Callable[[int], int], lad: Callable[[int], int], lda: Callable[[int], int]) -> list[dict[str, int]]:
+def _series(
+    minutes: int, agree: Callable[[int], int], lad: Callable[[int], int], lda: Callable[[int], int]
+) -> list[dict[str, int]]:
     start = int(AT // 60 * 60) - 60 * (minutes - 1)
     out = []
     for i in range(minutes):
         a, b, c = agree(i), lad(i), lda(i)
-        out.append({"minute": start + 60 * i, "agree": a, "local_allow_distributed_deny": b, "local_deny_distributed_allow": c, "compared": a + b + c, "backend_errors": 0, "distributed_attempts": a + b + c})
+        out.append(
+            {
+                "minute": start + 60 * i,
+                "agree": a,
+                "local_allow_distributed_deny": b,
+                "local_deny_distributed_allow": c,
+                "compared": a + b + c,
+                "backend_errors": 0,
+                "distributed_attempts": a + b + c,
+            }
+        )
     return out
 
 
 def _totals(series: list[dict[str, int]]) -> dict[str, Any]:
-    keys = ("agree", "local_allow_distributed_deny", "local_deny_distributed_allow", "compared", "backend_errors", "distributed_attempts")
+    keys = (
+        "agree",
+        "local_allow_distributed_deny",
+        "local_deny_distributed_allow",
+        "compared",
+        "backend_errors",
+        "distributed_attempts",
+    )
     t: dict[str, Any] = {k: sum(p[k] for p in series) for k in keys}
     t["new_rejection_rate"] = t["local_allow_distributed_deny"] / t["compared"] if t["compared"] else 0.0
     t["reverse_rate"] = t["local_deny_distributed_allow"] / t["compared"] if t["compared"] else 0.0
@@ -488,40 +594,161 @@ def _policy(avg: float, burst: int, algo: str = "token_bucket") -> dict[str, Any
     return {"algorithm": algo, "average": avg, "period": 1.0, "burst": burst}
 
 
-def _route(name: str, mode: str, percent: int, rate: float, series: list[dict[str, int]], gate: dict[str, Any], local: dict[str, Any], dist: dict[str, Any]) -> dict[str, Any]:
-    return {"name": name, "mode": mode, "stored_mode": mode, "canary_percent": percent,
-            "state": {"mode": mode, "canary_percent": percent, "updated_at": AT - 600, "updated_by": "dashboard@127.0.0.1", "reason": "", "version": 3},
-            "rule": {"name": name, "local": local, "distributed": dist}, "decisions_per_s": rate, "divergence_5m": _totals(series[-5:]), "gate": gate}
+def _route(
+    name: str,
+    mode: str,
+    percent: int,
+    rate: float,
+    series: list[dict[str, int]],
+    gate: dict[str, Any],
+    local: dict[str, Any],
+    dist: dict[str, Any],
+) -> dict[str, Any]:
+    return {
+        "name": name,
+        "mode": mode,
+        "stored_mode": mode,
+        "canary_percent": percent,
+        "state": {
+            "mode": mode,
+            "canary_percent": percent,
+            "updated_at": AT - 600,
+            "updated_by": "dashboard@127.0.0.1",
+            "reason": "",
+            "version": 3,
+        },
+        "rule": {"name": name, "local": local, "distributed": dist},
+        "decisions_per_s": rate,
+        "divergence_5m": _totals(series[-5:]),
+        "gate": gate,
+    }
 
 
-def _bucket(route: str, key: str, n: int, local: float, lburst: int, dist: float, dburst: int, allowed: bool, by: str, age: float) -> dict[str, Any]:
-    return {"route": route, "key": key, "recent_requests": n,
-            "local": {"tokens": local, "limit": lburst, "exists": True, "reset_after_us": 0, "burst": lburst, "policy": _policy(lburst, lburst)},
-            "distributed": {"tokens": dist, "limit": dburst, "exists": True, "reset_after_us": 0, "burst": dburst, "policy": _policy(dburst, dburst)},
-            "last_decision": {"at": AT - age, "allowed": allowed, "enforced_by": by}}
+def _bucket(
+    route: str,
+    key: str,
+    n: int,
+    local: float,
+    lburst: int,
+    dist: float,
+    dburst: int,
+    allowed: bool,
+    by: str,
+    age: float,
+) -> dict[str, Any]:
+    return {
+        "route": route,
+        "key": key,
+        "recent_requests": n,
+        "local": {
+            "tokens": local,
+            "limit": lburst,
+            "exists": True,
+            "reset_after_us": 0,
+            "burst": lburst,
+            "policy": _policy(lburst, lburst),
+        },
+        "distributed": {
+            "tokens": dist,
+            "limit": dburst,
+            "exists": True,
+            "reset_after_us": 0,
+            "burst": dburst,
+            "policy": _policy(dburst, dburst),
+        },
+        "last_decision": {"at": AT - age, "allowed": allowed, "enforced_by": by},
+    }
 
 
 def fixed_snapshot() -> dict[str, Any]:
-    search = _series(60, lambda i: 400 + (i * 37) % 180, lambda i: 0 if i < 20 else 20 + (i * 13) % 60, lambda i: (i * 7) % 5)
+    search = _series(
+        60, lambda i: 400 + (i * 37) % 180, lambda i: 0 if i < 20 else 20 + (i * 13) % 60, lambda i: (i * 7) % 5
+    )
     checkout = _series(60, lambda i: 150 + (i * 11) % 40, lambda i: 0, lambda i: 10 + (i * 3) % 9)
     login = _series(60, lambda i: 30 if i > 40 else 0, lambda i: 0, lambda i: 0)
-    divergence = {"minutes": 60, "routes": {
-        "search": {"totals": _totals(search), "series": search, "would_be_blocked": [{"key": "bob", "count": 1840, "last_request_id": "r1"}, {"key": "mallory", "count": 96, "last_request_id": "r2"}]},
-        "checkout": {"totals": _totals(checkout), "series": checkout, "would_be_blocked": []},
-        "login": {"totals": _totals(login), "series": login, "would_be_blocked": []},
-    }}
-    audit = lambda at, route, frm, to, pf, pt, reason, forced=False, kind="mode_change": {"seq": int(at), "at": at, "type": kind, "route": route, "audit": {  # noqa: E731
-        "id": f"{int(at)}-0", "kind": kind, "route": route, "actor": "dashboard@127.0.0.1", "at": at, "from": frm, "to": to, "from_percent": pf, "to_percent": pt, "reason": reason, "forced": forced, "automatic": False, "gate": None}}
+    divergence = {
+        "minutes": 60,
+        "routes": {
+            "search": {
+                "totals": _totals(search),
+                "series": search,
+                "would_be_blocked": [
+                    {"key": "bob", "count": 1840, "last_request_id": "r1"},
+                    {"key": "mallory", "count": 96, "last_request_id": "r2"},
+                ],
+            },
+            "checkout": {"totals": _totals(checkout), "series": checkout, "would_be_blocked": []},
+            "login": {"totals": _totals(login), "series": login, "would_be_blocked": []},
+        },
+    }
+    audit = lambda at, route, frm, to, pf, pt, reason, forced=False, kind="mode_change": {
+        "seq": int(at),
+        "at": at,
+        "type": kind,
+        "route": route,
+        "audit": {  # noqa: E731
+            "id": f"{int(at)}-0",
+            "kind": kind,
+            "route": route,
+            "actor": "dashboard@127.0.0.1",
+            "at": at,
+            "from": frm,
+            "to": to,
+            "from_percent": pf,
+            "to_percent": pt,
+            "reason": reason,
+            "forced": forced,
+            "automatic": False,
+            "gate": None,
+        },
+    }
     return {
         "at": AT,
         "instance_id": "replica-1",
-        "backend": {"state": "open", "consecutive_failures": 7, "last_error": "TimeoutError: Redis did not answer within 250 ms", "next_probe_in_s": 3.4, "probe_attempt": 2, "total_failures": 19,
-                    "failure_policy": "inMemoryFallback", "failure_code": 429, "redis": "127.0.0.1:6379", "live_instances": 3, "fleet": ["replica-1", "replica-2", "replica-3"], "instance_id": "replica-1",
-                    "shadow_queue": 12, "shadow_queue_capacity": 10000, "shadow_dropped": 0, "shadow_evaluated": 48213, "pending_rollbacks": [], "distributed_enabled": True},
+        "backend": {
+            "state": "open",
+            "consecutive_failures": 7,
+            "last_error": "TimeoutError: Redis did not answer within 250 ms",
+            "next_probe_in_s": 3.4,
+            "probe_attempt": 2,
+            "total_failures": 19,
+            "failure_policy": "inMemoryFallback",
+            "failure_code": 429,
+            "redis": "127.0.0.1:6379",
+            "live_instances": 3,
+            "fleet": ["replica-1", "replica-2", "replica-3"],
+            "instance_id": "replica-1",
+            "shadow_queue": 12,
+            "shadow_queue_capacity": 10000,
+            "shadow_dropped": 0,
+            "shadow_evaluated": 48213,
+            "pending_rollbacks": [],
+            "distributed_enabled": True,
+        },
         "routes": [
-            _route("search", "shadow", 0, 21.3, search, _gate("canary", 2514, 500, 312), _policy(10, 10), _policy(10, 10)),
-            _route("checkout", "canary", 25, 14.8, checkout, _gate("enforce", 890, 500, 0), _policy(5, 5), _policy(8, 8)),
-            _route("login", "off", 0, 0.5, login, {"target": "shadow", "passed": True, "required": False, "reasons": [], "compared": 150, "min_samples": 500}, _policy(2, 20, "sliding_window"), _policy(2, 20, "sliding_window")),
+            _route(
+                "search", "shadow", 0, 21.3, search, _gate("canary", 2514, 500, 312), _policy(10, 10), _policy(10, 10)
+            ),
+            _route(
+                "checkout", "canary", 25, 14.8, checkout, _gate("enforce", 890, 500, 0), _policy(5, 5), _policy(8, 8)
+            ),
+            _route(
+                "login",
+                "off",
+                0,
+                0.5,
+                login,
+                {
+                    "target": "shadow",
+                    "passed": True,
+                    "required": False,
+                    "reasons": [],
+                    "compared": 150,
+                    "min_samples": 500,
+                },
+                _policy(2, 20, "sliding_window"),
+                _policy(2, 20, "sliding_window"),
+            ),
         ],
         "divergence": divergence,
         "buckets": [
@@ -534,8 +761,30 @@ def fixed_snapshot() -> dict[str, Any]:
             audit(AT - 3600, "search", "off", "shadow", 0, 0, "start measuring"),
             audit(AT - 1800, "checkout", "shadow", "canary", 0, 10, "divergence under 1% for a day"),
             audit(AT - 600, "checkout", "canary", "canary", 10, 25, "widen the canary", forced=True),
-            {"seq": 900, "at": AT - 42, "type": "breaker", "from": "closed", "to": "open", "reason": "TimeoutError", "instance": "replica-1"},
-            {"seq": 901, "at": AT - 30, "type": "rules_reload", "route": "*", "audit": {"kind": "rules_reload", "route": "*", "actor": "instance/replica-1", "at": AT - 30, "from": "", "to": "ok", "reason": "3 routes, digest 9f2c4e1a7b3d"}},
+            {
+                "seq": 900,
+                "at": AT - 42,
+                "type": "breaker",
+                "from": "closed",
+                "to": "open",
+                "reason": "TimeoutError",
+                "instance": "replica-1",
+            },
+            {
+                "seq": 901,
+                "at": AT - 30,
+                "type": "rules_reload",
+                "route": "*",
+                "audit": {
+                    "kind": "rules_reload",
+                    "route": "*",
+                    "actor": "instance/replica-1",
+                    "at": AT - 30,
+                    "from": "",
+                    "to": "ok",
+                    "reason": "3 routes, digest 9f2c4e1a7b3d",
+                },
+            },
         ],
     }
 
@@ -557,7 +806,9 @@ def utc() -> Iterator[None]:
 def fixed_app(token: str | None = TOKEN, **kwargs: Any) -> ShadowlimitDashboard:
     from dashboard.models import Snapshot
 
-    return ShadowlimitDashboard("http://control-plane.test:8080", token, snapshot=Snapshot.parse(fixed_snapshot()), **kwargs)
+    return ShadowlimitDashboard(
+        "http://control-plane.test:8080", token, snapshot=Snapshot.parse(fixed_snapshot()), **kwargs
+    )
 
 
 def test_snapshot_main_screen_160x50(snap_compare: Any, utc: None) -> None:
@@ -589,7 +840,11 @@ def test_snapshot_gate_refused_dialog(snap_compare: Any, utc: None) -> None:
 
 def test_snapshot_help_with_demo_banner(snap_compare: Any, utc: None) -> None:
     banner = "shadowlimit demo is running\n  replica 1:  http://127.0.0.1:8081\n  admin token: demo-token"
-    assert snap_compare(fixed_app(replicas=["http://control-plane.test:8080", "http://127.0.0.1:8082"], demo_banner=banner), press=["question_mark"], terminal_size=SIZE)
+    assert snap_compare(
+        fixed_app(replicas=["http://control-plane.test:8080", "http://127.0.0.1:8082"], demo_banner=banner),
+        press=["question_mark"],
+        terminal_size=SIZE,
+    )
 
 
 # -- external limits in the Backend panel -------------------------------------------------
@@ -599,13 +854,45 @@ def _external_snapshot() -> dict[str, Any]:
     return {
         "routes": [{"route": "tenants", "url": "http://limits.internal:9100/limits"}],
         "breakers": [
-            {"route": "tenants", "key": "initech", "state": "open", "failures": 5, "next_probe_in_s": 12.4, "last_error": "the limits service answered HTTP 500"},
-            {"route": "tenants", "key": "hooli", "state": "half_open", "failures": 5, "next_probe_in_s": 0.0, "last_error": "timeout"},
-            {"route": "tenants", "key": "acme", "state": "closed", "failures": 0, "next_probe_in_s": None, "last_error": None},
+            {
+                "route": "tenants",
+                "key": "initech",
+                "state": "open",
+                "failures": 5,
+                "next_probe_in_s": 12.4,
+                "last_error": "the limits service answered HTTP 500",
+            },
+            {
+                "route": "tenants",
+                "key": "hooli",
+                "state": "half_open",
+                "failures": 5,
+                "next_probe_in_s": 0.0,
+                "last_error": "timeout",
+            },
+            {
+                "route": "tenants",
+                "key": "acme",
+                "state": "closed",
+                "failures": 0,
+                "next_probe_in_s": None,
+                "last_error": None,
+            },
         ],
-        "breakers_total": 14, "breakers_open": 1, "breakers_half_open": 1,
-        "cache": {"enabled": True, "available": True, "hit": 1234, "miss": 96, "stale": 4, "hit_ratio": 0.9278, "errors": 0},
-        "calls": {"ok": 80, "timeout": 3, "error": 12, "invalid": 1}, "errors": {"error": 12},
+        "breakers_total": 14,
+        "breakers_open": 1,
+        "breakers_half_open": 1,
+        "cache": {
+            "enabled": True,
+            "available": True,
+            "hit": 1234,
+            "miss": 96,
+            "stale": 4,
+            "hit_ratio": 0.9278,
+            "errors": 0,
+        },
+        "calls": {"ok": 80, "timeout": 3, "error": 12, "invalid": 1},
+        "errors": {"error": 12},
         "sources": {"external": 80, "cache": 1234, "stale": 4, "static": 12},
     }
 
@@ -629,7 +916,11 @@ def test_backend_panel_shows_external_limits() -> None:
     assert "open keys tenants/initech (probe in 12s), tenants/hooli (probing)" in text
     # no routes with external limits: no external lines at all
     console = Console(width=100, file=io.StringIO(), color_system=None)
-    console.print(BackendPanel._render_backend(BackendView.parse(fixed_snapshot()["backend"]), [], ExternalView.parse({"routes": []})))
+    console.print(
+        BackendPanel._render_backend(
+            BackendView.parse(fixed_snapshot()["backend"]), [], ExternalView.parse({"routes": []})
+        )
+    )
     assert "ext limits" not in console.file.getvalue()  # type: ignore[attr-defined]
     # without Redis the cache line says so
     off = ExternalView.parse({**_external_snapshot(), "cache": {"enabled": False}})
@@ -643,7 +934,20 @@ def test_snapshot_backend_with_external_limits(snap_compare: Any, utc: None) -> 
 
     data = fixed_snapshot()
     data["external"] = _external_snapshot()
-    data["events"].append({"seq": 902, "at": AT - 20, "type": "external_breaker", "route": "tenants", "key": "initech", "from": "closed", "to": "open", "failures": 5, "reason": "the limits service answered HTTP 500", "instance": "replica-1"})
+    data["events"].append(
+        {
+            "seq": 902,
+            "at": AT - 20,
+            "type": "external_breaker",
+            "route": "tenants",
+            "key": "initech",
+            "from": "closed",
+            "to": "open",
+            "failures": 5,
+            "reason": "the limits service answered HTTP 500",
+            "instance": "replica-1",
+        }
+    )
     app = ShadowlimitDashboard("http://control-plane.test:8080", TOKEN, snapshot=Snapshot.parse(data))
     assert snap_compare(app, terminal_size=(160, 60))
 
@@ -656,18 +960,23 @@ async def test_backend_panel_follows_a_real_limits_service(redis_server: Any, tm
     script.answers["acme"] = Answer(body={"average": 50, "burst": 50, "period": "1s"})
     with AppServer(scripted_app(script)) as svc:
         rules = tmp_path / "rules.yaml"
-        rules.write_text(RULES + f"""\
+        rules.write_text(
+            RULES
+            + f"""\
   - name: tenants
     match: {{path: /api/tenants/**}}
     key: {{strategy: header, header: X-Tenant-Id}}
     local: {{average: 3, period: 1s}}
     external: {{url: {svc.url}/limits, timeout: 1s}}
-""")
+"""
+        )
         cp = ControlPlane(redis_server.url, rules, namespace=f"dash{uuid.uuid4().hex[:10]}").start()
         try:
             async with httpx.AsyncClient(base_url=cp.url) as c:
                 for key in ["acme"] * 3 + ["broken"] * 5:
-                    r = await c.post("/v1/decide", json={"method": "GET", "path": "/api/tenants/x", "headers": {"X-Tenant-Id": key}})
+                    r = await c.post(
+                        "/v1/decide", json={"method": "GET", "path": "/api/tenants/x", "headers": {"X-Tenant-Id": key}}
+                    )
                     assert r.status_code in (200, 429), r.text
             client = ControlPlaneClient(cp.url)
             ext = await client.external()
@@ -676,9 +985,15 @@ async def test_backend_panel_follows_a_real_limits_service(redis_server: Any, tm
             app = ShadowlimitDashboard(cp.url, TOKEN)
             async with app.run_test(size=SIZE) as pilot:
                 await until_live(pilot, app)
-                await wait_for(pilot, lambda: "ext limits" in plain(dash(app).query_one("#backend")), what="the external lines")
+                await wait_for(
+                    pilot, lambda: "ext limits" in plain(dash(app).query_one("#backend")), what="the external lines"
+                )
                 text = " ".join(plain(dash(app).query_one("#backend")).split())
                 assert "1 open / 2 breakers" in text and "(2/8)" in text and "tenants/broken" in text
-                await wait_for(pilot, lambda: "ext limits tenants/broken" in plain(dash(app).query_one(AuditPanel)), what="the breaker event in the audit panel")
+                await wait_for(
+                    pilot,
+                    lambda: "ext limits tenants/broken" in plain(dash(app).query_one(AuditPanel)),
+                    what="the breaker event in the audit panel",
+                )
         finally:
             cp.stop()

@@ -79,7 +79,11 @@ def test_demo_serves_on_every_replica_and_stops_cleanly():
             assert r.status_code in (200, 429), r.text
             assert r.json()["route"] == "search"
             # the tenants route takes each tenant's limits from the limits service
-            r = httpx.post(url + "/v1/decide", json={"method": "GET", "path": "/api/tenants/x", "headers": {"X-Tenant-Id": "initech"}}, timeout=5)
+            r = httpx.post(
+                url + "/v1/decide",
+                json={"method": "GET", "path": "/api/tenants/x", "headers": {"X-Tenant-Id": "initech"}},
+                timeout=5,
+            )
             assert r.status_code in (200, 429), r.text
             assert r.json()["route"] == "tenants" and r.json()["limits_source"] == "external"
             assert r.headers["X-RateLimit-Limit"] == "20"

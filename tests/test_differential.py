@@ -65,7 +65,9 @@ def _run_redis(url, policy, seq, key):
     return asyncio.run(go())
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@settings(
+    max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow]
+)
 @given(data=st.data())
 def test_pure_local_and_lua_agree(any_redis_url, data):
     policy = data.draw(policies())
@@ -82,6 +84,8 @@ def test_pure_local_and_lua_agree(any_redis_url, data):
         ld = local.check(key, policy, cost, now)
         lpd = local_py.check(key, policy, cost, now)
         assert pd == ld == lpd == rd, f"step {i}: pure={pd} local(C)={ld} local(py)={lpd} redis={rd} policy={policy}"
-        assert local.state(key) == local_py.state(key), f"step {i}: C state {local.state(key)!r} != Python {local_py.state(key)!r}"
+        assert local.state(key) == local_py.state(key), (
+            f"step {i}: C state {local.state(key)!r} != Python {local_py.state(key)!r}"
+        )
         # the stored state round-trips exactly (17 significant digits)
         assert rstate == state, f"step {i}: stored state {rstate!r} != pure {state!r}"

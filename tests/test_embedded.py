@@ -89,9 +89,7 @@ def test_find_redis_server_returns_an_executable(monkeypatch: pytest.MonkeyPatch
     assert os.path.isfile(path) and os.access(path, os.X_OK)
 
 
-def test_env_var_pointing_at_missing_file_names_the_variable(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
-) -> None:
+def test_env_var_pointing_at_missing_file_names_the_variable(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv(ENV_SERVER_BIN, str(tmp_path / "no-such-redis-server"))
     with pytest.raises(EmbeddedRedisError, match=ENV_SERVER_BIN):
         find_redis_server()

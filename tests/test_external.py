@@ -16,6 +16,8 @@ from typing import Any
 
 import pytest
 import redis as redis_sync
+from cp_server import metric_value
+from ext_service import Answer, AppServer, RawServer, Script, closed_port_url, scripted_app
 
 from control_plane.external import (
     STALE_TTL_S,
@@ -38,9 +40,6 @@ from limiter.policy import Algorithm, Policy
 from limiter.redis_limiter import make_redis_py_client
 from limiter.resilience import BreakerState, FailurePolicy
 
-from cp_server import metric_value
-from ext_service import Answer, AppServer, RawServer, Script, closed_port_url, scripted_app
-
 GOOD = {"average": 10, "burst": 5, "period": "1s"}
 
 
@@ -61,8 +60,23 @@ class FakeClock:
 
 
 def test_credentials_are_sensitive_in_any_spelling():
-    for name in ("Authorization", "authorization", "Proxy-Authorization", "Cookie", "COOKIE", "Set-Cookie", "X-Api-Key", "x-api-key",
-                 "X-Auth-Token", "X-CSRF-Token", "X-Amz-Security-Token", "X-My-Secret", "X-Db-Password", "X-Service-Apikey", "X-Credentials"):
+    for name in (
+        "Authorization",
+        "authorization",
+        "Proxy-Authorization",
+        "Cookie",
+        "COOKIE",
+        "Set-Cookie",
+        "X-Api-Key",
+        "x-api-key",
+        "X-Auth-Token",
+        "X-CSRF-Token",
+        "X-Amz-Security-Token",
+        "X-My-Secret",
+        "X-Db-Password",
+        "X-Service-Apikey",
+        "X-Credentials",
+    ):
         assert is_sensitive_header(name), name
     for name in ("X-Tenant-Id", "X-Plan", "User-Agent", "Accept", "X-Request-Id", "Content-Type"):
         assert not is_sensitive_header(name), name
@@ -70,18 +84,25 @@ def test_credentials_are_sensitive_in_any_spelling():
 
 def test_default_filter_forwards_everything_but_credentials():
     f = HeaderFilter()
-    sent = f.apply({"X-Tenant-Id": "acme", "Authorization": "Bearer s3cret", "Cookie": "sid=1", "X-Api-Key": "k", "Accept": "*/*"})
+    sent = f.apply(
+        {"X-Tenant-Id": "acme", "Authorization": "Bearer s3cret", "Cookie": "sid=1", "X-Api-Key": "k", "Accept": "*/*"}
+    )
     assert sent == {"X-Tenant-Id": "acme", "Accept": "*/*"}
 
 
 def test_allow_list_is_exclusive_and_case_insensitive():
     f = ExternalConfig(url="http://x/", allow_list=("X-Tenant-Id", "x-plan")).header_filter
-    assert f.apply({"x-tenant-id": "acme", "X-PLAN": "gold", "Accept": "*/*", "X-Other": "1"}) == {"x-tenant-id": "acme", "X-PLAN": "gold"}
+    assert f.apply({"x-tenant-id": "acme", "X-PLAN": "gold", "Accept": "*/*", "X-Other": "1"}) == {
+        "x-tenant-id": "acme",
+        "X-PLAN": "gold",
+    }
 
 
 def test_deny_list_adds_to_the_credentials():
     f = ExternalConfig(url="http://x/", deny_list=("X-Internal",)).header_filter
-    assert f.apply({"X-Internal": "1", "x-internal": "2", "X-Tenant-Id": "acme", "Cookie": "c"}) == {"X-Tenant-Id": "acme"}
+    assert f.apply({"X-Internal": "1", "x-internal": "2", "X-Tenant-Id": "acme", "Cookie": "c"}) == {
+        "X-Tenant-Id": "acme"
+    }
 
 
 def test_the_routes_api_key_header_is_a_secret_too():
@@ -130,7 +151,13 @@ def test_config_validation(kwargs, match):
 
 def test_config_defaults_are_seed_000s():
     c = ExternalConfig(url="https://limits.internal/limits")
-    assert (c.timeout_s, c.cache_ttl_s, c.max_concurrent_requests, c.allow_list, c.deny_list) == (5.0, 60.0, 50, None, ())
+    assert (c.timeout_s, c.cache_ttl_s, c.max_concurrent_requests, c.allow_list, c.deny_list) == (
+        5.0,
+        60.0,
+        50,
+        None,
+        (),
+    )
 
 
 # --------------------------------------------------------------------------- backend hosts
@@ -157,8 +184,18 @@ def test_backend_hosts_allow_list():
 def test_full_response_is_typed():
     hosts = BackendHosts("*.backend.internal")
     lim = parse_limits(
-        {"average": 1000, "burst": 200, "period": "1s", "tenant_key": "acme-corp", "failure_policy": "passthrough", "failure_code": 503,
-         "backend_url": "http://acme.backend.internal:8080", "cache_max_age_seconds": 300, "cache_no_store": False, "future_field": [1]},
+        {
+            "average": 1000,
+            "burst": 200,
+            "period": "1s",
+            "tenant_key": "acme-corp",
+            "failure_policy": "passthrough",
+            "failure_code": 503,
+            "backend_url": "http://acme.backend.internal:8080",
+            "cache_max_age_seconds": 300,
+            "cache_no_store": False,
+            "future_field": [1],
+        },
         backend_hosts=hosts,
     )
     assert lim.policy == Policy(average=1000, period=1.0, burst=200)
@@ -171,13 +208,32 @@ def test_full_response_is_typed():
 
 
 def test_policy_uses_the_routes_algorithm_and_zero_average_is_unlimited():
-    assert parse_limits({"average": 5, "burst": 5, "period": "1m"}, algorithm=Algorithm.SLIDING_WINDOW).policy == Policy(5, 60.0, 5, "sliding_window")
+    assert parse_limits(
+        {"average": 5, "burst": 5, "period": "1m"}, algorithm=Algorithm.SLIDING_WINDOW
+    ).policy == Policy(5, 60.0, 5, "sliding_window")
     assert parse_limits({"average": 0, "burst": 0, "period": "1s"}).policy.unlimited
 
 
 def test_zero_values_mean_not_set():
-    lim = parse_limits({**GOOD, "tenant_key": "", "failure_policy": "", "failure_code": 0, "backend_url": "", "cache_max_age_seconds": 0, "cache_no_store": None})
-    assert (lim.tenant_key, lim.failure_policy, lim.failure_code, lim.backend_url, lim.cache_max_age_seconds, lim.cache_no_store) == (None, None, None, None, None, False)
+    lim = parse_limits(
+        {
+            **GOOD,
+            "tenant_key": "",
+            "failure_policy": "",
+            "failure_code": 0,
+            "backend_url": "",
+            "cache_max_age_seconds": 0,
+            "cache_no_store": None,
+        }
+    )
+    assert (
+        lim.tenant_key,
+        lim.failure_policy,
+        lim.failure_code,
+        lim.backend_url,
+        lim.cache_max_age_seconds,
+        lim.cache_no_store,
+    ) == (None, None, None, None, None, False)
     assert lim.bucket_key("k") == "k"
 
 
@@ -221,7 +277,12 @@ def test_windowed_algorithm_needs_a_whole_request_per_window():
 
 
 def test_backend_url_outside_the_allow_list_is_dropped_not_an_error():
-    assert parse_limits({**GOOD, "backend_url": "http://evil.example/"}, backend_hosts=BackendHosts("*.internal")).backend_url is None
+    assert (
+        parse_limits(
+            {**GOOD, "backend_url": "http://evil.example/"}, backend_hosts=BackendHosts("*.internal")
+        ).backend_url
+        is None
+    )
     lim = parse_limits({**GOOD, "backend_url": "http://evil.example/"}, backend_hosts=BackendHosts("*.internal"))
     assert "evil.example" in (lim.backend_url_rejected or "")
     lim = parse_limits({**GOOD, "backend_url": "http://a.internal/"}, backend_hosts=BackendHosts(""))
@@ -244,7 +305,7 @@ def _http_date(t: float) -> str:
     [
         # 1. Cache-Control: max-age=N
         ("max-age=120", None, False, None, 120.0),
-        ("public, MAX-AGE=\"45\"", None, False, None, 45.0),
+        ('public, MAX-AGE="45"', None, False, None, 45.0),
         ("max-age=0", None, False, 300, 0.0),
         # 1 beats everything after it
         ("max-age=120, no-store", _http_date(NOW + 10), True, 300, 120.0),
@@ -372,7 +433,16 @@ def test_breaker_snapshot_lists_open_first():
         bs.failure("bad", "HTTP 500")
     snap = bs.snapshot()
     assert [b["key"] for b in snap] == ["bad", "fine"]
-    assert snap[0] == {"key": "bad", "state": "open", "failures": 5, "total_failures": 5, "next_probe_in_s": 30.0, "open_for_s": 0.0, "idle_s": 0.0, "last_error": "HTTP 500"}
+    assert snap[0] == {
+        "key": "bad",
+        "state": "open",
+        "failures": 5,
+        "total_failures": 5,
+        "next_probe_in_s": 30.0,
+        "open_for_s": 0.0,
+        "idle_s": 0.0,
+        "last_error": "HTTP 500",
+    }
 
 
 # --------------------------------------------------------------------------- rules file
@@ -396,12 +466,26 @@ def _rules(extra: str) -> Any:
 def test_rules_external_block_defaults():
     rule = _rules("").get("tenants")
     assert rule.external == ExternalConfig(url="http://127.0.0.1:9100/limits")
-    assert rule.to_dict()["external"] == {"url": "http://127.0.0.1:9100/limits", "timeout_s": 5.0, "cache_ttl_s": 60.0, "max_concurrent_requests": 50, "header_filter": {"deny_list": []}}
+    assert rule.to_dict()["external"] == {
+        "url": "http://127.0.0.1:9100/limits",
+        "timeout_s": 5.0,
+        "cache_ttl_s": 60.0,
+        "max_concurrent_requests": 50,
+        "header_filter": {"deny_list": []},
+    }
 
 
 def test_rules_external_block_full():
-    rule = _rules("      timeout: 250ms\n      cache_ttl: 2m\n      max_concurrent_requests: 8\n      header_filter:\n        allow_list: [X-Tenant-Id, X-Plan]\n").get("tenants")
-    assert rule.external == ExternalConfig(url="http://127.0.0.1:9100/limits", timeout_s=0.25, cache_ttl_s=120.0, max_concurrent_requests=8, allow_list=("x-tenant-id", "x-plan"))
+    rule = _rules(
+        "      timeout: 250ms\n      cache_ttl: 2m\n      max_concurrent_requests: 8\n      header_filter:\n        allow_list: [X-Tenant-Id, X-Plan]\n"
+    ).get("tenants")
+    assert rule.external == ExternalConfig(
+        url="http://127.0.0.1:9100/limits",
+        timeout_s=0.25,
+        cache_ttl_s=120.0,
+        max_concurrent_requests=8,
+        allow_list=("x-tenant-id", "x-plan"),
+    )
 
 
 def test_api_key_routes_never_forward_their_key_header():
@@ -418,10 +502,30 @@ def test_api_key_routes_never_forward_their_key_header():
         ("      cache_ttl: 2d\n", 9, "routes[0].external.cache_ttl", "up to 86400s"),
         ("      max_concurrent_requests: 0\n", 9, "routes[0].external.max_concurrent_requests", "from 1 to 10000"),
         ("      max_concurrent_requests: many\n", 9, "routes[0].external.max_concurrent_requests", "whole number"),
-        ("      header_filter:\n        allow_list: [X-Tenant-Id]\n        deny_list: [X-Other]\n", 11, "routes[0].external.header_filter.deny_list", "not both"),
-        ("      header_filter:\n        allow_list: [X-Tenant-Id, Cookie]\n", 10, "routes[0].external.header_filter.allow_list[1]", "carries credentials"),
-        ("      header_filter:\n        allow_list: X-Tenant-Id\n", 10, "routes[0].external.header_filter.allow_list", "must be a list"),
-        ("      header_filter:\n        allowlist: [X-Tenant-Id]\n", 10, "routes[0].external.header_filter.allowlist", "did you mean 'allow_list'"),
+        (
+            "      header_filter:\n        allow_list: [X-Tenant-Id]\n        deny_list: [X-Other]\n",
+            11,
+            "routes[0].external.header_filter.deny_list",
+            "not both",
+        ),
+        (
+            "      header_filter:\n        allow_list: [X-Tenant-Id, Cookie]\n",
+            10,
+            "routes[0].external.header_filter.allow_list[1]",
+            "carries credentials",
+        ),
+        (
+            "      header_filter:\n        allow_list: X-Tenant-Id\n",
+            10,
+            "routes[0].external.header_filter.allow_list",
+            "must be a list",
+        ),
+        (
+            "      header_filter:\n        allowlist: [X-Tenant-Id]\n",
+            10,
+            "routes[0].external.header_filter.allowlist",
+            "did you mean 'allow_list'",
+        ),
         ("      enabled: true\n", 9, "routes[0].external.enabled", "remove the block"),
         ("      grpc: {address: x}\n", 9, "routes[0].external.grpc", "only HTTP"),
     ],
@@ -436,7 +540,11 @@ def test_rules_external_errors_name_file_line_and_field(extra, line, field, mess
 
 @pytest.mark.parametrize(
     ("url", "message"),
-    [("ftp://limits/x", "http:// or https://"), ("http://user:pw@limits/x", "credentials"), ("limits:9100", "http:// or https://")],
+    [
+        ("ftp://limits/x", "http:// or https://"),
+        ("http://user:pw@limits/x", "credentials"),
+        ("limits:9100", "http:// or https://"),
+    ],
 )
 def test_rules_external_url_errors(url, message):
     with pytest.raises(RulesError) as ei:
@@ -446,24 +554,55 @@ def test_rules_external_url_errors(url, message):
 
 def test_rules_external_needs_a_url():
     with pytest.raises(RulesError) as ei:
-        parse_rules(RULES.replace("      url: http://127.0.0.1:9100/limits\n", "      timeout: 1s\n"), load_settings(), source="rules.yaml")
-    assert (ei.value.line, ei.value.field) == (7, "routes[0].external") and "missing required key 'url'" in ei.value.message
+        parse_rules(
+            RULES.replace("      url: http://127.0.0.1:9100/limits\n", "      timeout: 1s\n"),
+            load_settings(),
+            source="rules.yaml",
+        )
+    assert (ei.value.line, ei.value.field) == (
+        7,
+        "routes[0].external",
+    ) and "missing required key 'url'" in ei.value.message
 
 
 # =========================================================================== lookups (IO)
 
 
-def make_rule(url: str, *, name: str = "tenants", algorithm: str = "token_bucket", strategy: KeyStrategy = KeyStrategy.HEADER, **ext: Any) -> RouteRule:
-    key = KeyExtractor(strategy, header="X-Tenant-Id") if strategy is KeyStrategy.HEADER else KeyExtractor(strategy, api_key_header="X-Partner-Key")
+def make_rule(
+    url: str,
+    *,
+    name: str = "tenants",
+    algorithm: str = "token_bucket",
+    strategy: KeyStrategy = KeyStrategy.HEADER,
+    **ext: Any,
+) -> RouteRule:
+    key = (
+        KeyExtractor(strategy, header="X-Tenant-Id")
+        if strategy is KeyStrategy.HEADER
+        else KeyExtractor(strategy, api_key_header="X-Partner-Key")
+    )
     policy = Policy(3, 1.0, 3, algorithm)
     secret = ("X-Partner-Key",) if strategy is KeyStrategy.API_KEY else ()
-    return RouteRule(name=name, methods=None, path_pattern="/**", key=key, local=policy, distributed=policy, external=ExternalConfig(url=url, secret_headers=secret, **ext))
+    return RouteRule(
+        name=name,
+        methods=None,
+        path_pattern="/**",
+        key=key,
+        local=policy,
+        distributed=policy,
+        external=ExternalConfig(url=url, secret_headers=secret, **ext),
+    )
 
 
 @asynccontextmanager
 async def manager(redis_url: str | None, **kwargs: Any) -> AsyncIterator[ExternalManager]:
     client = make_redis_py_client(redis_url) if redis_url else None
-    m = ExternalManager(namespace=kwargs.pop("namespace", f"ext-{uuid.uuid4().hex[:8]}"), client=client, metrics=kwargs.pop("metrics", Metrics()), **kwargs)
+    m = ExternalManager(
+        namespace=kwargs.pop("namespace", f"ext-{uuid.uuid4().hex[:8]}"),
+        client=client,
+        metrics=kwargs.pop("metrics", Metrics()),
+        **kwargs,
+    )
     try:
         yield m
     finally:
@@ -502,12 +641,19 @@ async def settle(m: ExternalManager, timeout: float = 2.0) -> None:
 
 
 async def test_answer_is_applied_and_cached_in_redis_for_every_replica(redis_url, script, service):
-    script.default = Answer(body={"average": 100, "burst": 20, "period": "1s", "tenant_key": "acme-corp"}, headers={"Cache-Control": "max-age=120"})
+    script.default = Answer(
+        body={"average": 100, "burst": 20, "period": "1s", "tenant_key": "acme-corp"},
+        headers={"Cache-Control": "max-age=120"},
+    )
     rule = make_rule(limits_url(service))
     ns = f"ext-{uuid.uuid4().hex[:8]}"
     async with manager(redis_url, namespace=ns) as m:
         res = await resolve(m, rule)
-        assert res.source == "external" and res.limits.policy == Policy(100, 1.0, 20) and res.limits.bucket_key("acme") == "t:acme-corp"
+        assert (
+            res.source == "external"
+            and res.limits.policy == Policy(100, 1.0, 20)
+            and res.limits.bucket_key("acme") == "t:acme-corp"
+        )
         await settle(m)
         assert (await resolve(m, rule)).source == "cache"
     r = redis_sync.Redis.from_url(redis_url)
@@ -525,9 +671,19 @@ async def test_answer_is_applied_and_cached_in_redis_for_every_replica(redis_url
     ("headers", "body_extra", "fresh_ttl", "stale"),
     [
         ({"Cache-Control": "max-age=45"}, {"cache_max_age_seconds": 300}, 45, True),  # 1
-        ({"Cache-Control": "no-cache"}, {"cache_max_age_seconds": 300}, None, True),  # 2 (no-cache: the stale copy stays)
+        (
+            {"Cache-Control": "no-cache"},
+            {"cache_max_age_seconds": 300},
+            None,
+            True,
+        ),  # 2 (no-cache: the stale copy stays)
         ({"Cache-Control": "no-store"}, {}, None, False),  # 2 (no-store: no copy at all)
-        ({"Expires": "@+90"}, {"cache_no_store": True}, 90, False),  # 3 (beats the body's TTL; no-store still means no copy)
+        (
+            {"Expires": "@+90"},
+            {"cache_no_store": True},
+            90,
+            False,
+        ),  # 3 (beats the body's TTL; no-store still means no copy)
         ({"Expires": "@-90"}, {}, None, True),  # 3, in the past
         ({}, {"cache_no_store": True, "cache_max_age_seconds": 300}, None, False),  # 4
         ({}, {"cache_max_age_seconds": 300}, 300, True),  # 5
@@ -656,7 +812,17 @@ async def test_breaker_opens_after_five_failures_and_probes_after_30s(redis_url,
         assert script.calls == 5
         snap = m.snapshot()
         assert snap["breakers_open"] == 1
-        assert snap["breakers"][0] | {"idle_s": 0} == {"route": "tenants", "key": "acme", "state": "open", "failures": 5, "total_failures": 5, "next_probe_in_s": 30.0, "open_for_s": 0.0, "idle_s": 0, "last_error": "the limits service answered HTTP 500"}
+        assert snap["breakers"][0] | {"idle_s": 0} == {
+            "route": "tenants",
+            "key": "acme",
+            "state": "open",
+            "failures": 5,
+            "total_failures": 5,
+            "next_probe_in_s": 30.0,
+            "open_for_s": 0.0,
+            "idle_s": 0,
+            "last_error": "the limits service answered HTTP 500",
+        }
         # open: no calls, immediately
         t0 = time.monotonic()
         for _ in range(10):
@@ -674,7 +840,11 @@ async def test_breaker_opens_after_five_failures_and_probes_after_30s(redis_url,
         assert {r.source for r in results} == {"external"} and script.calls == 7
         b = m.snapshot()["breakers"]
         assert [x for x in b if x["key"] == "acme"][0]["state"] == "closed"
-    assert [(e["key"], e["from"], e["to"]) for e in events if e["key"] == "acme"] == [("acme", "closed", "open"), ("acme", "open", "half_open"), ("acme", "half_open", "closed")]
+    assert [(e["key"], e["from"], e["to"]) for e in events if e["key"] == "acme"] == [
+        ("acme", "closed", "open"),
+        ("acme", "open", "half_open"),
+        ("acme", "half_open", "closed"),
+    ]
     text = metrics.render().decode()
     assert metric_value(text, "rate_limit_external_breaker_transitions_total", to="open") == 1
     assert metric_value(text, "rate_limit_external_calls_total", result="error") == 6
@@ -828,7 +998,13 @@ async def test_sensitive_headers_never_leave_the_process(redis_url, script, serv
     rule = make_rule(limits_url(service), strategy=KeyStrategy.API_KEY, **filter_kwargs)
     ns = f"ext-{uuid.uuid4().hex[:8]}"
     async with manager(redis_url, namespace=ns) as m:
-        res = await m.resolve(rule, "apikey:0123456789abcdef0123456789abcdef", "POST", "/api/x", {**SECRETS, "X-Tenant-Id": "acme", "X-Plan": "gold"})
+        res = await m.resolve(
+            rule,
+            "apikey:0123456789abcdef0123456789abcdef",
+            "POST",
+            "/api/x",
+            {**SECRETS, "X-Tenant-Id": "acme", "X-Plan": "gold"},
+        )
         assert res.source == "external"
         await settle(m)
     assert script.calls == 1
@@ -857,7 +1033,15 @@ async def test_snapshot_reports_cache_calls_and_sources(redis_url, script, servi
         await resolve(m, rule)
         snap = m.snapshot()
     assert snap["routes"][0]["route"] == "tenants" and snap["routes"][0]["max_concurrent_requests"] == 7
-    assert snap["cache"] == {"enabled": True, "available": True, "hit": 2, "miss": 1, "stale": 0, "hit_ratio": 0.6667, "errors": 0}
+    assert snap["cache"] == {
+        "enabled": True,
+        "available": True,
+        "hit": 2,
+        "miss": 1,
+        "stale": 0,
+        "hit_ratio": 0.6667,
+        "errors": 0,
+    }
     assert snap["calls"]["ok"] == 1 and snap["sources"] == {"external": 1, "cache": 2, "stale": 0, "static": 0}
     assert snap["backend_hosts"] == ["*.backend.internal"]
     text = metrics.render().decode()
@@ -890,7 +1074,6 @@ def test_resolvers_survive_reloads_with_the_same_block():
     assert m._resolvers["tenants"] is not first
     m.configure([])
     assert m._resolvers == {}
-
 
 
 async def test_cache_and_stale_copy_on_standalone_and_cluster(any_redis_url, script, service):

@@ -12,7 +12,6 @@ from typing import Any
 import httpx
 import pytest
 import redis as redis_sync
-
 from cp_server import ControlPlaneServer, metric_value, wait_until, write_rules
 from ext_service import Answer, AppServer, RawServer, Script, closed_port_url, load_example_service, scripted_app
 
@@ -81,14 +80,23 @@ def test_decisions_take_each_tenants_limits_from_the_service(make_cp, example_se
         # acme-eu maps to the same tenant key: one shared bucket
         eu = tenant(c, "acme-eu").json()
         assert eu["key"] == "t:acme" and eu["limits_source"] == "external"
-        shared = [b for b in c.get("/v1/buckets", params={"route": "tenants"}).json()["buckets"] if b["key"] == "t:acme"]
+        shared = [
+            b for b in c.get("/v1/buckets", params={"route": "tenants"}).json()["buckets"] if b["key"] == "t:acme"
+        ]
         assert shared and shared[0]["recent_requests"] == 3
         # globex: 5 per second, enforced by the (local) limiter in shadow mode
-        batch = c.post("/v1/decide/batch", json={"requests": [{"method": "GET", "path": "/api/tenants/x", "headers": {"X-Tenant-Id": "globex"}}] * 7}).json()
+        batch = c.post(
+            "/v1/decide/batch",
+            json={"requests": [{"method": "GET", "path": "/api/tenants/x", "headers": {"X-Tenant-Id": "globex"}}] * 7},
+        ).json()
         codes = [d["status_code"] for d in batch["decisions"]]
         assert codes == [200] * 5 + [429] * 2, codes  # decided within microseconds: no refill
         g = tenant(c, "globex")
-        assert g.json()["limits_source"] == "cache" and g.json()["key"] == "globex" and g.headers["X-RateLimit-Limit"] == "5"
+        assert (
+            g.json()["limits_source"] == "cache"
+            and g.json()["key"] == "globex"
+            and g.headers["X-RateLimit-Limit"] == "5"
+        )
         # an unknown tenant gets the service's free plan (2/s), not the file's 3/s
         free = tenant(c, "hooli")
         assert free.json()["limits_source"] == "external" and free.headers["X-RateLimit-Limit"] == "2"
@@ -116,12 +124,16 @@ def test_backend_url_is_dropped_without_an_allow_list(make_cp, example_service):
 def test_failure_policy_and_code_come_from_the_tenant(make_cp, redis_url):
     """initech fails closed with 503 when Redis is down; the route itself would fall back."""
     script = Script()
-    script.default = Answer(body={"average": 100, "burst": 20, "period": "1m", "failure_policy": "failclosed", "failure_code": 503})
+    script.default = Answer(
+        body={"average": 100, "burst": 20, "period": "1m", "failure_policy": "failclosed", "failure_code": 503}
+    )
     with AppServer(scripted_app(script)) as svc:
         cp = make_cp(rules_for(svc.url + "/limits"), redis_url=redis_url)
         with cp.client() as c:
             admin = {"Authorization": "Bearer test-admin-token-0123456789"}
-            r = c.put("/v1/routes/tenants/mode", json={"mode": "enforce", "reason": "test", "force": True}, headers=admin)
+            r = c.put(
+                "/v1/routes/tenants/mode", json={"mode": "enforce", "reason": "test", "force": True}, headers=admin
+            )
             assert r.status_code == 200, r.text
             ok = tenant(c, "initech")
             assert ok.status_code == 200 and ok.json()["enforced_by"] == "distributed"
@@ -157,7 +169,15 @@ def test_misbehaving_service_never_delays_a_decision_beyond_the_timeout(make_cp,
                 r = tenant(c, "acme")
                 assert time.monotonic() - t0 < 0.4 + 0.4
                 assert r.status_code == 200 and r.json()["limits_source"] == "static"
-            batch = c.post("/v1/decide/batch", json={"requests": [{"method": "GET", "path": "/api/tenants/x", "headers": {"X-Tenant-Id": f"t{i}"}} for i in range(5)]})
+            batch = c.post(
+                "/v1/decide/batch",
+                json={
+                    "requests": [
+                        {"method": "GET", "path": "/api/tenants/x", "headers": {"X-Tenant-Id": f"t{i}"}}
+                        for i in range(5)
+                    ]
+                },
+            )
             assert batch.status_code == 200
             assert {d["limits_source"] for d in batch.json()["decisions"]} == {"static"}
 
@@ -211,7 +231,12 @@ def test_breakers_cache_and_calls_are_visible(make_cp):
                         data = json.loads(line[6:])
                         if event == "snapshot" and data.get("external", {}).get("breakers_open") == 1:
                             seen_snapshot = True
-                            if any(e.get("type") == "external_breaker" and e.get("key") == "broken" and e.get("to") == "open" for e in data["events"]):
+                            if any(
+                                e.get("type") == "external_breaker"
+                                and e.get("key") == "broken"
+                                and e.get("to") == "open"
+                                for e in data["events"]
+                            ):
                                 seen_event = True
                         elif event == "event" and data.get("type") == "external_breaker" and data.get("to") == "open":
                             seen_event = True
@@ -225,7 +250,12 @@ def test_sensitive_headers_never_reach_the_service_through_the_api(make_cp):
     with AppServer(scripted_app(script)) as svc:
         text = rules_for(svc.url + "/limits").replace("      header_filter: {allow_list: [X-Tenant-Id, X-Plan]}\n", "")
         cp = make_cp(text)
-        secrets = {"Authorization": "Bearer sk-live-9", "Cookie": "sid=abc123", "X-Api-Key": "k-777", "X-Session-Token": "st-888"}
+        secrets = {
+            "Authorization": "Bearer sk-live-9",
+            "Cookie": "sid=abc123",
+            "X-Api-Key": "k-777",
+            "X-Session-Token": "st-888",
+        }
         with cp.client() as c:
             r = tenant(c, "acme", headers={**secrets, "X-Plan": "gold"})
             assert r.status_code == 200 and r.json()["limits_source"] == "external"

@@ -224,12 +224,11 @@ def test_trusted_proxy_forwarded_for_cleanup() -> None:
 
 def test_trusted_proxy_falls_back_to_real_ip_then_peer() -> None:
     ext = KeyExtractor(trusted_proxies=TRUSTED)
-    assert ext.extract(client_ip="10.0.0.1", headers={"X-Real-IP": " 198.51.100.9 "}) == (
-        "198.51.100.9"
+    assert ext.extract(client_ip="10.0.0.1", headers={"X-Real-IP": " 198.51.100.9 "}) == ("198.51.100.9")
+    assert (
+        ext.extract(client_ip="10.0.0.1", headers={"X-Forwarded-For": "junk, ", "X-Real-IP": "198.51.100.9"})
+        == "198.51.100.9"
     )
-    assert ext.extract(
-        client_ip="10.0.0.1", headers={"X-Forwarded-For": "junk, ", "X-Real-IP": "198.51.100.9"}
-    ) == "198.51.100.9"
     assert ext.extract(client_ip="10.0.0.1", headers={"X-Real-IP": "junk"}) == "10.0.0.1"
     assert ext.extract(client_ip="10.0.0.1", headers={}) == "10.0.0.1"
 
@@ -240,13 +239,12 @@ def test_client_ip_ipv6_normalised() -> None:
     assert ext.extract(client_ip="fe80::1%eth0", headers={}) == "fe80::1"  # zone id dropped
     assert ext.extract(client_ip="::ffff:198.51.100.1", headers={}) == "198.51.100.1"
     # IPv6 trusted proxy forwarding an IPv6 client
-    assert ext.extract(
-        client_ip="fd00::5", headers={"X-Forwarded-For": "2001:db8:0:0:1::1, fd00::6"}
-    ) == "2001:db8::1:0:0:1"
-    # IPv6 untrusted peer: header ignored
-    assert ext.extract(client_ip="2001:db8::99", headers={"X-Forwarded-For": "1.1.1.1"}) == (
-        "2001:db8::99"
+    assert (
+        ext.extract(client_ip="fd00::5", headers={"X-Forwarded-For": "2001:db8:0:0:1::1, fd00::6"})
+        == "2001:db8::1:0:0:1"
     )
+    # IPv6 untrusted peer: header ignored
+    assert ext.extract(client_ip="2001:db8::99", headers={"X-Forwarded-For": "1.1.1.1"}) == ("2001:db8::99")
 
 
 @pytest.mark.parametrize("peer", [None, "", "testclient", "999.1.1.1", "a\nb"])
@@ -265,17 +263,11 @@ def test_rightmost_untrusted() -> None:
     first = KeyExtractor(trusted_proxies=TRUSTED)
     assert first.extract(client_ip="10.0.0.1", headers=headers) == "6.6.6.6"
     # all hops trusted: the left-most (an internal client)
-    assert ext.extract(
-        client_ip="10.0.0.1", headers={"X-Forwarded-For": "10.9.9.9, 10.0.0.2"}
-    ) == "10.9.9.9"
+    assert ext.extract(client_ip="10.0.0.1", headers={"X-Forwarded-For": "10.9.9.9, 10.0.0.2"}) == "10.9.9.9"
     # an unparsable hop stops the walk at the last trusted hop
-    assert ext.extract(
-        client_ip="10.0.0.1", headers={"X-Forwarded-For": "6.6.6.6, unknown, 10.0.0.2"}
-    ) == "10.0.0.2"
+    assert ext.extract(client_ip="10.0.0.1", headers={"X-Forwarded-For": "6.6.6.6, unknown, 10.0.0.2"}) == "10.0.0.2"
     # no usable X-Forwarded-For: X-Real-IP, then the peer
-    assert ext.extract(client_ip="10.0.0.1", headers={"X-Real-IP": "198.51.100.3"}) == (
-        "198.51.100.3"
-    )
+    assert ext.extract(client_ip="10.0.0.1", headers={"X-Real-IP": "198.51.100.3"}) == ("198.51.100.3")
     assert ext.extract(client_ip="10.0.0.1", headers={"X-Forwarded-For": " , "}) == "10.0.0.1"
     # untrusted peer: still ignored
     assert ext.extract(client_ip="203.0.113.1", headers=headers) == "203.0.113.1"
@@ -312,9 +304,7 @@ def test_header_lookup_starlette_headers() -> None:
     assert ext.extract(client_ip=None, headers=raw) == "globex"
 
 
-@pytest.mark.parametrize(
-    "headers", [{}, {"X-Tenant-Id": ""}, {"x-tenant-id": "   "}, {"X-Other": "a"}]
-)
+@pytest.mark.parametrize("headers", [{}, {"X-Tenant-Id": ""}, {"x-tenant-id": "   "}, {"X-Other": "a"}])
 def test_header_missing(headers: dict[str, str]) -> None:
     ext = KeyExtractor(strategy="header", header="X-Tenant-Id")
     with pytest.raises(MissingKeyError) as exc:
@@ -445,9 +435,7 @@ def test_api_key_invalid_never_leaks() -> None:
 def test_api_key_long_bearer_token_is_fine() -> None:
     jwt = "eyJ" + "a" * 1200
     ext = KeyExtractor(strategy="apiKey")
-    assert ext.extract(client_ip=None, headers={"authorization": f"Bearer {jwt}"}) == (
-        api_key_id(jwt)
-    )
+    assert ext.extract(client_ip=None, headers={"authorization": f"Bearer {jwt}"}) == (api_key_id(jwt))
 
 
 # -- KeyExtractor construction ---------------------------------------------------
@@ -522,9 +510,7 @@ controls = st.characters(categories=["Cc", "Cf"])
 
 
 @given(st.text(), controls, st.text())
-def test_validate_key_never_accepts_control_characters(
-    prefix: str, ctrl: str, suffix: str
-) -> None:
+def test_validate_key_never_accepts_control_characters(prefix: str, ctrl: str, suffix: str) -> None:
     with pytest.raises(InvalidKeyError):
         validate_key(prefix + ctrl + suffix)
 
@@ -555,9 +541,7 @@ header_values = st.one_of(
     mode=st.sampled_from(["first", "rightmost_untrusted"]),
     client_ip=st.one_of(st.none(), header_values, st.sampled_from(["10.0.0.1", "127.0.0.1"])),
     headers=st.dictionaries(
-        st.sampled_from(
-            ["X-Forwarded-For", "x-real-ip", "X-Tenant-Id", "x-api-key", "Authorization", "Other"]
-        ),
+        st.sampled_from(["X-Forwarded-For", "x-real-ip", "X-Tenant-Id", "x-api-key", "Authorization", "Other"]),
         header_values,
     ),
     path=any_text,

@@ -311,8 +311,6 @@ def test_inserting_a_key_drops_idle_ones():
     assert lim.keys() == ["new"] and lim.expired == 1
 
 
-
-
 @pytest.mark.parametrize("alg", ALGS, ids=str)
 def test_a_swept_key_is_equivalent_to_a_fresh_one(alg):
     """At the moment a key may be swept, its state decides like no state at all."""

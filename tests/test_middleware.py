@@ -12,9 +12,9 @@ from fastapi import FastAPI
 
 from control_plane.middleware import ShadowLimitMiddleware
 from control_plane.rollout import AuditEntry, Mode, RouteState
+from control_plane.settings import load_settings
 from control_plane.store import RolloutStore
 from limiter.redis_limiter import make_redis_py_client
-from control_plane.settings import load_settings
 
 RULES = textwrap.dedent(
     """
@@ -32,7 +32,9 @@ RULES = textwrap.dedent(
 def make_app(redis_url, tmp_path, ns):
     rules = tmp_path / "rules.yaml"
     rules.write_text(RULES)
-    settings = load_settings(redis_url=redis_url, enable_distributed_rate_limiting=True, rules_path=str(rules), namespace=ns)
+    settings = load_settings(
+        redis_url=redis_url, enable_distributed_rate_limiting=True, rules_path=str(rules), namespace=ns
+    )
     app = FastAPI()
 
     @app.get("/items/{item}")
@@ -94,7 +96,12 @@ async def test_middleware_enforces_local_in_shadow_and_distributed_in_enforce(re
             client = make_redis_py_client(redis_url)
             store = RolloutStore(client, ns)
             new = RouteState(mode=Mode.ENFORCE, updated_by="elsewhere", reason="test", version=1)
-            await store.change("items", new, AuditEntry(route="items", actor="elsewhere", from_mode="shadow", to_mode="enforce", reason="test"), expected_version=None)
+            await store.change(
+                "items",
+                new,
+                AuditEntry(route="items", actor="elsewhere", from_mode="shadow", to_mode="enforce", reason="test"),
+                expected_version=None,
+            )
             await client.aclose()
             t0 = time.monotonic()
             while engine.state_for("items").mode is not Mode.ENFORCE and time.monotonic() - t0 < 2:

@@ -40,7 +40,9 @@ def any_policy(draw: st.DrawFn) -> Policy:
     """Policies over the whole range, edges included; those that do not construct are
     rejected (they are the other half of the property: refused up front)."""
     alg = draw(st.sampled_from(list(Algorithm)))
-    period = draw(st.sampled_from([MIN_PERIOD_S, 1.0, 86_400.0, MAX_PERIOD_S]) | _log_uniform(MIN_PERIOD_S, MAX_PERIOD_S))
+    period = draw(
+        st.sampled_from([MIN_PERIOD_S, 1.0, 86_400.0, MAX_PERIOD_S]) | _log_uniform(MIN_PERIOD_S, MAX_PERIOD_S)
+    )
     burst = draw(st.none() | st.sampled_from([1, 10**9]) | st.integers(0, 9).flatmap(lambda e: st.integers(1, 10**e)))
     b = burst if burst is not None else 1
     edges = [
@@ -63,7 +65,9 @@ def requests(draw: st.DrawFn, policy: Policy) -> list[tuple[int, int]]:
     clock, years ahead; costs from 1 to the limit (the sliding log stores one entry per
     token, so its costs stay small)."""
     refill = math.ceil(policy.burst * policy.period_us / max(policy.average, 1e-300))
-    steps = st.sampled_from([0, 1, policy.period_us, -policy.period_us, min(refill, 10 * YEAR_US), 10 * YEAR_US]) | st.integers(0, policy.period_us)
+    steps = st.sampled_from(
+        [0, 1, policy.period_us, -policy.period_us, min(refill, 10 * YEAR_US), 10 * YEAR_US]
+    ) | st.integers(0, policy.period_us)
     top = min(policy.limit, 1000) if policy.algorithm is Algorithm.SLIDING_LOG else policy.limit
     costs = st.sampled_from([1, top]) | st.integers(1, top)
     return draw(st.lists(st.tuples(steps, costs), min_size=1, max_size=6))
@@ -84,7 +88,13 @@ def _check(url: str, policy: Policy, seq: list[tuple[int, int]]) -> None:
             out, now = [], T0
             for step, cost in seq:
                 now += step
-                out.append((await rl.check(key, policy, cost, now), await rl.raw_state(key, policy.algorithm), await rl.peek(key, policy, now_us=now)))
+                out.append(
+                    (
+                        await rl.check(key, policy, cost, now),
+                        await rl.raw_state(key, policy.algorithm),
+                        await rl.peek(key, policy, now_us=now),
+                    )
+                )
             return out
         finally:
             await rl.aclose()
@@ -109,7 +119,11 @@ def _check(url: str, policy: Policy, seq: list[tuple[int, int]]) -> None:
             assert info.expires_us < EXACT, info
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow, HealthCheck.filter_too_much])
+@settings(
+    max_examples=150,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow, HealthCheck.filter_too_much],
+)
 @given(data=st.data())
 def test_any_constructible_policy_decides_everywhere(redis_url, data):
     policy = data.draw(any_policy())
@@ -126,7 +140,9 @@ LARGEST = [
 
 
 @pytest.mark.parametrize("alg", list(Algorithm))
-@pytest.mark.parametrize("kwargs", LARGEST, ids=["fast-big", "fast-default-burst", "slow-window-big", "tiny-period-big-burst"])
+@pytest.mark.parametrize(
+    "kwargs", LARGEST, ids=["fast-big", "fast-default-burst", "slow-window-big", "tiny-period-big-burst"]
+)
 def test_largest_values_decide_or_are_refused_by_name(redis_url, kwargs, alg):
     try:
         policy = Policy(**kwargs, algorithm=alg)
@@ -143,7 +159,12 @@ def test_largest_values_decide_or_are_refused_by_name(redis_url, kwargs, alg):
         {"average": 1e-9, "period": 86_400, "burst": 1},  # PUT /ratelimit/config in the issue
         {"average": 1.0e-300},  # the rules file in the issue
         {"average": 1e-300, "period": 86_400},  # 1 / rate is inf: OverflowError in ceil()
-        {"average": 1, "period": MAX_PERIOD_S, "burst": 10**9, "algorithm": "fixed_window"},  # TTL beyond EXPIRE's range
+        {
+            "average": 1,
+            "period": MAX_PERIOD_S,
+            "burst": 10**9,
+            "algorithm": "fixed_window",
+        },  # TTL beyond EXPIRE's range
         {"average": 1, "period": MAX_PERIOD_S, "burst": 10**9, "algorithm": "sliding_log"},
         {"average": 1e9, "period": 0.001, "algorithm": "gcra"},  # 1e-6 us per token: TAT never moves
         {"average": 1e10},  # a default burst past 10^9

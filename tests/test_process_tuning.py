@@ -88,4 +88,6 @@ def test_fastapi_telemetry_follows_the_otel_setting(enabled):
     for a provider on every request)."""
     app = create_app(load_settings(rules_path=None, otel=enabled))
     config = app._telemetry  # FastAPI's resolved telemetry settings
-    assert (config["tracing"], config["metrics"], config["logs"]) == ((True, True, True) if enabled else (False, False, False))
+    assert (config["tracing"], config["metrics"], config["logs"]) == (
+        (True, True, True) if enabled else (False, False, False)
+    )

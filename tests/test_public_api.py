@@ -1,8 +1,8 @@
 """The public names of each package are a contract: nothing leaks, nothing disappears."""
 
-import limiter
 import control_plane
 import dashboard
+import limiter
 
 
 def test_limiter_public_names():
@@ -26,7 +26,14 @@ def test_limiter_public_names():
 
 
 def test_control_plane_public_names():
-    assert sorted(control_plane.__all__) == ["Engine", "Settings", "SettingsError", "ShadowLimitMiddleware", "create_app", "load_settings"]
+    assert sorted(control_plane.__all__) == [
+        "Engine",
+        "Settings",
+        "SettingsError",
+        "ShadowLimitMiddleware",
+        "create_app",
+        "load_settings",
+    ]
     for name in control_plane.__all__:
         assert getattr(control_plane, name) is not None
 

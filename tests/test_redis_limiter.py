@@ -114,8 +114,24 @@ def free_port() -> int:
 def scenario(policy: Policy) -> list[tuple[int, int]]:
     """A fixed request sequence: bursts, refills, an out-of-order request, costs."""
     w = policy.period_us
-    steps = [(0, 1), (0, 1), (0, 2), (0, 1), (0, 1), (w // 10, 1), (w // 3, 1), (-(w // 2), 1),
-             (w, 3), (0, 2), (w // 7, 1), (2 * w, 5), (1, 1), (w // 2, 1), (w // 2 + 1, 4), (5 * w, 1)]
+    steps = [
+        (0, 1),
+        (0, 1),
+        (0, 2),
+        (0, 1),
+        (0, 1),
+        (w // 10, 1),
+        (w // 3, 1),
+        (-(w // 2), 1),
+        (w, 3),
+        (0, 2),
+        (w // 7, 1),
+        (2 * w, 5),
+        (1, 1),
+        (w // 2, 1),
+        (w // 2 + 1, 4),
+        (5 * w, 1),
+    ]
     now = T0 + 123
     out = []
     for dt, cost in steps:
@@ -291,14 +307,18 @@ async def test_peek_other_algorithms(any_redis_url, alg):
             for now, cost in [(T0, 2), (T0 + 10, 1)]:
                 await rl.check("k", policy, cost, now_us=now)
                 local.check("k", policy, cost, now_us=now)
-            snapshot = client.zrange(rkey, 0, -1, withscores=True) if alg is Algorithm.SLIDING_LOG else client.hgetall(rkey)
+            snapshot = (
+                client.zrange(rkey, 0, -1, withscores=True) if alg is Algorithm.SLIDING_LOG else client.hgetall(rkey)
+            )
             pttl = client.pttl(rkey)
             for t in [T0 + 10, T0 + 400_000, T0 + SEC - 1, T0 + SEC + 20, T0 + 3 * SEC]:
                 v = await rl.peek("k", policy, now_us=t)
                 assert v == local.peek("k", policy, now_us=t)
                 assert v.exists
             assert (await rl.peek("k", policy, now_us=T0 + 10)).tokens == 2.0
-            after = client.zrange(rkey, 0, -1, withscores=True) if alg is Algorithm.SLIDING_LOG else client.hgetall(rkey)
+            after = (
+                client.zrange(rkey, 0, -1, withscores=True) if alg is Algorithm.SLIDING_LOG else client.hgetall(rkey)
+            )
             assert after == snapshot
             assert 0 < client.pttl(rkey) <= pttl
             # the 2 remaining requests are still there
@@ -344,7 +364,10 @@ async def test_check_many_preserves_order_and_equals_sequential_checks(any_redis
         requests.append((f"{key}-{policy.algorithm.value}", policy, 1 + i % 2, now))
         if i % 17 == 0:
             requests.append((key, unlimited, 1, now))
-    async with open_limiter(any_redis_url, namespace="batch") as batch_rl, open_limiter(any_redis_url, namespace="seq") as seq_rl:
+    async with (
+        open_limiter(any_redis_url, namespace="batch") as batch_rl,
+        open_limiter(any_redis_url, namespace="seq") as seq_rl,
+    ):
         batch = await batch_rl.check_many(requests)
         sequential = [await seq_rl.check(k, p, c, now_us=t) for k, p, c, t in requests]
     assert len(batch) == len(requests)

@@ -16,13 +16,12 @@ from typing import Any
 import httpx
 import pytest
 from annotated_types import Le, MaxLen
+from cp_server import ADMIN_TOKEN, ControlPlaneServer, free_port, wait_until, write_rules
+from ext_service import AppServer
 
 from control_plane.api.schemas import BatchRequest, DecideRequest
 from control_plane.limits import RequestLimits, RequestLimitsMiddleware
 from control_plane.settings import Settings, SettingsError, load_settings
-
-from cp_server import ADMIN_TOKEN, ControlPlaneServer, free_port, wait_until, write_rules
-from ext_service import AppServer
 
 WAIT_S = 10.0  # the longest any answer is waited for
 DECIDE = {"route": "search", "key": "alice"}
@@ -101,10 +100,14 @@ def _closed_by_server(sock: socket.socket) -> bool:
 
 
 def _head(method: str, path: str, *lines: str) -> bytes:
-    return (f"{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n" + "".join(f"{line}\r\n" for line in lines) + "\r\n").encode()
+    return (
+        f"{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n" + "".join(f"{line}\r\n" for line in lines) + "\r\n"
+    ).encode()
 
 
-def _refusal(status: int, headers: dict[str, str], body: bytes, expected_status: int, error: str, limit: int) -> dict[str, Any]:
+def _refusal(
+    status: int, headers: dict[str, str], body: bytes, expected_status: int, error: str, limit: int
+) -> dict[str, Any]:
     assert status == expected_status, body
     assert headers["content-type"] == "application/json"
     assert headers["connection"] == "close"
@@ -135,7 +138,9 @@ def test_declared_oversized_body_is_refused_before_it_is_read(make_cp, method, p
     with _connect(cp.port) as big:
         # 100 MB announced, 4 KiB sent, the rest never comes: only a server that answers
         # from the Content-Length alone can reply
-        big.sendall(_head(method, path, "Content-Type: application/json", "Content-Length: 100000000", *extra) + b"[" * 4096)
+        big.sendall(
+            _head(method, path, "Content-Type: application/json", "Content-Length: 100000000", *extra) + b"[" * 4096
+        )
         _decide_ok(cp)  # a decide while the oversized request is open
         status, headers, body = _read_response(big)
         _refusal(status, headers, body, 413, "payload_too_large", 65536)
@@ -213,7 +218,9 @@ def test_content_length_shorter_than_the_body_never_delivers_the_rest(make_cp):
     cp = make_cp(max_body_bytes=65536)
     with _connect(cp.port) as liar:
         try:
-            liar.sendall(_head("POST", "/v1/decide", "Content-Type: application/json", "Content-Length: 10") + b"{" * 1_000_000)
+            liar.sendall(
+                _head("POST", "/v1/decide", "Content-Type: application/json", "Content-Length: 10") + b"{" * 1_000_000
+            )
         except (ConnectionResetError, BrokenPipeError):
             pass  # refused and closed while the rest was still being sent
         status, _, _ = _read_response(liar)
@@ -240,9 +247,15 @@ def test_header_count_and_size_are_bounded(make_cp, http):
             status, headers, data = _read_response(s)
             assert status == expected, data
             if expected == 431:
-                assert "101 header fields" in _refusal(status, headers, data, 431, "request_header_fields_too_large", 100)["message"]
+                assert (
+                    "101 header fields"
+                    in _refusal(status, headers, data, 431, "request_header_fields_too_large", 100)["message"]
+                )
     # names and values add up to 16 KiB at most
-    base = sum(len(n) + len(v) for n, v in (("host", "127.0.0.1"), ("content-type", "application/json"), ("content-length", str(len(body)))))
+    base = sum(
+        len(n) + len(v)
+        for n, v in (("host", "127.0.0.1"), ("content-type", "application/json"), ("content-length", str(len(body))))
+    )
     for total, expected in ((16384, 200), (16385, 431)):
         with _connect(cp.port) as s:
             s.sendall(_head("POST", "/v1/decide", *fixed, "X-Big: " + "b" * (total - base - len("x-big"))) + body)
@@ -284,7 +297,16 @@ def test_many_heads_on_one_connection_are_each_counted_alone(make_cp, http):
             r = c.post("/v1/decide", json={"route": "search", "key": f"k{i}"}, headers=padding)
             assert r.status_code == 200, r.text
     body = json.dumps(DECIDE).encode()
-    one = _head("POST", "/v1/decide", "Content-Type: application/json", f"Content-Length: {len(body)}", *(f"{k}: {v}" for k, v in padding.items())) + body
+    one = (
+        _head(
+            "POST",
+            "/v1/decide",
+            "Content-Type: application/json",
+            f"Content-Length: {len(body)}",
+            *(f"{k}: {v}" for k, v in padding.items()),
+        )
+        + body
+    )
     with _connect(cp.port) as s:
         s.sendall(one * 60)  # pipelined, in one write
         reader = _Reader(s)
@@ -323,7 +345,11 @@ def test_default_body_limit_fits_a_full_batch_at_the_largest_field_sizes():
 def test_limit_settings_are_validated_and_named():
     limits = load_settings(max_body_bytes=65536, max_headers=50, max_header_bytes=8192).request_limits
     assert limits == RequestLimits(65536, 50, 8192)
-    for field, env, bad in (("max_body_bytes", "SHADOWLIMIT_MAX_BODY_BYTES", 10), ("max_headers", "SHADOWLIMIT_MAX_HEADERS", 0), ("max_header_bytes", "SHADOWLIMIT_MAX_HEADER_BYTES", "lots")):
+    for field, env, bad in (
+        ("max_body_bytes", "SHADOWLIMIT_MAX_BODY_BYTES", 10),
+        ("max_headers", "SHADOWLIMIT_MAX_HEADERS", 0),
+        ("max_header_bytes", "SHADOWLIMIT_MAX_HEADER_BYTES", "lots"),
+    ):
         with pytest.raises(SettingsError, match=env):
             load_settings(**{field: bad})
 
@@ -331,12 +357,25 @@ def test_limit_settings_are_validated_and_named():
 def test_serve_refuses_oversized_heads_and_bodies(redis_url, tmp_path):
     """`shadowlimit serve` itself (its uvicorn protocol and the app's middleware)."""
     port = free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("SHADOWLIMIT_", "RATE_LIMIT_", "ENABLE_DISTRIBUTED"))}
-    env.update(RATE_LIMIT_REDIS_URL=redis_url, SHADOWLIMIT_PORT=str(port), SHADOWLIMIT_MAX_BODY_BYTES="65536", SHADOWLIMIT_NAMESPACE=f"serve-{port}")
+    env = {
+        k: v for k, v in os.environ.items() if not k.startswith(("SHADOWLIMIT_", "RATE_LIMIT_", "ENABLE_DISTRIBUTED"))
+    }
+    env.update(
+        RATE_LIMIT_REDIS_URL=redis_url,
+        SHADOWLIMIT_PORT=str(port),
+        SHADOWLIMIT_MAX_BODY_BYTES="65536",
+        SHADOWLIMIT_NAMESPACE=f"serve-{port}",
+    )
     with open(tmp_path / "serve.log", "wb") as log:
-        proc = subprocess.Popen([str(SHADOWLIMIT), "serve", "--log-level", "warning"], env=env, stdout=log, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(
+            [str(SHADOWLIMIT), "serve", "--log-level", "warning"], env=env, stdout=log, stderr=subprocess.STDOUT
+        )
     try:
-        wait_until(lambda: httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1).status_code == 200, timeout=30, what="shadowlimit serve to listen")
+        wait_until(
+            lambda: httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1).status_code == 200,
+            timeout=30,
+            what="shadowlimit serve to listen",
+        )
         with _connect(port) as s:
             s.sendall(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Big: " + b"a" * 65536)
             _refusal(*_read_response(s), 431, "request_header_fields_too_large", 16384)

@@ -101,7 +101,11 @@ async def test_redis_down_then_back(private_redis, policy_name):
 
 async def test_breaker_open_does_not_wait_for_redis(private_redis):
     rl = RedisLimiter.from_url(private_redis.url, namespace="fast", connect_timeout=0.3, command_timeout=0.3)
-    limiter = ResilientLimiter(rl, failure_policy="passThrough", breaker=CircuitBreaker(failure_threshold=1, backoff_initial_s=30, backoff_max_s=30))
+    limiter = ResilientLimiter(
+        rl,
+        failure_policy="passThrough",
+        breaker=CircuitBreaker(failure_threshold=1, backoff_initial_s=30, backoff_max_s=30),
+    )
     await limiter.check("k", POLICY)
     private_redis.kill()
     await limiter.check("k", POLICY)  # this one pays the failure
@@ -128,7 +132,9 @@ async def test_fallback_shares_the_limit_across_live_instances(private_redis):
     for i in range(4):
         rl = RedisLimiter.from_url(private_redis.url, namespace="fleet", connect_timeout=0.3, command_timeout=0.3)
         fleet = FleetMembership(rl, instance_id=f"replica-{i}", interval_s=0.2)
-        lim = ResilientLimiter(rl, failure_policy="inMemoryFallback", breaker=fast_breaker(), fallback=LocalLimiter(), fleet=fleet)
+        lim = ResilientLimiter(
+            rl, failure_policy="inMemoryFallback", breaker=fast_breaker(), fallback=LocalLimiter(), fleet=fleet
+        )
         await lim.start()
         replicas.append(lim)
     for lim in replicas:

@@ -78,7 +78,11 @@ def test_example_file_loads(settings):
 
     tenants = rules.get("tenants")
     assert tenants.external is not None and tenants.external.url == "http://127.0.0.1:9100/limits"
-    assert (tenants.external.timeout_s, tenants.external.cache_ttl_s, tenants.external.max_concurrent_requests) == (0.5, 60.0, 50)
+    assert (tenants.external.timeout_s, tenants.external.cache_ttl_s, tenants.external.max_concurrent_requests) == (
+        0.5,
+        60.0,
+        50,
+    )
     assert tenants.external.allow_list == ("x-tenant-id", "x-plan")
 
     login = rules.get("login")
@@ -734,20 +738,68 @@ def test_non_mapping_route(settings):
         ("defaults: {}\n", "", "missing required key 'routes'"),
         ("routes: {a: 1}\n", "routes", "must be a list"),
         ("routes:\n  - {name: 'bad name', match: {path: /a}, local: {average: 1}}\n", "routes[0].name", "A-Za-z0-9"),
-        ("routes:\n  - {name: a, match: {path: /a, methods: [get]}, local: {average: 1}}\n", "routes[0].match.methods[0]", "'GET'"),
-        ("routes:\n  - {name: a, match: {path: /a, methods: []}, local: {average: 1}}\n", "routes[0].match.methods", "empty"),
+        (
+            "routes:\n  - {name: a, match: {path: /a, methods: [get]}, local: {average: 1}}\n",
+            "routes[0].match.methods[0]",
+            "'GET'",
+        ),
+        (
+            "routes:\n  - {name: a, match: {path: /a, methods: []}, local: {average: 1}}\n",
+            "routes[0].match.methods",
+            "empty",
+        ),
         ("routes:\n  - {name: a, match: {path: /a}, local: {average: fast}}\n", "routes[0].local.average", "number"),
         ("routes:\n  - {name: a, match: {path: /a}, local: {burst: 3}}\n", "routes[0].local", "'average'"),
-        ("routes:\n  - {name: a, match: {path: /a}, local: {average: 1}, key: {strategy: ip}}\n", "routes[0].key.strategy", "unknown key strategy"),
-        ("routes:\n  - {name: a, match: {path: /a}, local: {average: 1}, key: {strategy: header}}\n", "routes[0].key.header", "required"),
-        ("routes:\n  - {name: a, match: {path: /a}, local: {average: 1}, key: {strategy: header, header: 'X Bad'}}\n", "routes[0].key.header", "header name"),
-        ("routes:\n  - {name: a, match: {path: /a}, local: {average: 1}, key: {forwarded_mode: last}}\n", "routes[0].key.forwarded_mode", "first"),
-        ("routes:\n  - {name: a, match: {path: /a}, local: {average: 1}, failure_policy: explode}\n", "routes[0].failure_policy", "passThrough"),
-        ("routes:\n  - {name: a, match: {path: /a}, local: {average: 1}, failure_code: 200}\n", "routes[0].failure_code", "400 to 599"),
-        ("routes:\n  - {name: a, match: {path: /a}, local: {average: 1}, mode: turbo}\n", "routes[0].mode", "off, shadow, canary, enforce"),
-        ("routes:\n  - {name: a, match: {path: /a}, local: {average: 1}, mode: canary, canary_percent: 101}\n", "routes[0].canary_percent", "0 to 100"),
-        ("routes:\n  - {name: a, match: {path: /a}, local: {average: 1}, mode: shadow, canary_percent: 5}\n", "routes[0].canary_percent", "canary"),
-        ("routes:\n  - {name: a, match: {path: /a}, local: {average: 1}, allow: 10.0.0.0/8}\n", "routes[0].allow", "list"),
+        (
+            "routes:\n  - {name: a, match: {path: /a}, local: {average: 1}, key: {strategy: ip}}\n",
+            "routes[0].key.strategy",
+            "unknown key strategy",
+        ),
+        (
+            "routes:\n  - {name: a, match: {path: /a}, local: {average: 1}, key: {strategy: header}}\n",
+            "routes[0].key.header",
+            "required",
+        ),
+        (
+            "routes:\n  - {name: a, match: {path: /a}, local: {average: 1}, key: {strategy: header, header: 'X Bad'}}\n",
+            "routes[0].key.header",
+            "header name",
+        ),
+        (
+            "routes:\n  - {name: a, match: {path: /a}, local: {average: 1}, key: {forwarded_mode: last}}\n",
+            "routes[0].key.forwarded_mode",
+            "first",
+        ),
+        (
+            "routes:\n  - {name: a, match: {path: /a}, local: {average: 1}, failure_policy: explode}\n",
+            "routes[0].failure_policy",
+            "passThrough",
+        ),
+        (
+            "routes:\n  - {name: a, match: {path: /a}, local: {average: 1}, failure_code: 200}\n",
+            "routes[0].failure_code",
+            "400 to 599",
+        ),
+        (
+            "routes:\n  - {name: a, match: {path: /a}, local: {average: 1}, mode: turbo}\n",
+            "routes[0].mode",
+            "off, shadow, canary, enforce",
+        ),
+        (
+            "routes:\n  - {name: a, match: {path: /a}, local: {average: 1}, mode: canary, canary_percent: 101}\n",
+            "routes[0].canary_percent",
+            "0 to 100",
+        ),
+        (
+            "routes:\n  - {name: a, match: {path: /a}, local: {average: 1}, mode: shadow, canary_percent: 5}\n",
+            "routes[0].canary_percent",
+            "canary",
+        ),
+        (
+            "routes:\n  - {name: a, match: {path: /a}, local: {average: 1}, allow: 10.0.0.0/8}\n",
+            "routes[0].allow",
+            "list",
+        ),
         ("defaults: {key: {strategy: composite}}\nroutes: []\n", "defaults.key.header", "required"),
         ("routes:\n  - {name: a, match: {path: /a}, local: !!python/object:os.system {}}\n", "routes[0].local", "tag"),
         ("routes:\n  - {name: a, match: {path: /a}, local: {average: !ruby 1}}\n", "", "!ruby"),
@@ -790,7 +842,9 @@ def test_defaults_and_anchors(settings):
         settings,
     )
     a, b = rules.get("a"), rules.get("b")
-    assert a.key.strategy is KeyStrategy.HEADER and a.failure_policy is FailurePolicy.FAIL_CLOSED and a.failure_code == 503
+    assert (
+        a.key.strategy is KeyStrategy.HEADER and a.failure_policy is FailurePolicy.FAIL_CLOSED and a.failure_code == 503
+    )
     assert a.local == Policy(average=10, period=0.5, burst=5)
     assert b.key.strategy is KeyStrategy.CLIENT_IP and b.failure_policy is FailurePolicy.PASS_THROUGH
     assert b.local == Policy(average=10, period=0.5, burst=9)
@@ -804,7 +858,18 @@ def test_recursive_alias_is_an_error(settings):
 
 @pytest.mark.parametrize(
     ("value", "seconds"),
-    [(1, 1.0), (0.25, 0.25), ("500ms", 0.5), ("1s", 1.0), ("1.5s", 1.5), ("1m", 60.0), ("1h", 3600.0), ("1m30s", 90.0), ("2", 2.0), ("1d", 86400.0)],
+    [
+        (1, 1.0),
+        (0.25, 0.25),
+        ("500ms", 0.5),
+        ("1s", 1.0),
+        ("1.5s", 1.5),
+        ("1m", 60.0),
+        ("1h", 3600.0),
+        ("1m30s", 90.0),
+        ("2", 2.0),
+        ("1d", 86400.0),
+    ],
 )
 def test_parse_duration(value, seconds):
     assert parse_duration(value) == seconds
@@ -913,7 +978,13 @@ def test_watcher_reports_a_return_to_the_rules_in_force(settings, tmp_path):
     f = tmp_path / "rules.yaml"
     _write(f, GOOD_1, 0)
     recovered: list[Rules] = []
-    w = RulesWatcher(f, settings, on_change=lambda r: pytest.fail("nothing to reload"), on_error=lambda e: None, on_recover=recovered.append)
+    w = RulesWatcher(
+        f,
+        settings,
+        on_change=lambda r: pytest.fail("nothing to reload"),
+        on_error=lambda e: None,
+        on_recover=recovered.append,
+    )
     _write(f, BAD, 1)
     assert not w.check() and w.last_error is not None
     _write(f, GOOD_1, 2)  # the next check sees it

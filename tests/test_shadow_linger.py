@@ -121,13 +121,36 @@ async def test_evaluate_shadow_counts_each_route_and_backend_errors():
 
     assert fake.shadow_evaluated == 5
     pending = {route: counts for (route, _), counts in fake.divergence.pending().items()}
-    assert pending["a"] == {"agree": 1, "local_allow_distributed_deny": 2, "local_deny_distributed_allow": 1, "compared": 4, "backend_errors": 0, "distributed_attempts": 4, "shadow_dropped": 0}
-    assert pending["b"] == {"agree": 1, "local_allow_distributed_deny": 0, "local_deny_distributed_allow": 0, "compared": 1, "backend_errors": 2, "distributed_attempts": 3, "shadow_dropped": 0}
+    assert pending["a"] == {
+        "agree": 1,
+        "local_allow_distributed_deny": 2,
+        "local_deny_distributed_allow": 1,
+        "compared": 4,
+        "backend_errors": 0,
+        "distributed_attempts": 4,
+        "shadow_dropped": 0,
+    }
+    assert pending["b"] == {
+        "agree": 1,
+        "local_allow_distributed_deny": 0,
+        "local_deny_distributed_allow": 0,
+        "compared": 1,
+        "backend_errors": 2,
+        "distributed_attempts": 3,
+        "shadow_dropped": 0,
+    }
 
     def value(route, direction):
-        return m.registry.get_sample_value("rate_limit_shadow_divergence_total", {"route": route, "direction": direction}) or 0
+        return (
+            m.registry.get_sample_value("rate_limit_shadow_divergence_total", {"route": route, "direction": direction})
+            or 0
+        )
 
-    assert (value("a", "agree"), value("a", "local_allow_distributed_deny"), value("a", "local_deny_distributed_allow")) == (1, 2, 1)
+    assert (
+        value("a", "agree"),
+        value("a", "local_allow_distributed_deny"),
+        value("a", "local_deny_distributed_allow"),
+    ) == (1, 2, 1)
     assert (value("b", "agree"), value("b", "local_allow_distributed_deny")) == (1, 0)
     assert m.registry.get_sample_value("rate_limit_backend_errors_total") == 2
     top = fake.blocked.top("a")

@@ -97,4 +97,3 @@ async def test_a_snapshot_older_than_what_the_caller_has_seen_is_rebuilt_even_wh
     await settle()
     gates[0].set()
     assert await later == b"v3" and cache.builds == 3
-

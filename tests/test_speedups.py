@@ -53,14 +53,26 @@ def token_bucket_policies(draw):
 @st.composite
 def operations(draw):
     policies = draw(st.lists(token_bucket_policies(), min_size=1, max_size=3))
-    other = Policy(average=5, period=1.0, algorithm=draw(st.sampled_from([a for a in Algorithm if a is not Algorithm.TOKEN_BUCKET])))
+    other = Policy(
+        average=5,
+        period=1.0,
+        algorithm=draw(st.sampled_from([a for a in Algorithm if a is not Algorithm.TOKEN_BUCKET])),
+    )
     ops = []
     for _ in range(draw(st.integers(1, 60))):
         key = draw(st.sampled_from(["a", "b", "c", "\u00e9t\u00e9", "x" * 300]))
         kind = draw(st.integers(0, 19))
         policy = other if kind == 0 else draw(st.sampled_from(policies))
-        cost = draw(st.one_of(st.integers(1, 5), st.just(0), st.just(10**12), st.just(1.5), st.just(True))) if kind == 1 else draw(st.integers(1, 3))
-        step = draw(st.one_of(st.integers(-2_000_000, -1), st.integers(0, 3_000_000))) if kind < 15 else draw(st.integers(0, 50))
+        cost = (
+            draw(st.one_of(st.integers(1, 5), st.just(0), st.just(10**12), st.just(1.5), st.just(True)))
+            if kind == 1
+            else draw(st.integers(1, 3))
+        )
+        step = (
+            draw(st.one_of(st.integers(-2_000_000, -1), st.integers(0, 3_000_000)))
+            if kind < 15
+            else draw(st.integers(0, 50))
+        )
         ops.append((key, policy, cost, step))
     return ops
 
@@ -83,7 +95,9 @@ def test_c_and_python_agree_step_by_step(ops):
         assert a == b, f"op {i}: C {a} != Python {b} ({policy}, cost={cost!r})"
         assert fast.state(key) == slow.state(key)
         s1, s2 = fast._data.get(key), slow._data.get(key)
-        assert s1 == s2, f"op {i}: record {s1} != {s2} ({policy!r} ttl_us={policy.ttl_us} cost={cost!r} now={now} ops={ops[: i + 1]})"
+        assert s1 == s2, (
+            f"op {i}: record {s1} != {s2} ({policy!r} ttl_us={policy.ttl_us} cost={cost!r} now={now} ops={ops[: i + 1]})"
+        )
     assert fast.keys() == slow.keys()  # same least-recently-used order
 
 

@@ -18,6 +18,7 @@ import httpx
 import pytest
 import pytest_asyncio
 import redis as redis_sync
+from cp_server import ADMIN_TOKEN, ControlPlaneServer, admin_headers, unique_namespace, wait_until, write_rules
 
 from control_plane.auditlog import AUDIT_LOGGER
 from control_plane.engine import Engine
@@ -29,7 +30,6 @@ from control_plane.store import AUDIT_MAXLEN
 from limiter import RedisLimiter
 from limiter.embedded import EmbeddedRedis
 from limiter.redis_limiter import make_redis_py_client
-from cp_server import ADMIN_TOKEN, ControlPlaneServer, admin_headers, unique_namespace, wait_until, write_rules
 
 OPERATOR_MODES = {"search": ("enforce", 0), "login": ("off", 0), "export": ("canary", 50)}
 
@@ -64,7 +64,9 @@ def test_memory_detects_each_kind_of_loss():
     older = StoreView(states={"a": _st("shadow", 2)}, epoch="e1", head_present=True, audit_len=1, audit_first="100-0")
     assert mem.check(older, audit_maxlen=AUDIT_MAXLEN).routes == ("a",)
     # the head missing from a full stream that starts after it was trimmed, not lost
-    trimmed = StoreView(states={"a": _st("enforce", 3)}, epoch="e1", head_present=False, audit_len=AUDIT_MAXLEN, audit_first="200-0")
+    trimmed = StoreView(
+        states={"a": _st("enforce", 3)}, epoch="e1", head_present=False, audit_len=AUDIT_MAXLEN, audit_first="200-0"
+    )
     assert not mem.check(trimmed, audit_maxlen=AUDIT_MAXLEN).lost
     # absorbing the empty store changes no mode
     assert mem.absorb(empty) == []
@@ -105,7 +107,9 @@ async def engines(any_redis_url, tmp_path):
     made: list[tuple[Engine, RedisLimiter, object]] = []
 
     async def make(**overrides) -> Engine:
-        settings = load_settings(redis_url=redis_url, rules_path=rules, namespace=ns, enable_distributed_rate_limiting=True, **overrides)
+        settings = load_settings(
+            redis_url=redis_url, rules_path=rules, namespace=ns, enable_distributed_rate_limiting=True, **overrides
+        )
         rl = RedisLimiter.from_url(redis_url, namespace=ns)
         client = make_redis_py_client(redis_url)
         engine = Engine(settings, redis=rl, client=client, metrics=Metrics())
@@ -121,7 +125,9 @@ async def engines(any_redis_url, tmp_path):
 
 async def _force(engine: Engine) -> None:
     for route, (mode, pct) in OPERATOR_MODES.items():
-        await engine.set_mode(route, Mode(mode), canary_percent=pct, reason=f"operator sets {mode}", actor="alice", force=True)
+        await engine.set_mode(
+            route, Mode(mode), canary_percent=pct, reason=f"operator sets {mode}", actor="alice", force=True
+        )
 
 
 def _modes(engine: Engine) -> dict[str, tuple[str, int]]:
@@ -174,7 +180,10 @@ async def test_the_newest_remembered_state_wins(engines, flush):
     for e in (a, b):
         assert (e.state_for("search").mode, e.state_for("search").version) == (Mode.OFF, 2)
     audit = await a.store.audit(limit=20)
-    assert [(e.kind, e.to_mode) for e in audit if e.route == "search"][:2] == [("restore", "off"), ("restore", "enforce")]
+    assert [(e.kind, e.to_mode) for e in audit if e.route == "search"][:2] == [
+        ("restore", "off"),
+        ("restore", "enforce"),
+    ]
 
 
 async def test_adjustments_survive_the_loss(engines, flush):
@@ -252,7 +261,10 @@ async def test_auto_rollback_records_the_true_from_mode_after_the_store_lost_it(
     await a.sync_rollout()
     await a.persist_rollbacks()
     search = await a.store.audit(limit=10, route="search")
-    assert [(e.kind, e.from_mode, e.to_mode, e.automatic) for e in search[:2]] == [("mode_change", "enforce", "shadow", True), ("restore", "", "enforce", True)]
+    assert [(e.kind, e.from_mode, e.to_mode, e.automatic) for e in search[:2]] == [
+        ("mode_change", "enforce", "shadow", True),
+        ("restore", "", "enforce", True),
+    ]
     export = (await a.store.audit(limit=10, route="export"))[0]
     assert (export.from_mode, export.from_percent, export.to_mode) == ("canary", 30, "shadow")
 
@@ -272,7 +284,11 @@ def own_redis():
 
 def _http_modes(cp: ControlPlaneServer) -> dict[str, tuple[str, int]]:
     routes = httpx.get(cp.url + "/v1/routes", timeout=5).json()["routes"]
-    return {r["name"]: (r["mode"], r["canary_percent"] if r["mode"] == "canary" else 0) for r in routes if r["name"] in OPERATOR_MODES}
+    return {
+        r["name"]: (r["mode"], r["canary_percent"] if r["mode"] == "canary" else 0)
+        for r in routes
+        if r["name"] in OPERATOR_MODES
+    }
 
 
 def _audit_ids(cp: ControlPlaneServer) -> list[dict]:
@@ -284,15 +300,25 @@ def _audit_ids(cp: ControlPlaneServer) -> list[dict]:
 def test_three_replicas_keep_the_operators_modes_when_redis_loses_its_data(own_redis, tmp_path, loss):
     rules = write_rules(tmp_path)
     ns = unique_namespace()
-    cps = [ControlPlaneServer(redis_url=own_redis.url, rules_path=rules, namespace=ns, rollout_resync_s=0.2) for _ in range(3)]
+    cps = [
+        ControlPlaneServer(redis_url=own_redis.url, rules_path=rules, namespace=ns, rollout_resync_s=0.2)
+        for _ in range(3)
+    ]
     for cp in cps:
         cp.start()
     try:
         for route, (mode, pct) in OPERATOR_MODES.items():
-            r = httpx.put(cps[0].url + f"/v1/routes/{route}/mode", json={"mode": mode, "canary_percent": pct, "reason": "operator", "force": True}, headers=admin_headers(), timeout=5)
+            r = httpx.put(
+                cps[0].url + f"/v1/routes/{route}/mode",
+                json={"mode": mode, "canary_percent": pct, "reason": "operator", "force": True},
+                headers=admin_headers(),
+                timeout=5,
+            )
             assert r.status_code == 200, r.text
         for cp in cps:
-            wait_until(lambda cp=cp: _http_modes(cp) == OPERATOR_MODES, 2.0, what=f"{cp.url} to see the operator's modes")
+            wait_until(
+                lambda cp=cp: _http_modes(cp) == OPERATOR_MODES, 2.0, what=f"{cp.url} to see the operator's modes"
+            )
         old = [e["id"] for e in _audit_ids(cps[0])]
         assert len(old) >= 3
 
@@ -314,7 +340,9 @@ def test_three_replicas_keep_the_operators_modes_when_redis_loses_its_data(own_r
         assert time.monotonic() - back < 2.5
         # written back: what Redis itself holds again
         stored = redis_sync.Redis.from_url(own_redis.url).hgetall(f"rl:{{{ns}}}:rollout")
-        assert {k.decode(): (json.loads(v)["mode"]) for k, v in stored.items()} == {r: m for r, (m, _) in OPERATOR_MODES.items()}
+        assert {k.decode(): (json.loads(v)["mode"]) for k, v in stored.items()} == {
+            r: m for r, (m, _) in OPERATOR_MODES.items()
+        }
 
         # a replica started after the loss, with no memory, does not win over it
         with ControlPlaneServer(redis_url=own_redis.url, rules_path=rules, namespace=ns) as late:
@@ -331,7 +359,12 @@ def test_three_replicas_keep_the_operators_modes_when_redis_loses_its_data(own_r
 def test_audit_log_file_outlives_redis(own_redis, tmp_path):
     path = tmp_path / "audit.jsonl"
     with ControlPlaneServer(redis_url=own_redis.url, rules_path=write_rules(tmp_path), audit_log=str(path)) as cp:
-        r = httpx.put(cp.url + "/v1/routes/search/mode", json={"mode": "enforce", "reason": "go", "force": True}, headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}, timeout=5)
+        r = httpx.put(
+            cp.url + "/v1/routes/search/mode",
+            json={"mode": "enforce", "reason": "go", "force": True},
+            headers={"Authorization": f"Bearer {ADMIN_TOKEN}"},
+            timeout=5,
+        )
         assert r.status_code == 200
         own_redis.kill()
         line = json.loads(Path(path).read_text().splitlines()[0])

@@ -77,14 +77,18 @@ async def test_change_persists_and_survives_a_new_store(client, client2):
     assert await store.get_all() == {}
     assert await store.get("/api") is None
     new = RouteState(mode=Mode.CANARY, canary_percent=10, updated_at=1234.5678, updated_by="alice", reason="go")
-    audit = await store.change("/api", new, entry("/api", "shadow", "canary", to_percent=10, gate={"passed": True}), expected_version=0)
+    audit = await store.change(
+        "/api", new, entry("/api", "shadow", "canary", to_percent=10, gate={"passed": True}), expected_version=0
+    )
     assert audit.id and "-" in audit.id
     assert audit.route == "/api" and audit.to_mode == "canary" and audit.gate == {"passed": True}
 
     # "restart": a new store object on a new client sees the same state
     again = RolloutStore(client2, NS)
     got = await again.get("/api")
-    assert got == RouteState(mode=Mode.CANARY, canary_percent=10, updated_at=1234.5678, updated_by="alice", reason="go", version=1)
+    assert got == RouteState(
+        mode=Mode.CANARY, canary_percent=10, updated_at=1234.5678, updated_by="alice", reason="go", version=1
+    )
     assert await again.get_all() == {"/api": got}
     [logged] = await again.audit()
     assert logged == audit
@@ -124,7 +128,10 @@ async def test_concurrent_writers_exactly_one_wins(client):
     store = RolloutStore(client, NS)
     await store.change("r", state(Mode.SHADOW), entry("r", "off", "shadow"), expected_version=0)
     results = await asyncio.gather(
-        *[store.change("r", state(Mode.CANARY, i + 1), entry("r", "shadow", "canary"), expected_version=1) for i in range(10)],
+        *[
+            store.change("r", state(Mode.CANARY, i + 1), entry("r", "shadow", "canary"), expected_version=1)
+            for i in range(10)
+        ],
         return_exceptions=True,
     )
     wins = [r for r in results if isinstance(r, AuditEntry)]
@@ -139,7 +146,12 @@ async def test_audit_newest_first_and_filtered(client):
     ids = []
     for i in range(6):
         route = "a" if i % 2 == 0 else "b"
-        e = await store.change(route, state(Mode.CANARY, i + 1), entry(route, "shadow", "canary", reason=f"step {i}"), expected_version=None)
+        e = await store.change(
+            route,
+            state(Mode.CANARY, i + 1),
+            entry(route, "shadow", "canary", reason=f"step {i}"),
+            expected_version=None,
+        )
         ids.append(e.id)
     reload = await store.append_audit(entry("*", "", "", kind="rules_reload", reason="rules.yaml changed"))
     assert reload.kind == "rules_reload" and reload.id
@@ -220,7 +232,9 @@ async def test_subscriber_on_another_client_receives_change_within_1s(client, cl
         assert ready == {"type": "subscribed", "channel": reader.channel}
 
         t = time.monotonic()
-        audit = await writer.change("/pay", state(Mode.CANARY, 25), entry("/pay", "shadow", "canary", to_percent=25), expected_version=0)
+        audit = await writer.change(
+            "/pay", state(Mode.CANARY, 25), entry("/pay", "shadow", "canary", to_percent=25), expected_version=0
+        )
         ev = await asyncio.wait_for(anext(events), 1.0)
         assert time.monotonic() - t < 1.0
         assert ev["type"] == "mode_change" and ev["route"] == "/pay"
@@ -352,7 +366,21 @@ async def test_two_replicas_sum_without_double_counting(client, client2):
 
     series = await r1.series("/a", minutes=3, now=now)
     assert [row["minute"] for row in series] == [MIN0 - 120, MIN0 - 60, MIN0]
-    assert series[0] == {"minute": MIN0 - 120, **dict.fromkeys(["agree", "local_allow_distributed_deny", "local_deny_distributed_allow", "compared", "backend_errors", "distributed_attempts", "shadow_dropped"], 0)}
+    assert series[0] == {
+        "minute": MIN0 - 120,
+        **dict.fromkeys(
+            [
+                "agree",
+                "local_allow_distributed_deny",
+                "local_deny_distributed_allow",
+                "compared",
+                "backend_errors",
+                "distributed_attempts",
+                "shadow_dropped",
+            ],
+            0,
+        ),
+    }
     assert series[1]["agree"] == 7 and series[1]["compared"] == 8
     cur = series[2]
     assert cur["agree"] == 100
@@ -455,7 +483,15 @@ def test_record_is_sync_and_counts_fields():
     ds.record("/x", REVERSE, now=MIN0 + 60)
     ds.record("/x", None, backend_error=True, now=MIN0 + 2)
     p = ds.pending()
-    assert p[("/x", MIN0)] == {"agree": 1, "local_allow_distributed_deny": 1, "local_deny_distributed_allow": 0, "compared": 2, "backend_errors": 1, "distributed_attempts": 2, "shadow_dropped": 0}
+    assert p[("/x", MIN0)] == {
+        "agree": 1,
+        "local_allow_distributed_deny": 1,
+        "local_deny_distributed_allow": 0,
+        "compared": 2,
+        "backend_errors": 1,
+        "distributed_attempts": 2,
+        "shadow_dropped": 0,
+    }
     assert p[("/x", MIN0 + 60)]["local_deny_distributed_allow"] == 1
 
 

@@ -12,10 +12,9 @@ from typing import Any
 
 import httpx
 import pytest
+from cp_server import ADMIN_TOKEN, ControlPlaneServer, admin_headers, metric_value, wait_until, write_rules
 
 from dashboard.client import ControlPlaneClient, EventView, Snapshot
-
-from cp_server import ADMIN_TOKEN, ControlPlaneServer, admin_headers, metric_value, wait_until, write_rules
 
 BUILDS = "rate_limit_stream_snapshot_builds_total"
 
@@ -41,7 +40,12 @@ def metric(cp: ControlPlaneServer, name: str) -> float:
 
 
 def set_mode(cp: ControlPlaneServer, mode: str, reason: str) -> None:
-    r = httpx.put(f"{cp.url}/v1/routes/search/mode", json={"mode": mode, "reason": reason, "force": True}, headers=admin_headers(), timeout=5)
+    r = httpx.put(
+        f"{cp.url}/v1/routes/search/mode",
+        json={"mode": mode, "reason": reason, "force": True},
+        headers=admin_headers(),
+        timeout=5,
+    )
     assert r.status_code == 200, r.text
 
 
@@ -51,7 +55,11 @@ def change_modes(cp: ControlPlaneServer, reasons: list[str]) -> None:
     for i, reason in enumerate(reasons):
         set_mode(cp, ("shadow", "off")[i % 2], reason)
     last = reasons[-1]  # events arrive in order: the last one there means all of them were
-    wait_until(lambda: any(e.get("audit", {}).get("reason") == last for e in cp.engine.events.recent(1000)), 5.0, what=f"event {last}")
+    wait_until(
+        lambda: any(e.get("audit", {}).get("reason") == last for e in cp.engine.events.recent(1000)),
+        5.0,
+        what=f"event {last}",
+    )
 
 
 async def sse(resp: httpx.Response) -> AsyncIterator[tuple[str, str | None, Any]]:
@@ -70,7 +78,9 @@ async def sse(resp: httpx.Response) -> AsyncIterator[tuple[str, str | None, Any]
             data.append(line[5:].strip())
 
 
-async def until_snapshot(c: httpx.AsyncClient, params: dict[str, Any] | None = None, headers: dict[str, str] | None = None) -> list[tuple[str, str | None, Any]]:
+async def until_snapshot(
+    c: httpx.AsyncClient, params: dict[str, Any] | None = None, headers: dict[str, str] | None = None
+) -> list[tuple[str, str | None, Any]]:
     """Open a stream and return every message up to and including its first snapshot."""
     out = []
     async with c.stream("GET", "/v1/stream", params=params or {}, headers=headers or {}) as resp:
@@ -143,7 +153,10 @@ def route_mode(snapshot: dict[str, Any], route: str) -> str:
 async def test_beyond_max_streams_the_stream_answers_503_too_many_streams_before_any_build(make_cp):
     cp = make_cp(max_streams=2)
     async with httpx.AsyncClient(base_url=cp.url, timeout=10) as c:
-        async with c.stream("GET", "/v1/stream", params={"interval": 60}) as s1, c.stream("GET", "/v1/stream", params={"interval": 60}) as s2:
+        async with (
+            c.stream("GET", "/v1/stream", params={"interval": 60}) as s1,
+            c.stream("GET", "/v1/stream", params={"interval": 60}) as s2,
+        ):
             # one iterator per stream, kept: an abandoned iterator closes its connection
             open_streams = [sse(s) for s in (s1, s2)]
             for s, messages in zip((s1, s2), open_streams):
@@ -151,7 +164,9 @@ async def test_beyond_max_streams_the_stream_answers_503_too_many_streams_before
                 while (await anext(messages))[0] != "snapshot":
                     pass
             builds = metric(cp, BUILDS)
-            async with c.stream("GET", "/v1/stream", params={"route": "login", "minutes": 7}) as r:  # a view nobody has built
+            async with c.stream(
+                "GET", "/v1/stream", params={"route": "login", "minutes": 7}
+            ) as r:  # a view nobody has built
                 assert r.status_code == 503
                 assert r.headers["content-type"] == "application/json"
                 assert int(r.headers["retry-after"]) > 0
@@ -181,7 +196,10 @@ def test_an_interval_below_the_minimum_is_422_naming_interval(make_cp):
                 assert r.status_code == 422 and json.loads(r.read())["field"] == "interval", bad
         with c.stream("GET", "/v1/stream", params={"interval": 0.5}) as resp:
             assert resp.status_code == 200
-    assert wait_until(lambda: metric(cp, "rate_limit_stream_subscribers") == 0, 5.0, what="the stream to close") is not None
+    assert (
+        wait_until(lambda: metric(cp, "rate_limit_stream_subscribers") == 0, 5.0, what="the stream to close")
+        is not None
+    )
 
 
 # --------------------------------------------------------------------------- Last-Event-ID
@@ -203,7 +221,9 @@ async def test_reconnecting_with_last_event_id_gets_exactly_the_missed_events_in
         boot, _, seq = str(seen[-1][0]).rpartition("-")
         assert boot and seq.isdigit()
         await asyncio.to_thread(change_modes, cp, ["r3", "r4", "r5"])
-        async with c.stream("GET", "/v1/stream", params={"interval": 60}, headers={"Last-Event-ID": str(seen[-1][0])}) as resp:
+        async with c.stream(
+            "GET", "/v1/stream", params={"interval": 60}, headers={"Last-Event-ID": str(seen[-1][0])}
+        ) as resp:
             msgs = []
             async for msg in sse(resp):
                 msgs.append(msg)
@@ -228,13 +248,22 @@ async def test_an_id_from_another_boot_replays_the_whole_history_after_a_gap_not
     kind, eid, gap = msgs[0]
     assert kind == "gap" and eid is None
     history = cp.engine.events.recent(1000)
-    assert gap == {"reason": "other_boot", "last_event_id": old_id, "boot": cp.engine.events.boot, "oldest_id": history[0]["id"], "replayed": len(history)}
+    assert gap == {
+        "reason": "other_boot",
+        "last_event_id": old_id,
+        "boot": cp.engine.events.boot,
+        "oldest_id": history[0]["id"],
+        "replayed": len(history),
+    }
     assert gap["boot"] != old_id.rpartition("-")[0]
     assert [m[1] for m in msgs[1:-1]] == [e["id"] for e in history]
     assert events_of(msgs)[-1][1] == "b1"
 
 
-@pytest.mark.parametrize(("last", "reason"), [("seq1", "too_old"), ("seq2", None), ("x", "malformed"), ("future", "malformed"), ("empty", "no replay")])
+@pytest.mark.parametrize(
+    ("last", "reason"),
+    [("seq1", "too_old"), ("seq2", None), ("x", "malformed"), ("future", "malformed"), ("empty", "no replay")],
+)
 async def test_an_id_older_than_the_history_or_not_an_id_replays_it_all_after_a_gap_notice(make_cp, last, reason):
     cp = make_cp(stream_history=3)
     await asyncio.to_thread(change_modes, cp, ["e1", "e2", "e3", "e4", "e5"])

@@ -7,8 +7,14 @@ from __future__ import annotations
 import time
 
 import pytest
-
-from cp_server import ControlPlaneServer, admin_headers, clear_of_blocked_window_edge, unique_namespace, wait_until, write_rules
+from cp_server import (
+    ControlPlaneServer,
+    admin_headers,
+    clear_of_blocked_window_edge,
+    unique_namespace,
+    wait_until,
+    write_rules,
+)
 
 BURST = 10
 RATE = 10.0  # tokens per second (search: average 10 per 1 s, burst 10, both limiters)
@@ -18,8 +24,12 @@ RATE = 10.0  # tokens per second (search: average 10 per 1 s, burst 10, both lim
 def replicas(redis_url, tmp_path):
     rules = write_rules(tmp_path)
     ns = unique_namespace("fleet")
-    a = ControlPlaneServer(redis_url=redis_url, rules_path=rules, namespace=ns, gate_min_samples=0, instance_id="replica-a")
-    b = ControlPlaneServer(redis_url=redis_url, rules_path=rules, namespace=ns, gate_min_samples=0, instance_id="replica-b")
+    a = ControlPlaneServer(
+        redis_url=redis_url, rules_path=rules, namespace=ns, gate_min_samples=0, instance_id="replica-a"
+    )
+    b = ControlPlaneServer(
+        redis_url=redis_url, rules_path=rules, namespace=ns, gate_min_samples=0, instance_id="replica-b"
+    )
     a.start()
     try:
         b.start()
@@ -47,7 +57,11 @@ def _spread(clients, n: int, key: str, route: str = "search"):
 
 def test_local_limit_over_admits_while_distributed_holds(replicas):
     a, b, ca, cb = replicas
-    r = ca.put("/v1/routes/search/mode", json={"mode": "enforce", "reason": "measure both", "force": True}, headers=admin_headers())
+    r = ca.put(
+        "/v1/routes/search/mode",
+        json={"mode": "enforce", "reason": "measure both", "force": True},
+        headers=admin_headers(),
+    )
     assert r.status_code == 200, r.text
     wait_until(lambda: cb.get("/v1/routes").json()["routes"][0]["mode"] == "enforce", 2.0, 0.02, "replica b in enforce")
     decisions, elapsed = _spread([ca, cb], 60, "bob")
@@ -105,7 +119,10 @@ def test_divergence_is_counted_fleet_wide_once(replicas):
     # the per-minute series adds up to the same fleet total
     assert sum(m["compared"] for m in ta["series"]) == n
     # each replica's own evaluations add up to the fleet total
-    evaluated = ca.get("/ratelimit/stats").json()["shadow"]["evaluated"] + cb.get("/ratelimit/stats").json()["shadow"]["evaluated"]
+    evaluated = (
+        ca.get("/ratelimit/stats").json()["shadow"]["evaluated"]
+        + cb.get("/ratelimit/stats").json()["shadow"]["evaluated"]
+    )
     assert evaluated == n
 
 
@@ -115,7 +132,11 @@ def test_mode_change_on_one_replica_is_obeyed_by_the_other_within_1s(replicas, t
     assert cb.post("/v1/decide", json={"route": "search", "key": "warm"}).json()["mode"] == "shadow"
     expected_by = "distributed" if target == "enforce" else "local"
     t0 = time.monotonic()
-    r = ca.put("/v1/routes/search/mode", json={"mode": target, "reason": f"fleet {target}", "force": True}, headers=admin_headers())
+    r = ca.put(
+        "/v1/routes/search/mode",
+        json={"mode": target, "reason": f"fleet {target}", "force": True},
+        headers=admin_headers(),
+    )
     assert r.status_code == 200, r.text
     i = 0
     while True:
@@ -134,10 +155,20 @@ def test_mode_change_on_one_replica_is_obeyed_by_the_other_within_1s(replicas, t
 
 def test_canary_assignment_is_the_same_on_both_replicas(replicas):
     a, b, ca, cb = replicas
-    r = ca.put("/v1/routes/search/mode", json={"mode": "canary", "canary_percent": 50, "reason": "half"}, headers=admin_headers())
+    r = ca.put(
+        "/v1/routes/search/mode",
+        json={"mode": "canary", "canary_percent": 50, "reason": "half"},
+        headers=admin_headers(),
+    )
     assert r.status_code == 200, r.text
     wait_until(lambda: cb.get("/v1/routes").json()["routes"][0]["mode"] == "canary", 2.0, 0.02, "replica b in canary")
-    by_a = {f"c{i}": ca.post("/v1/decide", json={"route": "search", "key": f"c{i}"}).json()["enforced_by"] for i in range(60)}
-    by_b = {f"c{i}": cb.post("/v1/decide", json={"route": "search", "key": f"c{i}"}).json()["enforced_by"] for i in range(60)}
+    by_a = {
+        f"c{i}": ca.post("/v1/decide", json={"route": "search", "key": f"c{i}"}).json()["enforced_by"]
+        for i in range(60)
+    }
+    by_b = {
+        f"c{i}": cb.post("/v1/decide", json={"route": "search", "key": f"c{i}"}).json()["enforced_by"]
+        for i in range(60)
+    }
     assert by_a == by_b
     assert set(by_a.values()) == {"local", "distributed"}

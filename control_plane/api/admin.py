@@ -20,7 +20,13 @@ from .schemas import ConfigAdjust, ErrorBody
 
 router = APIRouter(prefix="/ratelimit", tags=["admin"])
 
-_ERRORS: dict[int | str, dict[str, Any]] = {401: {"model": ErrorBody}, 403: {"model": ErrorBody}, 404: {"model": ErrorBody}, 422: {"model": ErrorBody}, 503: {"model": ErrorBody}}
+_ERRORS: dict[int | str, dict[str, Any]] = {
+    401: {"model": ErrorBody},
+    403: {"model": ErrorBody},
+    404: {"model": ErrorBody},
+    422: {"model": ErrorBody},
+    503: {"model": ErrorBody},
+}
 
 
 def _counter_total(counter: Any, **labels: str) -> float:
@@ -40,20 +46,35 @@ async def stats(engine: EngineDep) -> dict[str, Any]:
         "instance_id": engine.instance_id,
         "uptime_s": round(time.time() - engine.started_at, 1),
         "requests": {
-            lt: {"allowed": int(_counter_total(m.requests, limiter_type=lt, status="allowed")), "denied": int(_counter_total(m.requests, limiter_type=lt, status="denied"))}
+            lt: {
+                "allowed": int(_counter_total(m.requests, limiter_type=lt, status="allowed")),
+                "denied": int(_counter_total(m.requests, limiter_type=lt, status="denied")),
+            }
             for lt in ("local", "distributed")
         },
-        "exceeded": {lt: int(_counter_total(m.exceeded, limiter_type=lt)) for lt in ("local", "distributed", "failure_policy")},
+        "exceeded": {
+            lt: int(_counter_total(m.exceeded, limiter_type=lt)) for lt in ("local", "distributed", "failure_policy")
+        },
         "active_clients": {"local": len(engine.local), "fallback": len(engine.resilient.fallback)},
         "routes": {name: engine.state_for(name).label() for name in engine.rules.names()},
-        "shadow": {"evaluated": engine.shadow_evaluated, "dropped": engine.shadow_dropped, "queued": len(engine._queue)},
-        "backend": {"state": engine.breaker.state.value, "failure_policy": engine.resilient.failure_policy.value, "errors": engine.resilient.backend_errors},
+        "shadow": {
+            "evaluated": engine.shadow_evaluated,
+            "dropped": engine.shadow_dropped,
+            "queued": len(engine._queue),
+        },
+        "backend": {
+            "state": engine.breaker.state.value,
+            "failure_policy": engine.resilient.failure_policy.value,
+            "errors": engine.resilient.backend_errors,
+        },
         "adjustments": engine.adjustments(),
     }
 
 
 @router.get("/clients")
-async def clients(engine: EngineDep, route: str | None = Query(None, max_length=64), limit: int = Query(50, ge=1, le=1000)) -> dict[str, Any]:
+async def clients(
+    engine: EngineDep, route: str | None = Query(None, max_length=64), limit: int = Query(50, ge=1, le=1000)
+) -> dict[str, Any]:
     """Active rate-limited clients on this replica, most recently used first."""
     items = list(engine.local.items())
     items.reverse()
@@ -67,14 +88,24 @@ async def clients(engine: EngineDep, route: str | None = Query(None, max_length=
         if rule is not None:
             lp, _ = engine.key_policies(rule, key)
             view = engine.local.peek(info.key, lp).to_dict()
-        out.append({"route": r, "key": key, "algorithm": info.algorithm.value, "last_seen_us": info.last_seen_us, "local": view})
+        out.append(
+            {
+                "route": r,
+                "key": key,
+                "algorithm": info.algorithm.value,
+                "last_seen_us": info.last_seen_us,
+                "local": view,
+            }
+        )
         if len(out) >= limit:
             break
     return {"clients": out, "total": len(engine.local)}
 
 
 @router.post("/reset/{client_id}", responses=_ERRORS)
-async def reset(client_id: str, request: Request, engine: EngineDep, _: OperatorDep, route: str | None = Query(None, max_length=64)) -> dict[str, Any]:
+async def reset(
+    client_id: str, request: Request, engine: EngineDep, _: OperatorDep, route: str | None = Query(None, max_length=64)
+) -> dict[str, Any]:
     """Reset one client's buckets (local on this replica and distributed), on one route or all."""
     names = [route] if route else engine.rules.names()
     if route and engine.rules.get(route) is None:
@@ -87,9 +118,22 @@ async def reset(client_id: str, request: Request, engine: EngineDep, _: Operator
             local_reset += engine.local.reset(lk)
             engine.resilient.fallback.reset(lk)
             dist_reset += await engine.redis.reset(lk)
-        await engine.store.append_audit(AuditEntry(route=route or "*", actor=actor_of(request), from_mode="", to_mode="reset", reason=f"reset client {client_id}", kind="reset"))
+        await engine.store.append_audit(
+            AuditEntry(
+                route=route or "*",
+                actor=actor_of(request),
+                from_mode="",
+                to_mode="reset",
+                reason=f"reset client {client_id}",
+                kind="reset",
+            )
+        )
     except (BackendError, StoreUnavailable) as exc:
-        raise ApiError(503, "backend_unavailable", f"Redis is unreachable; the local buckets were reset ({local_reset}) but not the distributed ones: {exc}") from exc
+        raise ApiError(
+            503,
+            "backend_unavailable",
+            f"Redis is unreachable; the local buckets were reset ({local_reset}) but not the distributed ones: {exc}",
+        ) from exc
     return {"id": client_id, "routes": names, "local_reset": local_reset, "distributed_reset": dist_reset}
 
 
@@ -106,11 +150,18 @@ async def config(change: ConfigAdjust, request: Request, engine: EngineDep, _: O
             except InvalidKeyError as exc:
                 raise ApiError(422, "invalid_key", str(exc), field=exc.field) from exc
         try:
-            policy = Policy(average=change.average, period=change.period, burst=change.burst, algorithm=change.algorithm or "token_bucket")
+            policy = Policy(
+                average=change.average,
+                period=change.period,
+                burst=change.burst,
+                algorithm=change.algorithm or "token_bucket",
+            )
         except ValueError as exc:
             raise ApiError(422, "invalid_request", str(exc), field=str(exc).split(":", 1)[0]) from exc
     try:
-        entry = await engine.adjust(change.route, change.key, change.target, policy, reason=change.reason, actor=actor_of(request))
+        entry = await engine.adjust(
+            change.route, change.key, change.target, policy, reason=change.reason, actor=actor_of(request)
+        )
     except UnknownRoute as exc:
         raise ApiError(404, "unknown_route", f"no route named {exc.route!r}", field="route") from exc
     except StoreUnavailable as exc:
@@ -127,6 +178,8 @@ async def reload_rules(engine: EngineDep, _: AdminDep) -> dict[str, Any]:
         rules = engine.reload_rules()
     except RulesError as exc:
         await engine.settle_audit()  # the answer comes after the reload is on record
-        raise ApiError(422, "invalid_rules", str(exc), field=getattr(exc, "field", None), line=getattr(exc, "line", None)) from exc
+        raise ApiError(
+            422, "invalid_rules", str(exc), field=getattr(exc, "field", None), line=getattr(exc, "line", None)
+        ) from exc
     await engine.settle_audit()
     return {"routes": rules.names(), "digest": rules.digest, "source": rules.source}

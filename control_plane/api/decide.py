@@ -22,7 +22,9 @@ router = APIRouter(prefix="/v1", tags=["decide"])
 _REJECTION = {"error": "rate limit exceeded", "message": "Too many requests. Please try again later."}
 
 
-def _missing(route: str | None, path: str | None, key: str | None, client_ip: str | None, headers: Any) -> ApiError | None:
+def _missing(
+    route: str | None, path: str | None, key: str | None, client_ip: str | None, headers: Any
+) -> ApiError | None:
     """The error for an item that names no route or no key, if it is one."""
     if route is None and path is None:
         return ApiError(422, "invalid_request", "give either route or method + path", field="route")
@@ -80,7 +82,10 @@ def _translate(exc: Exception) -> ApiError:
 
 
 _RESPONSES: dict[int | str, dict[str, Any]] = {
-    429: {"model": DecideResponse, "description": "Rejected by the limiter (seed 002 body, Retry-After, rate-limit headers)."},
+    429: {
+        "model": DecideResponse,
+        "description": "Rejected by the limiter (seed 002 body, Retry-After, rate-limit headers).",
+    },
     403: {"model": DecideResponse, "description": "Rejected by the route's deny list."},
     401: {"model": ErrorBody},
     404: {"model": ErrorBody},
@@ -105,7 +110,9 @@ def _validate(model: Any, raw: bytes) -> Any:
         raise RequestValidationError(exc.errors(include_url=False), body=None) from None
 
 
-@router.post("/decide", response_model=DecideResponse, responses=_RESPONSES, openapi_extra={"requestBody": _DECIDE_BODY})
+@router.post(
+    "/decide", response_model=DecideResponse, responses=_RESPONSES, openapi_extra={"requestBody": _DECIDE_BODY}
+)
 async def decide(request: Request) -> Response:
     """Decide one request under its route's mode; the response says who enforced it."""
     engine = request.app.state.engine
@@ -114,12 +121,19 @@ async def decide(request: Request) -> Response:
         result = await engine.decide(_input(req))
     except (UnknownRoute, InvalidKeyError, ValueError) as exc:
         raise _translate(exc) from exc
-    return Response(orjson.dumps(_body(result)), status_code=result.status_code, headers=result.headers, media_type="application/json")
+    return Response(
+        orjson.dumps(_body(result)),
+        status_code=result.status_code,
+        headers=result.headers,
+        media_type="application/json",
+    )
 
 
 _BATCH_BODY = {
     "required": True,
-    "content": {"application/json": {"schema": BatchRequest.model_json_schema(ref_template="#/components/schemas/{model}")}},
+    "content": {
+        "application/json": {"schema": BatchRequest.model_json_schema(ref_template="#/components/schemas/{model}")}
+    },
 }
 
 
@@ -148,7 +162,17 @@ def _fast_items(raw: bytes) -> list[DecideInput | PlainInput | ApiError] | None:
     if items.__class__ is not list:
         return None
     if len(items) > MAX_BATCH:  # refused before any item is looked at (pydantic checks every item first)
-        raise RequestValidationError([{"type": "too_long", "loc": ("body", "requests"), "msg": f"at most {MAX_BATCH} items per batch, got {len(items)}", "input": None}], body=None)
+        raise RequestValidationError(
+            [
+                {
+                    "type": "too_long",
+                    "loc": ("body", "requests"),
+                    "msg": f"at most {MAX_BATCH} items per batch, got {len(items)}",
+                    "input": None,
+                }
+            ],
+            body=None,
+        )
     if len(body) != 1 or not items:
         return None
     fields = _ITEM_FIELDS
@@ -182,7 +206,12 @@ def _fast_items(raw: bytes) -> list[DecideInput | PlainInput | ApiError] | None:
             headers: dict[str, str] = {}
         else:
             method = it.get("method")
-            if method is not None and (method.__class__ is not str or not 1 <= len(method) <= 16 or not method.isascii() or not method.isalpha()):
+            if method is not None and (
+                method.__class__ is not str
+                or not 1 <= len(method) <= 16
+                or not method.isascii()
+                or not method.isalpha()
+            ):
                 return None
             path = it.get("path")
             if path is not None and (path.__class__ is not str or not 1 <= len(path) <= 2048 or path[0] != "/"):
@@ -198,7 +227,11 @@ def _fast_items(raw: bytes) -> list[DecideInput | PlainInput | ApiError] | None:
             else:
                 headers = h
         missing = _missing(route, path, key, client_ip, headers)
-        append(missing if missing is not None else DecideInput(route, method, path, key, client_ip, headers, cost, request_id))
+        append(
+            missing
+            if missing is not None
+            else DecideInput(route, method, path, key, client_ip, headers, cost, request_id)
+        )
     return out
 
 

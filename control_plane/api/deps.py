@@ -41,7 +41,12 @@ def requires(role: Role) -> Callable[[Request], Awaitable[Identity]]:
     async def dependency(request: Request) -> Identity:
         ident = identity_of(request)
         if ident is None or not ident.may(role):
-            raise ApiError(401, "unauthorized", f"this endpoint needs Authorization: Bearer <token> with the {role.value} role", needs=role.value)
+            raise ApiError(
+                401,
+                "unauthorized",
+                f"this endpoint needs Authorization: Bearer <token> with the {role.value} role",
+                needs=role.value,
+            )
         return ident
 
     return dependency

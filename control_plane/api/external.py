@@ -13,7 +13,9 @@ router = APIRouter(prefix="/v1", tags=["observe"])
 
 
 @router.get("/external", responses={404: {"model": ErrorBody}})
-async def external(engine: EngineDep, route: str | None = Query(None, max_length=64), limit: int = Query(100, ge=1, le=1000)) -> dict[str, Any]:
+async def external(
+    engine: EngineDep, route: str | None = Query(None, max_length=64), limit: int = Query(100, ge=1, le=1000)
+) -> dict[str, Any]:
     """This replica's view of the external limits services: each route's service and
     settings, the per-key circuit breakers (open and half-open first, with failures and
     the next probe), cache hits, misses and stale copies used, calls and errors by kind,

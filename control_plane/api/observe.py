@@ -27,7 +27,13 @@ async def divergence_view(engine: Engine, minutes: int = 60) -> dict[str, Any]:
             raise StoreUnavailable(engine.views_error or "no divergence figures yet")
         series = cached["series"][-minutes:]
         routes[name] = {"totals": totals_of(series, minutes), "series": series, "would_be_blocked": cached["top"]}
-    return {"minutes": minutes, "routes": routes, "as_of": engine.views_at, "age_s": engine.views_age_s(), "error": engine.views_error}
+    return {
+        "minutes": minutes,
+        "routes": routes,
+        "as_of": engine.views_at,
+        "age_s": engine.views_age_s(),
+        "error": engine.views_error,
+    }
 
 
 async def buckets_view(engine: Engine, route: str | None, limit: int) -> dict[str, Any]:
@@ -59,7 +65,9 @@ async def buckets_view(engine: Engine, route: str | None, limit: int) -> dict[st
                     "key": key,
                     "recent_requests": count,
                     "local": {**lv.to_dict(), "burst": lp.limit, "policy": lp.to_dict()},
-                    "distributed": ({**dv.to_dict(), "burst": dp.limit, "policy": dp.to_dict()} if dv is not None else None),
+                    "distributed": (
+                        {**dv.to_dict(), "burst": dp.limit, "policy": dp.to_dict()} if dv is not None else None
+                    ),
                     "last_decision": ({"at": last[0], "allowed": last[1], "enforced_by": last[2]} if last else None),
                 }
             )
@@ -78,7 +86,9 @@ async def divergence(engine: EngineDep, minutes: int = Query(60, ge=1, le=120)) 
 
 
 @router.get("/buckets", responses={404: {"model": ErrorBody}})
-async def buckets(engine: EngineDep, route: str | None = Query(None, max_length=64), limit: int = Query(20, ge=1, le=200)) -> dict[str, Any]:
+async def buckets(
+    engine: EngineDep, route: str | None = Query(None, max_length=64), limit: int = Query(20, ge=1, le=200)
+) -> dict[str, Any]:
     """The most active keys with their local and distributed state, read without consuming."""
     return await buckets_view(engine, route, limit)
 

@@ -7,7 +7,6 @@ from typing import Any
 
 from fastapi import APIRouter, Query, Request
 
-
 from ..engine import Engine, GateRefused, UnknownRoute
 from ..rollout import Mode, evaluate_gate
 from ..store import StoreUnavailable, VersionConflict, gate_stats_of, totals_of
@@ -16,7 +15,14 @@ from .schemas import ErrorBody, ModeChange
 
 router = APIRouter(prefix="/v1", tags=["rollout"])
 
-_ERRORS: dict[int | str, dict[str, Any]] = {401: {"model": ErrorBody}, 403: {"model": ErrorBody}, 404: {"model": ErrorBody}, 409: {"model": ErrorBody}, 422: {"model": ErrorBody}, 503: {"model": ErrorBody}}
+_ERRORS: dict[int | str, dict[str, Any]] = {
+    401: {"model": ErrorBody},
+    403: {"model": ErrorBody},
+    404: {"model": ErrorBody},
+    409: {"model": ErrorBody},
+    422: {"model": ErrorBody},
+    503: {"model": ErrorBody},
+}
 
 
 async def route_views(engine: Engine) -> list[dict[str, Any]]:
@@ -37,7 +43,12 @@ async def route_views(engine: Engine) -> list[dict[str, Any]]:
             "decisions_per_s": round(engine.route_rate(name), 2),
         }
         cached = await engine.route_view(name)
-        gate_target = {Mode.OFF: Mode.SHADOW, Mode.SHADOW: Mode.CANARY, Mode.CANARY: Mode.ENFORCE, Mode.ENFORCE: Mode.ENFORCE}[st.mode]
+        gate_target = {
+            Mode.OFF: Mode.SHADOW,
+            Mode.SHADOW: Mode.CANARY,
+            Mode.CANARY: Mode.ENFORCE,
+            Mode.ENFORCE: Mode.ENFORCE,
+        }[st.mode]
         gate_pct = max(st.canary_percent, 10) if gate_target is Mode.CANARY else st.canary_percent
         if cached is not None:
             series = cached["series"]
@@ -49,7 +60,12 @@ async def route_views(engine: Engine) -> list[dict[str, Any]]:
             view["gate"] = {"target": gate_target.value, **gate.to_dict()}
         else:
             view["divergence_5m"] = None
-            view["gate"] = {"target": gate_target.value, "passed": False, "required": True, "reasons": [f"fleet figures unavailable: {engine.views_error or 'Redis unreachable'}"]}
+            view["gate"] = {
+                "target": gate_target.value,
+                "passed": False,
+                "required": True,
+                "reasons": [f"fleet figures unavailable: {engine.views_error or 'Redis unreachable'}"],
+            }
         view["figures_age_s"] = engine.views_age_s()
         out.append(view)
     return out
@@ -69,26 +85,51 @@ async def list_routes(engine: EngineDep) -> dict[str, Any]:
 
 
 @router.put("/routes/{route}/mode", responses=_ERRORS)
-async def set_mode(route: str, change: ModeChange, request: Request, engine: EngineDep, _: OperatorDep) -> dict[str, Any]:
+async def set_mode(
+    route: str, change: ModeChange, request: Request, engine: EngineDep, _: OperatorDep
+) -> dict[str, Any]:
     """Move a route to another mode (gated promotions; ``force`` with a reason overrides)."""
     if change.mode == "canary" and not 1 <= change.canary_percent <= 100:
         raise ApiError(422, "invalid_request", "canary needs canary_percent between 1 and 100", field="canary_percent")
     try:
-        state, entry, gate = await engine.set_mode(route, Mode(change.mode), canary_percent=change.canary_percent, reason=change.reason, actor=actor_of(request), force=change.force)
+        state, entry, gate = await engine.set_mode(
+            route,
+            Mode(change.mode),
+            canary_percent=change.canary_percent,
+            reason=change.reason,
+            actor=actor_of(request),
+            force=change.force,
+        )
     except UnknownRoute as exc:
         raise ApiError(404, "unknown_route", f"no route named {exc.route!r}", field="route") from exc
     except GateRefused as exc:
-        raise ApiError(409, "gate_failed", "promotion refused by the gate: " + "; ".join(exc.gate.reasons) + " (use force with a reason to override)", gate=exc.gate.to_dict()) from exc
+        raise ApiError(
+            409,
+            "gate_failed",
+            "promotion refused by the gate: " + "; ".join(exc.gate.reasons) + " (use force with a reason to override)",
+            gate=exc.gate.to_dict(),
+        ) from exc
     except StoreUnavailable as exc:
-        raise ApiError(503, "backend_unavailable", f"Redis is unreachable, so the mode was not changed (nothing was written): {exc}") from exc
+        raise ApiError(
+            503,
+            "backend_unavailable",
+            f"Redis is unreachable, so the mode was not changed (nothing was written): {exc}",
+        ) from exc
     except VersionConflict as exc:
         cur = exc.current.to_dict() if exc.current is not None else None
-        raise ApiError(409, "conflict", f"the route was changed concurrently (now {cur['mode'] if cur else 'unset'}); read it again and retry", current=cur) from exc
+        raise ApiError(
+            409,
+            "conflict",
+            f"the route was changed concurrently (now {cur['mode'] if cur else 'unset'}); read it again and retry",
+            current=cur,
+        ) from exc
     return {"route": route, "state": state.to_dict(), "audit": entry.to_dict(), "gate": gate.to_dict()}
 
 
 @router.get("/rollout/audit", responses=_ERRORS)
-async def audit(engine: EngineDep, limit: int = Query(100, ge=1, le=1000), route: str | None = Query(None, max_length=64)) -> dict[str, Any]:
+async def audit(
+    engine: EngineDep, limit: int = Query(100, ge=1, le=1000), route: str | None = Query(None, max_length=64)
+) -> dict[str, Any]:
     """The audit trail, newest first (mode changes, rules reloads, resets, adjustments)."""
     try:
         entries = await engine.store.audit(limit=limit, route=route)

@@ -24,7 +24,9 @@ class DecideRequest(BaseModel):
     route: str | None = Field(None, min_length=1, max_length=64, description="Route name; or give method + path.")
     method: str | None = Field(None, min_length=1, max_length=16, pattern=r"^[A-Za-z]+$")
     path: str | None = Field(None, min_length=1, max_length=2048, pattern=r"^/")
-    key: str | None = Field(None, min_length=1, max_length=256, description="Rate-limit key; or give client_ip + headers.")
+    key: str | None = Field(
+        None, min_length=1, max_length=256, description="Rate-limit key; or give client_ip + headers."
+    )
     client_ip: str | None = Field(None, max_length=64)
     headers: dict[str, str] = Field(default_factory=dict, max_length=100)
     cost: int = Field(1, ge=1, le=1_000_000)
@@ -53,8 +55,12 @@ class DecideResponse(BaseModel):
     divergence: Literal["agree", "local_allow_distributed_deny", "local_deny_distributed_allow"] | None
     list_match: Literal["allow", "deny"] | None = None
     backend_error: str | None = None
-    limits_source: Literal["external", "cache", "stale", "static"] | None = Field(None, description="Routes with external limits: where this decision's limits came from (null on other routes).")
-    backend_url: str | None = Field(None, description="A backend URL the limits service named for this key (allow-listed hosts only).")
+    limits_source: Literal["external", "cache", "stale", "static"] | None = Field(
+        None, description="Routes with external limits: where this decision's limits came from (null on other routes)."
+    )
+    backend_url: str | None = Field(
+        None, description="A backend URL the limits service named for this key (allow-listed hosts only)."
+    )
     headers: dict[str, str]
     error: str | None = None
     message: str | None = None
@@ -75,8 +81,12 @@ class BatchItemError(BaseModel):
     message: str
     index: int
     field: str | None = None
-    status: int = Field(..., description="The status /v1/decide would answer for this item alone: 404, 422, or 500 (internal_error).")
-    incident: str | None = Field(None, description="internal_error only: the id the control plane logged the failure under.")
+    status: int = Field(
+        ..., description="The status /v1/decide would answer for this item alone: 404, 422, or 500 (internal_error)."
+    )
+    incident: str | None = Field(
+        None, description="internal_error only: the id the control plane logged the failure under."
+    )
 
 
 class BatchResponse(BaseModel):
@@ -96,7 +106,9 @@ class ConfigAdjust(BaseModel):
 
     model_config = ConfigDict(extra="forbid", strict=True)
     route: str = Field("default", min_length=1, max_length=64)
-    key: str | None = Field(None, min_length=1, max_length=256, description="One client's key; omit for the whole route.")
+    key: str | None = Field(
+        None, min_length=1, max_length=256, description="One client's key; omit for the whole route."
+    )
     target: Literal["local", "distributed", "both"] = "both"
     average: float = Field(..., ge=0, le=1e9, description="Tokens per period; 0 = unlimited.")
     period: float = Field(1.0, ge=0.001, le=86_400)

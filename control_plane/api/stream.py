@@ -46,7 +46,9 @@ async def snapshot(engine: Engine, route: str | None, minutes: int) -> dict[str,
         snap["divergence"] = None
         snap["divergence_error"] = str(exc)
     try:
-        view = await asyncio.wait_for(buckets_view(engine, route if route and engine.rules.get(route) else None, 20), timeout=1.5)
+        view = await asyncio.wait_for(
+            buckets_view(engine, route if route and engine.rules.get(route) else None, 20), timeout=1.5
+        )
         snap["buckets"] = view["buckets"]
     except Exception as exc:  # noqa: BLE001 - a snapshot must always go out
         snap["buckets"] = []
@@ -69,7 +71,9 @@ class Streams:
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
         metrics = engine.metrics
-        self.cache = SnapshotCache(self._build, version=lambda: engine.events.last_seq, on_build=metrics.stream_snapshot_builds.labels().inc)
+        self.cache = SnapshotCache(
+            self._build, version=lambda: engine.events.last_seq, on_build=metrics.stream_snapshot_builds.labels().inc
+        )
         self.slots = StreamSlots(engine.settings.max_streams)
         self._subscribers = metrics.stream_subscribers.labels()
         self._refused = metrics.stream_refused.labels()
@@ -139,8 +143,18 @@ async def stream(
     streams: StreamsDep,
     route: str | None = Query(None, max_length=64),
     minutes: int = Query(30, ge=1, le=120),
-    interval: float | None = Query(None, gt=0, le=60, description="Seconds between snapshots; at least SHADOWLIMIT_STREAM_MIN_INTERVAL_S (smaller: 422)."),
-    last_event_id: str | None = Header(None, alias="Last-Event-ID", max_length=256, description="The id of the last event received: the events after it are sent first."),
+    interval: float | None = Query(
+        None,
+        gt=0,
+        le=60,
+        description="Seconds between snapshots; at least SHADOWLIMIT_STREAM_MIN_INTERVAL_S (smaller: 422).",
+    ),
+    last_event_id: str | None = Header(
+        None,
+        alias="Last-Event-ID",
+        max_length=256,
+        description="The id of the last event received: the events after it are sent first.",
+    ),
 ) -> StreamingResponse | JSONResponse:
     """A ``snapshot`` event every interval (routes, buckets, divergence, backend, external
     limits) and ``event`` events (mode changes, breaker transitions, rules reloads) as they
@@ -151,7 +165,9 @@ async def stream(
     floor = settings.stream_min_interval_s
     if interval is not None and interval < floor:
         msg = f"Input should be greater than or equal to {floor:g} ({env_name('stream_min_interval_s')})"
-        raise RequestValidationError([{"loc": ("query", "interval"), "msg": msg, "type": "greater_than_equal", "input": interval}])
+        raise RequestValidationError(
+            [{"loc": ("query", "interval"), "msg": msg, "type": "greater_than_equal", "input": interval}]
+        )
     period = interval if interval is not None else max(settings.stream_interval_s, floor)
     if not streams.open():
         return _too_many(streams.slots.limit)
@@ -180,8 +196,10 @@ async def stream(
                 ev = await asyncio.wait_for(queue.get(), timeout)
                 sent = ev["seq"]
                 yield _sse("event", ev, ev["id"])
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 yield await streams.snapshot(route, minutes, period, sent)
                 next_at = time.monotonic() + period
 
-    return _Stream(gen(), close, media_type="text/event-stream", headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+    return _Stream(
+        gen(), close, media_type="text/event-stream", headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+    )
