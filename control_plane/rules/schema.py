@@ -4,9 +4,9 @@
 :func:`~control_plane.rules.yaml_source.load_yaml` into compiled
 :class:`~control_plane.rules.model.RouteRule` objects, or raises the
 :class:`~control_plane.rules.errors.RulesError` of the first problem (file, line, field).
-A route is read one field at a time, in the order of :data:`ROUTE_KEYS`: name, match,
-key, local and distributed policies, overrides, allow/deny lists, failure policy and code,
-mode, external block, canary percent.
+A route is read one field at a time, always in this order (so the first problem is the one
+reported): name, match, key, local and distributed policies, overrides, allow/deny lists,
+failure policy and code, mode, external block, canary percent.
 """
 
 from __future__ import annotations
@@ -136,7 +136,7 @@ class Validator(FieldReader):
     # -- a route --
 
     def route(self, value: Any, path: FieldPath, defaults: RouteDefaults) -> RouteRule:
-        """One route, its fields read in the order of :data:`ROUTE_KEYS`."""
+        """One route, its fields read one step each in the order the module docstring gives."""
         if not isinstance(value, dict):
             raise self.error(path, f"each route must be a mapping (name, match, local, ...), got {type_name(value)}")
         is_default = value.get("name") == DEFAULT_ROUTE
