@@ -38,6 +38,26 @@ def test_control_plane_public_names():
         assert getattr(control_plane, name) is not None
 
 
+def test_control_plane_rules_public_names():
+    import control_plane.rules as rules
+
+    assert rules.__all__ == sorted(rules.__all__)
+    assert rules.__all__ == [
+        "ListMatcher",
+        "RouteRule",
+        "Rules",
+        "RulesError",
+        "RulesWatcher",
+        "compile_path_pattern",
+        "default_route",
+        "load_rules",
+        "parse_duration",
+        "parse_rules",
+    ]
+    for name in rules.__all__:
+        assert getattr(rules, name) is not None
+
+
 def test_dashboard_public_names_and_no_engine_imports():
     assert sorted(dashboard.__all__) == ["ShadowlimitDashboard", "run_dashboard"]
     for name in dashboard.__all__:

@@ -124,6 +124,14 @@ def test_to_dict_is_json_safe_and_has_no_raw_keys(settings):
     assert d["local"] == {"algorithm": "token_bucket", "average": 10.0, "period": 1.0, "burst": 10}
 
 
+def test_loaded_at_comes_from_the_clock(settings, tmp_path):
+    assert parse_rules("routes: []\n", settings, clock=lambda: 1234.5).loaded_at == 1234.5
+    assert load_rules(None, settings, clock=lambda: 99.0).loaded_at == 99.0
+    f = tmp_path / "rules.yaml"
+    f.write_text("routes: []\n")
+    assert load_rules(f, settings, clock=lambda: 7.0).loaded_at == 7.0
+
+
 # -- path patterns and methods ----------------------------------------------------------
 
 
@@ -761,7 +769,8 @@ def test_non_mapping_route(settings):
             "required",
         ),
         (
-            "routes:\n  - {name: a, match: {path: /a}, local: {average: 1}, key: {strategy: header, header: 'X Bad'}}\n",
+            "routes:\n  - {name: a, match: {path: /a}, local: {average: 1},"
+            " key: {strategy: header, header: 'X Bad'}}\n",
             "routes[0].key.header",
             "header name",
         ),
@@ -957,6 +966,30 @@ def test_watcher_touch_without_change_does_not_reload(settings, tmp_path):
     w = RulesWatcher(f, settings, on_change=changes.append, on_error=lambda e: None)
     _write(f, GOOD_1, 9)
     assert not w.check() and changes == []
+
+
+def test_watcher_rereads_a_file_whose_mtime_is_racy_by_its_clock(settings, tmp_path):
+    """A same-size rewrite within the same mtime is invisible to the stat; the watcher re-reads
+    the file while its mtime is within 2 s of the last read, the read time coming from ``clock``."""
+    f = tmp_path / "rules.yaml"
+    f.write_text(GOOD_1)
+    mtime_ns = f.stat().st_mtime_ns
+    same_size = GOOD_1.replace("average: 10", "average: 11")
+
+    def rewrite(text: str) -> None:
+        f.write_text(text)
+        os.utime(f, ns=(mtime_ns, mtime_ns))  # same mtime, same size: the stat cannot tell
+
+    now = mtime_ns / 1e9  # read at the moment the file was written: its mtime is racy
+    w = RulesWatcher(f, settings, on_change=lambda r: None, on_error=lambda e: None, clock=lambda: now)
+    rewrite(same_size)
+    assert w.check() and w.rules.get("a").local.average == 11 and w.rules.loaded_at == now
+
+    later = now + 3600  # read an hour after the file was written: its stat is trusted
+    w = RulesWatcher(f, settings, on_change=lambda r: None, on_error=lambda e: None, clock=lambda: later)
+    rewrite(GOOD_1)
+    assert not w.check() and w.rules.get("a").local.average == 11
+    assert w.reload(force=False).get("a").local.average == 10 and w.rules.loaded_at == later
 
 
 def test_watcher_missing_file_reports_once(settings, tmp_path):

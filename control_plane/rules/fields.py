@@ -1,0 +1,251 @@
+"""Reading one field of the rules file: its shape, its value, and an error that names it.
+
+A :class:`FieldReader` knows the line of every field (from
+:func:`~control_plane.rules.yaml_source.load_yaml`) and turns each problem into a
+:class:`~control_plane.rules.errors.RulesError` with the file, the line and the field's
+dotted path. It reads the parts a route is made of that stand on their own: mappings with
+known keys, strings, whole numbers, durations, policies, keys, failure policies and codes,
+HTTP methods, allow/deny list entries and header names. :mod:`.schema` reads the document
+and the routes with it.
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
+
+from limiter.keys import KeyExtractor, KeyStrategy, api_key_id
+from limiter.policy import Algorithm, Policy
+from limiter.resilience import FailurePolicy
+
+from ..durations import parse_duration
+from .errors import API_KEY_ID, FieldPath, RulesError, field_name
+from .lists import parse_list_entry
+from .model import HTTP_TOKEN
+
+if TYPE_CHECKING:
+    from ..settings import Settings
+
+__all__ = ["KEY_KEYS", "POLICY_KEYS", "FieldReader", "bare", "type_name"]
+
+KEY_KEYS = ("strategy", "header", "api_key_header", "forwarded_mode", "max_length")
+"""The keys of a ``key`` block."""
+POLICY_KEYS = ("algorithm", "average", "period", "burst")
+"""The keys of a policy (``local``, ``distributed``, an override)."""
+_HINTS = {
+    (
+        "key",
+        "trusted_proxies",
+    ): "trusted proxies are not set in the rules file; they come from SHADOWLIMIT_TRUSTED_PROXIES",
+    (
+        "external",
+        "enabled",
+    ): "a route asks its limits service whenever it has an external block; remove the block to turn that off",
+    ("external", "http"): "give the service's address as external.url (only HTTP limits services are supported)",
+    ("external", "grpc"): "only HTTP limits services are supported: give external.url",
+}
+_FIELD_MESSAGE = re.compile(r"([A-Za-z_]+): (.*)", re.S)
+
+
+def bare(exc: ValueError, prefix: str) -> str:
+    """An error message without its ``"<prefix>: "`` (the field path already says it)."""
+    msg = getattr(exc, "message", None) or str(exc)
+    return msg[len(prefix) + 2 :] if msg.startswith(f"{prefix}: ") else msg
+
+
+def type_name(value: object) -> str:
+    """How errors name a value's type: ``null``, ``a mapping``, ``a list``, ``str``, ..."""
+    if value is None:
+        return "null"
+    if isinstance(value, dict):
+        return "a mapping"
+    if isinstance(value, list):
+        return "a list"
+    return type(value).__name__
+
+
+class FieldReader:
+    """Reads fields of one document; every method raises :class:`RulesError` naming the field.
+
+    ``lines`` maps each field's path to its line, ``source`` names the file in errors (None
+    for text given directly); ``settings`` gives what the file does not set (trusted proxies).
+    """
+
+    def __init__(self, lines: dict[FieldPath, int], source: str | None, settings: Settings) -> None:
+        self.lines = lines
+        self.source = source
+        self.settings = settings
+        self.proxies = settings.proxies
+
+    # -- errors --
+
+    def line(self, path: FieldPath) -> int | None:
+        """The line of a field, else of the closest enclosing field that has one."""
+        p = path
+        while True:
+            if p in self.lines:
+                return self.lines[p]
+            if not p:
+                return None
+            p = p[:-1]
+
+    def error(self, path: FieldPath, message: str) -> RulesError:
+        """The error for a field."""
+        return RulesError(message, path=self.source, line=self.line(path), field=field_name(path))
+
+    def value_error(self, path: FieldPath, exc: ValueError, names: Iterable[str] = ()) -> RulesError:
+        """A Policy/KeyExtractor message ``"burst: ..."`` becomes field ``path.burst``."""
+        msg = getattr(exc, "message", None) or str(exc)
+        m = _FIELD_MESSAGE.match(msg)
+        if m and m.group(1) in names:
+            return self.error((*path, m.group(1)), m.group(2))
+        return self.error(path, msg)
+
+    # -- shapes --
+
+    def mapping(
+        self, value: Any, path: FieldPath, allowed: tuple[str, ...], required: tuple[str, ...] = ()
+    ) -> dict[str, Any]:
+        """A mapping with only ``allowed`` keys (a close match or a hint is suggested) and the ``required`` ones."""
+        if not isinstance(value, dict):
+            raise self.error(path, f"must be a mapping, got {type_name(value)}")
+        for k in value:
+            if k not in allowed:
+                hint = _HINTS.get((path[-1] if path and isinstance(path[-1], str) else "", k))
+                close = difflib.get_close_matches(k, allowed, n=1)
+                msg = f"unknown key {k!r}"
+                if hint:
+                    msg += f"; {hint}"
+                elif close:
+                    msg += f" (did you mean {close[0]!r}?)"
+                raise self.error((*path, k), f"{msg}; allowed keys: {', '.join(allowed)}")
+        for k in required:
+            if k not in value:
+                raise self.error(path, f"missing required key {k!r}")
+        return value
+
+    def string(self, value: Any, path: FieldPath) -> str:
+        if not isinstance(value, str):
+            raise self.error(path, f"must be a string, got {type_name(value)}")
+        return value
+
+    def integer(self, value: Any, path: FieldPath, lo: int, hi: int) -> int:
+        """A whole number from ``lo`` to ``hi`` (``true`` is not a number)."""
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise self.error(path, f"must be a whole number from {lo} to {hi}, got {type_name(value)} {value!r}")
+        if not lo <= value <= hi:
+            raise self.error(path, f"must be from {lo} to {hi}, got {value}")
+        return value
+
+    # -- pieces --
+
+    def policy(self, value: Any, path: FieldPath, inherit: Policy | None = None) -> Policy:
+        m = self.mapping(value, path, POLICY_KEYS, required=("average",))
+        if "algorithm" in m:
+            algorithm: Any = self.string(m["algorithm"], (*path, "algorithm"))
+        else:
+            algorithm = inherit.algorithm if inherit is not None else Algorithm.TOKEN_BUCKET
+        if "period" in m:
+            try:
+                period = parse_duration(m["period"])
+            except ValueError as exc:
+                raise self.value_error(path, exc, POLICY_KEYS) from None
+        else:
+            period = inherit.period if inherit is not None else 1.0
+        try:
+            return Policy(average=m["average"], period=period, burst=m.get("burst"), algorithm=algorithm)
+        except ValueError as exc:
+            raise self.value_error(path, exc, POLICY_KEYS) from None
+
+    def key(self, value: Any, path: FieldPath) -> KeyExtractor:
+        m = self.mapping(value, path, KEY_KEYS)
+        try:
+            strategy = KeyStrategy.parse(m.get("strategy", KeyStrategy.CLIENT_IP))
+        except ValueError as exc:
+            raise self.error((*path, "strategy"), str(exc)) from None
+        kwargs: dict[str, Any] = {}
+        for name in ("header", "api_key_header", "forwarded_mode"):
+            if name in m:
+                kwargs[name] = self.string(m[name], (*path, name))
+        if "max_length" in m:
+            kwargs["max_length"] = self.integer(m["max_length"], (*path, "max_length"), 1, 65_536)
+        if "forwarded_mode" in m and strategy is not KeyStrategy.CLIENT_IP:
+            raise self.error((*path, "forwarded_mode"), "only applies to the clientIP strategy")
+        if "header" in m and strategy not in (KeyStrategy.HEADER, KeyStrategy.COMPOSITE):
+            raise self.error(
+                (*path, "header"), f"only applies to the header and composite strategies, not {strategy.value}"
+            )
+        if "api_key_header" in m and strategy is not KeyStrategy.API_KEY:
+            raise self.error((*path, "api_key_header"), f"only applies to the apiKey strategy, not {strategy.value}")
+        try:
+            return KeyExtractor(strategy, trusted_proxies=self.proxies, **kwargs)
+        except ValueError as exc:
+            raise self.value_error(path, exc, KEY_KEYS) from None
+
+    def failure_policy(self, value: Any, path: FieldPath) -> FailurePolicy:
+        self.string(value, path)
+        try:
+            return FailurePolicy.parse(value)
+        except ValueError as exc:
+            raise self.value_error(path[:-1], exc, ("failure_policy",)) from None
+
+    def failure_code(self, value: Any, path: FieldPath) -> int:
+        return self.integer(value, path, 400, 599)
+
+    def duration(self, value: Any, path: FieldPath, lo: float, hi: float, *, allow_zero: bool) -> float:
+        try:
+            seconds = parse_duration(value)
+        except ValueError as exc:
+            raise self.error(path, bare(exc, "period")) from None
+        if not (lo <= seconds <= hi) or (seconds == 0 and not allow_zero):
+            low = f"from {lo:g}s" if allow_zero else "more than 0s"
+            raise self.error(path, f"must be {low} up to {hi:g}s, got {value!r}")
+        return seconds
+
+    def header_list(self, value: Any, path: FieldPath) -> list[str]:
+        if not isinstance(value, list):
+            raise self.error(path, f"must be a list of header names, got {type_name(value)}")
+        out: list[str] = []
+        for i, item in enumerate(value):
+            name = self.string(item, (*path, i))
+            if HTTP_TOKEN.fullmatch(name) is None:
+                raise self.error((*path, i), f"{name!r} is not an HTTP header name")
+            out.append(name)
+        return out
+
+    def methods(self, value: Any, path: FieldPath) -> frozenset[str] | None:
+        items = [value] if isinstance(value, str) else value
+        if not isinstance(items, list):
+            raise self.error(path, f'must be a list of HTTP methods (or "*"), got {type_name(value)}')
+        if not items:
+            raise self.error(path, 'must not be empty (omit it, or use "*", for any method)')
+        out: set[str] = set()
+        for i, item in enumerate(items):
+            p = (*path, i) if isinstance(value, list) else path
+            m = self.string(item, p)
+            if m == "*":
+                return None
+            if HTTP_TOKEN.fullmatch(m) is None:
+                raise self.error(p, f"{m!r} is not an HTTP method")
+            if m != m.upper():
+                raise self.error(
+                    p, f"HTTP methods are case-sensitive and written in upper case: use {m.upper()!r}, not {m!r}"
+                )
+            out.add(m)
+        return frozenset(out)
+
+    def entries(self, value: Any, path: FieldPath, strategy: KeyStrategy) -> list[str]:
+        if not isinstance(value, list):
+            raise self.error(path, f"must be a list of IP addresses, CIDR blocks or keys, got {type_name(value)}")
+        out: list[str] = []
+        for i, item in enumerate(value):
+            try:
+                parsed = parse_list_entry(item)
+            except ValueError as exc:
+                raise self.error((*path, i), bare(exc, "entry")) from None
+            if isinstance(parsed, str) and strategy is KeyStrategy.API_KEY and not API_KEY_ID.fullmatch(parsed):
+                parsed = api_key_id(parsed)  # keys on apiKey routes are ids; hash raw keys like overrides
+            out.append(parsed if isinstance(parsed, str) else str(parsed))
+        return out

@@ -1,0 +1,241 @@
+"""The compiled rules: :class:`RouteRule` (one route) and :class:`Rules` (a whole file), both immutable.
+
+:meth:`Rules.match` finds the route of a request (user routes in file order, first match
+wins, then the default route); :meth:`RouteRule.policies_for` gives a key's ``(local,
+distributed)`` policies with overrides applied. :func:`default_route` is the built-in
+fallback built from the settings.
+
+>>> rules = Rules(routes=(), default=default_route(settings))  # doctest: +SKIP
+>>> rules.match("GET", "/anything").name  # doctest: +SKIP
+'default'
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any
+
+from limiter.keys import KeyExtractor, KeyStrategy
+from limiter.policy import Policy
+from limiter.resilience import FailurePolicy
+
+from ..external import ExternalConfig
+from ..rollout import Mode
+from .lists import ListMatcher
+from .paths import ANY, Segment, compile_path_pattern, match_segments, path_segments
+
+if TYPE_CHECKING:
+    from ..settings import Settings
+
+__all__ = ["DEFAULT_ROUTE", "HTTP_TOKEN", "RESERVED_ROUTE_NAMES", "ROUTE_NAME", "RouteRule", "Rules", "default_route"]
+
+DEFAULT_ROUTE = "default"
+"""The name of the fallback route (built in, or redefined by the file)."""
+ROUTE_NAME = re.compile(r"[A-Za-z0-9_.\-]{1,64}")
+"""What a route name may be."""
+HTTP_TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
+"""An HTTP token (RFC 9110): what a method or a header name may be."""
+# bucket keys are rl:<ns>:<route>:<key>; these names would collide with the control
+# plane's own keys (rl:<ns>:div:..., rl:<ns>:hh:..., rl:<ns>:fleet, rl:<ns>:extcache:...)
+RESERVED_ROUTE_NAMES = frozenset({"div", "hh", "hhid", "fleet", "extcache"})
+"""Route names that would share Redis keys with the control plane's own data."""
+
+
+def _frozen_policies(value: Mapping[str, Policy] | None) -> Mapping[str, Policy]:
+    return MappingProxyType(dict(value or {}))
+
+
+@dataclass(frozen=True)
+class RouteRule:
+    """One route: which requests it matches, how they are keyed and limited.
+
+    ``methods`` None means any method. ``api_key_overrides`` is keyed by
+    :func:`~limiter.keys.api_key_id` ids (``"apikey:<32 hex>"``), ``tenant_overrides``
+    by tenant (header value) or exact key. ``initial_mode`` is the mode used when Redis
+    holds no stored state for the route. ``line`` is where the route starts in the file
+    (None for the built-in default).
+    """
+
+    name: str
+    methods: frozenset[str] | None
+    path_pattern: str
+    key: KeyExtractor
+    local: Policy
+    distributed: Policy
+    api_key_overrides: Mapping[str, Policy] = field(default_factory=dict)
+    tenant_overrides: Mapping[str, Policy] = field(default_factory=dict)
+    allow: ListMatcher = field(default_factory=ListMatcher)
+    deny: ListMatcher = field(default_factory=ListMatcher)
+    failure_policy: FailurePolicy | None = None
+    failure_code: int | None = None
+    initial_mode: Mode | None = None
+    initial_canary_percent: int = 0
+    line: int | None = None
+    external: ExternalConfig | None = None
+    _segments: tuple[Segment, ...] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        s = object.__setattr__
+        if not isinstance(self.name, str) or ROUTE_NAME.fullmatch(self.name) is None:
+            raise ValueError(f"name: must be 1-64 characters of [A-Za-z0-9_.-], got {self.name!r}")
+        if self.methods is not None:
+            methods = frozenset(self.methods)
+            for m in methods:
+                if not isinstance(m, str) or (m != "*" and HTTP_TOKEN.fullmatch(m) is None):
+                    raise ValueError(f"methods: {m!r} is not an HTTP method")
+            s(self, "methods", None if "*" in methods or not methods else methods)
+        try:
+            s(self, "_segments", compile_path_pattern(self.path_pattern))
+        except ValueError as exc:
+            raise ValueError(f"path: {exc}") from None
+        s(self, "api_key_overrides", _frozen_policies(self.api_key_overrides))
+        s(self, "tenant_overrides", _frozen_policies(self.tenant_overrides))
+        if self.initial_mode is not None:
+            s(self, "initial_mode", Mode(self.initial_mode))
+        if self.failure_policy is not None:
+            s(self, "failure_policy", FailurePolicy.parse(self.failure_policy))
+        pct = self.initial_canary_percent
+        if isinstance(pct, bool) or not isinstance(pct, int) or not 0 <= pct <= 100:
+            raise ValueError(f"canary_percent: must be a whole number from 0 to 100, got {pct!r}")
+
+    def __hash__(self) -> int:
+        return hash((self.name, self.path_pattern, self.methods, self.line))
+
+    @property
+    def is_catch_all(self) -> bool:
+        """True when the route matches every request (``/**``, any method)."""
+        return self.methods is None and self._segments == (ANY,)
+
+    def matches(self, method: str, path: str) -> bool:
+        """Whether a request (method as sent, e.g. ``"GET"``; decoded path) hits this route.
+
+        ``/a/b/`` is treated like ``/a/b`` (and ``//`` like ``/``).
+        """
+        if self.methods is not None and method not in self.methods:
+            return False
+        return match_segments(self._segments, path_segments(path))
+
+    def policies_for(self, key: str) -> tuple[Policy, Policy]:
+        """``(local, distributed)`` for a key, overrides applied.
+
+        An override (API key id first, then tenant) matches the key exactly; for the
+        ``composite`` strategy (keys ``"<tenant>:<segment>"``) the tenant part, before the
+        last ``:``, is tried too. A privileged key gets its override in both limiters.
+        """
+        if self.api_key_overrides:
+            p = self.api_key_overrides.get(key)
+            if p is not None:
+                return p, p
+        if self.tenant_overrides:
+            p = self.tenant_overrides.get(key)
+            if p is None and self.key.strategy is KeyStrategy.COMPOSITE and ":" in key:
+                p = self.tenant_overrides.get(key.rpartition(":")[0])
+            if p is not None:
+                return p, p
+        return self.local, self.distributed
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-safe summary for the API (no raw keys; override and list entries are counted)."""
+        key: dict[str, Any] = {"strategy": self.key.strategy.value}
+        if self.key.header is not None:
+            key["header"] = self.key.header
+        if self.key.strategy is KeyStrategy.API_KEY:
+            key["api_key_header"] = self.key.api_key_header
+        if self.key.strategy is KeyStrategy.CLIENT_IP:
+            key["forwarded_mode"] = self.key.forwarded_mode
+        return {
+            "name": self.name,
+            "methods": sorted(self.methods) if self.methods is not None else None,
+            "path": self.path_pattern,
+            "key": key,
+            "local": self.local.to_dict(),
+            "distributed": self.distributed.to_dict(),
+            "local_describe": self.local.describe(),
+            "distributed_describe": self.distributed.describe(),
+            "overrides": {"api_keys": len(self.api_key_overrides), "tenants": len(self.tenant_overrides)},
+            "allow": len(self.allow),
+            "deny": len(self.deny),
+            "failure_policy": self.failure_policy.value if self.failure_policy is not None else None,
+            "failure_code": self.failure_code,
+            "mode": self.initial_mode.value if self.initial_mode is not None else None,
+            "canary_percent": self.initial_canary_percent,
+            "line": self.line,
+            "external": self.external.to_dict() if self.external is not None else None,
+        }
+
+
+def default_route(settings: Settings) -> RouteRule:
+    """The built-in fallback: ``/**``, any method, clientIP (trusted proxies from settings),
+    a token bucket of ``RATE_LIMIT_GLOBAL_CAPACITY`` refilled at
+    ``RATE_LIMIT_GLOBAL_REFILL_PER_SEC`` per second (0 = unlimited) for both limiters."""
+    policy = Policy(average=settings.global_refill_per_sec, period=1.0, burst=settings.global_capacity)
+    return RouteRule(
+        name=DEFAULT_ROUTE,
+        methods=None,
+        path_pattern="/**",
+        key=KeyExtractor(KeyStrategy.CLIENT_IP, trusted_proxies=settings.proxies),
+        local=policy,
+        distributed=policy,
+    )
+
+
+@dataclass(frozen=True)
+class Rules:
+    """A loaded rules file: user routes in file order (first match wins) and the default."""
+
+    routes: tuple[RouteRule, ...]
+    default: RouteRule
+    source: str | None = None
+    loaded_at: float = field(default_factory=time.time)
+    digest: str = "builtin"
+    _by_name: Mapping[str, RouteRule] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "routes", tuple(self.routes))
+        by_name: dict[str, RouteRule] = {}
+        for r in self.routes:
+            if r.name == DEFAULT_ROUTE:
+                raise ValueError("the default route goes in Rules.default, not Rules.routes")
+            if r.name in by_name:
+                raise ValueError(f"duplicate route name {r.name!r}")
+            by_name[r.name] = r
+        if self.default.name != DEFAULT_ROUTE:
+            raise ValueError(f"the default route must be named {DEFAULT_ROUTE!r}, got {self.default.name!r}")
+        by_name[DEFAULT_ROUTE] = self.default
+        object.__setattr__(self, "_by_name", MappingProxyType(by_name))
+
+    def __hash__(self) -> int:
+        return hash((self.digest, self.source, self.loaded_at))
+
+    @property
+    def all_routes(self) -> tuple[RouteRule, ...]:
+        """User routes then the default: the order :meth:`match` tries them."""
+        return (*self.routes, self.default)
+
+    def match(self, method: str, path: str) -> RouteRule:
+        """The first user route matching the request, else the default route."""
+        segs = path_segments(path)
+        for r in self.routes:
+            if (r.methods is None or method in r.methods) and match_segments(r._segments, segs):
+                return r
+        return self.default
+
+    def get(self, name: str) -> RouteRule | None:
+        """A route by name (``"default"`` included), or None."""
+        return self._by_name.get(name)
+
+    def names(self) -> list[str]:
+        """User route names in file order, then ``"default"``."""
+        return [r.name for r in self.routes] + [DEFAULT_ROUTE]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "source": self.source,
+            "digest": self.digest,
+            "loaded_at": self.loaded_at,
+            "routes": [dict(r.to_dict(), default=r is self.default) for r in self.all_routes],
+        }

@@ -1,0 +1,233 @@
+"""Hot reload: :class:`RulesWatcher` swaps in a changed rules file, and never a bad one.
+
+>>> watcher = RulesWatcher("rules.yaml", settings, on_change=print)  # doctest: +SKIP
+>>> await watcher.run(interval_s=1.0)  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from .errors import RulesError
+from .load import load_rules, rules_from_bytes
+from .model import Rules
+from .yaml_source import read_file
+
+if TYPE_CHECKING:
+    from ..settings import Settings
+
+__all__ = ["RACY_WINDOW_S", "RulesWatcher"]
+
+log = logging.getLogger("shadowlimit.rules")
+
+RACY_WINDOW_S = 2.0
+"""Modification times this close to (or after) the last read are not trusted: the file is re-read."""
+
+
+def _cannot_read(exc: OSError, path: Path) -> RulesError:
+    return RulesError(f"cannot read the rules file: {exc.strerror or exc}", path=str(path))
+
+
+class RulesWatcher:
+    """Reloads the rules file when it changes; a bad file never replaces good rules.
+
+    The constructor loads the file (raising :class:`RulesError` if it is invalid) unless
+    ``initial`` rules are given. :meth:`check` (called every ``interval_s`` by
+    :meth:`run`) re-reads the file when its ``(mtime_ns, size)`` changed, or while the
+    modification time is too recent to tell same-size rewrites apart, and reloads when
+    the content digest differs from the current rules. A valid new file calls
+    ``on_change(rules)``; an invalid one calls ``on_error(err)`` once per bad version
+    and the last good rules stay in place (``last_error`` says why until the file is
+    fixed). A file put back to the rules in force after an error (same digest, so
+    nothing to reload) calls ``on_recover(rules)``: the error is over. A file caught
+    mid-write (its stat changes while being read) is retried on the next check.
+
+    ``clock`` is the wall clock (seconds since the epoch, as file modification times
+    are; :func:`time.time` by default): it says when the file was read, for the
+    :data:`RACY_WINDOW_S` window, and stamps ``Rules.loaded_at``.
+    """
+
+    def __init__(
+        self,
+        path: str | Path | None,
+        settings: Settings,
+        on_change: Callable[[Rules], None] | None = None,
+        on_error: Callable[[RulesError], None] | None = None,
+        *,
+        initial: Rules | None = None,
+        on_recover: Callable[[Rules], None] | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.path = Path(path) if path is not None and str(path).strip() else None
+        self.settings = settings
+        self.on_change = on_change
+        self.on_error = on_error
+        self.on_recover = on_recover
+        self.last_error: RulesError | None = None
+        self.reload_count = 0
+        self.error_count = 0
+        self._clock = clock
+        self._lock = threading.RLock()
+        self._sig: tuple[int, int] | None = None
+        self._read_at = 0.0
+        self._bad_digest: str | None = None
+        self._bad_sig: object = None
+        if initial is not None:
+            self._rules = initial
+        else:
+            self._rules = load_rules(self.path, settings, clock=clock)
+            if self.path is not None:
+                self._remember_stat(self.path)
+
+    @property
+    def rules(self) -> Rules:
+        """The last good rules."""
+        return self._rules
+
+    def _remember_stat(self, path: Path) -> None:
+        try:
+            st = os.stat(path)
+        except OSError:
+            return
+        self._sig = (st.st_mtime_ns, st.st_size)
+        self._read_at = self._clock()
+
+    def _report(self, err: RulesError) -> None:
+        self.last_error = err
+        self.error_count += 1
+        log.warning("rules file rejected, keeping the last good rules: %s", err)
+        if self.on_error is not None:
+            self.on_error(err)
+
+    def _report_once(self, sig: object, err: RulesError) -> None:
+        """Report an unreadable file once per distinct problem."""
+        if self._bad_sig != sig:
+            self._bad_sig = sig
+            self._report(err)
+
+    def _recovered(self) -> None:
+        """The file is back to the rules in force: clear the error and say so."""
+        if self.last_error is None:
+            return
+        self.last_error = None
+        self._bad_digest = None
+        log.info("rules file %s is back to the rules in force (digest %s)", self.path, self._rules.digest[:12])
+        if self.on_recover is not None:
+            self.on_recover(self._rules)
+
+    def _apply(self, rules: Rules) -> None:
+        self._rules = rules
+        self.last_error = None
+        self._bad_digest = None
+        self._bad_sig = None
+        self.reload_count += 1
+        log.info("rules reloaded from %s: %d routes, digest %s", rules.source, len(rules.routes), rules.digest[:12])
+        if self.on_change is not None:
+            self.on_change(rules)
+
+    def _parse(self, path: Path, data: bytes, digest: str) -> Rules:
+        """The file's rules; an invalid file is remembered (by digest) and reported."""
+        try:
+            return rules_from_bytes(data, self.settings, str(path), digest=digest, clock=self._clock)
+        except RulesError as err:
+            self._bad_digest = digest
+            self._report(err)
+            raise
+
+    def _read_if_changed(self, path: Path) -> bytes | None:
+        """The file's bytes if it may have changed since the last read and was read whole, else None."""
+        try:
+            st = os.stat(path)
+        except OSError as exc:
+            self._report_once(("stat", exc.errno), _cannot_read(exc, path))
+            return None
+        sig = (st.st_mtime_ns, st.st_size)
+        racy = st.st_mtime_ns / 1e9 >= self._read_at - RACY_WINDOW_S
+        if sig == self._sig and not racy:
+            return None
+        read_at = self._clock()
+        try:
+            data = read_file(path)
+            st2 = os.stat(path)
+        except (RulesError, OSError) as exc:
+            err = exc if isinstance(exc, RulesError) else _cannot_read(exc, path)
+            self._report_once(("read", str(err)), err)
+            return None
+        if (st2.st_mtime_ns, st2.st_size) != sig or len(data) != st2.st_size:
+            return None  # being written right now: try again next time
+        self._sig = sig
+        self._read_at = read_at
+        self._bad_sig = None  # readable (again)
+        return data
+
+    def check(self) -> bool:
+        """Reload if the file changed; True when new rules were applied."""
+        if self.path is None:
+            return False
+        with self._lock:
+            data = self._read_if_changed(self.path)
+            if data is None:
+                return False
+            digest = hashlib.sha256(data).hexdigest()
+            if digest == self._rules.digest:
+                self._recovered()  # if it had been rejected: it went back to the good version
+                return False
+            if digest == self._bad_digest:
+                return False  # already reported
+            try:
+                rules = self._parse(self.path, data, digest)
+            except RulesError:
+                return False
+            self._apply(rules)
+            return True
+
+    def reload(self, force: bool = True) -> Rules:
+        """Re-read the file now (the admin call). Returns the rules now in force.
+
+        ``force`` reloads (and notifies ``on_change``) even if the content is unchanged.
+        An invalid file raises :class:`RulesError` (after calling ``on_error``) and the
+        previous rules stay in force.
+        """
+        if self.path is None:
+            raise RulesError("no rules file is configured (RATE_LIMIT_RULES_PATH)")
+        with self._lock:
+            try:
+                st = os.stat(self.path)
+            except OSError as exc:
+                err = _cannot_read(exc, self.path)
+                self._report(err)
+                raise err from None
+            try:
+                data = read_file(self.path)
+            except RulesError as err:
+                self._report(err)
+                raise
+            digest = hashlib.sha256(data).hexdigest()
+            if not force and digest == self._rules.digest:
+                self._recovered()
+                return self._rules
+            rules = self._parse(self.path, data, digest)
+            self._sig = (st.st_mtime_ns, st.st_size)
+            self._read_at = self._clock()
+            self._bad_sig = None
+            self._apply(rules)
+            return rules
+
+    async def run(self, interval_s: float) -> None:
+        """Call :meth:`check` every ``interval_s`` seconds until cancelled."""
+        if interval_s <= 0:
+            raise ValueError(f"interval_s: must be > 0, got {interval_s!r}")
+        while True:
+            try:
+                self.check()
+            except Exception:  # a failing callback must not stop the watcher
+                log.exception("rules watcher check failed")
+            await asyncio.sleep(interval_s)
