@@ -296,7 +296,7 @@ def measure_engine(seconds: float = 1.0, repeats: int = 10, tasks: int = 32) -> 
         try:
             for _ in range(repeats):
                 for mode, pct in MODES:
-                    await engine.set_mode(
+                    await engine.rollout.set_mode(
                         "api", Mode(mode), canary_percent=pct, reason="benchmark", actor="bench", force=True
                     )
                     await asyncio.sleep(0.2)
@@ -307,7 +307,7 @@ def measure_engine(seconds: float = 1.0, repeats: int = 10, tasks: int = 32) -> 
                     await asyncio.sleep(seconds)
                     stop[0] = True
                     await asyncio.gather(*workers)
-                    await engine._drain_shadow()  # the shadow work this run queued is part of its cost
+                    await engine.shadow.drain()  # the shadow work this run queued is part of its cost
                     cpu1 = time.process_time()
                     per_mode.setdefault(f"{mode}{f' {pct}%' if pct else ''}", []).append((cpu1 - cpu0) / done[0] * 1e6)
         finally:

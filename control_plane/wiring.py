@@ -1,20 +1,39 @@
-"""The one place that builds an engine from settings (used by the app and the middleware)."""
+"""The one place that builds an engine: its parts from settings (:func:`build_engine`), and
+the Redis connections it runs on (:func:`open_engine`, used by the app and the middleware)."""
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import time
+import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from limiter import RedisLimiter
+from limiter import LocalLimiter, RedisLimiter
 from limiter.redis_limiter import make_redis_py_client
+from limiter.resilience import BreakerState, CircuitBreaker, FleetMembership, ResilientLimiter
 
+from .activity import Activity
+from .adjustments import Adjustments
+from .auditlog import AuditSink
+from .decision import Comparisons, Decider, wall_clock_us
 from .engine import Engine
+from .events import EventHub
+from .external import ExternalManager
+from .hitters import WouldBeBlocked
+from .live_rules import LiveRules
 from .metrics import Metrics
+from .recovery import StateMemory
+from .rollout_manager import RolloutManager
+from .rules import Rules
 from .settings import Settings, SettingsError
+from .shadow import ShadowPipeline
+from .store import DivergenceStore, RolloutStore
+from .views import FleetViews
 
-__all__ = ["NO_REDIS_URL", "EngineHandle", "open_engine"]
+__all__ = ["NO_REDIS_URL", "EngineHandle", "build_engine", "open_engine"]
 
 #: why a control plane without a Redis URL does not start
 NO_REDIS_URL = (
@@ -60,7 +79,8 @@ async def open_engine(settings: Settings, *, metrics: Metrics | None = None) -> 
         embedded = EmbeddedRedis().start()
         url = embedded.url
         log.warning(
-            "development mode (--embedded-redis): started a private redis-server at %s; this process's 'global' limit is its own",
+            "development mode (--embedded-redis): started a private redis-server at %s; "
+            "this process's 'global' limit is its own",
             url,
         )
     redis = RedisLimiter.from_url(
@@ -75,7 +95,7 @@ async def open_engine(settings: Settings, *, metrics: Metrics | None = None) -> 
         socket_timeout=max(1.0, settings.redis_command_timeout_s * 4),
         connect_timeout=settings.redis_connect_timeout_s,
     )
-    engine = Engine(settings, redis=redis, client=client, metrics=metrics or Metrics())
+    engine = build_engine(settings, redis=redis, client=client, metrics=metrics or Metrics())
     handle = EngineHandle(engine, redis, client, url, embedded)
     try:
         await engine.start()
@@ -83,3 +103,77 @@ async def open_engine(settings: Settings, *, metrics: Metrics | None = None) -> 
         await handle.aclose()
         raise
     return handle
+
+
+def build_engine(
+    settings: Settings,
+    *,
+    redis: RedisLimiter,
+    client: Any,
+    metrics: Metrics | None = None,
+    rules: Rules | None = None,
+    instance_id: str | None = None,
+    clock_us: Callable[[], int] = wall_clock_us,
+) -> Engine:
+    """Build every part of an engine (not started: :meth:`Engine.start`). ``redis`` runs
+    the decisions, ``client`` (redis-py) the rest; ``clock_us`` is the decisions' clock."""
+    iid = instance_id or settings.instance_id or uuid.uuid4().hex[:12]
+    metrics = metrics or Metrics()
+    events = EventHub(history=settings.stream_history)
+    breaker = CircuitBreaker(failure_threshold=settings.breaker_failure_threshold)
+    fleet = FleetMembership(redis, instance_id=iid, interval_s=2.0)
+    resilient = ResilientLimiter(
+        redis,
+        failure_policy=settings.failure_policy,
+        failure_code=settings.failure_code,
+        fallback=LocalLimiter(max_keys=settings.local_max_keys),
+        breaker=breaker,
+        fleet=fleet,
+    )
+    memory = StateMemory()
+    store = RolloutStore(client, settings.namespace)
+    divergence = DivergenceStore(client, settings.namespace)
+    blocked = WouldBeBlocked(settings.namespace)
+    live = LiveRules(settings, store=store, metrics=metrics, events=events, instance_id=iid, rules=rules)
+    adjustments = Adjustments(client, store, memory, live)
+    sink = AuditSink(iid, settings.audit_log)
+    rollout = RolloutManager(
+        settings, rules=live, store=store, divergence=divergence, memory=memory, adjustments=adjustments,
+        breaker=breaker, metrics=metrics, events=events, audit_sink=sink, instance_id=iid,
+    )  # fmt: skip
+    external = ExternalManager(
+        namespace=settings.namespace,
+        client=client,
+        backend_hosts=settings.backend_hosts,
+        cache_ok=lambda: breaker.state is not BreakerState.OPEN,
+        cache_timeout_s=max(0.05, settings.redis_command_timeout_s * 2),
+        metrics=metrics,
+        publish=events.publish,
+        instance_id=iid,
+    )
+    external.configure(live.current.all_routes)
+    live.listeners += [lambda r: external.configure(r.all_routes), rollout.rules_changed]
+    comparisons = Comparisons(divergence, blocked, metrics)
+    shadow = ShadowPipeline(
+        resilient,
+        comparisons,
+        queue_size=settings.shadow_queue_size,
+        batch_size=settings.shadow_batch_size,
+        linger_s=settings.shadow_linger_ms / 1000,
+    )
+    activity = Activity(clock=lambda: clock_us() / 1_000_000)
+    local = LocalLimiter(max_keys=settings.local_max_keys)
+    decider = Decider(
+        rules=live, modes=rollout, adjustments=adjustments, local=local, resilient=resilient, shadow=shadow,
+        comparisons=comparisons, external=external, activity=activity, metrics=metrics, instance_id=iid,
+        clock_us=clock_us,
+    )  # fmt: skip
+    engine = Engine(
+        settings=settings, instance_id=iid, metrics=metrics, events=events, redis=redis, client=client,
+        local=local, breaker=breaker, fleet=fleet, resilient=resilient, store=store, divergence=divergence,
+        blocked=blocked, memory=memory, live_rules=live, adjustments=adjustments, rollout=rollout,
+        activity=activity, views=FleetViews(divergence, blocked, client, live), external=external,
+        comparisons=comparisons, shadow=shadow, decider=decider, started_at=time.time(),
+    )  # fmt: skip
+    breaker.on_transition = engine.on_breaker
+    return engine

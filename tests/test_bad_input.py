@@ -107,7 +107,7 @@ def test_unexpected_error_is_a_generic_500_with_an_incident_id(cp, http, caplog)
     async def broken(_inp):
         raise RuntimeError("secret internals /var/lib/thing")
 
-    cp.engine.decide = broken
+    cp.engine.decider.decide = broken
     with caplog.at_level(logging.ERROR, logger="shadowlimit.incident"):
         r = http.post("/v1/decide", json={"route": "search", "key": "k"})
     assert r.status_code == 500

@@ -819,8 +819,20 @@ def test_snapshot_main_screen_120x40(snap_compare: Any, utc: None) -> None:
     assert snap_compare(fixed_app(None), terminal_size=(120, 40))
 
 
+async def _steady_cursor(pilot: Pilot[Any]) -> None:
+    """A dialog's text cursor blinks: shown steadily, a snapshot does not depend on when it is taken."""
+    for field in pilot.app.screen.query(Input):
+        field.cursor_blink = False
+    await pilot.pause()
+
+
 def test_snapshot_confirm_dialog(snap_compare: Any, utc: None) -> None:
-    assert snap_compare(fixed_app(), press=["e"], terminal_size=SIZE)
+    async def confirm(pilot: Pilot[Any]) -> None:
+        await pilot.press("e")
+        await pilot.pause()
+        await _steady_cursor(pilot)
+
+    assert snap_compare(fixed_app(), run_before=confirm, terminal_size=SIZE)
 
 
 def test_snapshot_gate_refused_dialog(snap_compare: Any, utc: None) -> None:
@@ -834,6 +846,7 @@ def test_snapshot_gate_refused_dialog(snap_compare: Any, utc: None) -> None:
         route = snap.route("search")
         assert route is not None
         await pilot.app.push_screen(GateRefusedScreen(route, "enforce", 0, gate, "try the global limit"))
+        await _steady_cursor(pilot)
 
     assert snap_compare(fixed_app(), run_before=refuse, terminal_size=SIZE)
 

@@ -104,7 +104,7 @@ async def test_middleware_enforces_local_in_shadow_and_distributed_in_enforce(re
             )
             await client.aclose()
             t0 = time.monotonic()
-            while engine.state_for("items").mode is not Mode.ENFORCE and time.monotonic() - t0 < 2:
+            while engine.rollout.state_for("items").mode is not Mode.ENFORCE and time.monotonic() - t0 < 2:
                 await asyncio.sleep(0.02)
             assert time.monotonic() - t0 < 1.0
             codes = [(await http.get("/items/2", headers={"X-Client-Id": "carol"})).status_code for _ in range(3)]

@@ -4,42 +4,62 @@ goes to Redis as one batch instead of one round trip each (SHADOWLIMIT_SHADOW_LI
 from __future__ import annotations
 
 import asyncio
-import types
 
 import pytest
 
-from control_plane.engine import Engine, _ShadowQueue
+from control_plane.decision import Comparisons
+from control_plane.hitters import WouldBeBlocked
+from control_plane.metrics import Metrics
 from control_plane.settings import SettingsError, load_settings
+from control_plane.shadow import ShadowPipeline, ShadowQueue
+from control_plane.store import DivergenceStore
+
+
+class _Verdicts:
+    """Redis's stand-in: records the batches sent and answers with given verdicts."""
+
+    def __init__(self, verdicts=None):
+        self.sizes: list[int] = []
+        self.requests: list = []
+        self.verdicts = verdicts
+
+    async def compare_many(self, requests):
+        self.sizes.append(len(requests))
+        self.requests += requests
+        return self.verdicts if self.verdicts is not None else [True] * len(requests)
+
+
+def _pipeline(redis, *, linger_ms: float = 0, batch_size: int = 256, queue_size: int = 100):
+    m = Metrics()
+    comparisons = Comparisons(DivergenceStore(None, "ns"), WouldBeBlocked("ns"), m)
+    return ShadowPipeline(redis, comparisons, queue_size=queue_size, batch_size=batch_size, linger_s=linger_ms / 1000)
+
+
+def _item(i: int):
+    from limiter import Policy
+
+    return (f"r:k{i}", Policy(average=10), 1, i, "r", f"k{i}", True, f"id{i}")
 
 
 async def _batches(linger_ms: float, items: int, batch_size: int = 256, *, waiting: int = 0) -> list[int]:
-    """Run the real worker loop on a queue: ``waiting`` items queued before it starts,
-    then ``items`` more, one per event-loop turn; the sizes of the batches it sends."""
-    sizes: list[int] = []
-
-    async def evaluate(batch):
-        sizes.append(len(batch))
-
-    fake = types.SimpleNamespace(
-        _queue=_ShadowQueue(100),
-        settings=types.SimpleNamespace(shadow_batch_size=batch_size, shadow_linger_ms=linger_ms),
-        metrics=types.SimpleNamespace(shadow_queue=types.SimpleNamespace(set=lambda v: None)),
-        _evaluate_shadow=evaluate,
-    )
+    """Run the real worker on its queue: ``waiting`` items queued before it starts, then
+    ``items`` more, one per event-loop turn; the sizes of the batches it sends."""
+    redis = _Verdicts()
+    pipe = _pipeline(redis, linger_ms=linger_ms, batch_size=batch_size)
     for i in range(waiting):
-        fake._queue.put_nowait(i)
-    worker = asyncio.create_task(Engine._shadow_worker(fake))
+        assert pipe.offer(_item(i))
+    worker = asyncio.create_task(pipe.run())
     try:
         for i in range(items):
-            fake._queue.put_nowait(i)
+            assert pipe.offer(_item(waiting + i))
             await asyncio.sleep(0)  # one request per loop turn
         for _ in range(200):
-            if sum(sizes) == waiting + items:
+            if sum(redis.sizes) == waiting + items:
                 break
             await asyncio.sleep(0.01)
     finally:
         worker.cancel()
-    return sizes
+    return redis.sizes
 
 
 async def test_linger_gathers_a_trickle_into_one_batch():
@@ -63,34 +83,40 @@ def test_linger_setting_is_validated():
 
 
 async def test_shadow_queue_refuses_when_full_and_wakes_the_worker():
-    q = _ShadowQueue(2)
+    q = ShadowQueue(2)
     waiter = asyncio.create_task(q.wait())
     await asyncio.sleep(0)
     assert not waiter.done()
-    q.put_nowait("a")
+    assert q.offer("a")
     await asyncio.wait_for(waiter, 1)
-    q.put_nowait("b")
-    with pytest.raises(asyncio.QueueFull):
-        q.put_nowait("c")
+    assert q.offer("b")
+    assert not q.offer("c")
     assert len(q) == 2
     assert q.take(1) == ["a"] and q.take(5) == ["b"] and len(q) == 0
     assert q.take(5) == []
-    # a cancelled wait leaves no waiter behind: the next put does not trip over it
+    # a cancelled wait leaves no waiter behind: the next offer does not trip over it
     w2 = asyncio.create_task(q.wait())
     await asyncio.sleep(0)
     w2.cancel()
     with pytest.raises(asyncio.CancelledError):
         await w2
-    q.put_nowait("d")
+    assert q.offer("d")
     assert q.take(1) == ["d"]
+
+
+async def test_drain_evaluates_everything_queued():
+    redis = _Verdicts()
+    pipe = _pipeline(redis)
+    for i in range(7):
+        pipe.offer(_item(i))
+    assert await pipe.drain() == 7
+    assert redis.sizes == [7] and len(pipe) == 0 and pipe.comparisons.evaluated == 7
+    assert await pipe.drain() == 0
 
 
 async def test_evaluate_shadow_counts_each_route_and_backend_errors():
     """One batch over two routes with every outcome: the per-route totals, metrics,
     'would be blocked' records and the evaluated count are what per-item recording gave."""
-    from control_plane.hitters import WouldBeBlocked
-    from control_plane.metrics import Metrics
-    from control_plane.store import DivergenceStore
     from limiter import Policy
 
     p = Policy(average=10, period=1.0, burst=10)
@@ -105,22 +131,15 @@ async def test_evaluate_shadow_counts_each_route_and_backend_errors():
         (("b:k5", p, 1, 7, "b", "k5", True, "r7"), None),
     ]
 
-    async def compare_many(requests):
-        assert requests == [item[:4] for item, _ in cases]
-        return [verdict for _, verdict in cases]
+    redis = _Verdicts([verdict for _, verdict in cases])
+    pipe = _pipeline(redis)
+    await pipe.evaluate([item for item, _ in cases])
+    assert redis.requests == [item[:4] for item, _ in cases]
+    comparisons = pipe.comparisons
+    m = comparisons.metrics
 
-    m = Metrics()
-    fake = types.SimpleNamespace(
-        resilient=types.SimpleNamespace(compare_many=compare_many),
-        metrics=m,
-        divergence=DivergenceStore(None, "ns"),
-        blocked=WouldBeBlocked("ns"),
-        shadow_evaluated=0,
-    )
-    await Engine._evaluate_shadow(fake, [item for item, _ in cases])
-
-    assert fake.shadow_evaluated == 5
-    pending = {route: counts for (route, _), counts in fake.divergence.pending().items()}
+    assert comparisons.evaluated == 5
+    pending = {route: counts for (route, _), counts in comparisons.divergence.pending().items()}
     assert pending["a"] == {
         "agree": 1,
         "local_allow_distributed_deny": 2,
@@ -153,6 +172,6 @@ async def test_evaluate_shadow_counts_each_route_and_backend_errors():
     ) == (1, 2, 1)
     assert (value("b", "agree"), value("b", "local_allow_distributed_deny")) == (1, 0)
     assert m.registry.get_sample_value("rate_limit_backend_errors_total") == 2
-    top = fake.blocked.top("a")
+    top = comparisons.blocked.top("a")
     assert [(e["key"], e["count"], e["last_request_id"]) for e in top] == [("k2", 2, "r3")]
-    assert fake.blocked.top("b") == []
+    assert comparisons.blocked.top("b") == []

@@ -27,6 +27,7 @@ from control_plane.recovery import RememberedAudit, StateMemory, StoreView
 from control_plane.rollout import Mode, RouteState
 from control_plane.settings import SettingsError, load_settings
 from control_plane.store import AUDIT_MAXLEN
+from control_plane.wiring import build_engine
 from limiter import RedisLimiter
 from limiter.embedded import EmbeddedRedis
 from limiter.redis_limiter import make_redis_py_client
@@ -112,9 +113,9 @@ async def engines(any_redis_url, tmp_path):
         )
         rl = RedisLimiter.from_url(redis_url, namespace=ns)
         client = make_redis_py_client(redis_url)
-        engine = Engine(settings, redis=rl, client=client, metrics=Metrics())
+        engine = build_engine(settings, redis=rl, client=client, metrics=Metrics())
         made.append((engine, rl, client))
-        await engine.sync_rollout()
+        await engine.rollout.sync()
         return engine
 
     yield make
@@ -125,20 +126,22 @@ async def engines(any_redis_url, tmp_path):
 
 async def _force(engine: Engine) -> None:
     for route, (mode, pct) in OPERATOR_MODES.items():
-        await engine.set_mode(
+        await engine.rollout.set_mode(
             route, Mode(mode), canary_percent=pct, reason=f"operator sets {mode}", actor="alice", force=True
         )
 
 
 def _modes(engine: Engine) -> dict[str, tuple[str, int]]:
-    return {r: (engine.state_for(r).mode.value, engine.state_for(r).canary_percent) for r in OPERATOR_MODES}
+    return {
+        r: (engine.rollout.state_for(r).mode.value, engine.rollout.state_for(r).canary_percent) for r in OPERATOR_MODES
+    }
 
 
 async def test_restore_after_flushall_is_audited_and_agreed(engines, flush):
     a = await engines()
     b = await engines()
     await _force(a)
-    await b.sync_rollout()
+    await b.rollout.sync()
     before = [e.id for e in await a.store.audit(limit=100)]
     assert len(before) == 3
     flush()
@@ -149,9 +152,9 @@ async def test_restore_after_flushall_is_audited_and_agreed(engines, flush):
     # the replicas that remember are never moved by the empty store ...
     assert _modes(a) == OPERATOR_MODES and _modes(b) == OPERATOR_MODES
     # ... and both write back at once: one restoration, the other finds nothing to do
-    await a.sync_rollout()
-    await b.sync_rollout()
-    await fresh.sync_rollout()
+    await a.rollout.sync()
+    await b.rollout.sync()
+    await fresh.rollout.sync()
     for e in (a, b, fresh):
         assert _modes(e) == OPERATOR_MODES
     entries = await a.store.audit(limit=100)
@@ -162,7 +165,7 @@ async def test_restore_after_flushall_is_audited_and_agreed(engines, flush):
     # the old entries are back at their own ids, in order, before the restorations
     ids = [e.id for e in reversed(entries)]
     assert ids[:3] == list(reversed(before))
-    assert a.restorations == 1 and b.restorations == 0
+    assert a.rollout.restorations == 1 and b.rollout.restorations == 0
     stored = await a.store.get_all()
     assert {r: (s.mode.value, s.canary_percent) for r, s in stored.items()} == OPERATOR_MODES
 
@@ -170,15 +173,15 @@ async def test_restore_after_flushall_is_audited_and_agreed(engines, flush):
 async def test_the_newest_remembered_state_wins(engines, flush):
     a = await engines()
     b = await engines()
-    await a.set_mode("search", Mode.ENFORCE, reason="v1", actor="alice", force=True)
-    await b.sync_rollout()
-    await b.set_mode("search", Mode.OFF, reason="v2", actor="bob")  # a has not synced: it remembers v1
+    await a.rollout.set_mode("search", Mode.ENFORCE, reason="v1", actor="alice", force=True)
+    await b.rollout.sync()
+    await b.rollout.set_mode("search", Mode.OFF, reason="v2", actor="bob")  # a has not synced: it remembers v1
     flush()
-    await a.sync_rollout()  # restores v1 (all it knows)
-    await b.sync_rollout()  # remembers v2: compare-and-set wins over v1
-    await a.sync_rollout()
+    await a.rollout.sync()  # restores v1 (all it knows)
+    await b.rollout.sync()  # remembers v2: compare-and-set wins over v1
+    await a.rollout.sync()
     for e in (a, b):
-        assert (e.state_for("search").mode, e.state_for("search").version) == (Mode.OFF, 2)
+        assert (e.rollout.state_for("search").mode, e.rollout.state_for("search").version) == (Mode.OFF, 2)
     audit = await a.store.audit(limit=20)
     assert [(e.kind, e.to_mode) for e in audit if e.route == "search"][:2] == [
         ("restore", "off"),
@@ -190,24 +193,26 @@ async def test_adjustments_survive_the_loss(engines, flush):
     from limiter import Policy
 
     a = await engines()
-    await a.adjust("search", None, "both", Policy(average=3, period=1, burst=3), reason="tighten", actor="alice")
+    await a.adjustments.adjust(
+        "search", None, "both", Policy(average=3, period=1, burst=3), reason="tighten", actor="alice"
+    )
     flush()
-    await a.sync_rollout()
-    assert [x["route"] for x in a.adjustments()] == ["search"]
+    await a.rollout.sync()
+    assert [x["route"] for x in a.adjustments.listing()] == ["search"]
     fresh = await engines()
-    assert [x["route"] for x in fresh.adjustments()] == ["search"]
-    assert fresh.policies(fresh.rules.get("search"), "k")[1].burst == 3
+    assert [x["route"] for x in fresh.adjustments.listing()] == ["search"]
+    assert fresh.adjustments.policies(fresh.rules.get("search"), "k")[1].burst == 3
 
 
 async def test_a_lagging_copy_is_brought_forward(engines):
     """A failover to a replica that missed the last change looks like an older store."""
     a = await engines()
-    await a.set_mode("search", Mode.CANARY, canary_percent=10, reason="v1", actor="alice", force=True)
+    await a.rollout.set_mode("search", Mode.CANARY, canary_percent=10, reason="v1", actor="alice", force=True)
     snapshot = await a.client.hget(a.store.rollout_key, "search")
-    await a.set_mode("search", Mode.ENFORCE, reason="v2", actor="alice", force=True)
+    await a.rollout.set_mode("search", Mode.ENFORCE, reason="v2", actor="alice", force=True)
     await a.client.hset(a.store.rollout_key, "search", snapshot)  # the copy that lost v2
-    await a.sync_rollout()
-    assert a.state_for("search").mode is Mode.ENFORCE
+    await a.rollout.sync()
+    assert a.rollout.state_for("search").mode is Mode.ENFORCE
     stored = await a.store.get("search")
     assert stored is not None and (stored.mode, stored.version) == (Mode.ENFORCE, 2)
     restore = (await a.store.audit(limit=1))[0]
@@ -217,9 +222,9 @@ async def test_a_lagging_copy_is_brought_forward(engines):
 
 async def test_mode_change_on_a_store_that_lost_the_route_restores_first(engines, flush):
     a = await engines()
-    await a.set_mode("search", Mode.ENFORCE, reason="v1", actor="alice", force=True)
+    await a.rollout.set_mode("search", Mode.ENFORCE, reason="v1", actor="alice", force=True)
     flush()
-    state, entry, _ = await a.set_mode("search", Mode.SHADOW, reason="back to shadow", actor="alice")
+    state, entry, _ = await a.rollout.set_mode("search", Mode.SHADOW, reason="back to shadow", actor="alice")
     assert (state.version, entry.from_mode) == (2, "enforce")
     assert [e.kind for e in await a.store.audit(limit=10, route="search")][:2] == ["mode_change", "restore"]
 
@@ -228,8 +233,8 @@ async def test_every_audit_entry_is_a_json_log_line_and_a_file_line(engines, tmp
     path = tmp_path / "audit.jsonl"
     a = await engines(audit_log=path)
     caplog.set_level(logging.INFO, logger=AUDIT_LOGGER)
-    await a.set_mode("search", Mode.ENFORCE, reason="go", actor="alice", force=True)
-    await a.adjust("search", None, "both", None, reason="clear", actor="alice")
+    await a.rollout.set_mode("search", Mode.ENFORCE, reason="go", actor="alice", force=True)
+    await a.adjustments.adjust("search", None, "both", None, reason="clear", actor="alice")
     stored = await a.store.audit(limit=10)
     lines = [json.loads(x) for x in path.read_text().splitlines()]
     assert [x["id"] for x in lines] == [e.id for e in reversed(stored)]
@@ -247,19 +252,19 @@ def test_an_audit_log_that_cannot_be_written_is_a_startup_error(tmp_path):
 
 async def test_auto_rollback_records_the_true_from_mode_after_the_store_lost_it(engines, flush):
     a = await engines(auto_rollback_after_s=0.01)
-    await a.set_mode("search", Mode.ENFORCE, reason="go", actor="alice", force=True)
-    await a.set_mode("export", Mode.CANARY, canary_percent=30, reason="go", actor="alice", force=True)
+    await a.rollout.set_mode("search", Mode.ENFORCE, reason="go", actor="alice", force=True)
+    await a.rollout.set_mode("export", Mode.CANARY, canary_percent=30, reason="go", actor="alice", force=True)
     for _ in range(a.breaker.failure_threshold):
         a.breaker.record_failure(RuntimeError("down"))
     for _ in range(200):  # until the breaker has been open for auto_rollback_after_s
         if a.breaker.open_for_s() >= 0.01:
             break
         await asyncio.sleep(0.005)
-    await a.check_auto_rollback()
-    assert a.state_for("search").mode is Mode.SHADOW
+    await a.rollout.check_auto_rollback()
+    assert a.rollout.state_for("search").mode is Mode.SHADOW
     flush()
-    await a.sync_rollout()
-    await a.persist_rollbacks()
+    await a.rollout.sync()
+    await a.rollout.persist_rollbacks()
     search = await a.store.audit(limit=10, route="search")
     assert [(e.kind, e.from_mode, e.to_mode, e.automatic) for e in search[:2]] == [
         ("mode_change", "enforce", "shadow", True),

@@ -12,10 +12,11 @@ from limiter import Policy
 from limiter.errors import BackendError
 from limiter.keys import InvalidKeyError, validate_key
 
-from ..engine import UnknownRoute
+from ..decision import UnknownRoute
 from ..rollout import AuditEntry
 from ..store import StoreUnavailable
-from .deps import AdminDep, ApiError, EngineDep, OperatorDep, actor_of
+from .deps import AdjustmentsDep, AdminDep, ApiError, EngineDep, OperatorDep, RulesDep, actor_of
+from .readmodels import key_policies
 from .schemas import ConfigAdjust, ErrorBody
 
 router = APIRouter(prefix="/ratelimit", tags=["admin"])
@@ -56,18 +57,18 @@ async def stats(engine: EngineDep) -> dict[str, Any]:
             lt: int(_counter_total(m.exceeded, limiter_type=lt)) for lt in ("local", "distributed", "failure_policy")
         },
         "active_clients": {"local": len(engine.local), "fallback": len(engine.resilient.fallback)},
-        "routes": {name: engine.state_for(name).label() for name in engine.rules.names()},
+        "routes": {name: engine.rollout.state_for(name).label() for name in engine.rules.names()},
         "shadow": {
-            "evaluated": engine.shadow_evaluated,
-            "dropped": engine.shadow_dropped,
-            "queued": len(engine._queue),
+            "evaluated": engine.comparisons.evaluated,
+            "dropped": engine.comparisons.dropped,
+            "queued": len(engine.shadow),
         },
         "backend": {
             "state": engine.breaker.state.value,
             "failure_policy": engine.resilient.failure_policy.value,
             "errors": engine.resilient.backend_errors,
         },
-        "adjustments": engine.adjustments(),
+        "adjustments": engine.adjustments.listing(),
     }
 
 
@@ -86,7 +87,7 @@ async def clients(
         rule = engine.rules.get(r)
         view = None
         if rule is not None:
-            lp, _ = engine.key_policies(rule, key)
+            lp, _ = key_policies(engine.activity, engine.adjustments, rule, key)
             view = engine.local.peek(info.key, lp).to_dict()
         out.append(
             {
@@ -138,7 +139,7 @@ async def reset(
 
 
 @router.put("/config", responses=_ERRORS)
-async def config(change: ConfigAdjust, request: Request, engine: EngineDep, _: OperatorDep) -> dict[str, Any]:
+async def config(change: ConfigAdjust, request: Request, adjustments: AdjustmentsDep, _: OperatorDep) -> dict[str, Any]:
     """Adjust a route's (or one client's) limit at runtime, fleet-wide and audited."""
     policy = None
     if not change.clear:
@@ -159,27 +160,27 @@ async def config(change: ConfigAdjust, request: Request, engine: EngineDep, _: O
         except ValueError as exc:
             raise ApiError(422, "invalid_request", str(exc), field=str(exc).split(":", 1)[0]) from exc
     try:
-        entry = await engine.adjust(
+        entry = await adjustments.adjust(
             change.route, change.key, change.target, policy, reason=change.reason, actor=actor_of(request)
         )
     except UnknownRoute as exc:
         raise ApiError(404, "unknown_route", f"no route named {exc.route!r}", field="route") from exc
     except StoreUnavailable as exc:
         raise ApiError(503, "backend_unavailable", f"Redis is unreachable, nothing was changed: {exc}") from exc
-    return {"adjustments": engine.adjustments(), "audit": entry.to_dict()}
+    return {"adjustments": adjustments.listing(), "audit": entry.to_dict()}
 
 
 @router.post("/rules/reload", responses=_ERRORS)
-async def reload_rules(engine: EngineDep, _: AdminDep) -> dict[str, Any]:
+async def reload_rules(live: RulesDep, _: AdminDep) -> dict[str, Any]:
     """Re-read the rules file now; a bad file keeps the last good rules and is reported."""
     from ..rules import RulesError
 
     try:
-        rules = engine.reload_rules()
+        rules = live.reload()
     except RulesError as exc:
-        await engine.settle_audit()  # the answer comes after the reload is on record
+        await live.settle()  # the answer comes after the reload is on record
         raise ApiError(
             422, "invalid_rules", str(exc), field=getattr(exc, "field", None), line=getattr(exc, "line", None)
         ) from exc
-    await engine.settle_audit()
+    await live.settle()
     return {"routes": rules.names(), "digest": rules.digest, "source": rules.source}

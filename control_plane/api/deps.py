@@ -1,5 +1,5 @@
-"""Dependencies: the engine, the caller's identity (checked by the auth gate) and the
-audit trail's actor."""
+"""Dependencies: the part of the engine each router uses, the caller's identity (checked by
+the auth gate) and the audit trail's actor."""
 
 from __future__ import annotations
 
@@ -8,8 +8,15 @@ from typing import Annotated
 
 from fastapi import Depends, Request
 
+from ..activity import Activity
+from ..adjustments import Adjustments
 from ..auth import Identity, Role
 from ..engine import Engine
+from ..external import ExternalManager
+from ..live_rules import LiveRules
+from ..rollout_manager import RolloutManager
+from ..store import RolloutStore
+from ..views import FleetViews
 
 
 class ApiError(Exception):
@@ -25,6 +32,34 @@ class ApiError(Exception):
 
 async def get_engine(request: Request) -> Engine:
     return request.app.state.engine  # type: ignore[no-any-return]
+
+
+async def get_rollout(request: Request) -> RolloutManager:
+    return request.app.state.engine.rollout  # type: ignore[no-any-return]
+
+
+async def get_rules(request: Request) -> LiveRules:
+    return request.app.state.engine.live_rules  # type: ignore[no-any-return]
+
+
+async def get_views(request: Request) -> FleetViews:
+    return request.app.state.engine.views  # type: ignore[no-any-return]
+
+
+async def get_activity(request: Request) -> Activity:
+    return request.app.state.engine.activity  # type: ignore[no-any-return]
+
+
+async def get_adjustments(request: Request) -> Adjustments:
+    return request.app.state.engine.adjustments  # type: ignore[no-any-return]
+
+
+async def get_external(request: Request) -> ExternalManager:
+    return request.app.state.engine.external  # type: ignore[no-any-return]
+
+
+async def get_store(request: Request) -> RolloutStore:
+    return request.app.state.engine.store  # type: ignore[no-any-return]
 
 
 def identity_of(request: Request) -> Identity | None:
@@ -63,5 +98,12 @@ def actor_of(request: Request) -> str:
 
 
 EngineDep = Annotated[Engine, Depends(get_engine)]
+RolloutDep = Annotated[RolloutManager, Depends(get_rollout)]
+RulesDep = Annotated[LiveRules, Depends(get_rules)]
+ViewsDep = Annotated[FleetViews, Depends(get_views)]
+ActivityDep = Annotated[Activity, Depends(get_activity)]
+AdjustmentsDep = Annotated[Adjustments, Depends(get_adjustments)]
+ExternalDep = Annotated[ExternalManager, Depends(get_external)]
+StoreDep = Annotated[RolloutStore, Depends(get_store)]
 OperatorDep = Annotated[Identity, Depends(requires(Role.OPERATOR))]
 AdminDep = Annotated[Identity, Depends(requires(Role.ADMIN))]

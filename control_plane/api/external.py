@@ -6,7 +6,7 @@ from typing import Any
 
 from fastapi import APIRouter, Query
 
-from .deps import ApiError, EngineDep
+from .deps import ApiError, ExternalDep, RulesDep
 from .schemas import ErrorBody
 
 router = APIRouter(prefix="/v1", tags=["observe"])
@@ -14,12 +14,15 @@ router = APIRouter(prefix="/v1", tags=["observe"])
 
 @router.get("/external", responses={404: {"model": ErrorBody}})
 async def external(
-    engine: EngineDep, route: str | None = Query(None, max_length=64), limit: int = Query(100, ge=1, le=1000)
+    rules: RulesDep,
+    external: ExternalDep,
+    route: str | None = Query(None, max_length=64),
+    limit: int = Query(100, ge=1, le=1000),
 ) -> dict[str, Any]:
     """This replica's view of the external limits services: each route's service and
     settings, the per-key circuit breakers (open and half-open first, with failures and
     the next probe), cache hits, misses and stale copies used, calls and errors by kind,
     and where decisions took their limits from."""
-    if route is not None and engine.rules.get(route) is None:
+    if route is not None and rules.current.get(route) is None:
         raise ApiError(404, "unknown_route", f"no route named {route!r}", field="route")
-    return {"instance_id": engine.instance_id, **engine.external.snapshot(limit=limit, route=route)}
+    return {"instance_id": rules.instance_id, **external.snapshot(limit=limit, route=route)}

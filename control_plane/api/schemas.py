@@ -2,13 +2,13 @@
 
 Request bodies are strict: ``"5"`` or ``true`` is not an integer and ``1`` or ``"true"``
 not a boolean (a 422 naming the field); a whole number where a float is expected
-(``average``, ``period``) is fine. ``_fast_items`` in ``api/decide.py`` checks batch items
+(``average``, ``period``) is fine. ``parse_batch`` in ``api/batch_body.py`` checks batch items
 by hand the same way (``tests/test_batch_fastpath.py`` keeps the two in step).
 """
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -19,18 +19,35 @@ class ErrorBody(BaseModel):
     model_config = ConfigDict(extra="allow")
 
 
+#: the bounds of a decide request's fields, shared by the model below and the batch
+#: endpoint's hand-written check (``api/batch_body.py``): (min length, max length)
+ROUTE_LEN = (1, 64)
+METHOD_LEN = (1, 16)
+PATH_LEN = (1, 2048)
+KEY_LEN = (1, 256)
+CLIENT_IP_LEN = (0, 64)
+REQUEST_ID_LEN = (0, 128)
+MAX_HEADERS = 100
+COST_RANGE = (1, 1_000_000)
+
+
 class DecideRequest(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
-    route: str | None = Field(None, min_length=1, max_length=64, description="Route name; or give method + path.")
-    method: str | None = Field(None, min_length=1, max_length=16, pattern=r"^[A-Za-z]+$")
-    path: str | None = Field(None, min_length=1, max_length=2048, pattern=r"^/")
-    key: str | None = Field(
-        None, min_length=1, max_length=256, description="Rate-limit key; or give client_ip + headers."
+    route: str | None = Field(
+        None, min_length=ROUTE_LEN[0], max_length=ROUTE_LEN[1], description="Route name; or give method + path."
     )
-    client_ip: str | None = Field(None, max_length=64)
-    headers: dict[str, str] = Field(default_factory=dict, max_length=100)
-    cost: int = Field(1, ge=1, le=1_000_000)
-    request_id: str | None = Field(None, max_length=128)
+    method: str | None = Field(None, min_length=METHOD_LEN[0], max_length=METHOD_LEN[1], pattern=r"^[A-Za-z]+$")
+    path: str | None = Field(None, min_length=PATH_LEN[0], max_length=PATH_LEN[1], pattern=r"^/")
+    key: str | None = Field(
+        None,
+        min_length=KEY_LEN[0],
+        max_length=KEY_LEN[1],
+        description="Rate-limit key; or give client_ip + headers.",
+    )
+    client_ip: str | None = Field(None, max_length=CLIENT_IP_LEN[1])
+    headers: dict[str, str] = Field(default_factory=dict, max_length=MAX_HEADERS)
+    cost: int = Field(1, ge=COST_RANGE[0], le=COST_RANGE[1])
+    request_id: str | None = Field(None, max_length=REQUEST_ID_LEN[1])
 
 
 class DecisionModel(BaseModel):
@@ -116,6 +133,3 @@ class ConfigAdjust(BaseModel):
     algorithm: Literal["token_bucket", "gcra", "fixed_window", "sliding_window", "sliding_log"] | None = None
     reason: str = Field("adjusted via API", min_length=1, max_length=500)
     clear: bool = Field(False, description="Remove the adjustment instead.")
-
-
-AnyDict = dict[str, Any]

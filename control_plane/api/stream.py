@@ -26,8 +26,7 @@ from ..settings import env_name
 from ..snapshots import SnapshotCache, StreamSlots
 from ..store import StoreUnavailable
 from .deps import EngineDep
-from .observe import buckets_view, divergence_view
-from .routes import route_views
+from .readmodels import Buckets, buckets_view, divergence_view, route_views
 
 __all__ = ["Streams", "router", "snapshot"]
 
@@ -39,15 +38,17 @@ RETRY_AFTER_S = 5
 
 async def snapshot(engine: Engine, route: str | None, minutes: int) -> dict[str, Any]:
     snap: dict[str, Any] = {"at": time.time(), "instance_id": engine.instance_id, "backend": engine.backend_snapshot()}
-    snap["routes"] = await route_views(engine)
+    rules = engine.rules
+    snap["routes"] = await route_views(rules, engine.rollout, engine.activity, engine.views)
     try:
-        snap["divergence"] = await divergence_view(engine, minutes)
+        snap["divergence"] = await divergence_view(rules, engine.views, minutes)
     except (StoreUnavailable, BackendError) as exc:
         snap["divergence"] = None
         snap["divergence_error"] = str(exc)
+    buckets = Buckets(engine.activity, engine.adjustments, engine.local, engine.redis, engine.breaker)
     try:
         view = await asyncio.wait_for(
-            buckets_view(engine, route if route and engine.rules.get(route) else None, 20), timeout=1.5
+            buckets_view(rules, buckets, route if route and rules.get(route) else None, 20), timeout=1.5
         )
         snap["buckets"] = view["buckets"]
     except Exception as exc:  # noqa: BLE001 - a snapshot must always go out
@@ -79,7 +80,8 @@ class Streams:
         self._refused = metrics.stream_refused.labels()
 
     async def _build(self, view: Hashable) -> bytes:
-        route, minutes = view  # type: ignore[misc]
+        route: str | None = view[0]  # type: ignore[index]
+        minutes: int = view[1]  # type: ignore[index]
         return _sse("snapshot", await snapshot(self.engine, route, minutes))
 
     async def snapshot(self, route: str | None, minutes: int, max_age: float, after_seq: int = 0) -> bytes:
@@ -130,7 +132,8 @@ class _Stream(StreamingResponse):
 def _too_many(limit: int) -> JSONResponse:
     body = {
         "error": "too_many_streams",
-        "message": f"this replica already serves {limit} event streams ({env_name('max_streams')}); retry later or use another replica",
+        "message": f"this replica already serves {limit} event streams ({env_name('max_streams')}); "
+        "retry later or use another replica",
         "limit": limit,
     }
     return JSONResponse(body, status_code=503, headers={"Retry-After": str(RETRY_AFTER_S)})

@@ -1,0 +1,134 @@
+"""Runtime adjustments (seed 002's ``adjust``): a route's or one key's limit changed at run
+time, fleet-wide, audited. Stored in ``rl:{ns}:adjust`` (field ``<route>`` or
+``<route>\\x00<key>``, value ``{"local": {...}, "distributed": {...}}``); each replica
+keeps the parsed policies and re-reads them with every rollout resync (through the
+state memory, so a store that lost its data never takes them away)."""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from limiter import Policy
+from limiter.errors import BackendError
+
+from .decision.types import UnknownRoute
+from .recovery import StateMemory
+from .rollout import AuditEntry
+from .store import RolloutStore, StoreUnavailable
+
+if TYPE_CHECKING:
+    from .rules import RouteRule, Rules
+
+__all__ = ["Adjustments"]
+
+log = logging.getLogger("shadowlimit.engine")
+
+
+class Adjustments:
+    """The runtime adjustments in force on this replica, and the way to change them."""
+
+    def __init__(self, client: Any, store: RolloutStore, memory: StateMemory, rules: Callable[[], Rules]) -> None:
+        self.client = client
+        self.store = store
+        self.memory = memory
+        self._rules = rules
+        self.by_field: dict[str, dict[str, Policy]] = {}
+        self._key_routes: frozenset[str] = frozenset()
+        #: grows with every change of the adjustments in force (decision plans follow it)
+        self.generation = 0
+
+    # -- reading -------------------------------------------------------------------------
+
+    def policies(self, rule: RouteRule, key: str, base: tuple[Policy, Policy] | None = None) -> tuple[Policy, Policy]:
+        """The (local, distributed) policies for a key: the rules (or ``base``, the limits
+        service's answer), then the key's adjustment, else the route's."""
+        local, dist = base if base is not None else rule.policies_for(key)
+        if self.by_field:
+            for k in (f"{rule.name}\x00{key}", rule.name):
+                adj = self.by_field.get(k)
+                if adj is not None:
+                    return adj.get("local", local), adj.get("distributed", dist)
+        return local, dist
+
+    def route_policies(self, rule: RouteRule) -> tuple[Policy, Policy]:
+        """A route's own policies with its route-wide adjustment."""
+        adj = self.by_field.get(rule.name)
+        if adj is None:
+            return rule.local, rule.distributed
+        return adj.get("local", rule.local), adj.get("distributed", rule.distributed)
+
+    def has_key_adjustments(self, route: str) -> bool:
+        return route in self._key_routes
+
+    def listing(self) -> list[dict[str, Any]]:
+        out = []
+        for k, v in self.by_field.items():
+            route, _, key = k.partition("\x00")
+            out.append({"route": route, "key": key or None, **{t: p.to_dict() for t, p in v.items()}})
+        return out
+
+    # -- loading -------------------------------------------------------------------------
+
+    def apply(self) -> None:
+        """Parse the remembered adjustments (the hash's raw fields) into policies."""
+        parsed: dict[str, dict[str, Policy]] = {}
+        for k, v in self.memory.adjustments.items():
+            try:
+                d = json.loads(v)
+                parsed[k] = {t: Policy(**p) for t, p in d.items() if t in ("local", "distributed")}
+            except (ValueError, TypeError, AttributeError) as exc:
+                log.warning("ignoring bad adjustment %r: %s", k, exc)
+        if parsed != self.by_field:
+            self.by_field = parsed
+            self._key_routes = frozenset(k.partition("\x00")[0] for k in parsed if "\x00" in k)
+            self.generation += 1
+
+    async def load(self) -> None:
+        raw = await self.client.hgetall(self.store.adjust_key)
+        self.memory.adjustments = {
+            (k.decode() if isinstance(k, bytes) else k): (v.decode() if isinstance(v, bytes) else v)
+            for k, v in (raw or {}).items()
+        }
+        self.apply()
+
+    # -- changing ------------------------------------------------------------------------
+
+    async def adjust(
+        self, route: str, key: str | None, target: str, policy: Policy | None, *, reason: str, actor: str
+    ) -> AuditEntry:
+        """Set (or clear, with ``policy=None``) a runtime limit for a route or one key,
+        fleet-wide and audited. Raises :class:`UnknownRoute` or :class:`StoreUnavailable`."""
+        if self._rules().get(route) is None:
+            raise UnknownRoute(route)
+        try:
+            await self._write(route, key, target, policy)
+            entry = AuditEntry(
+                route=route,
+                actor=actor,
+                from_mode="",
+                to_mode="cleared" if policy is None else policy.describe(),
+                reason=reason + (f" (key {key}, {target})" if key else f" ({target})"),
+                kind="config_change",
+            )
+            entry = await self.store.append_audit(entry)
+            await self.load()
+        except (OSError, BackendError, StoreUnavailable, ConnectionError) as exc:
+            raise StoreUnavailable(str(exc)) from exc
+        except Exception as exc:  # redis-py errors
+            if type(exc).__module__.startswith("redis"):
+                raise StoreUnavailable(str(exc)) from exc
+            raise
+        return entry
+
+    async def _write(self, route: str, key: str | None, target: str, policy: Policy | None) -> None:
+        field = route if key is None else f"{route}\x00{key}"
+        if policy is None:
+            await self.client.hdel(self.store.adjust_key, field)
+            return
+        cur = json.loads(await self.client.hget(self.store.adjust_key, field) or "{}")
+        for t in ("local", "distributed") if target == "both" else (target,):
+            cur[t] = policy.to_dict()
+        await self.client.hset(self.store.adjust_key, field, json.dumps(cur))

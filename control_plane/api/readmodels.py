@@ -1,0 +1,157 @@
+"""The read models the API and the event stream share: every route with its state and
+figures, fleet-wide divergence, the most active keys with both limiters' buckets. Each
+takes the parts it reads, nothing more."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import TYPE_CHECKING, Any
+
+from limiter import LocalLimiter, Policy, RedisLimiter
+from limiter.errors import BackendError
+from limiter.resilience import BreakerState, CircuitBreaker
+
+from ..activity import Activity
+from ..adjustments import Adjustments
+from ..rollout import Mode, RouteState, evaluate_gate
+from ..rollout_manager import RolloutManager
+from ..store import StoreUnavailable, gate_stats_of, totals_of
+from ..views import FleetViews
+from .deps import ApiError
+
+if TYPE_CHECKING:
+    from ..rules import RouteRule, Rules
+
+__all__ = ["Buckets", "buckets_view", "divergence_view", "key_policies", "route_views"]
+
+_NEXT = {Mode.OFF: Mode.SHADOW, Mode.SHADOW: Mode.CANARY, Mode.CANARY: Mode.ENFORCE, Mode.ENFORCE: Mode.ENFORCE}
+
+
+async def route_views(
+    rules: Rules, rollout: RolloutManager, activity: Activity, views: FleetViews
+) -> list[dict[str, Any]]:
+    """Every route with its rules, rollout state, live rate, fleet-wide divergence and the
+    gate of its next step."""
+    out = []
+    for name in rules.names():
+        rule = rules.get(name)
+        assert rule is not None
+        st = rollout.state_for(name)
+        mode, percent = rollout.effective_mode(name)
+        view: dict[str, Any] = {
+            "name": name,
+            "mode": mode.value,
+            "stored_mode": st.mode.value,
+            "canary_percent": percent if mode is Mode.CANARY else st.canary_percent,
+            "state": st.to_dict(),
+            "rule": rule.to_dict(),
+            "decisions_per_s": round(activity.rate(name), 2),
+        }
+        view.update(_figures(st, await views.route(name), rollout, views))
+        view["figures_age_s"] = views.age_s()
+        out.append(view)
+    return out
+
+
+def _figures(
+    st: RouteState, cached: dict[str, Any] | None, rollout: RolloutManager, views: FleetViews
+) -> dict[str, Any]:
+    """The last 5 minutes' divergence and the gate of the route's next step."""
+    target = _NEXT[st.mode]
+    pct = max(st.canary_percent, 10) if target is Mode.CANARY else st.canary_percent
+    if cached is None:
+        reason = f"fleet figures unavailable: {views.error or 'Redis unreachable'}"
+        return {
+            "divergence_5m": None,
+            "gate": {"target": target.value, "passed": False, "required": True, "reasons": [reason]},
+        }
+    series = cached["series"]
+    # the same whole minutes DivergenceStore.window_stats sums for the real gate
+    config = rollout.gate_config
+    now = time.time()
+    window_min = max(1, (int(now // 60) - int((now - config.window_s) // 60)) + 1)
+    gate = evaluate_gate(st, target, pct, gate_stats_of(series[-window_min:]), config)
+    return {"divergence_5m": totals_of(series[-5:], 5), "gate": {"target": target.value, **gate.to_dict()}}
+
+
+async def divergence_view(rules: Rules, views: FleetViews, minutes: int = 60) -> dict[str, Any]:
+    """Fleet-wide divergence per route from the cached views (refreshed every second in
+    the background); raises StoreUnavailable when there are none yet."""
+    routes: dict[str, Any] = {}
+    for name in rules.names():
+        cached = await views.route(name)
+        if cached is None:
+            raise StoreUnavailable(views.error or "no divergence figures yet")
+        series = cached["series"][-minutes:]
+        routes[name] = {"totals": totals_of(series, minutes), "series": series, "would_be_blocked": cached["top"]}
+    return {"minutes": minutes, "routes": routes, "as_of": views.at, "age_s": views.age_s(), "error": views.error}
+
+
+def key_policies(activity: Activity, adjustments: Adjustments, rule: RouteRule, key: str) -> tuple[Policy, Policy]:
+    """The policies a key was last decided with: the limits service's for keys on routes
+    with external limits, else the rules' (with adjustments)."""
+    ext = activity.external_policies(rule.name, key)
+    return ext if ext is not None else adjustments.policies(rule, key)
+
+
+class Buckets:
+    """What the buckets view reads: the local limiter, Redis (unless the breaker is open)
+    and what this replica saw."""
+
+    def __init__(
+        self,
+        activity: Activity,
+        adjustments: Adjustments,
+        local: LocalLimiter,
+        redis: RedisLimiter,
+        breaker: CircuitBreaker,
+    ) -> None:
+        self.activity, self.adjustments, self.local, self.redis, self.breaker = (
+            activity,
+            adjustments,
+            local,
+            redis,
+            breaker,
+        )
+
+    async def _peek(self, lkey: str, policy: Policy) -> Any:
+        if self.breaker.state is BreakerState.OPEN:
+            return None
+        try:
+            return await self.redis.peek(lkey, policy)
+        except BackendError:
+            return None
+
+    async def route(self, rule: RouteRule, limit: int) -> list[dict[str, Any]]:
+        name = rule.name
+        hot = self.activity.hot_keys(name, limit)
+        pols = [key_policies(self.activity, self.adjustments, rule, k) for k, _ in hot]
+        dists = await asyncio.gather(*[self._peek(f"{name}:{k}", dp) for (k, _), (_, dp) in zip(hot, pols)])
+        out = []
+        for (key, count), (lp, dp), dv in zip(hot, pols, dists):
+            lv = self.local.peek(f"{name}:{key}", lp)
+            last = self.activity.last_decision(name, key)
+            out.append(
+                {
+                    "route": name,
+                    "key": key,
+                    "recent_requests": count,
+                    "local": {**lv.to_dict(), "burst": lp.limit, "policy": lp.to_dict()},
+                    "distributed": None if dv is None else {**dv.to_dict(), "burst": dp.limit, "policy": dp.to_dict()},
+                    "last_decision": None if not last else {"at": last[0], "allowed": last[1], "enforced_by": last[2]},
+                }
+            )
+        return out
+
+
+async def buckets_view(rules: Rules, buckets: Buckets, route: str | None, limit: int) -> dict[str, Any]:
+    """The most active keys (of one route, or of all) with both limiters' state."""
+    out: list[dict[str, Any]] = []
+    for name in [route] if route else rules.names():
+        rule = rules.get(name)
+        if rule is None:
+            raise ApiError(404, "unknown_route", f"no route named {name!r}", field="route")
+        out += await buckets.route(rule, limit)
+    out.sort(key=lambda b: -b["recent_requests"])
+    return {"buckets": out[: limit if route is None else len(out)]}

@@ -1,0 +1,56 @@
+"""Where comparisons are counted: every pair of decisions (and every distributed call that
+failed, and every shadow evaluation dropped) goes to the fleet-wide divergence counters,
+the Prometheus counters and, for the requests enforcement would newly reject, the "who
+would be blocked" view. Used by the decider (pairs decided on the request path) and the
+shadow pipeline (pairs evaluated later), so both count the same way."""
+
+from __future__ import annotations
+
+from ..hitters import WouldBeBlocked
+from ..metrics import Metrics
+from ..rollout import Divergence
+from ..store import DivergenceStore
+
+__all__ = ["Comparisons"]
+
+_LADD = Divergence.LOCAL_ALLOW_DISTRIBUTED_DENY
+
+
+class Comparisons:
+    """Counts comparisons in this replica's divergence deltas and metrics."""
+
+    def __init__(self, divergence: DivergenceStore, blocked: WouldBeBlocked, metrics: Metrics) -> None:
+        self.divergence = divergence
+        self.blocked = blocked
+        self.metrics = metrics
+        self.evaluated = 0  # shadow evaluations compared
+        self.dropped = 0  # shadow evaluations dropped (queue full)
+
+    def pair(self, route: str, key: str, div: Divergence, request_id: str) -> None:
+        """One pair compared on the request path (its Prometheus count is the caller's)."""
+        self.divergence.record(route, div, distributed_attempt=True)
+        if div is _LADD:
+            self.blocked.record(route, key, request_id)
+
+    def backend_error(self, route: str) -> None:
+        """A distributed call on the request path failed (nothing to compare)."""
+        self.divergence.record(route, None, backend_error=True, distributed_attempt=True)
+        self.metrics.backend_errors.inc()
+
+    def evaluated_batch(self, route: str, agree: int, ladd: int, ldda: int, errors: int) -> None:
+        """Shadow evaluations of one route, counted at once (their would-be-blocked keys
+        are recorded by the caller, one by one)."""
+        m = self.metrics
+        self.divergence.add(route, agree=agree, ladd=ladd, ldda=ldda, backend_errors=errors)
+        self.evaluated += agree + ladd + ldda
+        for div, n in ((Divergence.AGREE, agree), (_LADD, ladd), (Divergence.LOCAL_DENY_DISTRIBUTED_ALLOW, ldda)):
+            if n:
+                m.child(m.divergence, route, div.value).inc(n)
+        if errors:
+            m.backend_errors.inc(errors)
+
+    def shadow_dropped(self, route: str, n: int) -> None:
+        """``n`` shadow evaluations of ``route`` dropped: the figures become a sample."""
+        self.dropped += n
+        self.metrics.child(self.metrics.shadow_dropped, route).inc(n)
+        self.divergence.add(route, dropped=n)

@@ -1,0 +1,377 @@
+"""The one decision path: :meth:`Decider.decide_many` decides a batch, :meth:`Decider.decide`
+is that path with one item.
+
+Every request goes through the same steps, with one timestamp from the injected clock:
+
+1. **resolve** the route (named, or matched by method and path) and the key (given, or
+   extracted by the route's key strategy); bad ones are errors in place;
+2. **external limits**: on a route with an ``external`` block, the key's limits are
+   looked up (concurrently for the batch) and replace the route's policies;
+3. **local**: the route's plan (:class:`~.plan.RoutePlan`) gives the policies; the cost is
+   checked; a deny/allow-listed client is answered at once (403/200); the local limiter
+   decides; the path (:mod:`.enforce`) says what counts: the local answer (off), the
+   local answer with the distributed one evaluated later (shadow, and the keys outside a
+   canary's share: queued on the shadow pipeline), or the distributed answer;
+4. **distributed**: every request whose distributed answer counts goes to Redis in one
+   pipelined burst; each pair is compared and counted; a failed call is answered by the
+   failure policy;
+5. **enforce**: the answer that counts gives the status and the headers.
+
+Metric increments are added up per route plan and applied before every await, so nothing
+can observe them pending. An item that fails (unknown route, bad key or cost, an
+unexpected error) comes back as its exception, in place: one item never fails a batch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+from limiter import Decision, LocalLimiter, Policy
+from limiter.keys import DEFAULT_MAX_KEY_LENGTH, validate_key
+from limiter.policy import make_decision
+from limiter.resilience import FailurePolicy, Outcome
+
+from ..activity import Activity
+from ..metrics import Metrics
+from ..shadow import ShadowPipeline
+from .compare import Comparisons
+from .enforce import Path, divergence_of, failure_verdict
+from .plan import RoutePlan, check_cost
+from .types import DecideInput, DecideResult, PlainInput, UnknownRoute
+
+if TYPE_CHECKING:
+    from ..adjustments import Adjustments
+    from ..external import ExternalManager, Resolution
+    from ..rules import RouteRule, Rules
+
+__all__ = ["Decider", "wall_clock_us"]
+
+
+def wall_clock_us() -> int:
+    """The wall clock in integer microseconds (the decider's default clock)."""
+    return time.time_ns() // 1000
+
+
+def _plain_key(key: Any) -> bool:
+    """A key that :func:`~limiter.keys.validate_key` returns unchanged (printable ASCII,
+    no surrounding space, not too long): checked inline, without the call."""
+    return (
+        key.__class__ is str
+        and 0 < len(key) <= DEFAULT_MAX_KEY_LENGTH
+        and key.isascii()
+        and key.isprintable()
+        and key[0] != " "
+        and key[-1] != " "
+    )
+
+
+class _Batch:
+    """One call's items and what is known about each so far."""
+
+    __slots__ = ("inputs", "items", "as_dict", "out", "rules", "keys", "lookups", "ext", "plans", "pend", "reqs", "ovs")
+
+    def __init__(self, inputs: Sequence[DecideInput | PlainInput], as_dict: bool) -> None:
+        n = len(inputs)
+        self.inputs = inputs
+        self.items: Sequence[Any] = inputs  # becomes a copy when a tuple is turned into a DecideInput
+        self.as_dict = as_dict
+        self.out: list[Any] = [None] * n
+        self.rules: list[RouteRule | None] = [None] * n
+        self.keys: list[Any] = [None] * n  # the key, or the item's exception
+        self.lookups: list[int] = []
+        self.ext: dict[int, Resolution] = {}
+        self.plans: dict[str, RoutePlan] = {}  # the plans this batch has used
+        self.pend: list[tuple[Any, ...]] = []  # requests waiting for their distributed answer
+        self.reqs: list[tuple[str, Policy, int, int]] = []
+        self.ovs: list[tuple[FailurePolicy | None, int | None]] = []
+
+    def full(self, i: int) -> DecideInput:
+        """Item ``i`` as a DecideInput (a PlainInput is converted, in a copy of the list)."""
+        inp = self.items[i]
+        if inp.__class__ is not tuple:
+            return inp  # type: ignore[no-any-return]
+        if self.items is self.inputs:
+            self.items = list(self.inputs)
+        route, key, cost, request_id = inp
+        full = DecideInput(route=route, key=key, cost=cost, request_id=request_id)
+        self.items[i] = full  # type: ignore[index]
+        return full
+
+
+class Decider:
+    """Decides requests under their routes' modes (see the module docstring)."""
+
+    def __init__(
+        self,
+        *,
+        rules: Callable[[], Rules],
+        modes: Any,
+        adjustments: Adjustments,
+        local: LocalLimiter,
+        resilient: Any,
+        shadow: ShadowPipeline,
+        comparisons: Comparisons,
+        external: ExternalManager,
+        activity: Activity,
+        metrics: Metrics,
+        instance_id: str,
+        clock_us: Callable[[], int] = wall_clock_us,
+    ) -> None:
+        self._rules = rules
+        self.modes = modes  # effective_mode(route) -> (Mode, percent); .generation
+        self.adjustments = adjustments
+        self.local = local
+        self.resilient = resilient
+        self.shadow = shadow
+        self.comparisons = comparisons
+        self.external = external
+        self.activity = activity
+        self.metrics = metrics
+        self.instance_id = instance_id
+        self.clock_us = clock_us
+        self._plans: dict[str, RoutePlan] = {}
+        self._seq = 0
+
+    # -- the API -------------------------------------------------------------------------
+
+    async def decide(self, inp: DecideInput) -> DecideResult:
+        """Decide one request: :meth:`decide_many` with one item (its error is raised)."""
+        t0 = time.perf_counter()
+        res = (await self._run([inp], False))[0]
+        if isinstance(res, BaseException):
+            raise res
+        self.metrics.child(self.metrics.latency, res.mode).observe(time.perf_counter() - t0)
+        return res  # type: ignore[no-any-return]
+
+    async def decide_many(self, inputs: Sequence[DecideInput | PlainInput], *, as_dicts: bool = False) -> list[Any]:
+        """Decide many requests, in order: each answer is a :class:`DecideResult` (its
+        ``to_dict()`` form with ``as_dicts``), or the item's exception in place. An item
+        is a :class:`DecideInput` or a :data:`PlainInput` tuple."""
+        t0 = time.perf_counter()
+        out = await self._run(inputs, as_dicts)
+        if inputs:
+            self.metrics.child(self.metrics.latency, "batch").observe((time.perf_counter() - t0) / len(inputs))
+        return out
+
+    def next_id(self) -> str:
+        self._seq += 1
+        return f"{self.instance_id}-{self._seq}"
+
+    def resolve(self, inp: DecideInput) -> tuple[RouteRule, str]:
+        """Route and key for a request (raises UnknownRoute / InvalidKeyError / ValueError)."""
+        rules = self._rules()
+        if inp.route is not None:
+            found = rules.get(inp.route)
+            if found is None:
+                raise UnknownRoute(inp.route)
+            rule = found
+        else:
+            rule = rules.match((inp.method or "GET").upper(), inp.path or "/")
+        if inp.key is not None:
+            return rule, validate_key(inp.key, field="key")
+        return rule, rule.key.extract(client_ip=inp.client_ip, headers=inp.headers, path=inp.path or "/")
+
+    def plan(self, rule: RouteRule) -> RoutePlan:
+        """The route's plan, rebuilt when its rules, mode or adjustments changed."""
+        stamp = (self.modes.generation, self.adjustments.generation)
+        p = self._plans.get(rule.name)
+        if p is None or p.rule is not rule or p.stamp != stamp:
+            mode, percent = self.modes.effective_mode(rule.name)
+            p = self._plans[rule.name] = RoutePlan(rule, mode, percent, self.adjustments, stamp)
+        return p
+
+    # -- the steps -----------------------------------------------------------------------
+
+    async def _run(self, inputs: Sequence[DecideInput | PlainInput], as_dict: bool) -> list[Any]:
+        b = _Batch(inputs, as_dict)
+        self._resolve_all(b)
+        if b.lookups:
+            await self._lookup_external(b)
+        try:
+            for i in range(len(inputs)):
+                try:
+                    self._step(b, i)
+                except Exception as exc:  # noqa: BLE001 - one item never fails the batch
+                    b.out[i] = exc
+        finally:
+            self._flush(b)
+        if b.pend:
+            await self._distributed(b)
+        return b.out
+
+    def _resolve_all(self, b: _Batch) -> None:
+        rules_get = self._rules().get
+        for i, inp in enumerate(b.inputs):
+            route, key = (inp[0], inp[1]) if inp.__class__ is tuple else (inp.route, inp.key)  # type: ignore[union-attr]
+            if route is not None and _plain_key(key):
+                rule = rules_get(route)
+                if rule is None:
+                    b.keys[i] = UnknownRoute(route)
+                    continue
+            else:
+                try:
+                    rule, key = self.resolve(b.full(i))
+                except Exception as exc:  # noqa: BLE001 - UnknownRoute, ValueError, or unexpected: in place
+                    b.keys[i] = exc
+                    continue
+            b.rules[i], b.keys[i] = rule, key
+            if rule.external is not None:
+                full = b.full(i)
+                if not (rule.deny.matches(key, full.client_ip) or rule.allow.matches(key, full.client_ip)):
+                    b.lookups.append(i)
+
+    async def _lookup_external(self, b: _Batch) -> None:
+        items = b.items
+        got = await asyncio.gather(
+            *[
+                self.external.resolve(b.rules[i], b.keys[i], items[i].method, items[i].path, items[i].headers)
+                for i in b.lookups
+            ],
+            return_exceptions=True,
+        )
+        for i, res in zip(b.lookups, got):
+            if isinstance(res, BaseException):
+                if not isinstance(res, Exception):
+                    raise res
+                b.rules[i], b.keys[i] = None, res  # in place, like an invalid item
+            else:
+                b.ext[i] = res
+
+    def _step(self, b: _Batch, i: int) -> None:
+        """Item ``i`` up to its local answer (or its place in the distributed burst)."""
+        rule = b.rules[i]
+        if rule is None:
+            b.out[i] = b.keys[i]
+            return
+        key = b.keys[i]
+        p = b.plans.get(rule.name)
+        if p is None or p.rule is not rule:
+            p = b.plans[rule.name] = self.plan(rule)
+        inp = b.items[i]
+        plain = inp.__class__ is tuple
+        cost = inp[2] if plain else inp.cost
+        request_id = (inp[3] if plain else inp.request_id) or self.next_id()
+        res = b.ext.get(i) if b.ext else None
+        if p.simple and res is None:
+            lp, dp, bkey, fp, fc = p.lp, p.dp, key, p.failure[0], p.failure[1]
+        else:
+            lp, dp, bkey, fp, fc = p.policies(key, None if res is None else res.limits)
+        if cost.__class__ is not int or not 1 <= cost <= p.cost_max or lp is not p.lp or dp is not p.dp:
+            cost = check_cost(lp, dp, cost)
+        now_us = self.clock_us()
+        if p.lists:
+            client_ip = None if plain else inp.client_ip
+            if self._listed(b, i, p, key, client_ip, lp, request_id, now_us, res):
+                return
+        self._local(b, i, p, bkey, lp, dp, cost, request_id, now_us, res, fp, fc)
+
+    def _listed(
+        self, b: _Batch, i: int, p: RoutePlan, key: str, client_ip: str | None, lp: Policy, request_id: str,
+        now_us: int, res: Resolution | None,
+    ) -> bool:  # fmt: skip
+        """A deny-listed client gets 403, an allow-listed one 200; neither limiter is asked."""
+        rule = p.rule
+        if rule.deny.matches(key, client_ip):
+            d = make_decision(False, 0, lp.limit, lp.period_us, 0)
+            self.metrics.child(self.metrics.rejections, "deny_list").inc()
+            match = "deny"
+        elif rule.allow.matches(key, client_ip):
+            d = make_decision(True, lp.limit, lp.limit, 0, 0)
+            match = "allow"
+        else:
+            return False
+        headers = p.headers(d, lp, None, now_us / 1_000_000)
+        b.out[i] = p.answer(b.as_dict, d, "local", 403, key, request_id, d, None, None, headers, (match, None, res))
+        return True
+
+    def _local(
+        self, b: _Batch, i: int, p: RoutePlan, key: str, lp: Policy, dp: Policy, cost: int, request_id: str,
+        now_us: int, res: Resolution | None, fp: FailurePolicy | None, fc: int | None,
+    ) -> None:  # fmt: skip
+        """The local decision, then what the path says: answer now, queue the shadow
+        evaluation, or wait for the distributed answer."""
+        now_s = now_us / 1_000_000
+        name = p.name
+        lkey = p.prefix + key
+        local = self.local.check(lkey, lp, cost, now_us)
+        last = self.activity.note(name, key, now_s)
+        if res is not None:
+            self.activity.remember_external(name, key, lp, dp)
+        allowed = local.allowed
+        p.count_local(allowed)
+        path = p.path_of(key)
+        if path is Path.DISTRIBUTED:
+            b.pend.append((i, p, key, local, request_id, now_s, dp, res, fp))
+            b.reqs.append((lkey, dp, cost, now_us))
+            b.ovs.append((fp, fc))
+            return
+        shadow = None
+        if path is Path.SHADOW:
+            shadow = dp
+            if not self.shadow.offer((lkey, dp, cost, now_us, name, key, allowed, request_id)):
+                p.dropped += 1
+        p.count_final_local(local)
+        last[key] = (now_s, allowed, "local")
+        headers = p.headers(local, lp, shadow, now_s)
+        b.out[i] = p.answer(
+            b.as_dict, local, "local", 429, key, request_id, local, None, None, headers, (None, None, res)
+        )
+
+    async def _distributed(self, b: _Batch) -> None:
+        """One pipelined burst for every request whose distributed answer counts."""
+        try:
+            outcomes = await self.resilient.check_many(b.reqs, overrides=b.ovs)
+        except Exception as exc:  # noqa: BLE001 - not a backend failure (those are outcomes): each item's error
+            for entry in b.pend:
+                b.out[entry[0]] = exc
+            return
+        try:
+            for entry, outcome in zip(b.pend, outcomes):
+                try:
+                    self._complete(b, entry, outcome)
+                except Exception as exc:  # noqa: BLE001 - one item never fails the batch
+                    b.out[entry[0]] = exc
+        finally:
+            self._flush(b)
+
+    def _complete(self, b: _Batch, entry: tuple[Any, ...], outcome: Outcome) -> None:
+        """The distributed answer is in: compare, then enforce (or the failure policy)."""
+        i, p, key, local, request_id, now_s, dp, res, fp = entry
+        if outcome.source != "distributed":
+            self._failed(b, entry, outcome)
+            return
+        dist: Decision = outcome.decision
+        div = divergence_of(local.allowed, dist.allowed)
+        self.comparisons.pair(p.name, key, div, request_id)
+        p.count_final_distributed(dist, div)
+        self.activity.note_decision(p.name, key, (now_s, dist.allowed, "distributed"))
+        headers = p.headers(dist, dp, None, now_s)
+        b.out[i] = p.answer(
+            b.as_dict, dist, "distributed", 429, key, request_id, local, dist, div, headers, (None, None, res)
+        )
+
+    def _failed(self, b: _Batch, entry: tuple[Any, ...], outcome: Outcome) -> None:
+        """Redis failed: the failure policy's answer counts."""
+        i, p, key, local, request_id, now_s, dp, res, fp = entry
+        m = self.metrics
+        self.comparisons.backend_error(p.name)
+        m.child(m.fallback, (fp or self.resilient.failure_policy).value).inc()
+        status, reason = failure_verdict(outcome)
+        d: Decision = outcome.decision
+        if not d.allowed:
+            m.child(m.rejections, reason).inc()
+            m.child(m.exceeded, "failure_policy").inc()
+        m.child(m.decisions, p.name, p.mode_value, "failure_policy", "true" if d.allowed else "false").inc()
+        p.remaining = d.remaining
+        self.activity.note_decision(p.name, key, (now_s, d.allowed, "failure_policy"))
+        headers = p.headers(d, dp, None, now_s)
+        extra = (None, outcome.error, res)
+        b.out[i] = p.answer(b.as_dict, d, "failure_policy", status, key, request_id, local, None, None, headers, extra)
+
+    def _flush(self, b: _Batch) -> None:
+        m, comparisons = self.metrics, self.comparisons
+        for p in b.plans.values():
+            p.flush(m, comparisons)

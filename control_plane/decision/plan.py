@@ -1,0 +1,223 @@
+"""The per-route plan: what is the same for every request of a route until its rules,
+mode or adjustments change -- the policies, the path (which limiter counts), the cached
+parts of the headers, the metric increments waiting to be applied -- and the one place
+that says what a request of that route needs beyond it (overrides, per-key adjustments,
+external limits, lists, an unusual cost).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Any
+
+from limiter import Decision, Policy
+from limiter.policy import validate_cost
+from limiter.resilience import FailurePolicy
+
+from ..metrics import Metrics
+from ..rollout import Divergence, Mode
+from .enforce import Path, path_for, route_path
+from .headers import policy_header, rate_limit_headers, render_headers
+from .types import DecideResult, result_dict
+
+if TYPE_CHECKING:
+    from ..adjustments import Adjustments
+    from ..external import ExternalLimits, Resolution
+    from ..rules import RouteRule
+    from .compare import Comparisons
+
+__all__ = ["ItemPolicies", "RoutePlan", "check_cost"]
+
+#: what one request is decided with: (local policy, distributed policy, bucket key,
+#: failure policy, failure code)
+ItemPolicies = tuple[Policy, Policy, str, FailurePolicy | None, int | None]
+
+
+def check_cost(local: Policy, dist: Policy, cost: object) -> int:
+    """A whole number from 1 to both policies' limits (``ValueError`` naming ``cost``)."""
+    c = validate_cost(local, cost)
+    if not dist.unlimited and c > dist.limit:
+        validate_cost(dist, c)
+    return c
+
+
+class RoutePlan:
+    """One route's plan (see the module docstring) and its pending metric increments.
+
+    Counters: ``req_*`` = rate_limit_requests_total{local}, ``fin_*`` = decisions enforced
+    by the local answer, ``dreq_*`` = distributed answers, ``div`` = divergence per class,
+    ``dropped`` = shadow evaluations dropped, ``remaining`` = the last value for
+    rate_limit_tokens_remaining{route}. They are applied by :meth:`flush`, which the
+    decider calls before every await, so nothing can observe them pending.
+    """
+
+    __slots__ = (
+        "rule", "name", "prefix", "mode", "mode_value", "percent", "path", "lp", "dp", "simple", "lists",
+        "failure", "cost_max", "adjust", "stamp", "l_shadow",
+        "req_ok", "req_rej", "fin_ok", "fin_rej", "dreq_ok", "dreq_rej", "div", "remaining", "dropped",
+        "l_limit", "l_limit_s", "l_policy_h", "d_limit", "d_limit_s", "d_policy_h",
+    )  # fmt: skip
+
+    def __init__(self, rule: RouteRule, mode: Mode, percent: int, adjust: Adjustments, stamp: object) -> None:
+        self.rule = rule
+        self.name = rule.name
+        self.prefix = f"{rule.name}:"
+        self.mode = mode
+        self.mode_value = mode.value
+        self.percent = percent
+        self.path = route_path(mode)
+        self.adjust = adjust
+        self.stamp = stamp
+        lp, dp = adjust.route_policies(rule)
+        self.lp, self.dp = lp, dp
+        self.l_shadow = None if mode is Mode.OFF else dp
+        # requests that need nothing beyond the route's own policies
+        self.simple = (
+            rule.external is None
+            and not rule.api_key_overrides
+            and not rule.tenant_overrides
+            and not adjust.has_key_adjustments(rule.name)
+        )
+        self.lists = bool(rule.deny) or bool(rule.allow)
+        self.failure = (rule.failure_policy, rule.failure_code)
+        # check_cost(lp, dp, cost) passes for an int 1 <= cost <= cost_max
+        self.cost_max = min(math.inf if lp.unlimited else lp.limit, math.inf if dp.unlimited else dp.limit)
+        self.req_ok = self.req_rej = self.fin_ok = self.fin_rej = self.dreq_ok = self.dreq_rej = self.dropped = 0
+        self.div: dict[Divergence, int] = {}
+        self.remaining: int | None = None
+        self.l_limit: int | None = None
+        self.d_limit: int | None = None
+
+    # -- what a request needs ------------------------------------------------------------
+
+    def policies(self, key: str, ext: ExternalLimits | None) -> ItemPolicies:
+        """The policies, bucket key and failure handling of a request that is not simple:
+        the limits service's answer replaces the rules' policies (in both limiters), its
+        ``tenant_key`` the bucket key and its failure policy/code the route's; then the
+        rules' overrides and the runtime adjustments apply."""
+        fp, fc = self.failure
+        if ext is None:
+            lp, dp = self.adjust.policies(self.rule, key)
+            return lp, dp, key, fp, fc
+        bkey = ext.bucket_key(key)
+        lp, dp = self.adjust.policies(self.rule, bkey, (ext.policy, ext.policy))
+        return lp, dp, bkey, ext.failure_policy or fp, ext.failure_code or fc
+
+    def path_of(self, key: str) -> Path:
+        path = self.path
+        return path if path is not None else path_for(self.mode, self.percent, self.name, key)
+
+    # -- answers -------------------------------------------------------------------------
+
+    def headers(self, d: Decision, policy: Policy, shadow: Policy | None, now_s: float) -> dict[str, str]:
+        """The rate-limit headers of ``d`` (enforced under ``policy``, announcing
+        ``shadow``), from cached parts when these are the route's own policies."""
+        limit = d.limit
+        if policy is self.lp and shadow is self.l_shadow:
+            if limit != self.l_limit:
+                self.l_limit, self.l_limit_s = limit, str(limit)
+                self.l_policy_h = policy_header(self.name, limit, policy, shadow)
+            return render_headers(self.name, d, self.l_limit_s, self.l_policy_h, now_s)
+        if policy is self.dp and shadow is None:
+            if limit != self.d_limit:
+                self.d_limit, self.d_limit_s = limit, str(limit)
+                self.d_policy_h = policy_header(self.name, limit, policy, None)
+            return render_headers(self.name, d, self.d_limit_s, self.d_policy_h, now_s)
+        return rate_limit_headers(self.name, d, policy, shadow_policy=shadow, now_s=now_s)
+
+    def answer(
+        self,
+        as_dict: bool,
+        enforced: Decision,
+        enforced_by: str,
+        status: int,
+        key: str,
+        request_id: str,
+        local: Decision,
+        dist: Decision | None,
+        div: Divergence | None,
+        headers: dict[str, str],
+        extra: tuple[str | None, str | None, Resolution | None] = (None, None, None),
+    ) -> Any:
+        """A :class:`DecideResult`, or its ``to_dict()`` form when ``as_dict``; ``extra``
+        is (list match, backend error, the external limits' resolution)."""
+        list_match, backend_error, res = extra
+        source = url = None
+        if res is not None:
+            source = res.source
+            url = res.limits.backend_url if res.limits is not None else None
+        allowed = enforced.allowed
+        code = 200 if allowed else status
+        if as_dict:
+            return result_dict(
+                allowed, self.name, self.mode_value, self.percent, enforced_by, key, request_id, code,
+                local, dist, div, list_match, backend_error, source, url, headers,
+            )  # fmt: skip
+        return DecideResult(
+            allowed, self.name, self.mode_value, self.percent, enforced_by, key,
+            local, dist, div, code, headers, request_id, list_match, backend_error, source, url,
+        )  # fmt: skip
+
+    # -- metrics -------------------------------------------------------------------------
+
+    def count_local(self, allowed: bool) -> None:
+        if allowed:
+            self.req_ok += 1
+        else:
+            self.req_rej += 1
+
+    def count_final_local(self, d: Decision) -> None:
+        if d.allowed:
+            self.fin_ok += 1
+        else:
+            self.fin_rej += 1
+        self.remaining = d.remaining
+
+    def count_final_distributed(self, d: Decision, div: Divergence) -> None:
+        self.div[div] = self.div.get(div, 0) + 1
+        if d.allowed:
+            self.dreq_ok += 1
+        else:
+            self.dreq_rej += 1
+        self.remaining = d.remaining
+
+    def flush(self, m: Metrics, comparisons: Comparisons) -> None:
+        """Apply the pending increments."""
+        name, mode = self.name, self.mode_value
+        if self.dropped:
+            comparisons.shadow_dropped(name, self.dropped)
+            self.dropped = 0
+        if self.req_ok:
+            m.child(m.requests, "local", "allowed").inc(self.req_ok)
+            self.req_ok = 0
+        if self.req_rej:
+            m.child(m.requests, "local", "denied").inc(self.req_rej)
+            self.req_rej = 0
+        if self.fin_ok:
+            m.child(m.decisions, name, mode, "local", "true").inc(self.fin_ok)
+            self.fin_ok = 0
+        if self.fin_rej:
+            n, self.fin_rej = self.fin_rej, 0
+            m.child(m.rejections, "local_exhausted").inc(n)
+            m.child(m.exceeded, "local").inc(n)
+            m.child(m.decisions, name, mode, "local", "false").inc(n)
+        if self.div:
+            for div, n in self.div.items():
+                m.child(m.divergence, name, div.value).inc(n)
+            self.div.clear()
+        self._flush_distributed(m, name, mode)
+        if self.remaining is not None:
+            m.child(m.tokens_remaining, "route", name).set(self.remaining)
+            self.remaining = None
+
+    def _flush_distributed(self, m: Metrics, name: str, mode: str) -> None:
+        if self.dreq_ok:
+            n, self.dreq_ok = self.dreq_ok, 0
+            m.child(m.requests, "distributed", "allowed").inc(n)
+            m.child(m.decisions, name, mode, "distributed", "true").inc(n)
+        if self.dreq_rej:
+            n, self.dreq_rej = self.dreq_rej, 0
+            m.child(m.requests, "distributed", "denied").inc(n)
+            m.child(m.rejections, "distributed_exhausted").inc(n)
+            m.child(m.exceeded, "distributed").inc(n)
+            m.child(m.decisions, name, mode, "distributed", "false").inc(n)

@@ -1,0 +1,153 @@
+"""The shadow pipeline: requests whose distributed decision does not count (shadow, and the
+keys outside a canary's share) are queued on the request path and evaluated later, off
+it, in pipelined batches; each pair is then compared and counted.
+
+The queue is bounded: when it is full the shadow evaluation is dropped and counted (the
+divergence figures then say they are a sample), the request is never delayed. The
+worker takes up to ``batch_size`` items at a time and sends them to Redis as one burst;
+when fewer are waiting it first lingers ``linger_s`` for more, so a steady trickle costs
+one round trip per few milliseconds instead of one per request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import deque
+from typing import Any
+
+from limiter import Policy
+
+from .decision.compare import Comparisons
+
+__all__ = ["ShadowItem", "ShadowPipeline", "ShadowQueue"]
+
+log = logging.getLogger("shadowlimit.engine")
+
+#: One request waiting for its shadow evaluation, as a plain tuple (the cheapest thing to
+#: build on the request path): (lkey, dist_policy, cost, now_us, route, key,
+#: local_allowed, request_id). The first four are RedisLimiter's request.
+ShadowItem = tuple[str, Policy, int, int, str, str, bool, str]
+
+
+class ShadowQueue:
+    """The bounded queue between the request path and the shadow worker.
+
+    A request appends without ever waiting (``offer`` says False when full); the one
+    worker waits for work and takes it in batches. Leaner than ``asyncio.Queue``, which
+    keeps getter/putter futures and task accounting that a single consumer does not need."""
+
+    __slots__ = ("_queue", "_waiter", "maxsize")
+
+    def __init__(self, maxsize: int) -> None:
+        self._queue: deque[Any] = deque()
+        self._waiter: asyncio.Future[None] | None = None
+        self.maxsize = maxsize
+
+    def __len__(self) -> int:
+        return len(self._queue)
+
+    def offer(self, item: Any) -> bool:
+        """Append ``item``; False (nothing appended) when the queue is full."""
+        q = self._queue
+        if len(q) >= self.maxsize:
+            return False
+        q.append(item)
+        w = self._waiter
+        if w is not None:
+            self._waiter = None
+            if not w.done():
+                w.set_result(None)
+        return True
+
+    def take(self, n: int) -> list[Any]:
+        """Up to ``n`` items, oldest first."""
+        q = self._queue
+        if len(q) <= n:
+            batch = list(q)
+            q.clear()
+            return batch
+        popleft = q.popleft
+        return [popleft() for _ in range(n)]
+
+    async def wait(self) -> None:
+        """Until something is queued."""
+        while not self._queue:
+            w = self._waiter = asyncio.get_running_loop().create_future()
+            try:
+                await w
+            finally:
+                if self._waiter is w:
+                    self._waiter = None
+
+
+class ShadowPipeline:
+    """The queue, its worker and the evaluation of a batch."""
+
+    def __init__(self, resilient: Any, comparisons: Comparisons, *, queue_size: int, batch_size: int, linger_s: float):
+        self.resilient = resilient
+        self.comparisons = comparisons
+        self.queue = ShadowQueue(queue_size)
+        self.batch_size = batch_size
+        self.linger_s = linger_s
+
+    def __len__(self) -> int:
+        return len(self.queue)
+
+    @property
+    def capacity(self) -> int:
+        return self.queue.maxsize
+
+    def offer(self, item: ShadowItem) -> bool:
+        """Queue a request's shadow evaluation; False when the queue is full (the caller
+        counts the drop)."""
+        return self.queue.offer(item)
+
+    async def run(self) -> None:
+        """The worker: evaluate what is queued, batch after batch, until cancelled."""
+        q = self.queue
+        metrics = self.comparisons.metrics
+        while True:
+            await q.wait()
+            if self.linger_s and len(q) < self.batch_size:
+                # off the hot path: a few ms of waiting turns many one-item round trips
+                # into one pipelined batch, which leaves the event loop to the requests
+                await asyncio.sleep(self.linger_s)
+            batch = q.take(self.batch_size)
+            metrics.shadow_queue.set(len(q))
+            try:
+                await self.evaluate(batch)
+            except Exception:  # noqa: BLE001 - the shadow path must never die
+                log.exception("shadow evaluation failed")
+
+    async def drain(self) -> int:
+        """Evaluate everything queued now (tests, benchmarks, shutdown); returns how many."""
+        batch = self.queue.take(len(self.queue))
+        if batch:
+            await self.evaluate(batch)
+        return len(batch)
+
+    async def evaluate(self, batch: list[ShadowItem]) -> None:
+        """Redis's verdict on each queued request, compared with its local decision and
+        counted per route at once (the would-be-blocked keys one by one)."""
+        verdicts = await self.resilient.compare_many([item[:4] for item in batch])
+        per_route: dict[str, list[int]] = {}  # route -> [agree, ladd, ldda, backend errors]
+        blocked = self.comparisons.blocked.record
+        try:
+            for item, dist_allowed in zip(batch, verdicts):
+                route = item[4]
+                c = per_route.get(route)
+                if c is None:
+                    c = per_route[route] = [0, 0, 0, 0]
+                if dist_allowed is None:
+                    c[3] += 1
+                elif item[6] == dist_allowed:
+                    c[0] += 1
+                elif dist_allowed:
+                    c[2] += 1
+                else:
+                    c[1] += 1
+                    blocked(route, item[5], item[7])
+        finally:
+            for route, (agree, ladd, ldda, errors) in per_route.items():
+                self.comparisons.evaluated_batch(route, agree, ladd, ldda, errors)

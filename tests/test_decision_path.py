@@ -1,0 +1,412 @@
+"""One decision path: a batch gives exactly what deciding its items one by one gives.
+
+``Decider.decide`` is ``decide_many`` with one item, so these tests run the same items
+through one engine as one batch (answers as objects), through a second as one batch
+(answers as dicts) and through a third one item at a time, each engine with the same
+injected clock, and compare everything observable: the answers (and their JSON), the
+metrics, the shadow queue, request ids, both limiters' state, the divergence deltas,
+the would-be-blocked keys and the activity views. The items mix every kind of route
+(lists, overrides, per-key and route adjustments, windowed algorithms, unlimited local
+limits), every mode, bad items, odd costs, a full shadow queue and failed Redis answers.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import time
+import uuid
+from typing import Any
+
+import orjson
+import pytest
+
+from control_plane.decision import DecideInput
+from control_plane.engine import Engine
+from control_plane.metrics import Metrics
+from control_plane.rollout import Mode, RouteState
+from control_plane.rules import parse_rules
+from control_plane.settings import load_settings
+from control_plane.wiring import build_engine
+from limiter import RedisLimiter
+from limiter.policy import make_decision
+from limiter.redis_limiter import make_redis_py_client
+from limiter.resilience import Outcome
+
+RULES = """\
+version: 1
+routes:
+  - name: plain
+    match: {path: /api/plain/**}
+    key: {strategy: header, header: X-Client-Id}
+    local: {average: 5, period: 1s, burst: 5}
+    distributed: {average: 5, period: 1s, burst: 5}
+  - name: tight
+    match: {path: /api/tight/**}
+    key: {strategy: header, header: X-Client-Id}
+    local: {average: 100, period: 1s, burst: 100}
+    distributed: {average: 1, period: 10s, burst: 3}
+    failure_policy: failClosed
+    failure_code: 503
+  - name: window
+    match: {path: /api/window/**}
+    key: {strategy: header, header: X-Client-Id}
+    local: {algorithm: sliding_window, average: 4, period: 10s}
+    distributed: {algorithm: fixed_window, average: 6, period: 10s}
+  - name: listed
+    match: {path: /api/listed/**}
+    key: {strategy: header, header: X-Client-Id}
+    local: {average: 5, period: 1s, burst: 5}
+    allow: ["vip"]
+    deny: ["bad", "203.0.113.0/24"]
+  - name: over
+    match: {path: /api/over/**}
+    key: {strategy: header, header: X-Tenant}
+    local: {average: 5, period: 1s, burst: 5}
+    overrides:
+      tenants: {big: {average: 50, burst: 50}}
+  - name: adjusted
+    match: {path: /api/adjusted/**}
+    key: {strategy: header, header: X-Client-Id}
+    local: {average: 5, period: 1s, burst: 5}
+  - name: keyadjusted
+    match: {path: /api/keyadjusted/**}
+    key: {strategy: header, header: X-Client-Id}
+    local: {average: 5, period: 1s, burst: 5}
+  - name: free
+    match: {path: /api/free/**}
+    key: {strategy: header, header: X-Client-Id}
+    local: {average: 0}
+    distributed: {average: 3, period: 10s, burst: 3}
+"""
+
+ROUTES = ["plain", "tight", "window", "listed", "over", "adjusted", "keyadjusted", "free", "default"]
+
+
+class Clock:
+    """The decisions' clock: a fixed start, +step_us per call, so engines fed the same
+    items see the same timestamps (minute rollovers included)."""
+
+    def __init__(self, start_us: int, step_us: int) -> None:
+        self.start_us = start_us
+        self.step_us = step_us
+        self.reset()
+
+    def reset(self) -> None:
+        self._n = itertools.count()
+
+    def __call__(self) -> int:
+        return self.start_us + next(self._n) * self.step_us
+
+
+@pytest.fixture
+def clock() -> Clock:
+    # start 30 ms before a minute boundary, so batches cross it
+    return Clock((int(time.time()) // 60 * 60 + 60) * 1_000_000 - 30_000, 997)
+
+
+ADJUSTMENTS = {
+    "adjusted": {"local": {"average": 3, "burst": 3}, "distributed": {"average": 2, "period": 5, "burst": 2}},
+    "keyadjusted\x00k1": {"local": {"average": 1, "burst": 1}},
+}
+
+
+def set_adjustments(engines: list[Engine], adjustments: dict[str, Any]) -> None:
+    for e in engines:
+        e.memory.adjustments = {k: json.dumps(v) for k, v in adjustments.items()}
+        e.adjustments.apply()
+
+
+async def make_engine(redis_url: str, clock: Clock, *, queue: int = 10_000) -> Engine:
+    ns = f"dp{uuid.uuid4().hex[:10]}"
+    s = load_settings(
+        redis_url=redis_url,
+        namespace=ns,
+        instance_id="inst",
+        enable_distributed_rate_limiting=True,
+        shadow_queue_size=queue,
+        rules_path=None,
+    )
+    redis = RedisLimiter.from_url(redis_url, namespace=ns)
+    client = make_redis_py_client(redis_url)
+    eng = build_engine(s, redis=redis, client=client, metrics=Metrics(), rules=parse_rules(RULES, s), clock_us=clock)
+    await redis.load_scripts()
+    set_adjustments([eng], ADJUSTMENTS)
+    return eng
+
+
+async def close(*engines: Engine) -> None:
+    for e in engines:
+        await e.redis.aclose()
+        await e.client.aclose()
+
+
+_version = itertools.count(1)
+
+
+def set_modes(engines: list[Engine], modes: dict[str, tuple[Mode, int]]) -> None:
+    """As a mode_change event from another replica would (the public way in)."""
+    for name, (mode, pct) in modes.items():
+        state = RouteState(mode=mode, canary_percent=pct, version=next(_version)).to_dict()
+        for e in engines:
+            e.rollout.note_event({"type": "mode_change", "route": name, "state": state})
+
+
+def norm_exc(x: Any) -> Any:
+    if isinstance(x, Exception):
+        return (type(x).__name__, str(x), getattr(x, "field", None))
+    return x
+
+
+#: not comparable between a batch and its items one by one: the latency (a batch is
+#: observed once, as a batch) and the last tokens-remaining gauge (a batch answers its
+#: distributed requests after all its local ones, so the last value written differs)
+_ORDER_DEPENDENT = ("rate_limit_decision_duration", "rate_limit_tokens_remaining")
+
+
+def metrics_state(m: Metrics, *, all_samples: bool = False) -> list[Any]:
+    return sorted(
+        (s.name, tuple(sorted(s.labels.items())), s.value)
+        for fam in m.registry.collect()
+        if all_samples or not fam.name.startswith(_ORDER_DEPENDENT)
+        for s in fam.samples
+        if not s.name.endswith("_created")
+    )
+
+
+def engine_state(e: Engine, keys: list[str]) -> dict[str, Any]:
+    return {
+        "metrics": metrics_state(e.metrics),
+        "activity": {
+            r: (e.activity.hot_keys(r, 100), [e.activity.last_decision(r, k) for k in keys], e.activity.rate(r))
+            for r in ROUTES
+        },
+        "queue": e.shadow.queue.take(len(e.shadow)),
+        "dropped": e.comparisons.dropped,
+        "seq": e.decider.next_id(),
+        "local": [(i.key, i.algorithm, i.last_seen_us) for i in e.local.items()],
+        "divergence": sorted(e.divergence.pending().items()),
+        "blocked": {r: e.blocked.top(r, n=50) for r in ROUTES},
+    }
+
+
+def _fresh(inputs: list[DecideInput]) -> list[DecideInput]:
+    return [
+        DecideInput(i.route, i.method, i.path, i.key, i.client_ip, dict(i.headers), i.cost, i.request_id)
+        for i in inputs
+    ]
+
+
+async def run_all(engines: list[Engine], clock: Clock, inputs: list[DecideInput]) -> list[list[Any]]:
+    """The items one by one through ``decide`` (engines[0]), as one batch returning
+    objects (engines[1]) and as one batch returning dicts (engines[2]), same clock."""
+    outs = []
+    for n, e in enumerate(engines):
+        clock.reset()
+        fresh = _fresh(inputs)
+        if n == 0:
+            one: list[Any] = []
+            for inp in fresh:
+                try:
+                    one.append(await e.decide(inp))
+                except Exception as exc:  # noqa: BLE001 - compared with the batch's item in place
+                    one.append(exc)
+            outs.append(one)
+            continue
+        # the batch also gets every other plain item as a PlainInput tuple
+        given: list[Any] = [
+            (i.route, i.key, i.cost, i.request_id)
+            if j % 2 and i.method is i.path is i.client_ip is None and not i.headers
+            else i
+            for j, i in enumerate(fresh)
+        ]
+        before = list(given)
+        outs.append(await e.decide_many(given, as_dicts=n == 2))
+        assert given == before  # the caller's list is left alone
+    return outs
+
+
+def check_same(engines: list[Engine], outs: list[list[Any]], inputs: list[DecideInput]) -> None:
+    one, objs, dicts = outs
+    assert len(one) == len(objs) == len(dicts)
+    for i, (a, b, c) in enumerate(zip(one, objs, dicts)):
+        if isinstance(a, Exception):
+            assert norm_exc(a) == norm_exc(b) == norm_exc(c), i
+            continue
+        assert a == b, i
+        assert list(a.to_dict().items()) == list(c.items()), i  # same keys, same order
+        assert orjson.dumps(a.to_dict()) == orjson.dumps(c)
+    keys = sorted({i.key for i in inputs if isinstance(i.key, str)})
+    states = [engine_state(e, keys) for e in engines]
+    for k in states[0]:
+        assert states[0][k] == states[1][k] == states[2][k], k
+    # the two batch engines agree on every sample (the latency's count included)
+    batch_metrics = [metrics_state(e.metrics, all_samples=True) for e in engines[1:]]
+    timed = ("_sum", "_bucket")  # wall time: how long each took differs
+    assert [[x for x in b if not x[0].endswith(timed)] for b in batch_metrics][0] == [
+        [x for x in b if not x[0].endswith(timed)] for b in batch_metrics
+    ][1]
+
+
+def batch(seed: int, n: int = 120) -> list[DecideInput]:
+    """A mix of everything: plain items, request ids, costs that are fine, too big,
+    zero or floats, unknown routes, bad and non-ASCII keys, method + path items, keys
+    from headers, allow/deny-listed keys and IPs, overridden and adjusted keys."""
+    import random
+
+    rnd = random.Random(seed)
+    out: list[DecideInput] = []
+    for j in range(n):
+        r = rnd.random()
+        route = rnd.choice(ROUTES[:-1])
+        key = f"k{rnd.randrange(6)}"
+        if r < 0.55:
+            out.append(DecideInput(route=route, key=key))
+        elif r < 0.62:
+            out.append(DecideInput(route=route, key=key, request_id=f"req-{seed}-{j}"))
+        elif r < 0.67:
+            out.append(DecideInput(route=route, key=key, cost=rnd.choice([2, 3, 0, 7, 10**6, 2.0, True])))
+        elif r < 0.70:
+            out.append(DecideInput(route="nope", key=key))
+        elif r < 0.74:
+            out.append(
+                DecideInput(
+                    route=route,
+                    key=rnd.choice([" lead", "trail ", "tab\tkey", "x" * 257, "ключ", "é" * 200, "a:b/c d"]),
+                )
+            )
+        elif r < 0.80:
+            out.append(
+                DecideInput(
+                    method="GET",
+                    path=f"/api/{route}/x",
+                    headers={"X-Client-Id": key, "X-Tenant": rnd.choice(["big", "small"])},
+                )
+            )
+        elif r < 0.84:
+            out.append(
+                DecideInput(
+                    route="listed",
+                    key=rnd.choice(["vip", "bad", "k1"]),
+                    client_ip=rnd.choice([None, "203.0.113.9", "10.0.0.1"]),
+                )
+            )
+        elif r < 0.88:
+            out.append(DecideInput(route="over", key=rnd.choice(["big", "small"])))
+        elif r < 0.92:
+            out.append(DecideInput(route="keyadjusted", key=rnd.choice(["k1", "k2"])))
+        elif r < 0.95:
+            out.append(DecideInput(route=route, key=None, headers={"X-Client-Id": key}))
+        else:
+            out.append(DecideInput(method="GET", path="/elsewhere", client_ip=f"10.1.0.{rnd.randrange(3)}"))
+    return out
+
+
+MODES = [
+    {n: (Mode.OFF, 0) for n in ROUTES},
+    {n: (Mode.SHADOW, 0) for n in ROUTES},
+    {n: (Mode.CANARY, 50) for n in ROUTES},
+    {n: (Mode.ENFORCE, 0) for n in ROUTES},
+    {
+        n: (m, p)
+        for n, (m, p) in zip(
+            ROUTES, itertools.cycle([(Mode.OFF, 0), (Mode.SHADOW, 0), (Mode.CANARY, 30), (Mode.ENFORCE, 0)])
+        )
+    },
+]
+
+
+# --------------------------------------------------------------------------- tests
+
+
+@pytest.mark.parametrize("modes", MODES, ids=["off", "shadow", "canary", "enforce", "mixed"])
+async def test_a_batch_is_its_items_one_by_one(redis_url, clock, modes):
+    engines = [await make_engine(redis_url, clock) for _ in range(3)]
+    try:
+        set_modes(engines, modes)
+        for seed in range(4):
+            items = batch(seed)
+            check_same(engines, await run_all(engines, clock, items), items)
+        plain = [DecideInput(route="plain", key=f"b{i % 7}") for i in range(60)]  # the benchmark's shape
+        check_same(engines, await run_all(engines, clock, plain), plain)
+    finally:
+        await close(*engines)
+
+
+async def test_a_full_shadow_queue_drops_the_same_evaluations(redis_url, clock):
+    engines = [await make_engine(redis_url, clock, queue=9) for _ in range(3)]
+    try:
+        set_modes(engines, {n: (Mode.SHADOW, 0) for n in ROUTES})
+        items = [DecideInput(route="plain", key=f"q{i % 4}") for i in range(6)]
+        items.insert(3, DecideInput(route="listed", key="k1"))
+        items += [DecideInput(route="tight", key="q1") for _ in range(8)]
+        check_same(engines, await run_all(engines, clock, items), items)
+        check_same(engines, await run_all(engines, clock, items), items)
+        assert engines[1].comparisons.dropped > 0
+        totals = engines[1].divergence.pending()
+        assert sum(c["shadow_dropped"] for c in totals.values()) == engines[1].comparisons.dropped
+    finally:
+        await close(*engines)
+
+
+async def test_failed_redis_answers_go_through_the_failure_policy_alike(redis_url, clock):
+    engines = [await make_engine(redis_url, clock) for _ in range(3)]
+    try:
+        set_modes(engines, {n: (Mode.ENFORCE, 0) for n in ROUTES})
+        for e in engines:
+            real = e.resilient.check_many
+            calls = itertools.count()
+
+            async def flaky(requests, *, overrides=None, degrade=True, _real=real, _calls=calls):
+                outs = await _real(requests, overrides=overrides, degrade=degrade)
+                for j, (_k, p, _c, _n) in enumerate(requests):
+                    if next(_calls) % 3 == 1:  # every third request over the whole run, however batched
+                        outs[j] = Outcome(
+                            make_decision(False, 0, p.limit, 1_000_000, 1_000_000), "fail_closed", "injected", 503
+                        )
+                return outs
+
+            e.resilient.check_many = flaky  # type: ignore[method-assign]
+        for seed in range(3):
+            items = batch(100 + seed)
+            check_same(engines, await run_all(engines, clock, items), items)
+    finally:
+        await close(*engines)
+
+
+async def test_plans_follow_mode_and_adjustment_changes(redis_url, clock):
+    engines = [await make_engine(redis_url, clock) for _ in range(3)]
+    try:
+        for modes in MODES:
+            set_modes(engines, modes)
+            items = batch(7, 40)
+            check_same(engines, await run_all(engines, clock, items), items)
+        # the route's plan is rebuilt when its adjustment changes ...
+        set_modes(engines, {"plain": (Mode.ENFORCE, 0)})
+        set_adjustments(engines, {"plain": {"distributed": {"average": 2, "period": 60, "burst": 2}}})
+        items = [DecideInput(route="plain", key="z") for _ in range(4)]
+        outs = await run_all(engines, clock, items)
+        check_same(engines, outs, items)
+        assert [(r.allowed, r.distributed.limit) for r in outs[1]] == [(True, 2), (True, 2), (False, 2), (False, 2)]
+        # ... and when its mode does
+        set_modes(engines, {"plain": (Mode.OFF, 0)})
+        items = [DecideInput(route="plain", key="z2")]
+        outs = await run_all(engines, clock, items)
+        assert (outs[1][0].mode, outs[1][0].enforced_by, outs[1][0].distributed) == ("off", "local", None)
+    finally:
+        await close(*engines)
+
+
+async def test_decide_is_the_batch_path_with_one_item(redis_url, clock):
+    """decide() raises the item's error; the latency is observed under the mode."""
+    (e,) = [await make_engine(redis_url, clock)]
+    try:
+        set_modes([e], {"plain": (Mode.ENFORCE, 0)})
+        r = await e.decide(DecideInput(route="plain", key="x"))
+        assert (r.enforced_by, r.mode, r.distributed is not None) == ("distributed", "enforce", True)
+        with pytest.raises(ValueError, match="cost"):
+            await e.decide(DecideInput(route="plain", key="x", cost=99))
+        m = e.metrics.registry
+        assert m.get_sample_value("rate_limit_decision_duration_seconds_count", {"mode": "enforce"}) == 1
+    finally:
+        await close(e)
