@@ -30,11 +30,11 @@ import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from enum import Enum
-from typing import Literal
+from typing import Literal, cast
 
 from .errors import BackendError
 from .local import LocalLimiter
-from .policy import Decision, Policy, make_decision, validate_cost
+from .policy import Algorithm, Decision, Policy, make_decision, validate_cost
 from .redis_limiter import RedisLimiter
 from .resp import encode_command
 
@@ -109,9 +109,40 @@ class CircuitBreaker:
 
     ``failure_threshold`` consecutive failures open it. While open, nothing is sent;
     a probe is due after ``min(backoff_initial * 2**attempt, backoff_max)`` plus
-    jitter in ``[0, delay]``. :meth:`probe_succeeded` half-opens it; in half-open one
-    request at a time goes through, and its success closes the breaker.
+    jitter in ``[0, delay]`` (``jitter=False``: none, so ``backoff_initial_s ==
+    backoff_max_s`` gives a fixed open duration). :meth:`probe_succeeded` half-opens
+    it, and so does the first request once the probe is due; in half-open one request
+    at a time goes through (the trial), and its success closes the breaker.
+
+    ``clock`` (monotonic) drives the state machine, ``wall_clock`` only stamps
+    ``opened_at`` and ``last_failure_at``; ``rng`` draws the jitter. Each transition is
+    logged as a warning naming the breaker ``name`` (None: not logged, the owner
+    reports it) and passed to ``on_transition(from, to, reason)``.
     """
+
+    __slots__ = (
+        "_clock",
+        "_opened_mono",
+        "_rng",
+        "_trial_in_flight",
+        "_wall",
+        "backoff_initial_s",
+        "backoff_max_s",
+        "consecutive_failures",
+        "failure_threshold",
+        "jitter",
+        "last_error",
+        "last_failure_at",
+        "last_opened_mono",
+        "name",
+        "next_probe_at",
+        "on_transition",
+        "opened_at",
+        "probe_attempt",
+        "state",
+        "total_failures",
+        "transitions",
+    )
 
     def __init__(
         self,
@@ -119,10 +150,12 @@ class CircuitBreaker:
         *,
         backoff_initial_s: float = 1.0,
         backoff_max_s: float = 30.0,
+        jitter: bool = True,
         clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], float] = time.time,
         rng: Callable[[], float] = random.random,
         on_transition: Callable[[BreakerState, BreakerState, str | None], None] | None = None,
+        name: str | None = "redis",
     ) -> None:
         if failure_threshold < 1:
             raise ValueError(f"failure_threshold: must be >= 1, got {failure_threshold!r}")
@@ -131,21 +164,30 @@ class CircuitBreaker:
         self.failure_threshold = failure_threshold
         self.backoff_initial_s = backoff_initial_s
         self.backoff_max_s = backoff_max_s
+        self.jitter = jitter
         self._clock = clock
         self._wall = wall_clock
         self._rng = rng
         self.on_transition = on_transition
+        self.name = name
         self.state = BreakerState.CLOSED
         self.consecutive_failures = 0
         self.total_failures = 0
         self.last_error: str | None = None
         self.last_failure_at: float | None = None
-        self.opened_at: float | None = None
+        self.opened_at: float | None = None  # wall clock, when this outage began
         self._opened_mono: float | None = None
+        #: monotonic time of the latest move to open (a failed trial re-opens); None when closed
+        self.last_opened_mono: float | None = None
         self.next_probe_at: float | None = None  # monotonic
         self.probe_attempt = 0
         self.transitions = 0
         self._trial_in_flight = False
+
+    @property
+    def trial_in_flight(self) -> bool:
+        """True while the request let through in half-open has not reported back."""
+        return self._trial_in_flight
 
     # -- decisions --------------------------------------------------------------------
 
@@ -178,6 +220,7 @@ class CircuitBreaker:
             self.next_probe_at = None
             self.opened_at = None
             self._opened_mono = None
+            self.last_opened_mono = None
             self._move(BreakerState.CLOSED, None)
 
     def record_failure(self, error: BaseException | str) -> None:
@@ -211,8 +254,11 @@ class CircuitBreaker:
             self.next_probe_at = self._clock() + self.backoff_delay(self.probe_attempt)
 
     def backoff_delay(self, attempt: int) -> float:
-        """Exponential backoff with full jitter on top: delay + uniform(0, delay)."""
-        delay = min(self.backoff_initial_s * (2 ** min(attempt, 30)), self.backoff_max_s)
+        """Exponential backoff with full jitter on top: delay + uniform(0, delay) (the
+        delay alone without ``jitter``)."""
+        delay: float = min(self.backoff_initial_s * (2 ** min(attempt, 30)), self.backoff_max_s)
+        if not self.jitter:
+            return delay
         return delay + self._rng() * delay
 
     def open_for_s(self) -> float:
@@ -238,10 +284,12 @@ class CircuitBreaker:
         )
 
     def _open(self) -> None:
+        now = self._clock()
         if self._opened_mono is None:
-            self._opened_mono = self._clock()
+            self._opened_mono = now
             self.opened_at = self._wall()
-        self.next_probe_at = self._clock() + self.backoff_delay(self.probe_attempt)
+        self.last_opened_mono = now
+        self.next_probe_at = now + self.backoff_delay(self.probe_attempt)
         self._move(BreakerState.OPEN, self.last_error)
 
     def _move(self, to: BreakerState, reason: str | None) -> None:
@@ -252,7 +300,8 @@ class CircuitBreaker:
         self.transitions += 1
         if to is not BreakerState.HALF_OPEN:
             self._trial_in_flight = False
-        log.warning("redis circuit breaker %s -> %s (%s)", frm.value, to.value, reason or "")
+        if self.name is not None:
+            log.warning("%s circuit breaker %s -> %s (%s)", self.name, frm.value, to.value, reason or "")
         if self.on_transition is not None:
             self.on_transition(frm, to, reason)
 
@@ -281,12 +330,12 @@ def fleet_share(policy: Policy, instances: int) -> Policy:
     if instances <= 1 or policy.unlimited:
         return policy
     avg = policy.average / instances
-    if policy.algorithm.windowed:
+    if Algorithm(policy.algorithm).windowed:
         avg = max(1.0, math.floor(avg))
     return Policy(
         average=avg,
         period=policy.period,
-        burst=max(1, policy.burst // instances),
+        burst=max(1, int(policy.burst_f) // instances),
         algorithm=policy.algorithm,
     )
 
@@ -296,6 +345,8 @@ class FleetMembership:
 
     ``live_instances`` is the number of members that beat within ``stale_after_s``,
     as last read from Redis; it is kept while Redis is down, which is the point.
+    ``wall_clock`` (Unix seconds) stamps the beats: every replica compares its clock
+    with the others' stamps, so it must be the wall clock, not a monotonic one.
     """
 
     def __init__(
@@ -305,8 +356,10 @@ class FleetMembership:
         instance_id: str | None = None,
         interval_s: float = 2.0,
         stale_after_s: float | None = None,
+        wall_clock: Callable[[], float] = time.time,
     ) -> None:
         self.redis = redis
+        self.wall_clock = wall_clock
         self.instance_id = instance_id or uuid.uuid4().hex[:12]
         self.interval_s = interval_s
         self.stale_after_s = stale_after_s if stale_after_s is not None else interval_s * 3
@@ -318,7 +371,7 @@ class FleetMembership:
 
     async def beat(self) -> int:
         """One heartbeat: record this instance, drop stale ones, read the live count."""
-        now_ms = time.time_ns() // 1_000_000
+        now_ms = int(self.wall_clock() * 1000)
         b = self.redis.backend
         await b.call(self.key, encode_command("ZADD", self.key, now_ms, self.instance_id))
         await b.call(
@@ -330,7 +383,7 @@ class FleetMembership:
             raise BackendError(f"fleet heartbeat: unexpected reply {members!r}")
         self.members = sorted(m.decode() for m in members)
         self.live_instances = max(1, len(self.members))
-        self.last_beat_ok = time.time()
+        self.last_beat_ok = self.wall_clock()
         return self.live_instances
 
     async def leave(self) -> None:
@@ -467,7 +520,7 @@ class ResilientLimiter:
                     self._degraded(k, p, c, n, str(r), fp, fc) if degrade else Outcome(_SKIPPED, "skipped", str(r))
                 )
         if failed:
-            self.breaker.record_failure(next(r for r in results if not isinstance(r, Decision)))  # type: ignore[arg-type]
+            self.breaker.record_failure(next(r for r in results if not isinstance(r, Decision)))
             self._ensure_prober()
         else:
             self.breaker.record_success()
@@ -489,11 +542,11 @@ class ResilientLimiter:
         error: BackendError | None = None
         for r in results:
             if type(r) is not bool:
-                error = r  # type: ignore[assignment]
+                error = r
                 break
         if error is None:
             self.breaker.record_success()
-            return results  # type: ignore[return-value]
+            return cast("list[bool | None]", results)  # every item is a bool: no copy needed
         out: list[bool | None] = []
         for r in results:
             if type(r) is bool:
