@@ -477,7 +477,11 @@ def test_rules_external_block_defaults():
 
 def test_rules_external_block_full():
     rule = _rules(
-        "      timeout: 250ms\n      cache_ttl: 2m\n      max_concurrent_requests: 8\n      header_filter:\n        allow_list: [X-Tenant-Id, X-Plan]\n"
+        "      timeout: 250ms\n"
+        "      cache_ttl: 2m\n"
+        "      max_concurrent_requests: 8\n"
+        "      header_filter:\n"
+        "        allow_list: [X-Tenant-Id, X-Plan]\n"
     ).get("tenants")
     assert rule.external == ExternalConfig(
         url="http://127.0.0.1:9100/limits",
@@ -632,9 +636,7 @@ async def resolve(m: ExternalManager, rule: RouteRule, key: str = "acme", header
 
 async def settle(m: ExternalManager, timeout: float = 2.0) -> None:
     """Wait for the background cache writes to land."""
-    deadline = time.monotonic() + timeout
-    while m._tasks and time.monotonic() < deadline:
-        await asyncio.sleep(0.01)
+    await m.join(timeout)
 
 
 # --------------------------------------------------------------------------- the happy path
@@ -806,7 +808,7 @@ async def test_breaker_opens_after_five_failures_and_probes_after_30s(redis_url,
     rule = make_rule(limits_url(service))
     metrics = Metrics()
     async with manager(redis_url, clock=clock, publish=events.append, metrics=metrics) as m:
-        for i in range(5):
+        for _ in range(5):
             res = await resolve(m, rule)
             assert res.source == "static" and "HTTP 500" in res.error
         assert script.calls == 5
@@ -1066,14 +1068,14 @@ def test_resolvers_survive_reloads_with_the_same_block():
     m = ExternalManager(namespace="x")
     a = make_rule("http://127.0.0.1:1/limits")
     m.configure([a])
-    first = m._resolvers["tenants"]
+    first = m.resolvers["tenants"]
     first.breakers.failure("k", "x")
     m.configure([make_rule("http://127.0.0.1:1/limits")])  # reloaded, identical
-    assert m._resolvers["tenants"] is first
+    assert m.resolvers["tenants"] is first and first.breakers.get("k").failures == 1
     m.configure([make_rule("http://127.0.0.1:2/limits")])  # changed
-    assert m._resolvers["tenants"] is not first
+    assert m.resolvers["tenants"] is not first
     m.configure([])
-    assert m._resolvers == {}
+    assert m.resolvers == {}
 
 
 async def test_cache_and_stale_copy_on_standalone_and_cluster(any_redis_url, script, service):
