@@ -38,7 +38,7 @@ from control_plane.settings import load_settings
 from limiter.keys import KeyExtractor, KeyStrategy
 from limiter.policy import Algorithm, Policy
 from limiter.redis_limiter import make_redis_py_client
-from limiter.resilience import BreakerState, FailurePolicy
+from limiter.resilience import BreakerState, CircuitBreaker, FailurePolicy
 
 GOOD = {"average": 10, "burst": 5, "period": "1s"}
 
@@ -415,6 +415,23 @@ def test_idle_breakers_are_evicted_after_60s():
     bs.allow("c")  # use triggers the sweep
     assert "b" not in bs and "c" in bs and bs.evicted == 2
     assert bs.allow("a") and bs.get("a").state is BreakerState.CLOSED  # a fresh breaker
+
+
+def test_key_breakers_are_the_shared_state_machine():
+    clock = FakeClock()
+    bs = BreakerSet(clock=clock)
+    for _ in range(5):
+        bs.allow("k")
+        bs.failure("k", "x")
+    b = bs.get("k")
+    assert isinstance(b, CircuitBreaker) and b.failures == b.consecutive_failures == 5
+    clock.advance(30)
+    assert bs.allow("k") and b.trial_in_flight
+    clock.advance(2)
+    bs.failure("k", "still down")  # the probe failed: open again, counted from this opening
+    assert bs.describe(b)["open_for_s"] == 0.0 and bs.describe(b)["next_probe_in_s"] == 30.0
+    clock.advance(5)
+    assert bs.describe(b)["open_for_s"] == 5.0 and b.open_for_s() == 37.0  # the outage is older
 
 
 def test_breaker_count_is_bounded():

@@ -88,7 +88,9 @@ class ExternalResolver:
         self.algorithm = algorithm
         self.manager = manager
         self.filter = config.header_filter
-        self.breakers = BreakerSet(clock=manager.clock, on_transition=self._on_transition)
+        self.breakers = BreakerSet(
+            clock=manager.clock, wall_clock=manager.wall_clock, on_transition=self._on_transition
+        )
         self.semaphore = asyncio.Semaphore(config.max_concurrent_requests)
         self.active = 0
         self.waiting = 0
