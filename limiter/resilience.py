@@ -1,9 +1,9 @@
 """What happens when Redis fails: circuit breaker, failure policies, recovery, fleet share.
 
-Seeds 000 and 004. :class:`CircuitBreaker` is a pure state machine (clock and
-randomness injected). :class:`ResilientLimiter` puts it in front of a
-:class:`~limiter.redis_limiter.RedisLimiter` and answers every request even while
-Redis is down, as the failure policy says:
+Seeds 000 and 004. :class:`CircuitBreaker` (in :mod:`limiter.breaker`, re-exported here)
+is a pure state machine (clock and randomness injected). :class:`ResilientLimiter` puts
+it in front of a :class:`~limiter.redis_limiter.RedisLimiter` and answers every request
+even while Redis is down, as the failure policy says:
 
 - ``passThrough``: allow everything;
 - ``failClosed``: reject everything with the configured status (default 429);
@@ -24,17 +24,17 @@ import asyncio
 import contextlib
 import logging
 import math
-import random
 import time
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from enum import Enum
-from typing import Literal
+from typing import Literal, cast
 
+from .breaker import BreakerSnapshot, BreakerState, CircuitBreaker
 from .errors import BackendError
 from .local import LocalLimiter
-from .policy import Decision, Policy, make_decision, validate_cost
+from .policy import Algorithm, Decision, Policy, make_decision, validate_cost
 from .redis_limiter import RedisLimiter
 from .resp import encode_command
 
@@ -50,12 +50,6 @@ __all__ = [
 ]
 
 log = logging.getLogger("shadowlimit.resilience")
-
-
-class BreakerState(str, Enum):
-    CLOSED = "closed"
-    OPEN = "open"
-    HALF_OPEN = "half_open"
 
 
 class FailurePolicy(str, Enum):
@@ -74,187 +68,6 @@ class FailurePolicy(str, Enum):
             if p.value.lower() == norm:
                 return p
         raise ValueError(f"failure_policy: must be one of passThrough, failClosed, inMemoryFallback, got {value!r}")
-
-
-@dataclass(frozen=True, slots=True)
-class BreakerSnapshot:
-    """The breaker's state, readable by the control plane and the dashboard."""
-
-    state: BreakerState
-    consecutive_failures: int
-    last_error: str | None
-    last_failure_at: float | None  # wall clock, seconds
-    opened_at: float | None  # wall clock, seconds
-    next_probe_in_s: float | None
-    probe_attempt: int
-    total_failures: int
-    transitions: int
-
-    def to_dict(self) -> dict[str, object]:
-        return {
-            "state": self.state.value,
-            "consecutive_failures": self.consecutive_failures,
-            "last_error": self.last_error,
-            "last_failure_at": self.last_failure_at,
-            "opened_at": self.opened_at,
-            "next_probe_in_s": self.next_probe_in_s,
-            "probe_attempt": self.probe_attempt,
-            "total_failures": self.total_failures,
-            "transitions": self.transitions,
-        }
-
-
-class CircuitBreaker:
-    """Closed, open, half-open. Timeouts count as failures like any other.
-
-    ``failure_threshold`` consecutive failures open it. While open, nothing is sent;
-    a probe is due after ``min(backoff_initial * 2**attempt, backoff_max)`` plus
-    jitter in ``[0, delay]``. :meth:`probe_succeeded` half-opens it; in half-open one
-    request at a time goes through, and its success closes the breaker.
-    """
-
-    def __init__(
-        self,
-        failure_threshold: int = 5,
-        *,
-        backoff_initial_s: float = 1.0,
-        backoff_max_s: float = 30.0,
-        clock: Callable[[], float] = time.monotonic,
-        wall_clock: Callable[[], float] = time.time,
-        rng: Callable[[], float] = random.random,
-        on_transition: Callable[[BreakerState, BreakerState, str | None], None] | None = None,
-    ) -> None:
-        if failure_threshold < 1:
-            raise ValueError(f"failure_threshold: must be >= 1, got {failure_threshold!r}")
-        if backoff_initial_s <= 0 or backoff_max_s < backoff_initial_s:
-            raise ValueError("backoff: need 0 < backoff_initial_s <= backoff_max_s")
-        self.failure_threshold = failure_threshold
-        self.backoff_initial_s = backoff_initial_s
-        self.backoff_max_s = backoff_max_s
-        self._clock = clock
-        self._wall = wall_clock
-        self._rng = rng
-        self.on_transition = on_transition
-        self.state = BreakerState.CLOSED
-        self.consecutive_failures = 0
-        self.total_failures = 0
-        self.last_error: str | None = None
-        self.last_failure_at: float | None = None
-        self.opened_at: float | None = None
-        self._opened_mono: float | None = None
-        self.next_probe_at: float | None = None  # monotonic
-        self.probe_attempt = 0
-        self.transitions = 0
-        self._trial_in_flight = False
-
-    # -- decisions --------------------------------------------------------------------
-
-    def allow_request(self) -> bool:
-        """May a request go to the backend now?"""
-        if self.state is BreakerState.CLOSED:
-            return True
-        if self.state is BreakerState.OPEN:
-            # no background prober (or it is late): traffic may trigger the probe itself
-            if self.next_probe_at is not None and self._clock() >= self.next_probe_at:
-                self._move(BreakerState.HALF_OPEN, "probe due")
-            else:
-                return False
-        if self._trial_in_flight:
-            return False
-        self._trial_in_flight = True
-        return True
-
-    def abandon_trial(self) -> None:
-        """The request let through by :meth:`allow_request` ended without an answer
-        either way (cancelled, or an error that says nothing about the backend): a
-        half-open breaker lets the next request be the trial instead of waiting forever."""
-        self._trial_in_flight = False
-
-    def record_success(self) -> None:
-        self._trial_in_flight = False
-        self.consecutive_failures = 0
-        if self.state is not BreakerState.CLOSED:
-            self.probe_attempt = 0
-            self.next_probe_at = None
-            self.opened_at = None
-            self._opened_mono = None
-            self._move(BreakerState.CLOSED, None)
-
-    def record_failure(self, error: BaseException | str) -> None:
-        self._trial_in_flight = False
-        self.consecutive_failures += 1
-        self.total_failures += 1
-        self.last_error = str(error) or type(error).__name__
-        self.last_failure_at = self._wall()
-        if self.state is BreakerState.HALF_OPEN:
-            self.probe_attempt += 1
-            self._open()
-        elif self.state is BreakerState.CLOSED and self.consecutive_failures >= self.failure_threshold:
-            self.probe_attempt = 0
-            self._open()
-
-    def probe_due(self) -> bool:
-        return (
-            self.state is BreakerState.OPEN and self.next_probe_at is not None and self._clock() >= self.next_probe_at
-        )
-
-    def probe_succeeded(self) -> None:
-        if self.state is BreakerState.OPEN:
-            self._move(BreakerState.HALF_OPEN, "probe succeeded")
-
-    def probe_failed(self, error: BaseException | str) -> None:
-        self.last_error = str(error) or type(error).__name__
-        self.last_failure_at = self._wall()
-        self.total_failures += 1
-        if self.state is BreakerState.OPEN:
-            self.probe_attempt += 1
-            self.next_probe_at = self._clock() + self.backoff_delay(self.probe_attempt)
-
-    def backoff_delay(self, attempt: int) -> float:
-        """Exponential backoff with full jitter on top: delay + uniform(0, delay)."""
-        delay = min(self.backoff_initial_s * (2 ** min(attempt, 30)), self.backoff_max_s)
-        return delay + self._rng() * delay
-
-    def open_for_s(self) -> float:
-        """How long the breaker has been open (0 when closed)."""
-        if self._opened_mono is None:
-            return 0.0
-        return self._clock() - self._opened_mono
-
-    def snapshot(self) -> BreakerSnapshot:
-        nxt = None
-        if self.next_probe_at is not None and self.state is BreakerState.OPEN:
-            nxt = max(0.0, self.next_probe_at - self._clock())
-        return BreakerSnapshot(
-            state=self.state,
-            consecutive_failures=self.consecutive_failures,
-            last_error=self.last_error,
-            last_failure_at=self.last_failure_at,
-            opened_at=self.opened_at,
-            next_probe_in_s=nxt,
-            probe_attempt=self.probe_attempt,
-            total_failures=self.total_failures,
-            transitions=self.transitions,
-        )
-
-    def _open(self) -> None:
-        if self._opened_mono is None:
-            self._opened_mono = self._clock()
-            self.opened_at = self._wall()
-        self.next_probe_at = self._clock() + self.backoff_delay(self.probe_attempt)
-        self._move(BreakerState.OPEN, self.last_error)
-
-    def _move(self, to: BreakerState, reason: str | None) -> None:
-        frm = self.state
-        if frm is to:
-            return
-        self.state = to
-        self.transitions += 1
-        if to is not BreakerState.HALF_OPEN:
-            self._trial_in_flight = False
-        log.warning("redis circuit breaker %s -> %s (%s)", frm.value, to.value, reason or "")
-        if self.on_transition is not None:
-            self.on_transition(frm, to, reason)
 
 
 Source = Literal["distributed", "fallback", "pass_through", "fail_closed", "skipped"]
@@ -281,12 +94,12 @@ def fleet_share(policy: Policy, instances: int) -> Policy:
     if instances <= 1 or policy.unlimited:
         return policy
     avg = policy.average / instances
-    if policy.algorithm.windowed:
+    if Algorithm(policy.algorithm).windowed:
         avg = max(1.0, math.floor(avg))
     return Policy(
         average=avg,
         period=policy.period,
-        burst=max(1, policy.burst // instances),
+        burst=max(1, int(policy.burst_f) // instances),
         algorithm=policy.algorithm,
     )
 
@@ -296,6 +109,8 @@ class FleetMembership:
 
     ``live_instances`` is the number of members that beat within ``stale_after_s``,
     as last read from Redis; it is kept while Redis is down, which is the point.
+    ``wall_clock`` (Unix seconds) stamps the beats: every replica compares its clock
+    with the others' stamps, so it must be the wall clock, not a monotonic one.
     """
 
     def __init__(
@@ -305,8 +120,10 @@ class FleetMembership:
         instance_id: str | None = None,
         interval_s: float = 2.0,
         stale_after_s: float | None = None,
+        wall_clock: Callable[[], float] = time.time,
     ) -> None:
         self.redis = redis
+        self.wall_clock = wall_clock
         self.instance_id = instance_id or uuid.uuid4().hex[:12]
         self.interval_s = interval_s
         self.stale_after_s = stale_after_s if stale_after_s is not None else interval_s * 3
@@ -318,7 +135,7 @@ class FleetMembership:
 
     async def beat(self) -> int:
         """One heartbeat: record this instance, drop stale ones, read the live count."""
-        now_ms = time.time_ns() // 1_000_000
+        now_ms = int(self.wall_clock() * 1000)
         b = self.redis.backend
         await b.call(self.key, encode_command("ZADD", self.key, now_ms, self.instance_id))
         await b.call(
@@ -330,7 +147,7 @@ class FleetMembership:
             raise BackendError(f"fleet heartbeat: unexpected reply {members!r}")
         self.members = sorted(m.decode() for m in members)
         self.live_instances = max(1, len(self.members))
-        self.last_beat_ok = time.time()
+        self.last_beat_ok = self.wall_clock()
         return self.live_instances
 
     async def leave(self) -> None:
@@ -467,7 +284,7 @@ class ResilientLimiter:
                     self._degraded(k, p, c, n, str(r), fp, fc) if degrade else Outcome(_SKIPPED, "skipped", str(r))
                 )
         if failed:
-            self.breaker.record_failure(next(r for r in results if not isinstance(r, Decision)))  # type: ignore[arg-type]
+            self.breaker.record_failure(next(r for r in results if not isinstance(r, Decision)))
             self._ensure_prober()
         else:
             self.breaker.record_success()
@@ -489,11 +306,11 @@ class ResilientLimiter:
         error: BackendError | None = None
         for r in results:
             if type(r) is not bool:
-                error = r  # type: ignore[assignment]
+                error = r
                 break
         if error is None:
             self.breaker.record_success()
-            return results  # type: ignore[return-value]
+            return cast("list[bool | None]", results)  # every item is a bool: no copy needed
         out: list[bool | None] = []
         for r in results:
             if type(r) is bool:

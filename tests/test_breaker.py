@@ -102,3 +102,55 @@ def test_fleet_share_divides_and_never_below_one():
     w = fleet_share(Policy(average=3, period=1, algorithm="fixed_window"), 5)
     assert w.limit == 1
     assert fleet_share(p, 1) is p
+
+
+def test_fixed_open_duration_without_jitter():
+    b, clock, _ = make(rng=0.9, failure_threshold=1, backoff_initial_s=30, backoff_max_s=30, jitter=False)
+    assert [b.backoff_delay(i) for i in range(3)] == [30, 30, 30]
+    b.record_failure("down")
+    assert b.snapshot().next_probe_in_s == 30.0
+    clock.t += 29.9
+    assert not b.allow_request()
+    clock.t += 0.1
+    assert b.allow_request() and b.state is BreakerState.HALF_OPEN
+    b.record_failure("still down")  # the failed trial re-opens it for another 30 s, not longer
+    assert b.snapshot().next_probe_in_s == 30.0
+
+
+def test_open_times_first_and_latest_opening():
+    b, clock, _ = make(failure_threshold=1, backoff_initial_s=10, backoff_max_s=10, jitter=False)
+    assert b.last_opened_mono is None and b.open_for_s() == 0.0
+    b.record_failure("down")
+    assert b.last_opened_mono == 1000.0 and b.opened_at == 1000.0
+    clock.t += 10
+    assert b.allow_request()
+    b.record_failure("again")
+    assert b.last_opened_mono == 1010.0  # re-opened now ...
+    assert b.open_for_s() == 10.0 and b.opened_at == 1000.0  # ... in an outage that began earlier
+    clock.t += 10
+    assert b.allow_request()
+    b.record_success()
+    assert b.last_opened_mono is None and b.opened_at is None and b.open_for_s() == 0.0
+
+
+def test_trial_in_flight_and_abandoned_trial():
+    b, clock, _ = make(failure_threshold=1)
+    b.record_failure("down")
+    clock.t += 1.0
+    assert not b.trial_in_flight
+    assert b.allow_request() and b.trial_in_flight
+    assert not b.allow_request()
+    b.abandon_trial()  # the trial was cancelled: the next request becomes the trial
+    assert not b.trial_in_flight and b.state is BreakerState.HALF_OPEN
+    assert b.allow_request()
+
+
+def test_transitions_are_logged_under_the_breakers_name(caplog):
+    caplog.set_level("WARNING", logger="shadowlimit.resilience")
+    b, _, _ = make(failure_threshold=1, name="billing")
+    b.record_failure("down")
+    assert [r.getMessage() for r in caplog.records] == ["billing circuit breaker closed -> open (down)"]
+    caplog.clear()
+    quiet, _, seen = make(failure_threshold=1, name=None)
+    quiet.record_failure("down")
+    assert caplog.records == [] and seen == [(BreakerState.CLOSED, BreakerState.OPEN)]  # the owner still hears it

@@ -38,7 +38,7 @@ from control_plane.settings import load_settings
 from limiter.keys import KeyExtractor, KeyStrategy
 from limiter.policy import Algorithm, Policy
 from limiter.redis_limiter import make_redis_py_client
-from limiter.resilience import BreakerState, FailurePolicy
+from limiter.resilience import BreakerState, CircuitBreaker, FailurePolicy
 
 GOOD = {"average": 10, "burst": 5, "period": "1s"}
 
@@ -417,6 +417,23 @@ def test_idle_breakers_are_evicted_after_60s():
     assert bs.allow("a") and bs.get("a").state is BreakerState.CLOSED  # a fresh breaker
 
 
+def test_key_breakers_are_the_shared_state_machine():
+    clock = FakeClock()
+    bs = BreakerSet(clock=clock)
+    for _ in range(5):
+        bs.allow("k")
+        bs.failure("k", "x")
+    b = bs.get("k")
+    assert isinstance(b, CircuitBreaker) and b.failures == b.consecutive_failures == 5
+    clock.advance(30)
+    assert bs.allow("k") and b.trial_in_flight
+    clock.advance(2)
+    bs.failure("k", "still down")  # the probe failed: open again, counted from this opening
+    assert bs.describe(b)["open_for_s"] == 0.0 and bs.describe(b)["next_probe_in_s"] == 30.0
+    clock.advance(5)
+    assert bs.describe(b)["open_for_s"] == 5.0 and b.open_for_s() == 37.0  # the outage is older
+
+
 def test_breaker_count_is_bounded():
     bs = BreakerSet(clock=FakeClock(), max_breakers=3)
     for k in "abcd":
@@ -477,7 +494,11 @@ def test_rules_external_block_defaults():
 
 def test_rules_external_block_full():
     rule = _rules(
-        "      timeout: 250ms\n      cache_ttl: 2m\n      max_concurrent_requests: 8\n      header_filter:\n        allow_list: [X-Tenant-Id, X-Plan]\n"
+        "      timeout: 250ms\n"
+        "      cache_ttl: 2m\n"
+        "      max_concurrent_requests: 8\n"
+        "      header_filter:\n"
+        "        allow_list: [X-Tenant-Id, X-Plan]\n"
     ).get("tenants")
     assert rule.external == ExternalConfig(
         url="http://127.0.0.1:9100/limits",
@@ -632,9 +653,7 @@ async def resolve(m: ExternalManager, rule: RouteRule, key: str = "acme", header
 
 async def settle(m: ExternalManager, timeout: float = 2.0) -> None:
     """Wait for the background cache writes to land."""
-    deadline = time.monotonic() + timeout
-    while m._tasks and time.monotonic() < deadline:
-        await asyncio.sleep(0.01)
+    await m.join(timeout)
 
 
 # --------------------------------------------------------------------------- the happy path
@@ -806,7 +825,7 @@ async def test_breaker_opens_after_five_failures_and_probes_after_30s(redis_url,
     rule = make_rule(limits_url(service))
     metrics = Metrics()
     async with manager(redis_url, clock=clock, publish=events.append, metrics=metrics) as m:
-        for i in range(5):
+        for _ in range(5):
             res = await resolve(m, rule)
             assert res.source == "static" and "HTTP 500" in res.error
         assert script.calls == 5
@@ -1066,14 +1085,14 @@ def test_resolvers_survive_reloads_with_the_same_block():
     m = ExternalManager(namespace="x")
     a = make_rule("http://127.0.0.1:1/limits")
     m.configure([a])
-    first = m._resolvers["tenants"]
+    first = m.resolvers["tenants"]
     first.breakers.failure("k", "x")
     m.configure([make_rule("http://127.0.0.1:1/limits")])  # reloaded, identical
-    assert m._resolvers["tenants"] is first
+    assert m.resolvers["tenants"] is first and first.breakers.get("k").failures == 1
     m.configure([make_rule("http://127.0.0.1:2/limits")])  # changed
-    assert m._resolvers["tenants"] is not first
+    assert m.resolvers["tenants"] is not first
     m.configure([])
-    assert m._resolvers == {}
+    assert m.resolvers == {}
 
 
 async def test_cache_and_stale_copy_on_standalone_and_cluster(any_redis_url, script, service):

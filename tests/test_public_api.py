@@ -58,6 +58,35 @@ def test_control_plane_rules_public_names():
         assert getattr(rules, name) is not None
 
 
+def test_control_plane_external_public_names():
+    import control_plane.external as external
+
+    assert external.__all__ == sorted(external.__all__)
+    assert external.__all__ == [
+        "BackendHosts",
+        "BreakerSet",
+        "DEFAULT_CACHE_TTL_S",
+        "DEFAULT_MAX_CONCURRENT",
+        "DEFAULT_TIMEOUT_S",
+        "ExternalConfig",
+        "ExternalLimits",
+        "ExternalManager",
+        "ExternalResolver",
+        "HeaderFilter",
+        "InvalidResponse",
+        "KeyBreaker",
+        "Resolution",
+        "STALE_TTL_S",
+        "check_service_url",
+        "is_sensitive_header",
+        "parse_limits",
+        "resolve_ttl",
+        "response_forbids_storing",
+    ]
+    for name in external.__all__:
+        assert getattr(external, name) is not None
+
+
 def test_dashboard_public_names_and_no_engine_imports():
     assert sorted(dashboard.__all__) == ["ShadowlimitDashboard", "run_dashboard"]
     for name in dashboard.__all__:

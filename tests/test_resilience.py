@@ -157,13 +157,16 @@ async def test_fallback_shares_the_limit_across_live_instances(private_redis):
 
 
 async def test_heartbeats_expire_stale_instances(redis_url):
-    rl = RedisLimiter.from_url(redis_url, namespace="hb")
-    a = FleetMembership(rl, instance_id="a", interval_s=0.1, stale_after_s=0.3)
-    b = FleetMembership(rl, instance_id="b", interval_s=0.1, stale_after_s=0.3)
+    rl = RedisLimiter.from_url(redis_url, namespace=f"hb-{time.time_ns()}")
+    wall = [1_700_000_000.0]
+    a = FleetMembership(rl, instance_id="a", interval_s=0.1, stale_after_s=0.3, wall_clock=lambda: wall[0])
+    b = FleetMembership(rl, instance_id="b", interval_s=0.1, stale_after_s=0.3, wall_clock=lambda: wall[0])
     await a.beat()
-    assert await b.beat() == 2
-    await asyncio.sleep(0.4)
-    assert await a.beat() == 1  # b stopped beating
+    assert await b.beat() == 2 and b.last_beat_ok == 1_700_000_000.0
+    wall[0] += 0.2
+    assert await a.beat() == 2  # b beat 0.2 s ago: still live
+    wall[0] += 0.2
+    assert await a.beat() == 1  # b stopped beating 0.4 s ago
     assert a.members == ["a"]
     await a.leave()
     await rl.aclose()
