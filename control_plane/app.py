@@ -62,7 +62,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app = FastAPI(
         title="shadowlimit control plane",
         version="0.1.0",
-        description="Runs the distributed limiter in shadow beside the local one, measures divergence and rolls routes out (off, shadow, canary, enforce).",
+        description=(
+            "Runs the distributed limiter in shadow beside the local one, measures divergence"
+            " and rolls routes out (off, shadow, canary, enforce)."
+        ),
         lifespan=lifespan,
         # FastAPI's OpenTelemetry hook looks for a configured provider on every request
         # (about 5 us, nearly 2% of a decide request) even when there is none; the control

@@ -217,7 +217,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         raise CliError(f"invalid rules file: {exc}", EXIT_USAGE) from None
     if settings.admin_token is None and settings.tokens_file is None:
         print(
-            "warning: neither SHADOWLIMIT_ADMIN_TOKEN nor SHADOWLIMIT_TOKENS_FILE is set: mode changes and admin calls will be refused (403)",
+            "warning: neither SHADOWLIMIT_ADMIN_TOKEN nor SHADOWLIMIT_TOKENS_FILE is set:"
+            " mode changes and admin calls will be refused (403)",
             file=sys.stderr,
         )
     configure_logging(args.log_level)
@@ -287,7 +288,10 @@ def build_parser() -> argparse.ArgumentParser:
         sp.add_argument(
             "--token",
             default=os.environ.get("SHADOWLIMIT_TOKEN") or os.environ.get("SHADOWLIMIT_ADMIN_TOKEN"),
-            help="your token (env SHADOWLIMIT_TOKEN or SHADOWLIMIT_ADMIN_TOKEN): viewer to read, operator to change modes, adjust and reset, admin for everything",
+            help=(
+                "your token (env SHADOWLIMIT_TOKEN or SHADOWLIMIT_ADMIN_TOKEN): viewer to read,"
+                " operator to change modes, adjust and reset, admin for everything"
+            ),
         )
         sp.add_argument("--timeout", type=float, default=10.0)
         sp.add_argument("--json", action="store_true", help="print raw JSON")

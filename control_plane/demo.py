@@ -278,7 +278,8 @@ class DemoStack:
             "try:",
             f"  curl -s {self.urls[0]}/v1/routes | python3 -m json.tool",
             *([f"  curl -s {self.urls[0]}/v1/external | python3 -m json.tool"] if self.limits_url else []),
-            f"  SHADOWLIMIT_ADMIN_TOKEN={self.token} shadowlimit mode search enforce --url {self.urls[0]} --reason 'try the global limit' --force",
+            f"  SHADOWLIMIT_ADMIN_TOKEN={self.token} shadowlimit mode search enforce --url {self.urls[0]}"
+            " --reason 'try the global limit' --force",
             f"  shadowlimit dash --url {self.urls[0]} --token {self.token}",
         ]
         return "\n".join(lines)

@@ -32,7 +32,8 @@ __all__ = ["http_protocol"]
 def _head_refusal(limits: RequestLimits) -> bytes:
     return refusal_body(
         431,
-        f"the request head (request line and header fields) passed {limits.head_bytes:,} bytes; header fields may take {limits.max_header_bytes:,}",
+        f"the request head (request line and header fields) passed {limits.head_bytes:,} bytes;"
+        f" header fields may take {limits.max_header_bytes:,}",
         limits.max_header_bytes,
     )
 

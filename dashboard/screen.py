@@ -280,7 +280,8 @@ class DashboardScreen(Screen[None]):
     def action_mode(self, mode: str) -> None:
         if not self.client.has_token:
             self.notify(
-                "Changing a route's mode needs an operator or admin token: start the dashboard with --token (or SHADOWLIMIT_ADMIN_TOKEN).",
+                "Changing a route's mode needs an operator or admin token:"
+                " start the dashboard with --token (or SHADOWLIMIT_ADMIN_TOKEN).",
                 title="Read-only",
                 severity="warning",
             )
