@@ -60,7 +60,8 @@ end
 MODES: list[tuple[str, int]] = [("off", 0), ("shadow", 0), ("canary", 50), ("enforce", 0)]
 
 
-def _free_port() -> int:
+def free_port() -> int:
+    """A TCP port free on loopback right now (the OS picks it)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
@@ -89,7 +90,7 @@ class Server:
     """A control plane in its own process, on a free loopback port."""
 
     def __init__(self, workdir: Path) -> None:
-        self.port = _free_port()
+        self.port = free_port()
         self.token = secrets.token_hex(12)
         self.url = f"http://127.0.0.1:{self.port}"
         rules = workdir / "rules.yaml"

@@ -39,7 +39,7 @@ from typing import Any
 
 import httpx
 
-from .control_plane import RULES, WRK_LUA, _free_port, ensure_wrk, process_cpu_s, run_wrk
+from .control_plane import RULES, WRK_LUA, ensure_wrk, free_port, process_cpu_s, run_wrk
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -66,7 +66,7 @@ class Server:
     directory whose ``control_plane`` package is served (the process starts there)."""
 
     def __init__(self, workdir: Path, redis_url: str, src: Path, max_streams: int) -> None:
-        self.port = _free_port()
+        self.port = free_port()
         self.token = secrets.token_hex(12)
         self.url = f"http://127.0.0.1:{self.port}"
         rules = workdir / "rules.yaml"
