@@ -326,7 +326,7 @@ def run_demo(args: argparse.Namespace) -> int:
             task = asyncio.ensure_future(stack.traffic(stop))
             try:
                 if args.duration:
-                    app.call_later_after = args.duration  # type: ignore[attr-defined]
+                    app.call_later_after = args.duration
                 await app.run_async()
             finally:
                 stop.set()

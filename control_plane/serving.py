@@ -80,7 +80,7 @@ class _BoundedH11Protocol(H11Protocol):
         self.conn = _RefusalMemo(h11.SERVER, max_incomplete_event_size=self.limits.head_bytes)
 
     def send_400_response(self, msg: str) -> None:
-        if self.conn.refused_status != 431:
+        if not isinstance(self.conn, _RefusalMemo) or self.conn.refused_status != 431:
             super().send_400_response(msg)
             return
         headers = [

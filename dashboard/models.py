@@ -160,7 +160,10 @@ class GateView:
     def parse(cls, d: Any) -> GateView | None:
         if not isinstance(d, dict):
             return None
-        opt_i = lambda k: None if d.get(k) is None else _i(d.get(k))  # noqa: E731
+
+        def opt_i(k: str) -> int | None:
+            return None if d.get(k) is None else _i(d.get(k))
+
         return cls(
             passed=bool(d.get("passed", False)),
             required=bool(d.get("required", True)),
