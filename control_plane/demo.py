@@ -288,11 +288,8 @@ class DemoStack:
 def run_demo(args: argparse.Namespace) -> int:
     stack = DemoStack(replicas=args.replicas, base_port=args.base_port)
     stop = asyncio.Event()
-    interrupted = False
 
     def on_signal(*_: Any) -> None:
-        nonlocal interrupted
-        interrupted = True
         stop.set()
 
     try:

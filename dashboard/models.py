@@ -216,10 +216,6 @@ class RouteView:
             rule=rule,
         )
 
-    @property
-    def mode_label(self) -> str:
-        return f"canary {self.canary_percent}%" if self.mode == "canary" else self.mode
-
 
 @dataclass(frozen=True, slots=True)
 class MinutePoint:

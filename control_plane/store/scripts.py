@@ -9,16 +9,16 @@ from __future__ import annotations
 
 from importlib import resources
 
-__all__ = ["APPEND_LUA", "CHANGE_LUA", "RESTORE_LUA", "read_script"]
+__all__ = ["APPEND_LUA", "CHANGE_LUA", "RESTORE_LUA"]
 
 _PACKAGE = __name__.rpartition(".")[0]
 
 
-def read_script(name: str) -> str:
+def _read_script(name: str) -> str:
     """The source of ``control_plane/store/<name>.lua``."""
     return resources.files(_PACKAGE).joinpath(f"{name}.lua").read_text(encoding="utf-8")
 
 
-CHANGE_LUA = read_script("change")
-APPEND_LUA = read_script("append")
-RESTORE_LUA = read_script("restore")
+CHANGE_LUA = _read_script("change")
+APPEND_LUA = _read_script("append")
+RESTORE_LUA = _read_script("restore")
