@@ -77,7 +77,8 @@ def main(argv: list[str] | None = None) -> int:
     env["quick"] = settings.quick
     results: dict[str, Any] = {"environment": env, "settings": settings.__dict__, "sections": sections}
     log(
-        f"bench: {env['cpu']} x{env['cores']}, {env['python']}, load {env['loadavg_start']}, sections {sections}{' (quick)' if settings.quick else ''}"
+        f"bench: {env['cpu']} x{env['cores']}, {env['python']}, load {env['loadavg_start']}, "
+        f"sections {sections}{' (quick)' if settings.quick else ''}"
     )
     if env["loadavg_start"][0] > 0.7 * (env["cores"] or 1):
         log(f"bench: warning: the machine is busy (load {env['loadavg_start'][0]}); numbers will be noisy")
@@ -156,7 +157,8 @@ def main(argv: list[str] | None = None) -> int:
     _write_atomic(out_path, report.render(results, settings, _extra_sections()))
     log(f"bench: sections took {env.get('section_s')}")
     log(
-        f"bench: average cores used by other processes meanwhile: { {k: v['other_cores'] for k, v in env['background_cpu'].items()} }"
+        "bench: average cores used by other processes meanwhile: "
+        f"{ {k: v['other_cores'] for k, v in env['background_cpu'].items()} }"
     )
     log(
         f"bench: wrote {json_path.relative_to(ROOT) if json_path.is_relative_to(ROOT) else json_path} and "

@@ -22,7 +22,6 @@ import argparse
 import contextlib
 import json
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -36,16 +35,10 @@ import httpx
 
 from limiter.embedded import EmbeddedRedis
 
-from .control_plane import RULES
+from .control_plane import RULES, free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 CASES = ("batch", "chunked", "admin")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _status_kib(pid: int, field: str) -> int:
@@ -59,7 +52,7 @@ class Serve:
     """``python -m control_plane.cli serve`` run from ``source`` (its code, not the installed one)."""
 
     def __init__(self, source: Path, redis_url: str, workdir: Path) -> None:
-        self.port = _free_port()
+        self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         rules = workdir / "rules.yaml"
         rules.write_text(RULES)

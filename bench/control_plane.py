@@ -51,7 +51,8 @@ request = function()
 end
 done = function(summary, latency, requests)
   io.write(string.format("JSON{\\"requests\\":%d,\\"duration_us\\":%d,\\"errors\\":%d,\\"non2xx\\":%d,\\"p50_us\\":%d,\\"p90_us\\":%d,\\"p99_us\\":%d,\\"mean_us\\":%.1f}\\n",
-    summary.requests, summary.duration, summary.errors.connect + summary.errors.read + summary.errors.write + summary.errors.timeout,
+    summary.requests, summary.duration,
+    summary.errors.connect + summary.errors.read + summary.errors.write + summary.errors.timeout,
     summary.errors.status, latency:percentile(50), latency:percentile(90), latency:percentile(99), latency.mean))
 end
 """
@@ -59,7 +60,8 @@ end
 MODES: list[tuple[str, int]] = [("off", 0), ("shadow", 0), ("canary", 50), ("enforce", 0)]
 
 
-def _free_port() -> int:
+def free_port() -> int:
+    """A TCP port free on loopback right now (the OS picks it)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
@@ -88,7 +90,7 @@ class Server:
     """A control plane in its own process, on a free loopback port."""
 
     def __init__(self, workdir: Path) -> None:
-        self.port = _free_port()
+        self.port = free_port()
         self.token = secrets.token_hex(12)
         self.url = f"http://127.0.0.1:{self.port}"
         rules = workdir / "rules.yaml"
@@ -346,9 +348,10 @@ def render(results: dict[str, Any]) -> str:
     lines = [
         "## Control plane: `POST /v1/decide` under load",
         "",
-        f"One `shadowlimit serve` process (uvicorn, one worker, embedded Redis) and `wrk` in another process on loopback: "
-        f"{meta['connections']} connections, {meta['seconds_per_run']:g} s per run, median of {meta['repeats']} rounds (each round runs every mode once, in turn); "
-        f"1,000 keys round robin, limit 1e6/s so every request is decided in full. Both processes and Redis share the 2 cores. "
+        "One `shadowlimit serve` process (uvicorn, one worker, embedded Redis) and `wrk` in another process on "
+        f"loopback: {meta['connections']} connections, {meta['seconds_per_run']:g} s per run, median of "
+        f"{meta['repeats']} rounds (each round runs every mode once, in turn); 1,000 keys round robin, limit 1e6/s "
+        "so every request is decided in full. Both processes and Redis share the 2 cores. "
         f"{meta['wrk']}; measured {meta['date']}.",
         "",
         "p50 vs off: the ratio of the medians, and the median of each round's ratio to that round's off run "
@@ -366,7 +369,8 @@ def render(results: dict[str, Any]) -> str:
         cpu = r.get("server_cpu_us_per_request")
         lines.append(
             f"| {name} | {r['rps']:,.0f} | {r['p50_us'] / 1000:.2f} ms | {r['p99_us'] / 1000:.2f} ms | {ratio:.2f}x | "
-            f"{f'{paired:.2f}x' if paired is not None else '-'} | {f'{cpu:.0f} µs' if cpu is not None else '-'} | {r['non2xx']} |"
+            f"{f'{paired:.2f}x' if paired is not None else '-'} | "
+            f"{f'{cpu:.0f} µs' if cpu is not None else '-'} | {r['non2xx']} |"
         )
     lines += [
         "",
@@ -381,8 +385,9 @@ def render(results: dict[str, Any]) -> str:
     if engine:
         lines += [
             "",
-            f"The engine alone, in the benchmark's own process (no HTTP): {engine['tasks']} tasks calling `Engine.decide` "
-            f"on the same rules, {engine['seconds_per_run']:g} s per run, median of {engine['repeats']} interleaved rounds; "
+            "The engine alone, in the benchmark's own process (no HTTP): "
+            f"{engine['tasks']} tasks calling `Engine.decide` on the same rules, "
+            f"{engine['seconds_per_run']:g} s per run, median of {engine['repeats']} interleaved rounds; "
             "process CPU time per decision, shadow worker and Redis client included. "
             "\"Added\" is the median of each round's difference from that round's off run.",
             "",
@@ -403,9 +408,12 @@ def render(results: dict[str, Any]) -> str:
         "",
         "| target | measured | met? |",
         "|---|---|---|",
-        f"| shadow p50 within 10% of off | {shadow.get('p50_us', 0) / 1000:.2f} ms vs {off.get('p50_us', 0) / 1000:.2f} ms "
-        f"({shadow.get('p50_us', 0) / max(1, off.get('p50_us', 1)):.2f}x; paired {shadow.get('p50_vs_off_paired', float('nan')):.2f}x) | {'met' if p50_ok else '**not met**'} |",
-        f"| batch endpoint >= 50,000 decisions/s | {best_batch:,.0f} (best mode) | {'met' if best_batch >= 50_000 else '**not met**'} |",
+        "| shadow p50 within 10% of off | "
+        f"{shadow.get('p50_us', 0) / 1000:.2f} ms vs {off.get('p50_us', 0) / 1000:.2f} ms "
+        f"({shadow.get('p50_us', 0) / max(1, off.get('p50_us', 1)):.2f}x; "
+        f"paired {shadow.get('p50_vs_off_paired', float('nan')):.2f}x) | {'met' if p50_ok else '**not met**'} |",
+        f"| batch endpoint >= 50,000 decisions/s | {best_batch:,.0f} (best mode) | "
+        f"{'met' if best_batch >= 50_000 else '**not met**'} |",
         "",
     ]
     return "\n".join(lines)

@@ -74,7 +74,6 @@ class CpuAccount:
 
     def __init__(self) -> None:
         self.redis_pid: int | None = None
-        self._redis_base = 0.0
 
     def _machine_busy(self) -> float:
         try:

@@ -129,7 +129,9 @@ def compute_targets(results: dict[str, Any], concurrency: int) -> list[dict[str,
         dps = tb["decisions_per_s"]["median"]
         targets.append(
             {
-                "target": f"distributed: >= 50,000 decisions/s at {concurrency} tasks (RedisLimiter.check, token bucket)",
+                "target": (
+                    f"distributed: >= 50,000 decisions/s at {concurrency} tasks (RedisLimiter.check, token bucket)"
+                ),
                 "measured": f"{dps:,.0f}/s (best rep {tb['decisions_per_s']['max']:,.0f}/s)",
                 "met": dps >= DIST_TARGET_DPS,
             }
@@ -139,7 +141,10 @@ def compute_targets(results: dict[str, Any], concurrency: int) -> list[dict[str,
             b = _find_dist(dist, BASELINE_IMPL, "MovingWindow", concurrency)
             targets.append(
                 {
-                    "target": f"distributed: >= 3x limits async moving window at {concurrency} tasks (default implementation, coredis)",
+                    "target": (
+                        f"distributed: >= 3x limits async moving window at {concurrency} tasks"
+                        " (default implementation, coredis)"
+                    ),
                     "measured": f"{r1:.2f}x (vs {b['decisions_per_s']['median']:,.0f}/s)",
                     "met": r1 >= DIST_TARGET_RATIO,
                 }
@@ -173,14 +178,17 @@ def _env_section(env: dict[str, Any]) -> list[str]:
         f"| Python | {env['python']} |",
         f"| redis-server | {env.get('redis_server', '-')} (embedded, loopback TCP, no persistence) |",
         f"| Event loop | uvloop {v.get('uvloop')} for every async benchmark, every library |",
-        f"| Libraries | shadowlimit {v.get('shadowlimit')}, limits {v.get('limits')}, pyrate-limiter {v.get('pyrate-limiter')}, "
-        f"redis-py {v.get('redis')}, hiredis {v.get('hiredis')}, coredis {v.get('coredis')}, uvloop {v.get('uvloop')} |",
+        f"| Libraries | shadowlimit {v.get('shadowlimit')}, limits {v.get('limits')}, "
+        f"pyrate-limiter {v.get('pyrate-limiter')}, redis-py {v.get('redis')}, hiredis {v.get('hiredis')}, "
+        f"coredis {v.get('coredis')}, uvloop {v.get('uvloop')} |",
         f"| Load average | {' / '.join(str(x) for x in env['loadavg_start'])} at start, "
         f"{' / '.join(str(x) for x in env.get('loadavg_end', []))} at end (1/5/15 min) |",
         "| Other processes' CPU during the run | "
         + (", ".join(f"{k}: {v['other_cores']:.2f}" for k, v in env.get("background_cpu", {}).items()) or "-")
-        + f" (average cores used by processes other than the benchmark and its Redis; the machine has {env['cores']}) |",
-        f"| Run time | {env.get('duration_s', 0):.0f} s ({', '.join(f'{k} {v:.0f} s' for k, v in env.get('section_s', {}).items())})"
+        + " (average cores used by processes other than the benchmark and its Redis;"
+        f" the machine has {env['cores']}) |",
+        f"| Run time | {env.get('duration_s', 0):.0f} s"
+        f" ({', '.join(f'{k} {v:.0f} s' for k, v in env.get('section_s', {}).items())})"
         f"{'; --quick: smoke-test numbers, not for comparison' if env.get('quick') else ''} |",
         "",
     ]
@@ -208,14 +216,17 @@ def _local_section(results: dict[str, Any]) -> list[str]:
         if b:
             out += [f"Baseline: limits {b['variant']} ({b['ns']:,.0f} ns/check).", ""]
         out += [
-            "| Library | Variant | Policy | ns/check (median) | min - max | IQR | checks/s | vs limits | allowed | Notes |",
+            "| Library | Variant | Policy | ns/check (median) | min - max | IQR | checks/s | vs limits | allowed |"
+            " Notes |",
             "|---|---|---|--:|--:|--:|--:|--:|--:|---|",
         ]
         for r in rows:
             s = r["ns_per_check"]
             out.append(
-                f"| {r['library']} | {r['variant']} | {r['policy']} | **{s['median']:,.0f}** | {s['min']:,.0f} - {s['max']:,.0f} | "
-                f"{s['q1']:,.0f} - {s['q3']:,.0f} | {_fmt_int(r['checks_per_s'])} | {_ratio(r.get('speedup_vs_fastest_limits'))} | "
+                f"| {r['library']} | {r['variant']} | {r['policy']} | **{s['median']:,.0f}** |"
+                f" {s['min']:,.0f} - {s['max']:,.0f} | "
+                f"{s['q1']:,.0f} - {s['q3']:,.0f} | {_fmt_int(r['checks_per_s'])} |"
+                f" {_ratio(r.get('speedup_vs_fastest_limits'))} | "
                 f"{r['allowed_fraction']:.0%} | {r.get('note', '')}{_evict_note(r)} |"
             )
         out.append("")
@@ -246,20 +257,27 @@ def _dist_section(results: dict[str, Any], concurrency: int) -> list[str]:
         out += [
             f"### {title}",
             "",
-            "| Library | Variant | decisions/s (median) | min - max | vs limits moving (coredis) | vs limits moving (redispy) | Redis CPU us/dec | client CPU us/dec | Redis CPU util | client CPU util | allowed | Redis commands per decision | Client |",
+            "| Library | Variant | decisions/s (median) | min - max | vs limits moving (coredis) |"
+            " vs limits moving (redispy) | Redis CPU us/dec | client CPU us/dec | Redis CPU util | client CPU util |"
+            " allowed | Redis commands per decision | Client |",
             "|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|---|---|",
         ]
         for r in rows:
             s = r["decisions_per_s"]
             cmds = ", ".join(f"{k} {v:g}" for k, v in r["redis_calls_per_decision"].items() if v >= 0.005)
             out.append(
-                f"| {r['library']} | {r['variant']} | **{_fmt_int(s['median'])}** | {_fmt_int(s['min'])} - {_fmt_int(s['max'])} | "
-                f"{_ratio(r.get('speedup_vs_limits_moving_coredis'))} | {_ratio(r.get('speedup_vs_limits_moving_redispy'))} | "
-                f"{r['redis_cpu_us_per_decision']:.1f} | {r['client_cpu_us_per_decision']:.1f} | {r['redis_cpu_util']:.2f} | {r['client_cpu_util']:.2f} | {r.get('allowed_fraction', 0):.0%} | {cmds} | {r['note']} |"
+                f"| {r['library']} | {r['variant']} | **{_fmt_int(s['median'])}** |"
+                f" {_fmt_int(s['min'])} - {_fmt_int(s['max'])} | "
+                f"{_ratio(r.get('speedup_vs_limits_moving_coredis'))} |"
+                f" {_ratio(r.get('speedup_vs_limits_moving_redispy'))} | "
+                f"{r['redis_cpu_us_per_decision']:.1f} | {r['client_cpu_us_per_decision']:.1f} |"
+                f" {r['redis_cpu_util']:.2f} | {r['client_cpu_util']:.2f} | {r.get('allowed_fraction', 0):.0%} |"
+                f" {cmds} | {r['note']} |"
             )
         out.append("")
     out += [
-        "The `check_many` row is one task sending batches of 100 requests, so its ratios are against the sequential baseline.",
+        "The `check_many` row is one task sending batches of 100 requests,"
+        " so its ratios are against the sequential baseline.",
         "",
     ]
     return out
@@ -286,13 +304,15 @@ def _memory_section(results: dict[str, Any]) -> list[str]:
         out += [
             f"### {'One decision' if hits == 1 else f'{hits} decisions'} per key, N = {n:,} keys",
             "",
-            "| Library | Algorithm / strategy | Policy | bytes/key (used_memory delta / N) | MEMORY USAGE (avg) | Redis keys per key | TTL set |",
+            "| Library | Algorithm / strategy | Policy | bytes/key (used_memory delta / N) | MEMORY USAGE (avg) |"
+            " Redis keys per key | TTL set |",
             "|---|---|---|--:|--:|--:|---|",
         ]
         for r in rows:
             ttl = "no (grows until trimmed by the leak task)" if r["variant"].startswith("RedisBucket") else "yes"
             out.append(
-                f"| {r['library']} | {r['variant']} | {r['policy']} | **{r['bytes_per_key']:,.1f}** | {r['memory_usage_sample_avg']:,.0f} | "
+                f"| {r['library']} | {r['variant']} | {r['policy']} | **{r['bytes_per_key']:,.1f}** |"
+                f" {r['memory_usage_sample_avg']:,.0f} | "
                 f"{r['redis_keys_per_key']:.2f} | {ttl} |"
             )
         out.append("")
@@ -309,8 +329,9 @@ def _profile_section(results: dict[str, Any]) -> list[str]:
         out += [
             "### `LocalLimiter.check`, hot key, token bucket: component costs",
             "",
-            "Each line timed on its own with `timeit` (best of 5); the parts overlap (the `token_bucket` line includes `make_decision`). "
-            "`LocalLimiter.check` runs its C hot path (`limiter/_speedups.c`) for a known token-bucket key; the pure-Python rows are the same "
+            "Each line timed on its own with `timeit` (best of 5); the parts overlap "
+            "(the `token_bucket` line includes `make_decision`). `LocalLimiter.check` runs its C hot path "
+            "(`limiter/_speedups.c`) for a known token-bucket key; the pure-Python rows are the same "
             "limiter with `speedups=False`, which is what the component rows below add up to.",
             "",
             "| Component | ns |",
@@ -319,13 +340,15 @@ def _profile_section(results: dict[str, Any]) -> list[str]:
         out += [f"| {c['component']} | {c['ns']:,.0f} |" for c in loc["components"]]
         out += [
             "",
-            f"cProfile of {loc['cprofile_ops']:,} hot-key checks (top functions by own time; the profiler inflates every call):",
+            f"cProfile of {loc['cprofile_ops']:,} hot-key checks (top functions by own time;"
+            " the profiler inflates every call):",
             "",
             "| Function | calls | own time (s) | share | us/check |",
             "|---|--:|--:|--:|--:|",
         ]
         out += [
-            f"| `{r['function']}` | {r['ncalls']:,} | {r['tottime_s']:.3f} | {r['share_of_total']:.0%} | {r['tottime_us_per_op']:.3f} |"
+            f"| `{r['function']}` | {r['ncalls']:,} | {r['tottime_s']:.3f} | {r['share_of_total']:.0%} |"
+            f" {r['tottime_us_per_op']:.3f} |"
             for r in loc["cprofile"]
         ]
         out.append("")
@@ -340,7 +363,8 @@ def _profile_section(results: dict[str, Any]) -> list[str]:
             "|---|--:|--:|--:|--:|",
         ]
         out += [
-            f"| `{r['function']}` | {r['ncalls']:,} | {r['tottime_s']:.3f} | {r['share_of_total']:.0%} | {r['tottime_us_per_op']:.3f} |"
+            f"| `{r['function']}` | {r['ncalls']:,} | {r['tottime_s']:.3f} | {r['share_of_total']:.0%} |"
+            f" {r['tottime_us_per_op']:.3f} |"
             for r in d.get("cprofile", [])
         ]
         out += [
@@ -352,7 +376,9 @@ def _profile_section(results: dict[str, Any]) -> list[str]:
             "|--:|--:|---|--:|--:|",
         ]
         out += [
-            f"| {c['instances']} | {c['decisions_per_s_median']:,} | {', '.join(f'{x:,}' for x in c['decisions_per_s_reps'])} | {c['client_cpu_util']:.2f} | {c['redis_cpu_util']:.2f} |"
+            f"| {c['instances']} | {c['decisions_per_s_median']:,} |"
+            f" {', '.join(f'{x:,}' for x in c['decisions_per_s_reps'])} | {c['client_cpu_util']:.2f} |"
+            f" {c['redis_cpu_util']:.2f} |"
             for c in d["connections"]
         ]
         out.append("")
@@ -389,8 +415,8 @@ def render(results: dict[str, Any], settings: Any, extra: list[str] | None = Non
         "",
         "## Method",
         "",
-        f"- Every speed figure is the **median of {settings.reps} (local) / {settings.dist_reps} (distributed) repetitions** "
-        "(min - max, and IQR for local, shown); all libraries are "
+        f"- Every speed figure is the **median of {settings.reps} (local) / {settings.dist_reps} (distributed) "
+        "repetitions** (min - max, and IQR for local, shown); all libraries are "
         "measured side by side in the same run, on the same machine, against the same Redis.",
         "- Local: each repetition runs a calibrated number of checks (about "
         f"{settings.local_rep_s:g} s) in a tight loop calling the library's public API "
@@ -400,17 +426,20 @@ def render(results: dict[str, Any], settings: Any, extra: list[str] | None = Non
         "precedes each repetition; the GC stays on. "
         "Huge limits (1e9/s) make every check an allow, so each library does its full record-and-allow work; "
         "the `hot_deny` scenario uses a realistic 100/s limit where almost everything is denied.",
-        "- Distributed: a private `redis-server` started by `limiter.embedded.EmbeddedRedis` on loopback (stopped at the end); "
-        "one uvloop event loop for every async case, each case with its own client and key prefix; traffic round robin over "
-        f"{settings.dist_keys:,} keys (all created during the warm-up), limit 1e9/s written as a per-minute limit so no key "
-        f"expires during the run; one repetition is about {settings.dist_rep_s:g} s of traffic, and the repetitions are "
-        "interleaved across cases like the local ones. "
+        "- Distributed: a private `redis-server` started by `limiter.embedded.EmbeddedRedis` on loopback "
+        "(stopped at the end); one uvloop event loop for every async case, each case with its own client and "
+        f"key prefix; traffic round robin over {settings.dist_keys:,} keys (all created during the warm-up), "
+        "limit 1e9/s written as a per-minute limit so no key expires during the run; one repetition is about "
+        f"{settings.dist_rep_s:g} s of traffic, and the repetitions are interleaved across cases like the local ones. "
         f"Concurrency = 1 task awaiting one decision at a time, or {settings.concurrency} tasks sharing one client.",
-        "- The client and Redis share the same cores, so distributed figures measure the pair; the CPU columns say which side is busy.",
-        "- Sequential (one await at a time) rows are bound by round-trip latency, which on this virtual machine costs tens of "
-        "microseconds of CPU on each side per round trip and is worse when the CPUs are otherwise idle (wake-up from idle): "
-        "in development runs with other processes busy, the same rows measured 2-3x higher. Compare rows within one run.",
-        "- Memory: one measurement per row (it is deterministic to a few bytes), N keys written through each library's API.",
+        "- The client and Redis share the same cores, so distributed figures measure the pair; "
+        "the CPU columns say which side is busy.",
+        "- Sequential (one await at a time) rows are bound by round-trip latency, which on this virtual machine "
+        "costs tens of microseconds of CPU on each side per round trip and is worse when the CPUs are otherwise "
+        "idle (wake-up from idle): in development runs with other processes busy, the same rows measured 2-3x "
+        "higher. Compare rows within one run.",
+        "- Memory: one measurement per row (it is deterministic to a few bytes), "
+        "N keys written through each library's API.",
         "- PyrateLimiter's `Limiter` routes every name to one bucket; for per-key limits (100k keys, Redis) a small "
         "`BucketFactory` keeping one bucket per key is used, without the background leak task.",
         "",

@@ -39,7 +39,7 @@ from typing import Any
 
 import httpx
 
-from .control_plane import RULES, WRK_LUA, _free_port, ensure_wrk, process_cpu_s, run_wrk
+from .control_plane import RULES, WRK_LUA, ensure_wrk, free_port, process_cpu_s, run_wrk
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -66,7 +66,7 @@ class Server:
     directory whose ``control_plane`` package is served (the process starts there)."""
 
     def __init__(self, workdir: Path, redis_url: str, src: Path, max_streams: int) -> None:
-        self.port = _free_port()
+        self.port = free_port()
         self.token = secrets.token_hex(12)
         self.url = f"http://127.0.0.1:{self.port}"
         rules = workdir / "rules.yaml"
@@ -317,20 +317,25 @@ def render(runs: dict[str, dict[str, Any]]) -> str:
         "",
         f"One `shadowlimit serve` process (its own redis-server), N SSE subscribers in a second process and `wrk` "
         f"({meta['connections']} connections, {meta['seconds_per_run']:g} s per run) in a third, on the same 2 cores; "
-        f"{EXTRA_ROUTES + 1} routes with traffic, so a snapshot is about {any_run['snapshot_bytes'] / 1000:.0f} KB. Each round runs "
-        "decide with no subscriber, then with N connected; median of the rounds. Idle CPU: cores the server "
-        "uses with no decide traffic. p50 N/0, paired: the median of each round's ratio (runs seconds apart, so "
-        f"the machine's drift cancels). Load average when a run ended: up to {max(r['meta']['load_avg'][0] for r in runs.values()):.1f} on "
+        f"{EXTRA_ROUTES + 1} routes with traffic, so a snapshot is about {any_run['snapshot_bytes'] / 1000:.0f} KB. "
+        "Each round runs decide with no subscriber, then with N connected; median of the rounds. Idle CPU: cores the "
+        "server uses with no decide traffic. p50 N/0, paired: the median of each round's ratio (runs seconds apart, "
+        "so the machine's drift cancels). Load average when a run ended: up to "
+        f"{max(r['meta']['load_avg'][0] for r in runs.values()):.1f} on "
         f"{os.cpu_count()} cores, other jobs included: absolute figures are noisy, the paired ratios less so.",
         "",
-        "| code | subscribers | interval | views | decide p50 (0 / N) | p50 N/0, paired | p99 (0 / N) | requests/s (0 / N) | server CPU per request (0 / N) | server idle CPU (0 / N) | snapshots/s delivered | measured |",
+        "| code | subscribers | interval | views | decide p50 (0 / N) | p50 N/0, paired | p99 (0 / N) "
+        "| requests/s (0 / N) | server CPU per request (0 / N) | server idle CPU (0 / N) | snapshots/s delivered "
+        "| measured |",
         "|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|---|",
     ]
     for label, r in runs.items():
         lines.append(
-            f"| {label} | {r['streams_open']:.0f} | {r['interval']:g} s | {r['views']} | {r['p50_ms_0']:.2f} / {r['p50_ms_n']:.2f} ms | {r['p50_ratio_paired']:.2f}x | "
+            f"| {label} | {r['streams_open']:.0f} | {r['interval']:g} s | {r['views']} | "
+            f"{r['p50_ms_0']:.2f} / {r['p50_ms_n']:.2f} ms | {r['p50_ratio_paired']:.2f}x | "
             f"{r['p99_ms_0']:.2f} / {r['p99_ms_n']:.2f} ms | {r['rps_0']:,.0f} / {r['rps_n']:,.0f} | "
-            f"{r['cpu_us_per_request_0']:.0f} / {r['cpu_us_per_request_n']:.0f} µs | {r['idle_cores_0']:.2f} / {r['idle_cores_n']:.2f} | "
+            f"{r['cpu_us_per_request_0']:.0f} / {r['cpu_us_per_request_n']:.0f} µs | "
+            f"{r['idle_cores_0']:.2f} / {r['idle_cores_n']:.2f} | "
             f"{r['snapshots_per_s']:,.0f} | {r['meta']['date'][:10]}, {r['meta']['repeats']} rounds |"
         )
     return "\n".join(lines) + "\n"

@@ -62,7 +62,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app = FastAPI(
         title="shadowlimit control plane",
         version="0.1.0",
-        description="Runs the distributed limiter in shadow beside the local one, measures divergence and rolls routes out (off, shadow, canary, enforce).",
+        description=(
+            "Runs the distributed limiter in shadow beside the local one, measures divergence"
+            " and rolls routes out (off, shadow, canary, enforce)."
+        ),
         lifespan=lifespan,
         # FastAPI's OpenTelemetry hook looks for a configured provider on every request
         # (about 5 us, nearly 2% of a decide request) even when there is none; the control
@@ -71,6 +74,31 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         telemetry=None if settings.otel else {"tracing": False, "metrics": False, "logs": False},
     )
     app.state.settings = settings
+
+    _install_error_handlers(app)
+    for r in (
+        decide.router,
+        routes.router,
+        observe.router,
+        external.router,
+        admin.router,
+        stream.router,
+        health.router,
+    ):
+        app.include_router(r)
+    # innermost first: the access check (before any body is read), then the size limits
+    # (431/413 from the head, before the token is even looked at), then the last resort
+    app.add_middleware(AuthGate, auth=authenticator(settings), endpoints=endpoints_of(app))
+    app.add_middleware(RequestLimitsMiddleware, limits=settings.request_limits)
+    # a bug answers 500 + incident id and keeps the connection; the last add_middleware
+    # call, so that it wraps every other middleware
+    app.add_middleware(incidents.CatchAll)
+    return app
+
+
+def _install_error_handlers(app: FastAPI) -> None:
+    """Every error answer is JSON ``{"error": ..., "message": ...}``; an unexpected
+    exception is reported under an incident id and never shown to the client."""
 
     @app.exception_handler(ApiError)
     async def _api_error(_: Request, exc: ApiError) -> JSONResponse:
@@ -101,25 +129,6 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         return JSONResponse(
             incidents.body(incidents.report(exc, f"{request.method} {request.url.path}")), status_code=500
         )
-
-    for r in (
-        decide.router,
-        routes.router,
-        observe.router,
-        external.router,
-        admin.router,
-        stream.router,
-        health.router,
-    ):
-        app.include_router(r)
-    # innermost first: the access check (before any body is read), then the size limits
-    # (431/413 from the head, before the token is even looked at), then the last resort
-    app.add_middleware(AuthGate, auth=authenticator(settings), endpoints=endpoints_of(app))
-    app.add_middleware(RequestLimitsMiddleware, limits=settings.request_limits)
-    # a bug answers 500 + incident id and keeps the connection; the last add_middleware
-    # call, so that it wraps every other middleware
-    app.add_middleware(incidents.CatchAll)
-    return app
 
 
 def endpoints_of(app: FastAPI) -> list[tuple[str, str]]:

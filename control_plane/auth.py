@@ -157,7 +157,8 @@ def parse_tokens(text: str, source: str = "tokens file") -> dict[str, Identity]:
         digest = digest.lower()
         if not _SHA256.fullmatch(digest):
             raise TokensFileError(
-                f"{where}: the third field must be the token's SHA-256 as 64 hex digits (sha256sum), not the token itself"
+                f"{where}: the third field must be the token's SHA-256 as 64 hex digits (sha256sum),"
+                " not the token itself"
             )
         if name in names:
             raise TokensFileError(f"{where}: name {name!r} appears twice")
@@ -295,7 +296,8 @@ def check(auth: Authenticator, access: Access, token: str | None) -> Identity | 
         raise Denied(
             403,
             "admin_disabled",
-            "no admin token is configured (SHADOWLIMIT_ADMIN_TOKEN or SHADOWLIMIT_TOKENS_FILE), so changes through the API are refused",
+            "no admin token is configured (SHADOWLIMIT_ADMIN_TOKEN or SHADOWLIMIT_TOKENS_FILE),"
+            " so changes through the API are refused",
         )
     if token is None:
         raise Denied(

@@ -217,7 +217,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         raise CliError(f"invalid rules file: {exc}", EXIT_USAGE) from None
     if settings.admin_token is None and settings.tokens_file is None:
         print(
-            "warning: neither SHADOWLIMIT_ADMIN_TOKEN nor SHADOWLIMIT_TOKENS_FILE is set: mode changes and admin calls will be refused (403)",
+            "warning: neither SHADOWLIMIT_ADMIN_TOKEN nor SHADOWLIMIT_TOKENS_FILE is set:"
+            " mode changes and admin calls will be refused (403)",
             file=sys.stderr,
         )
     configure_logging(args.log_level)
@@ -276,23 +277,13 @@ def build_parser() -> argparse.ArgumentParser:
         description="Move a fleet from per-replica rate limits to one global Redis-backed limit, safely.",
     )
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    _add_local_commands(sub)
+    _add_remote_commands(sub)
+    return p
 
-    def remote(name: str, help_: str) -> argparse.ArgumentParser:
-        sp = sub.add_parser(name, help=help_)
-        sp.add_argument(
-            "--url",
-            default=os.environ.get("SHADOWLIMIT_URL", "http://127.0.0.1:8080"),
-            help="control plane URL (env SHADOWLIMIT_URL)",
-        )
-        sp.add_argument(
-            "--token",
-            default=os.environ.get("SHADOWLIMIT_TOKEN") or os.environ.get("SHADOWLIMIT_ADMIN_TOKEN"),
-            help="your token (env SHADOWLIMIT_TOKEN or SHADOWLIMIT_ADMIN_TOKEN): viewer to read, operator to change modes, adjust and reset, admin for everything",
-        )
-        sp.add_argument("--timeout", type=float, default=10.0)
-        sp.add_argument("--json", action="store_true", help="print raw JSON")
-        return sp
 
+def _add_local_commands(sub: Any) -> None:
+    """``serve`` and ``demo``: the commands that run a control plane here."""
     s = sub.add_parser("serve", help="run the control plane (production entry)")
     s.add_argument("--host", default=None, help="listen address (default SHADOWLIMIT_HOST or 127.0.0.1)")
     s.add_argument("--port", type=int, default=None, help="listen port (default SHADOWLIMIT_PORT or 8080)")
@@ -316,35 +307,59 @@ def build_parser() -> argparse.ArgumentParser:
     )
     d.set_defaults(func=cmd_demo)
 
-    dash = remote("dash", "the terminal dashboard")
+
+def _remote(sub: Any, name: str, help_: str) -> argparse.ArgumentParser:
+    """A command that talks to a control plane over HTTP: ``--url``, ``--token``, ``--timeout``, ``--json``."""
+    sp: argparse.ArgumentParser = sub.add_parser(name, help=help_)
+    sp.add_argument(
+        "--url",
+        default=os.environ.get("SHADOWLIMIT_URL", "http://127.0.0.1:8080"),
+        help="control plane URL (env SHADOWLIMIT_URL)",
+    )
+    sp.add_argument(
+        "--token",
+        default=os.environ.get("SHADOWLIMIT_TOKEN") or os.environ.get("SHADOWLIMIT_ADMIN_TOKEN"),
+        help=(
+            "your token (env SHADOWLIMIT_TOKEN or SHADOWLIMIT_ADMIN_TOKEN): viewer to read,"
+            " operator to change modes, adjust and reset, admin for everything"
+        ),
+    )
+    sp.add_argument("--timeout", type=float, default=10.0)
+    sp.add_argument("--json", action="store_true", help="print raw JSON")
+    return sp
+
+
+def _add_remote_commands(sub: Any) -> None:
+    """The dashboard and the commands that read or change a running control plane."""
+    dash = _remote(sub, "dash", "the terminal dashboard")
     dash.set_defaults(func=cmd_dash)
 
-    remote("routes", "list routes, modes, divergence and gates").set_defaults(func=cmd_routes)
-    m = remote("mode", "move a route to off, shadow, canary or enforce")
+    _remote(sub, "routes", "list routes, modes, divergence and gates").set_defaults(func=cmd_routes)
+    m = _remote(sub, "mode", "move a route to off, shadow, canary or enforce")
     m.add_argument("route")
     m.add_argument("mode", choices=["off", "shadow", "canary", "enforce"])
     m.add_argument("--percent", type=int, help="canary percentage (1-100)")
     m.add_argument("--reason", required=True)
     m.add_argument("--force", action="store_true", help="override a failing gate (audited)")
     m.set_defaults(func=cmd_mode)
-    a = remote("audit", "the rollout audit trail")
+    a = _remote(sub, "audit", "the rollout audit trail")
     a.add_argument("--route")
     a.add_argument("--limit", type=int, default=50)
     a.set_defaults(func=cmd_audit)
-    remote("stats", "rate limiting statistics").set_defaults(func=cmd_stats)
-    t = remote("top", "most active clients with local and distributed tokens")
+    _remote(sub, "stats", "rate limiting statistics").set_defaults(func=cmd_stats)
+    t = _remote(sub, "top", "most active clients with local and distributed tokens")
     t.add_argument("--route")
     t.add_argument("--limit", type=int, default=20)
     t.set_defaults(func=cmd_top)
-    c = remote("clients", "active rate-limited clients")
+    c = _remote(sub, "clients", "active rate-limited clients")
     c.add_argument("--route")
     c.add_argument("--limit", type=int, default=50)
     c.set_defaults(func=cmd_clients)
-    r = remote("reset", "reset a client's buckets")
+    r = _remote(sub, "reset", "reset a client's buckets")
     r.add_argument("id")
     r.add_argument("--route")
     r.set_defaults(func=cmd_reset)
-    adj = remote("adjust", "adjust a route's or a client's limit at runtime")
+    adj = _remote(sub, "adjust", "adjust a route's or a client's limit at runtime")
     adj.add_argument("--route", default="default")
     adj.add_argument("--key", help="one client's key (default: the whole route)")
     adj.add_argument("--rate", type=float, help="tokens per period (0 = unlimited)")
@@ -354,7 +369,6 @@ def build_parser() -> argparse.ArgumentParser:
     adj.add_argument("--reason", default="adjusted via CLI")
     adj.add_argument("--clear", action="store_true")
     adj.set_defaults(func=cmd_adjust)
-    return p
 
 
 def main(argv: list[str] | None = None) -> int:

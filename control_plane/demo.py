@@ -26,6 +26,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -99,8 +100,10 @@ def _die_with_parent() -> None:  # runs in the child before exec
 class DemoStack:
     """Redis + the limits service + N replicas + traffic; ``stop()`` always leaves nothing behind."""
 
-    def __init__(self, replicas: int = 3, base_port: int = 0) -> None:
+    def __init__(self, replicas: int = 3, base_port: int = 0, *, clock: Callable[[], float] = time.monotonic) -> None:
         self.n = replicas
+        #: monotonic seconds, for the startup and shutdown deadlines
+        self.clock = clock
         self.base_port = base_port
         self.token = secrets.token_urlsafe(24)
         self.redis: Any = None
@@ -183,8 +186,8 @@ class DemoStack:
             preexec_fn=_die_with_parent,
         )
         self.limits_url = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
+        deadline = self.clock() + timeout
+        while self.clock() < deadline:
             if self.limits_proc.poll() is not None:
                 tail = (self.workdir / "limits-service.log").read_text(errors="replace")[-2000:]
                 raise RuntimeError(f"the limits service exited with {self.limits_proc.returncode}:\n{tail}")
@@ -197,9 +200,9 @@ class DemoStack:
     def _wait_ready(self, timeout: float = 30.0) -> None:
         import httpx
 
-        deadline = time.monotonic() + timeout
+        deadline = self.clock() + timeout
         pending = set(self.urls)
-        while pending and time.monotonic() < deadline:
+        while pending and self.clock() < deadline:
             for i, p in enumerate(self.procs):
                 if p.poll() is not None:
                     tail = (self.workdir / f"replica-{i + 1}.log").read_text(errors="replace")[-2000:]
@@ -251,10 +254,10 @@ class DemoStack:
         for p in procs:
             if p.poll() is None:
                 p.terminate()
-        deadline = time.monotonic() + 5
+        deadline = self.clock() + 5
         for p in procs:
             with contextlib.suppress(subprocess.TimeoutExpired):
-                p.wait(max(0.1, deadline - time.monotonic()))
+                p.wait(max(0.1, deadline - self.clock()))
             if p.poll() is None:
                 p.kill()
                 p.wait()
@@ -278,7 +281,8 @@ class DemoStack:
             "try:",
             f"  curl -s {self.urls[0]}/v1/routes | python3 -m json.tool",
             *([f"  curl -s {self.urls[0]}/v1/external | python3 -m json.tool"] if self.limits_url else []),
-            f"  SHADOWLIMIT_ADMIN_TOKEN={self.token} shadowlimit mode search enforce --url {self.urls[0]} --reason 'try the global limit' --force",
+            f"  SHADOWLIMIT_ADMIN_TOKEN={self.token} shadowlimit mode search enforce --url {self.urls[0]}"
+            " --reason 'try the global limit' --force",
             f"  shadowlimit dash --url {self.urls[0]} --token {self.token}",
         ]
         return "\n".join(lines)
@@ -287,11 +291,8 @@ class DemoStack:
 def run_demo(args: argparse.Namespace) -> int:
     stack = DemoStack(replicas=args.replicas, base_port=args.base_port)
     stop = asyncio.Event()
-    interrupted = False
 
     def on_signal(*_: Any) -> None:
-        nonlocal interrupted
-        interrupted = True
         stop.set()
 
     try:
@@ -325,7 +326,7 @@ def run_demo(args: argparse.Namespace) -> int:
             task = asyncio.ensure_future(stack.traffic(stop))
             try:
                 if args.duration:
-                    app.call_later_after = args.duration  # type: ignore[attr-defined]
+                    app.call_later_after = args.duration
                 await app.run_async()
             finally:
                 stop.set()

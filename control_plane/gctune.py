@@ -27,7 +27,7 @@ import gc
 import threading
 from dataclasses import dataclass, field
 
-__all__ = ["GcTuning", "YOUNG_THRESHOLD", "tune_gc"]
+__all__ = ["GcTuning", "YOUNG_THRESHOLD", "forget_tunings", "tune_gc", "tunings_in_effect"]
 
 YOUNG_THRESHOLD = 20_000
 
@@ -74,3 +74,17 @@ def tune_gc(young_threshold: int = YOUNG_THRESHOLD) -> GcTuning:
         t0, t1, t2 = gc.get_threshold()
         gc.set_threshold(max(t0, young_threshold), t1, t2)
         return GcTuning(gc.get_freeze_count())
+
+
+def tunings_in_effect() -> int:
+    """How many tunings are in effect: made by :func:`tune_gc` and not undone yet."""
+    with _lock:
+        return _users
+
+
+def forget_tunings() -> None:
+    """Forget every tuning in effect without restoring anything: for a test that failed
+    before its ``undo``, which then puts the collector back itself."""
+    global _users
+    with _lock:
+        _users = 0

@@ -27,10 +27,12 @@ import contextlib
 import heapq
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from .store import StoreError, translate_errors
+from .store.codec import text
 
 __all__ = ["FLEET_TOP_KEEP", "HitterEntry", "SpaceSaving", "WouldBeBlocked"]
 
@@ -72,6 +74,11 @@ class SpaceSaving:
 
     def __len__(self) -> int:
         return len(self._items)
+
+    @property
+    def heap_size(self) -> int:
+        """Entries in the eviction heap: exactly one per monitored key (the memory bound)."""
+        return len(self._heap)
 
     def __contains__(self, key: object) -> bool:
         return key in self._items
@@ -144,17 +151,26 @@ class WouldBeBlocked:
     two windows like the sorted set.
     """
 
-    def __init__(self, namespace: str = "shadowlimit", window_s: int = 300, capacity: int = 100) -> None:
+    def __init__(
+        self,
+        namespace: str = "shadowlimit",
+        window_s: int = 300,
+        capacity: int = 100,
+        *,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
         if window_s <= 0:
             raise ValueError(f"window_s: must be positive, got {window_s!r}")
         self.namespace = namespace
+        #: wall-clock seconds, read when a call is given no ``now``
+        self.clock = clock
         self.window_s = int(window_s)
         self.capacity = capacity
         self._windows: dict[str, tuple[int, SpaceSaving]] = {}  # route -> (window, local view)
         self._deltas: dict[tuple[str, int], SpaceSaving] = {}  # (route, window) -> unflushed
 
     def window_index(self, now: float | None = None) -> int:
-        return int((time.time() if now is None else now) // self.window_s)
+        return int((self.clock() if now is None else now) // self.window_s)
 
     def zset_key(self, route: str, window: int) -> str:
         return f"rl:{self.namespace}:hh:{route}:{window}"
@@ -240,7 +256,7 @@ class WouldBeBlocked:
             keys = [k for k, _ in rows]
             ids = await client.hmget(self.ids_key(route, w), keys)
         return [
-            {"key": _text(k), "count": int(score), "last_request_id": None if rid is None else _text(rid)}
+            {"key": text(k), "count": int(score), "last_request_id": None if rid is None else text(rid)}
             for (k, score), rid in zip(rows, ids)
         ]
 
@@ -259,7 +275,3 @@ class WouldBeBlocked:
             with contextlib.suppress(Exception, asyncio.CancelledError):
                 await asyncio.wait_for(self.flush(client), 1.0)
             raise
-
-
-def _text(v: Any) -> str:
-    return v.decode("utf-8", "replace") if isinstance(v, (bytes, bytearray)) else str(v)

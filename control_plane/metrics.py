@@ -127,6 +127,16 @@ class Metrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         r = self.registry = registry or CollectorRegistry()
         self._children: dict[tuple[int, tuple[str, ...]], Any] = {}
+        # created in this order, which is the order /metrics lists them in
+        self._add_decision_metrics(r)
+        self._add_control_metrics(r)
+        self._add_external_and_stream_metrics(r)
+        self.rules_valid.set(1)
+        for s in ("closed", "open", "half_open"):
+            self.breaker_state.labels(s).set(1 if s == "closed" else 0)
+
+    def _add_decision_metrics(self, r: CollectorRegistry) -> None:
+        """Decisions, rejections, divergence, latency and the shadow queue."""
         self.rejections = FastCounter(
             "rate_limit_rejections_total", "Requests rejected, by reason.", ["reason"], registry=r
         )
@@ -169,6 +179,9 @@ class Metrics:
             registry=r,
         )
         self.shadow_queue = Gauge("rate_limit_shadow_queue_depth", "Shadow evaluations waiting.", registry=r)
+
+    def _add_control_metrics(self, r: CollectorRegistry) -> None:
+        """Route modes, the Redis circuit breaker, failure policy, rules, restorations, mode changes."""
         self.route_mode = Gauge(
             "rate_limit_route_mode", "1 for each route's current mode.", ["route", "mode"], registry=r
         )
@@ -191,6 +204,9 @@ class Metrics:
         self.mode_changes = Counter(
             "rate_limit_mode_changes_total", "Rollout mode changes applied.", ["route", "to", "automatic"], registry=r
         )
+
+    def _add_external_and_stream_metrics(self, r: CollectorRegistry) -> None:
+        """The limits services (calls, errors, cache, breakers) and the event stream."""
         self.external_calls = FastCounter(
             "rate_limit_external_calls_total", "Calls to external limits services, by result.", ["result"], registry=r
         )
@@ -234,9 +250,6 @@ class Metrics:
             [],
             registry=r,
         )
-        self.rules_valid.set(1)
-        for s in ("closed", "open", "half_open"):
-            self.breaker_state.labels(s).set(1 if s == "closed" else 0)
 
     def child(self, metric: Any, *labels: str) -> Any:
         """``metric.labels(*labels)``, cached: prometheus-client's lookup costs ~3 us."""

@@ -246,7 +246,8 @@ def evaluate_gate(
     share = stats.sampled_share
     if share is not None and share < config.min_sampled_share:
         reasons.append(
-            f"only {share:.1%} of decisions were compared ({stats.shadow_dropped:,} shadow evaluations dropped, queue full); "
+            f"only {share:.1%} of decisions were compared"
+            f" ({stats.shadow_dropped:,} shadow evaluations dropped, queue full); "
             f"need {config.min_sampled_share:.0%}"
         )
     return GateResult(not reasons, True, tuple(reasons), stats, config)

@@ -32,7 +32,8 @@ __all__ = ["http_protocol"]
 def _head_refusal(limits: RequestLimits) -> bytes:
     return refusal_body(
         431,
-        f"the request head (request line and header fields) passed {limits.head_bytes:,} bytes; header fields may take {limits.max_header_bytes:,}",
+        f"the request head (request line and header fields) passed {limits.head_bytes:,} bytes;"
+        f" header fields may take {limits.max_header_bytes:,}",
         limits.max_header_bytes,
     )
 
@@ -79,7 +80,7 @@ class _BoundedH11Protocol(H11Protocol):
         self.conn = _RefusalMemo(h11.SERVER, max_incomplete_event_size=self.limits.head_bytes)
 
     def send_400_response(self, msg: str) -> None:
-        if self.conn.refused_status != 431:
+        if not isinstance(self.conn, _RefusalMemo) or self.conn.refused_status != 431:
             super().send_400_response(msg)
             return
         headers = [

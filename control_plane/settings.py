@@ -83,7 +83,10 @@ class Settings(BaseSettings):
     tokens_file: Path | None = Field(
         None,
         validation_alias=_env("SHADOWLIMIT_TOKENS_FILE"),
-        description="Named tokens with roles: one 'name role sha256-of-token' per line (viewer, operator, admin); re-read on change.",
+        description=(
+            "Named tokens with roles: one 'name role sha256-of-token' per line (viewer, operator, admin);"
+            " re-read on change."
+        ),
     )
     open_reads: bool = Field(
         False,
@@ -111,7 +114,10 @@ class Settings(BaseSettings):
         ge=4096,
         le=1024**3,
         validation_alias=_env("SHADOWLIMIT_MAX_BODY_BYTES"),
-        description="Largest request body; more gets 413 before (or while) it is read. Fits a full 10,000-item batch at the schema's largest field sizes.",
+        description=(
+            "Largest request body; more gets 413 before (or while) it is read."
+            " Fits a full 10,000-item batch at the schema's largest field sizes."
+        ),
     )
     max_headers: int = Field(
         100,
@@ -135,13 +141,19 @@ class Settings(BaseSettings):
         ge=0,
         le=1000,
         validation_alias=_env("SHADOWLIMIT_SHADOW_LINGER_MS"),
-        description="How long the shadow worker waits for more requests before sending a batch that is not full (0: send at once).",
+        description=(
+            "How long the shadow worker waits for more requests before sending a batch that is not full"
+            " (0: send at once)."
+        ),
     )
     # state and readiness
     embedded_redis: bool = Field(
         False,
         validation_alias=_env("SHADOWLIMIT_EMBEDDED_REDIS"),
-        description="Development only: with no RATE_LIMIT_REDIS_URL, start a private redis-server for this process (each process then has its own 'global' limit).",
+        description=(
+            "Development only: with no RATE_LIMIT_REDIS_URL, start a private redis-server for this process"
+            " (each process then has its own 'global' limit)."
+        ),
     )
     audit_log: Path | None = Field(
         None,
@@ -151,18 +163,27 @@ class Settings(BaseSettings):
     ready_requires_redis: bool = Field(
         False,
         validation_alias=_env("SHADOWLIMIT_READY_REQUIRES_REDIS"),
-        description="/readyz answers 503 while Redis is unreachable (default: ready while the replica can decide, failure policies included).",
+        description=(
+            "/readyz answers 503 while Redis is unreachable (default: ready while the replica can decide,"
+            " failure policies included)."
+        ),
     )
     # the server process
     gc_tuning: bool = Field(
         True,
         validation_alias=_env("SHADOWLIMIT_GC_TUNING"),
-        description="After startup, freeze the startup heap out of the garbage collector's way and raise the young-generation threshold, so full collections do not stall requests.",
+        description=(
+            "After startup, freeze the startup heap out of the garbage collector's way and raise the young-generation"
+            " threshold, so full collections do not stall requests."
+        ),
     )
     otel: bool = Field(
         False,
         validation_alias=_env("SHADOWLIMIT_OTEL"),
-        description="FastAPI's native OpenTelemetry instrumentation (spans, metrics, logs per request) for a process with an OpenTelemetry SDK configured.",
+        description=(
+            "FastAPI's native OpenTelemetry instrumentation (spans, metrics, logs per request)"
+            " for a process with an OpenTelemetry SDK configured."
+        ),
     )
     # rollout gates
     gate_window_s: int = Field(300, ge=10, validation_alias=_env("SHADOWLIMIT_GATE_WINDOW_S"))
@@ -178,7 +199,10 @@ class Settings(BaseSettings):
         ge=0,
         le=1,
         validation_alias=_env("SHADOWLIMIT_GATE_MIN_SAMPLED_SHARE"),
-        description="A promotion needs at least this share of the window's decisions evaluated by the distributed limiter (not dropped by a full shadow queue); 0 turns the check off.",
+        description=(
+            "A promotion needs at least this share of the window's decisions evaluated by the distributed limiter"
+            " (not dropped by a full shadow queue); 0 turns the check off."
+        ),
     )
     auto_rollback_after_s: float = Field(
         30.0,
@@ -220,7 +244,10 @@ class Settings(BaseSettings):
     external_backend_hosts: str = Field(
         "",
         validation_alias=_env("SHADOWLIMIT_EXTERNAL_BACKEND_HOSTS"),
-        description="Comma-separated hosts (host, host:port, *.domain) a limits service's backend_url may point at; empty drops every backend_url.",
+        description=(
+            "Comma-separated hosts (host, host:port, *.domain) a limits service's backend_url may point at;"
+            " empty drops every backend_url."
+        ),
     )
 
     @field_validator("failure_policy", mode="before")
@@ -287,7 +314,8 @@ class Settings(BaseSettings):
             raise ValueError(f"SHADOWLIMIT_HOST: not an IP address: {self.host!r}") from None
         if not loopback and not self.allow_remote:
             raise ValueError(
-                f"SHADOWLIMIT_HOST: {self.host} is not a loopback address; set SHADOWLIMIT_ALLOW_REMOTE=true to listen beyond loopback"
+                f"SHADOWLIMIT_HOST: {self.host} is not a loopback address;"
+                " set SHADOWLIMIT_ALLOW_REMOTE=true to listen beyond loopback"
             )
         return self
 
@@ -302,7 +330,9 @@ class Settings(BaseSettings):
             field, _, rest = str(exc).partition(": ")
             env = "RATE_LIMIT_GLOBAL_CAPACITY" if field == "burst" else "RATE_LIMIT_GLOBAL_REFILL_PER_SEC"
             raise ValueError(
-                f"{env}: {rest} (the default route's token bucket: RATE_LIMIT_GLOBAL_REFILL_PER_SEC={self.global_refill_per_sec:g}, RATE_LIMIT_GLOBAL_CAPACITY={self.global_capacity})"
+                f"{env}: {rest} (the default route's token bucket:"
+                f" RATE_LIMIT_GLOBAL_REFILL_PER_SEC={self.global_refill_per_sec:g},"
+                f" RATE_LIMIT_GLOBAL_CAPACITY={self.global_capacity})"
             ) from None
         return self
 

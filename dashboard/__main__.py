@@ -22,7 +22,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--token",
         default=os.environ.get("SHADOWLIMIT_ADMIN_TOKEN") or None,
-        help="token (env SHADOWLIMIT_ADMIN_TOKEN): a viewer token to watch a control plane that has a tokens file, an operator or admin token to change modes; without one the dashboard is read-only",
+        help=(
+            "token (env SHADOWLIMIT_ADMIN_TOKEN): a viewer token to watch a control plane that has a tokens file,"
+            " an operator or admin token to change modes; without one the dashboard is read-only"
+        ),
     )
     parser.add_argument(
         "--replica", action="append", default=[], metavar="URL", help="another replica to switch to with n (repeatable)"

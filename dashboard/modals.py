@@ -160,7 +160,8 @@ class GateRefusedScreen(_ReasonDialog):
             reasons = Text()
             for r in self.gate.reasons or ("refused",):
                 reasons.append(f"  ✘ {r}\n", style="#f7768e")
-            yield Static(reasons.rstrip() or reasons, id="gate-reasons")
+            reasons.rstrip()  # in place
+            yield Static(reasons, id="gate-reasons")
             yield Static(gate_figures(self.gate), id="gate-figures")
             yield Static("Forcing overrides the gate; the audit trail records it as forced, with your reason.")
             yield Label("Reason for forcing", classes="field-label")

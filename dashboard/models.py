@@ -10,13 +10,16 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from .backend_views import BackendView, ExternalBreakerView, ExternalView
+from .coerce import as_dict, as_float, as_int, as_str, opt_float, opt_str
+
 __all__ = [
     "AuditEntryView",
     "BackendView",
     "BlockedKey",
     "BucketSide",
-    "ConnectionState",
     "BucketView",
+    "ConnectionState",
     "DivergenceTotals",
     "DivergenceView",
     "EventView",
@@ -33,38 +36,6 @@ __all__ = [
     "Snapshot",
 ]
 
-MODES = ("off", "shadow", "canary", "enforce")
-
-
-def _d(v: Any) -> dict[str, Any]:
-    return v if isinstance(v, dict) else {}
-
-
-def _f(v: Any, default: float = 0.0) -> float:
-    try:
-        return float(v)
-    except (TypeError, ValueError):
-        return default
-
-
-def _fo(v: Any) -> float | None:
-    return None if v is None else _f(v)
-
-
-def _i(v: Any, default: int = 0) -> int:
-    try:
-        return int(v)
-    except (TypeError, ValueError):
-        return default
-
-
-def _s(v: Any, default: str = "") -> str:
-    return default if v is None else str(v)
-
-
-def _so(v: Any) -> str | None:
-    return None if v is None else str(v)
-
 
 @dataclass(frozen=True, slots=True)
 class PolicyView:
@@ -75,11 +46,14 @@ class PolicyView:
 
     @classmethod
     def parse(cls, d: Any) -> PolicyView | None:
-        d = _d(d)
+        d = as_dict(d)
         if not d:
             return None
         return cls(
-            _s(d.get("algorithm"), "token_bucket"), _f(d.get("average")), _f(d.get("period"), 1.0), _i(d.get("burst"))
+            as_str(d.get("algorithm"), "token_bucket"),
+            as_float(d.get("average")),
+            as_float(d.get("period"), 1.0),
+            as_int(d.get("burst")),
         )
 
     def describe(self) -> str:
@@ -110,17 +84,17 @@ class DivergenceTotals:
         if not isinstance(d, dict):
             return None
         return cls(
-            _i(d.get("agree")),
-            _i(d.get("local_allow_distributed_deny")),
-            _i(d.get("local_deny_distributed_allow")),
-            _i(d.get("compared")),
-            _i(d.get("backend_errors")),
-            _i(d.get("distributed_attempts")),
-            _f(d.get("new_rejection_rate")),
-            _f(d.get("reverse_rate")),
-            _f(d.get("backend_error_rate")),
-            _i(d.get("shadow_dropped")),
-            _fo(d.get("sampled_share")),
+            as_int(d.get("agree")),
+            as_int(d.get("local_allow_distributed_deny")),
+            as_int(d.get("local_deny_distributed_allow")),
+            as_int(d.get("compared")),
+            as_int(d.get("backend_errors")),
+            as_int(d.get("distributed_attempts")),
+            as_float(d.get("new_rejection_rate")),
+            as_float(d.get("reverse_rate")),
+            as_float(d.get("backend_error_rate")),
+            as_int(d.get("shadow_dropped")),
+            opt_float(d.get("sampled_share")),
         )
 
     @property
@@ -160,23 +134,26 @@ class GateView:
     def parse(cls, d: Any) -> GateView | None:
         if not isinstance(d, dict):
             return None
-        opt_i = lambda k: None if d.get(k) is None else _i(d.get(k))  # noqa: E731
+
+        def opt_i(k: str) -> int | None:
+            return None if d.get(k) is None else as_int(d.get(k))
+
         return cls(
             passed=bool(d.get("passed", False)),
             required=bool(d.get("required", True)),
             reasons=tuple(str(r) for r in d.get("reasons") or ()),
-            target=_so(d.get("target")),
+            target=opt_str(d.get("target")),
             compared=opt_i("compared"),
             min_samples=opt_i("min_samples"),
             new_rejections=opt_i("new_rejections"),
-            new_rejection_rate=_fo(d.get("new_rejection_rate")),
-            max_new_rejection_rate=_fo(d.get("max_new_rejection_rate")),
+            new_rejection_rate=opt_float(d.get("new_rejection_rate")),
+            max_new_rejection_rate=opt_float(d.get("max_new_rejection_rate")),
             backend_errors=opt_i("backend_errors"),
-            backend_error_rate=_fo(d.get("backend_error_rate")),
-            max_backend_error_rate=_fo(d.get("max_backend_error_rate")),
+            backend_error_rate=opt_float(d.get("backend_error_rate")),
+            max_backend_error_rate=opt_float(d.get("max_backend_error_rate")),
             window_s=opt_i("window_s"),
-            sampled_share=_fo(d.get("sampled_share")),
-            min_sampled_share=_fo(d.get("min_sampled_share")),
+            sampled_share=opt_float(d.get("sampled_share")),
+            min_sampled_share=opt_float(d.get("min_sampled_share")),
             shadow_dropped=opt_i("shadow_dropped"),
         )
 
@@ -196,14 +173,14 @@ class RouteStateView:
 
     @classmethod
     def parse(cls, d: Any) -> RouteStateView:
-        d = _d(d)
+        d = as_dict(d)
         return cls(
-            _s(d.get("mode"), "shadow"),
-            _i(d.get("canary_percent")),
-            _f(d.get("updated_at")),
-            _s(d.get("updated_by")),
-            _s(d.get("reason")),
-            _i(d.get("version")),
+            as_str(d.get("mode"), "shadow"),
+            as_int(d.get("canary_percent")),
+            as_float(d.get("updated_at")),
+            as_str(d.get("updated_by")),
+            as_str(d.get("reason")),
+            as_int(d.get("version")),
         )
 
 
@@ -223,25 +200,21 @@ class RouteView:
 
     @classmethod
     def parse(cls, d: Any) -> RouteView:
-        d = _d(d)
-        rule = _d(d.get("rule"))
+        d = as_dict(d)
+        rule = as_dict(d.get("rule"))
         return cls(
-            name=_s(d.get("name"), "?"),
-            mode=_s(d.get("mode"), "off"),
-            stored_mode=_s(d.get("stored_mode"), _s(d.get("mode"), "off")),
-            canary_percent=_i(d.get("canary_percent")),
+            name=as_str(d.get("name"), "?"),
+            mode=as_str(d.get("mode"), "off"),
+            stored_mode=as_str(d.get("stored_mode"), as_str(d.get("mode"), "off")),
+            canary_percent=as_int(d.get("canary_percent")),
             state=RouteStateView.parse(d.get("state")),
-            decisions_per_s=_f(d.get("decisions_per_s")),
+            decisions_per_s=as_float(d.get("decisions_per_s")),
             divergence_5m=DivergenceTotals.parse(d.get("divergence_5m")),
             gate=GateView.parse(d.get("gate")),
             local_policy=PolicyView.parse(rule.get("local")),
             distributed_policy=PolicyView.parse(rule.get("distributed")),
             rule=rule,
         )
-
-    @property
-    def mode_label(self) -> str:
-        return f"canary {self.canary_percent}%" if self.mode == "canary" else self.mode
 
 
 @dataclass(frozen=True, slots=True)
@@ -256,10 +229,10 @@ class MinutePoint:
 
     @classmethod
     def parse(cls, d: Any) -> MinutePoint:
-        d = _d(d)
+        d = as_dict(d)
         return cls(
             *(
-                _i(d.get(k))
+                as_int(d.get(k))
                 for k in (
                     "minute",
                     "agree",
@@ -285,8 +258,8 @@ class BlockedKey:
 
     @classmethod
     def parse(cls, d: Any) -> BlockedKey:
-        d = _d(d)
-        return cls(_s(d.get("key")), _i(d.get("count")), _s(d.get("last_request_id")))
+        d = as_dict(d)
+        return cls(as_str(d.get("key")), as_int(d.get("count")), as_str(d.get("last_request_id")))
 
 
 @dataclass(frozen=True, slots=True)
@@ -297,7 +270,7 @@ class RouteDivergence:
 
     @classmethod
     def parse(cls, d: Any) -> RouteDivergence:
-        d = _d(d)
+        d = as_dict(d)
         return cls(
             DivergenceTotals.parse(d.get("totals")) or DivergenceTotals(),
             tuple(MinutePoint.parse(p) for p in d.get("series") or ()),
@@ -314,7 +287,10 @@ class DivergenceView:
     def parse(cls, d: Any) -> DivergenceView | None:
         if not isinstance(d, dict):
             return None
-        return cls(_i(d.get("minutes"), 60), {str(k): RouteDivergence.parse(v) for k, v in _d(d.get("routes")).items()})
+        return cls(
+            as_int(d.get("minutes"), 60),
+            {str(k): RouteDivergence.parse(v) for k, v in as_dict(d.get("routes")).items()},
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -331,11 +307,11 @@ class BucketSide:
         if not isinstance(d, dict):
             return None
         return cls(
-            _f(d.get("tokens")),
-            _i(d.get("limit")),
+            as_float(d.get("tokens")),
+            as_int(d.get("limit")),
             bool(d.get("exists")),
-            _i(d.get("reset_after_us")),
-            _i(d.get("burst"), _i(d.get("limit"))),
+            as_int(d.get("reset_after_us")),
+            as_int(d.get("burst"), as_int(d.get("limit"))),
             PolicyView.parse(d.get("policy")),
         )
 
@@ -350,7 +326,7 @@ class LastDecision:
     def parse(cls, d: Any) -> LastDecision | None:
         if not isinstance(d, dict):
             return None
-        return cls(_f(d.get("at")), bool(d.get("allowed")), _s(d.get("enforced_by"), "local"))
+        return cls(as_float(d.get("at")), bool(d.get("allowed")), as_str(d.get("enforced_by"), "local"))
 
 
 @dataclass(frozen=True, slots=True)
@@ -364,131 +340,14 @@ class BucketView:
 
     @classmethod
     def parse(cls, d: Any) -> BucketView:
-        d = _d(d)
+        d = as_dict(d)
         return cls(
-            _s(d.get("route")),
-            _s(d.get("key")),
-            _i(d.get("recent_requests")),
+            as_str(d.get("route")),
+            as_str(d.get("key")),
+            as_int(d.get("recent_requests")),
             BucketSide.parse(d.get("local")),
             BucketSide.parse(d.get("distributed")),
             LastDecision.parse(d.get("last_decision")),
-        )
-
-
-@dataclass(frozen=True, slots=True)
-class BackendView:
-    """The replica's circuit breaker, failure policy and fleet."""
-
-    state: str = "closed"
-    consecutive_failures: int = 0
-    last_error: str | None = None
-    next_probe_in_s: float | None = None
-    probe_attempt: int = 0
-    total_failures: int = 0
-    opened_at: float | None = None
-    failure_policy: str = ""
-    failure_code: int = 429
-    redis: str = ""
-    live_instances: int = 1
-    fleet: tuple[str, ...] = ()
-    instance_id: str = ""
-    shadow_queue: int = 0
-    shadow_queue_capacity: int = 0
-    shadow_dropped: int = 0
-    shadow_evaluated: int = 0
-    pending_rollbacks: tuple[str, ...] = ()
-    distributed_enabled: bool = True
-
-    @classmethod
-    def parse(cls, d: Any) -> BackendView:
-        d = _d(d)
-        return cls(
-            state=_s(d.get("state"), "closed"),
-            consecutive_failures=_i(d.get("consecutive_failures")),
-            last_error=_so(d.get("last_error")),
-            next_probe_in_s=_fo(d.get("next_probe_in_s")),
-            probe_attempt=_i(d.get("probe_attempt")),
-            total_failures=_i(d.get("total_failures")),
-            opened_at=_fo(d.get("opened_at")),
-            failure_policy=_s(d.get("failure_policy")),
-            failure_code=_i(d.get("failure_code"), 429),
-            redis=_s(d.get("redis")),
-            live_instances=_i(d.get("live_instances"), 1),
-            fleet=tuple(str(m) for m in d.get("fleet") or ()),
-            instance_id=_s(d.get("instance_id")),
-            shadow_queue=_i(d.get("shadow_queue")),
-            shadow_queue_capacity=_i(d.get("shadow_queue_capacity")),
-            shadow_dropped=_i(d.get("shadow_dropped")),
-            shadow_evaluated=_i(d.get("shadow_evaluated")),
-            pending_rollbacks=tuple(str(r) for r in d.get("pending_rollbacks") or ()),
-            distributed_enabled=bool(d.get("distributed_enabled", True)),
-        )
-
-
-@dataclass(frozen=True, slots=True)
-class ExternalBreakerView:
-    """One key's circuit breaker in front of a route's limits service."""
-
-    route: str
-    key: str
-    state: str
-    failures: int
-    next_probe_in_s: float | None
-    last_error: str | None
-
-    @classmethod
-    def parse(cls, d: Any) -> ExternalBreakerView:
-        d = _d(d)
-        return cls(
-            _s(d.get("route")),
-            _s(d.get("key")),
-            _s(d.get("state"), "closed"),
-            _i(d.get("failures")),
-            _fo(d.get("next_probe_in_s")),
-            _so(d.get("last_error")),
-        )
-
-
-@dataclass(frozen=True, slots=True)
-class ExternalView:
-    """Routes whose limits come from a limits service: breakers, cache, calls (``/v1/external``)."""
-
-    routes: tuple[str, ...] = ()
-    breakers_total: int = 0
-    breakers_open: int = 0
-    breakers_half_open: int = 0
-    breakers: tuple[ExternalBreakerView, ...] = ()
-    cache_enabled: bool = True
-    cache_available: bool = True
-    cache_hits: int = 0
-    cache_misses: int = 0
-    stale_used: int = 0
-    hit_ratio: float | None = None
-    calls_ok: int = 0
-    calls_failed: int = 0
-    static_fallbacks: int = 0
-
-    @classmethod
-    def parse(cls, d: Any) -> ExternalView | None:
-        if not isinstance(d, dict):
-            return None
-        cache = _d(d.get("cache"))
-        calls = {str(k): _i(v) for k, v in _d(d.get("calls")).items()}
-        return cls(
-            routes=tuple(_s(_d(r).get("route")) for r in d.get("routes") or ()),
-            breakers_total=_i(d.get("breakers_total")),
-            breakers_open=_i(d.get("breakers_open")),
-            breakers_half_open=_i(d.get("breakers_half_open")),
-            breakers=tuple(ExternalBreakerView.parse(b) for b in d.get("breakers") or ()),
-            cache_enabled=bool(cache.get("enabled", True)),
-            cache_available=bool(cache.get("available", True)),
-            cache_hits=_i(cache.get("hit")),
-            cache_misses=_i(cache.get("miss")),
-            stale_used=_i(cache.get("stale")),
-            hit_ratio=_fo(cache.get("hit_ratio")),
-            calls_ok=calls.get("ok", 0),
-            calls_failed=sum(v for k, v in calls.items() if k != "ok"),
-            static_fallbacks=_i(_d(d.get("sources")).get("static")),
         )
 
 
@@ -512,21 +371,21 @@ class AuditEntryView:
 
     @classmethod
     def parse(cls, d: Any) -> AuditEntryView:
-        d = _d(d)
+        d = as_dict(d)
         return cls(
-            kind=_s(d.get("kind"), "mode_change"),
-            route=_s(d.get("route")),
-            actor=_s(d.get("actor")),
-            at=_f(d.get("at")),
-            from_mode=_s(d.get("from")),
-            to_mode=_s(d.get("to")),
-            from_percent=_i(d.get("from_percent")),
-            to_percent=_i(d.get("to_percent")),
-            reason=_s(d.get("reason")),
+            kind=as_str(d.get("kind"), "mode_change"),
+            route=as_str(d.get("route")),
+            actor=as_str(d.get("actor")),
+            at=as_float(d.get("at")),
+            from_mode=as_str(d.get("from")),
+            to_mode=as_str(d.get("to")),
+            from_percent=as_int(d.get("from_percent")),
+            to_percent=as_int(d.get("to_percent")),
+            reason=as_str(d.get("reason")),
             forced=bool(d.get("forced")),
             automatic=bool(d.get("automatic")),
             gate=GateView.parse(d.get("gate")),
-            id=_s(d.get("id")),
+            id=as_str(d.get("id")),
         )
 
     @property
@@ -548,13 +407,13 @@ class EventView:
 
     @classmethod
     def parse(cls, d: Any) -> EventView:
-        d = _d(d)
+        d = as_dict(d)
         audit = d.get("audit")
         return cls(
-            _i(d.get("seq")),
-            _f(d.get("at")),
-            _s(d.get("type"), "event"),
-            _so(d.get("route")),
+            as_int(d.get("seq")),
+            as_float(d.get("at")),
+            as_str(d.get("type"), "event"),
+            opt_str(d.get("route")),
             AuditEntryView.parse(audit) if isinstance(audit, dict) else None,
             d,
         )
@@ -575,10 +434,10 @@ class Snapshot:
 
     @classmethod
     def parse(cls, d: Any) -> Snapshot:
-        d = _d(d)
+        d = as_dict(d)
         return cls(
-            at=_f(d.get("at")),
-            instance_id=_s(d.get("instance_id")),
+            at=as_float(d.get("at")),
+            instance_id=as_str(d.get("instance_id")),
             backend=BackendView.parse(d.get("backend")),
             routes=tuple(RouteView.parse(r) for r in d.get("routes") or ()),
             divergence=DivergenceView.parse(d.get("divergence")),
@@ -602,9 +461,9 @@ class ModeChangeResult:
 
     @classmethod
     def parse(cls, d: Any) -> ModeChangeResult:
-        d = _d(d)
+        d = as_dict(d)
         return cls(
-            _s(d.get("route")),
+            as_str(d.get("route")),
             RouteStateView.parse(d.get("state")),
             AuditEntryView.parse(d.get("audit")),
             GateView.parse(d.get("gate")),

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 
 from textual import on, work
@@ -46,9 +46,17 @@ class DashboardScreen(Screen[None]):
     ]
 
     def __init__(
-        self, urls: Sequence[str], token: str | None, *, hint: str | None = None, snapshot: Snapshot | None = None
+        self,
+        urls: Sequence[str],
+        token: str | None,
+        *,
+        hint: str | None = None,
+        snapshot: Snapshot | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         super().__init__()
+        #: monotonic seconds: reconnect deadlines and which of two route reads is newer
+        self.clock = clock
         self.urls = list(urls)
         self.token = token
         self.hint = hint
@@ -114,7 +122,7 @@ class DashboardScreen(Screen[None]):
         if self._torn_down():
             return
         self.snapshot = snap
-        self._applied_at = time.monotonic()
+        self._applied_at = self.clock()
         if self.selected is None or snap.route(self.selected) is None:
             self.selected = snap.routes[0].name if snap.routes else None
         self.query_one(RoutesTable).show(snap.routes, snap.divergence, self.selected)
@@ -196,8 +204,8 @@ class DashboardScreen(Screen[None]):
                         self._on_event(item)
             except ClientError as exc:
                 error = str(exc)
-            deadline = time.monotonic() + backoff
-            while (left := deadline - time.monotonic()) > 0:
+            deadline = self.clock() + backoff
+            while (left := deadline - self.clock()) > 0:
                 self._set_conn("stale", retry_in_s=left, error=error)
                 await asyncio.sleep(min(0.25, left))
             self._set_conn("stale", retry_in_s=0, error=error)
@@ -222,7 +230,7 @@ class DashboardScreen(Screen[None]):
     @work(exclusive=True, group="routes")
     async def refresh_routes(self) -> None:
         """Re-read ``/v1/routes`` right after a change event (dropped if a newer snapshot won)."""
-        started = time.monotonic()
+        started = self.clock()
         try:
             routes = await self.client.routes()
         except ClientError:
@@ -280,7 +288,8 @@ class DashboardScreen(Screen[None]):
     def action_mode(self, mode: str) -> None:
         if not self.client.has_token:
             self.notify(
-                "Changing a route's mode needs an operator or admin token: start the dashboard with --token (or SHADOWLIMIT_ADMIN_TOKEN).",
+                "Changing a route's mode needs an operator or admin token:"
+                " start the dashboard with --token (or SHADOWLIMIT_ADMIN_TOKEN).",
                 title="Read-only",
                 severity="warning",
             )

@@ -158,12 +158,13 @@ class BackendPanel(Static):
     def show(
         self, backend: BackendView | None, replicas: Sequence[str] = (), external: ExternalView | None = None
     ) -> None:
-        self.update(self._render_backend(backend, replicas, external))
+        self.update(self.render_backend(backend, replicas, external))
 
     @staticmethod
-    def _render_backend(
+    def render_backend(
         b: BackendView | None, replicas: Sequence[str], external: ExternalView | None = None
     ) -> RenderableType:
+        """What :meth:`show` displays: breaker, failures, fleet, shadow queue, external limits."""
         if b is None:
             return Text("waiting for the first snapshot …", style="dim")
         grid = Table.grid(padding=(0, 1))

@@ -239,7 +239,8 @@ class ControlPlaneServer:
         stack = _stack_of(self.thread)
         self.stop()
         raise RuntimeError(
-            f"control plane on port {self.port} not healthy within {self.startup_timeout}s (last: {last!r}); its thread:\n{stack}"
+            f"control plane on port {self.port} not healthy within {self.startup_timeout}s (last: {last!r});"
+            f" its thread:\n{stack}"
         )
 
     def stop(self, timeout: float = 15.0) -> None:
@@ -253,7 +254,8 @@ class ControlPlaneServer:
                 self.thread.join(5.0)
             if self.thread.is_alive():
                 raise RuntimeError(
-                    f"control plane on port {self.port} did not stop within {timeout}s; its thread:\n{_stack_of(self.thread)}"
+                    f"control plane on port {self.port} did not stop within {timeout}s;"
+                    f" its thread:\n{_stack_of(self.thread)}"
                 )
         self.thread = None
         self.server = None

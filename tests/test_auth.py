@@ -241,7 +241,8 @@ def test_token_is_checked_before_the_body_is_read(role_servers):
     cp = role_servers["strict"]
     with socket.create_connection(("127.0.0.1", cp.port), timeout=10) as s:
         s.sendall(
-            b'PUT /v1/routes/search/mode HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 20000000\r\n\r\n{"mode":'
+            b"PUT /v1/routes/search/mode HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b'Content-Length: 20000000\r\n\r\n{"mode":'
         )
         reply = s.recv(65536).decode("latin-1")
     assert reply.startswith("HTTP/1.1 401"), reply[:200]

@@ -681,27 +681,40 @@ def fixed_snapshot() -> dict[str, Any]:
             "login": {"totals": _totals(login), "series": login, "would_be_blocked": []},
         },
     }
-    audit = lambda at, route, frm, to, pf, pt, reason, forced=False, kind="mode_change": {
-        "seq": int(at),
-        "at": at,
-        "type": kind,
-        "route": route,
-        "audit": {  # noqa: E731
-            "id": f"{int(at)}-0",
-            "kind": kind,
-            "route": route,
-            "actor": "dashboard@127.0.0.1",
+
+    def audit(
+        at: float,
+        route: str,
+        frm: str,
+        to: str,
+        pf: int,
+        pt: int,
+        reason: str,
+        forced: bool = False,
+        kind: str = "mode_change",
+    ) -> dict[str, Any]:
+        return {
+            "seq": int(at),
             "at": at,
-            "from": frm,
-            "to": to,
-            "from_percent": pf,
-            "to_percent": pt,
-            "reason": reason,
-            "forced": forced,
-            "automatic": False,
-            "gate": None,
-        },
-    }
+            "type": kind,
+            "route": route,
+            "audit": {
+                "id": f"{int(at)}-0",
+                "kind": kind,
+                "route": route,
+                "actor": "dashboard@127.0.0.1",
+                "at": at,
+                "from": frm,
+                "to": to,
+                "from_percent": pf,
+                "to_percent": pt,
+                "reason": reason,
+                "forced": forced,
+                "automatic": False,
+                "gate": None,
+            },
+        }
+
     return {
         "at": AT,
         "instance_id": "replica-1",
@@ -921,7 +934,7 @@ def test_backend_panel_shows_external_limits() -> None:
     ext = ExternalView.parse(_external_snapshot())
     assert ext is not None and ext.calls_failed == 16 and ext.hit_ratio == 0.9278
     console = Console(width=100, file=io.StringIO(), color_system=None)
-    console.print(BackendPanel._render_backend(BackendView.parse(fixed_snapshot()["backend"]), [], ext))
+    console.print(BackendPanel.render_backend(BackendView.parse(fixed_snapshot()["backend"]), [], ext))
     text = " ".join(console.file.getvalue().split())  # type: ignore[attr-defined]
     assert "ext limits 1 open · 1 probing / 14 breakers" in text
     assert "ext cache hit 92.8% (1,234/1,330) · stale 4" in text
@@ -930,7 +943,7 @@ def test_backend_panel_shows_external_limits() -> None:
     # no routes with external limits: no external lines at all
     console = Console(width=100, file=io.StringIO(), color_system=None)
     console.print(
-        BackendPanel._render_backend(
+        BackendPanel.render_backend(
             BackendView.parse(fixed_snapshot()["backend"]), [], ExternalView.parse({"routes": []})
         )
     )
@@ -938,7 +951,7 @@ def test_backend_panel_shows_external_limits() -> None:
     # without Redis the cache line says so
     off = ExternalView.parse({**_external_snapshot(), "cache": {"enabled": False}})
     console = Console(width=100, file=io.StringIO(), color_system=None)
-    console.print(BackendPanel._render_backend(BackendView.parse(fixed_snapshot()["backend"]), [], off))
+    console.print(BackendPanel.render_backend(BackendView.parse(fixed_snapshot()["backend"]), [], off))
     assert "off (no Redis)" in console.file.getvalue()  # type: ignore[attr-defined]
 
 

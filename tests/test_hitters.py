@@ -77,7 +77,7 @@ def test_guarantees_on_skewed_stream(capacity):
         ss.add(k, request_id=str(i))
         assert len(ss) <= capacity
     assert len(ss) == capacity  # 5000 distinct keys: full
-    assert len(ss._heap) == capacity  # one heap entry per monitored key
+    assert ss.heap_size == capacity  # one heap entry per monitored key
     n = len(stream)
     assert ss.total == n
     for e in ss.entries():
@@ -100,7 +100,7 @@ def test_memory_bound_under_all_distinct_keys():
     ss = SpaceSaving(capacity=16)
     for i in range(100_000):
         ss.add(f"unique-{i}")
-    assert len(ss) == 16 and len(ss._heap) == 16
+    assert len(ss) == 16 and ss.heap_size == 16
     assert ss.total == 100_000
     ss.clear()
     assert len(ss) == 0 and ss.top(5) == []
@@ -136,6 +136,15 @@ def test_local_view_per_route_and_window():
     # a late record for the old window does not reset the new local view
     wb.record("/a", "alice", "late", now=T)
     assert [e["key"] for e in wb.top("/a", now=T + W)] == ["dave"]
+
+
+def test_calls_without_now_read_the_injected_clock():
+    t = [T + 1.0]
+    wb = WouldBeBlocked(NS, window_s=W, capacity=10, clock=lambda: t[0])
+    wb.record("/a", "alice", "a0")
+    assert wb.window_index() == T // W and [e["key"] for e in wb.top("/a")] == ["alice"]
+    t[0] = T + W
+    assert wb.top("/a") == []
 
 
 @pytest_asyncio.fixture(loop_scope="function")

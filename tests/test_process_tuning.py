@@ -18,11 +18,11 @@ from control_plane.settings import SettingsError, load_settings
 def gc_state():
     """Start from the interpreter's defaults and put the test process back as it was."""
     before = gc.get_threshold()
-    assert gctune._users == 0, "another test left the GC tuned"
+    assert gctune.tunings_in_effect() == 0, "another test left the GC tuned"
     gc.unfreeze()
     gc.set_threshold(700, 10, 10)
     yield
-    gctune._users = 0  # a failed test may not have undone its tuning
+    gctune.forget_tunings()  # a failed test may not have undone its tuning
     gc.unfreeze()
     gc.set_threshold(*before)
 

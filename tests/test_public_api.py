@@ -87,6 +87,29 @@ def test_control_plane_external_public_names():
         assert getattr(external, name) is not None
 
 
+def test_control_plane_store_public_names():
+    import control_plane.store
+
+    assert sorted(control_plane.store.__all__) == [
+        "AUDIT_MAXLEN",
+        "AuditListener",
+        "DIVERGENCE_FIELDS",
+        "DIVERGENCE_TTL_S",
+        "DivergenceStore",
+        "RestoreResult",
+        "RolloutStore",
+        "StoreError",
+        "StoreUnavailable",
+        "VersionConflict",
+        "audit_entry_from_dict",
+        "gate_stats_of",
+        "totals_of",
+        "translate_errors",
+    ]
+    for name in control_plane.store.__all__:
+        assert getattr(control_plane.store, name) is not None
+
+
 def test_dashboard_public_names_and_no_engine_imports():
     assert sorted(dashboard.__all__) == ["ShadowlimitDashboard", "run_dashboard"]
     for name in dashboard.__all__:

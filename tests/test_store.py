@@ -14,6 +14,7 @@ import redis as redis_sync
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
+from control_plane.recovery import StateMemory
 from control_plane.rollout import AuditEntry, Divergence, GateStats, Mode, RouteState
 from control_plane.store import (
     DivergenceStore,
@@ -493,6 +494,32 @@ def test_record_is_sync_and_counts_fields():
         "shadow_dropped": 0,
     }
     assert p[("/x", MIN0 + 60)]["local_deny_distributed_allow"] == 1
+
+
+async def test_calls_without_now_read_the_injected_clock(client):
+    t = [MIN0 + 30.0]
+    ds = DivergenceStore(client, NS, clock=lambda: t[0])
+    ds.record("/clock", AGREE)
+    ds.add("/clock", ladd=2)
+    assert set(ds.pending()) == {("/clock", MIN0)}
+    await ds.flush()
+    t[0] = MIN0 + 90.0
+    rows = await ds.series("/clock", 2)
+    assert [(r["minute"], r["agree"], r["local_allow_distributed_deny"]) for r in rows] == [
+        (MIN0, 1, 2),
+        (MIN0 + 60, 0, 0),
+    ]
+    assert (await ds.window_stats("/clock", 60)).new_rejections == 2
+    assert (await ds.totals("/clock", 2))["compared"] == 3
+
+
+async def test_restore_without_at_dates_its_entries_by_the_injected_clock(client):
+    store = RolloutStore(client, NS, clock=lambda: 1_234.5)
+    memory = StateMemory()
+    memory.note_state("/lost", RouteState(mode=Mode.ENFORCE, version=3))
+    result = await store.restore(memory, instance="i-1", new_epoch="e-1")
+    assert result.routes == 1 and [e.at for e in result.entries] == [1_234.5]
+    assert (await store.get("/lost")) == RouteState(mode=Mode.ENFORCE, version=3)
 
 
 def test_namespace_is_validated():
