@@ -114,9 +114,12 @@ def build_engine(
     rules: Rules | None = None,
     instance_id: str | None = None,
     clock_us: Callable[[], int] = wall_clock_us,
+    clock: Callable[[], float] = time.time,
 ) -> Engine:
     """Build every part of an engine (not started: :meth:`Engine.start`). ``redis`` runs
-    the decisions, ``client`` (redis-py) the rest; ``clock_us`` is the decisions' clock."""
+    the decisions, ``client`` (redis-py) the rest; ``clock_us`` is the decisions' clock
+    (integer microseconds), ``clock`` everything else's (seconds): the counters' minutes,
+    the rollout's timestamps, the activity's rates, the views' age."""
     iid = instance_id or settings.instance_id or uuid.uuid4().hex[:12]
     metrics = metrics or Metrics()
     events = EventHub(history=settings.stream_history)
@@ -131,15 +134,15 @@ def build_engine(
         fleet=fleet,
     )
     memory = StateMemory()
-    store = RolloutStore(client, settings.namespace)
-    divergence = DivergenceStore(client, settings.namespace)
-    blocked = WouldBeBlocked(settings.namespace)
+    store = RolloutStore(client, settings.namespace, clock=clock)
+    divergence = DivergenceStore(client, settings.namespace, clock=clock)
+    blocked = WouldBeBlocked(settings.namespace, clock=clock)
     live = LiveRules(settings, store=store, metrics=metrics, events=events, instance_id=iid, rules=rules)
     adjustments = Adjustments(client, store, memory, live)
     sink = AuditSink(iid, settings.audit_log)
     rollout = RolloutManager(
         settings, rules=live, store=store, divergence=divergence, memory=memory, adjustments=adjustments,
-        breaker=breaker, metrics=metrics, events=events, audit_sink=sink, instance_id=iid,
+        breaker=breaker, metrics=metrics, events=events, audit_sink=sink, instance_id=iid, clock=clock,
     )  # fmt: skip
     external = ExternalManager(
         namespace=settings.namespace,
@@ -161,7 +164,7 @@ def build_engine(
         batch_size=settings.shadow_batch_size,
         linger_s=settings.shadow_linger_ms / 1000,
     )
-    activity = Activity(clock=lambda: clock_us() / 1_000_000)
+    activity = Activity(clock=clock)
     local = LocalLimiter(max_keys=settings.local_max_keys)
     decider = Decider(
         rules=live, modes=rollout, adjustments=adjustments, local=local, resilient=resilient, shadow=shadow,
@@ -172,8 +175,8 @@ def build_engine(
         settings=settings, instance_id=iid, metrics=metrics, events=events, redis=redis, client=client,
         local=local, breaker=breaker, fleet=fleet, resilient=resilient, store=store, divergence=divergence,
         blocked=blocked, memory=memory, live_rules=live, adjustments=adjustments, rollout=rollout,
-        activity=activity, views=FleetViews(divergence, blocked, client, live), external=external,
-        comparisons=comparisons, shadow=shadow, decider=decider, started_at=time.time(),
+        activity=activity, views=FleetViews(divergence, blocked, client, live, clock), external=external,
+        comparisons=comparisons, shadow=shadow, decider=decider, started_at=clock(),
     )  # fmt: skip
     breaker.on_transition = engine.on_breaker
     return engine

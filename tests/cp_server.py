@@ -25,6 +25,7 @@ from typing import Any, TypeVar
 
 import httpx
 import uvicorn
+from support import eventually, run_in_loop, settle
 
 from control_plane.app import create_app
 from control_plane.hitters import WouldBeBlocked
@@ -107,21 +108,8 @@ def clear_of_blocked_window_edge(margin_s: float = 20.0) -> None:
     clear_of_window_edge(WouldBeBlocked().window_s, margin_s)
 
 
-def wait_until(fn: Callable[[], T], timeout: float, interval: float = 0.05, what: str = "condition") -> T:
-    """Call ``fn`` until it returns something truthy (returned) or ``timeout`` passes
-    (AssertionError naming ``what`` and the last value / exception)."""
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while True:
-        try:
-            last = fn()
-            if last:
-                return last
-        except Exception as exc:  # noqa: BLE001 - reported if the wait times out
-            last = exc
-        if time.monotonic() >= deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}; last: {last!r}")
-        time.sleep(interval)
+#: the old name of :func:`support.eventually`
+wait_until = eventually
 
 
 _SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+(\S+)")
@@ -259,6 +247,21 @@ class ControlPlaneServer:
                 )
         self.thread = None
         self.server = None
+
+    @property
+    def loop(self) -> Any:
+        """The server's event loop (its thread's)."""
+        assert self.server is not None and self.server.servers, "not serving"
+        return self.server.servers[0].get_loop()
+
+    def call(self, fn: Callable[[], Any], timeout: float = 10.0) -> Any:
+        """Run a coroutine function on the server's loop (e.g. ``cp.call(cp.engine.flush)``)."""
+        return run_in_loop(self.loop, fn, timeout)
+
+    def settle(self) -> None:
+        """Make the engine's buffered work visible now: shadow evaluations, counter
+        deltas, fleet views (instead of waiting out their intervals)."""
+        self.call(lambda: settle(self.engine))
 
     def restart(self) -> ControlPlaneServer:
         """Stop, then serve a brand-new app (new engine: nothing kept in memory) on the same port."""

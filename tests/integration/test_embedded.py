@@ -30,7 +30,7 @@ from limiter.embedded import (
     find_redis_server,
 )
 
-PROJECT_ROOT = Path(__file__).resolve().parents[1]
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
 
 # No redis-server means these tests fail loudly (find_redis_server raises with how to
 # install one); they are never skipped.

@@ -102,7 +102,8 @@ def test_divergence_is_counted_fleet_wide_once(replicas):
         )
 
     wait_until(settled, 10.0, 0.1, "fleet-wide comparisons on both replicas")
-    time.sleep(1.2)  # one more flush interval on both replicas: nothing may be added twice
+    a.settle()  # flush both replicas once more: nothing may be added twice
+    b.settle()
     wait_until(lambda: totals(ca) == totals(cb), 5.0, 0.1, "both replicas' views refreshed")
     ta, tb = totals(ca), totals(cb)
     assert ta["totals"] == tb["totals"]

@@ -18,6 +18,7 @@ from typing import Any
 import httpx
 import pytest
 import uvicorn
+from support import settle
 from textual.pilot import Pilot
 from textual.widgets import Input
 
@@ -82,8 +83,9 @@ class ControlPlane:
             namespace=self.namespace,
             **{"gate_min_samples": 0, "stream_interval_s": 0.5, **self.overrides},
         )
+        self.app = create_app(settings)
         config = uvicorn.Config(
-            create_app(settings),
+            self.app,
             host="127.0.0.1",
             port=self.port,
             log_level="warning",
@@ -104,6 +106,12 @@ class ControlPlane:
                 break
             time.sleep(0.05)
         raise RuntimeError(f"control plane on {self.url} did not come up")
+
+    async def settle(self) -> None:
+        """The engine's buffered work (shadow, counters, views) made visible now."""
+        assert self.server is not None
+        loop = self.server.servers[0].get_loop()
+        await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(settle(self.app.state.engine), loop))
 
     def stop(self) -> None:
         if self.server is not None and self.thread is not None:
@@ -206,7 +214,7 @@ async def test_routes_and_buckets_show_the_servers_figures(
     cp = control_plane()
     await traffic(cp.url, 30)  # local burst 20, global burst 5: 15 new rejections
     await traffic(cp.url, 4, route="checkout", key="carol")
-    await asyncio.sleep(1.3)  # divergence counters are flushed to Redis every second
+    await cp.settle()  # the divergence counters in Redis, and in the fleet views, now
     app = ShadowlimitDashboard(cp.url, TOKEN)
     async with app.run_test(size=SIZE) as pilot:
         await until_live(pilot, app)

@@ -28,7 +28,7 @@ from limiter.keys import KeyExtractor, KeyStrategy, api_key_id
 from limiter.policy import Algorithm, Policy
 from limiter.resilience import FailurePolicy
 
-EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "rules.yaml"
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "rules.yaml"
 
 
 @pytest.fixture

@@ -289,7 +289,6 @@ async def test_a_cancelled_trial_does_not_wedge_a_half_open_breaker(call):
     """Half-open lets one request through as the trial. If that request is cancelled
     (its caller timed out) it says nothing about Redis: the next request must become
     the trial, or the breaker would stay half-open with nothing ever let through."""
-    import time
 
     from limiter.resilience import BreakerState
 
@@ -308,10 +307,11 @@ async def test_a_cancelled_trial_does_not_wedge_a_half_open_breaker(call):
         async def ping(self):
             await asyncio.Event().wait()
 
-    breaker = CircuitBreaker(failure_threshold=1, backoff_initial_s=0.01, backoff_max_s=0.01)
+    now = [100.0]
+    breaker = CircuitBreaker(failure_threshold=1, backoff_initial_s=0.01, backoff_max_s=0.01, clock=lambda: now[0])
     breaker.record_failure("down")
     assert breaker.state is BreakerState.OPEN
-    time.sleep(0.03)  # the probe is due: the next request half-opens the breaker
+    now[0] += 0.03  # the probe is due: the next request half-opens the breaker
     res = ResilientLimiter(Redis(), failure_policy="passThrough", breaker=breaker)
 
     async def one():

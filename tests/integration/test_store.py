@@ -13,6 +13,7 @@ import pytest_asyncio
 import redis as redis_sync
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
+from support import aeventually
 
 from control_plane.recovery import StateMemory
 from control_plane.rollout import AuditEntry, Divergence, GateStats, Mode, RouteState
@@ -444,7 +445,7 @@ async def test_failed_flush_keeps_deltas(private_redis):
         await client.aclose()
 
 
-async def test_run_flushes_periodically_and_survives_outage(private_redis):
+async def test_run_flushes_periodically_and_survives_outage(private_redis, caplog):
     client = fast_fail_client(private_redis.url)
     ds = DivergenceStore(client, NS)
     now = MIN0
@@ -455,7 +456,7 @@ async def test_run_flushes_periodically_and_survives_outage(private_redis):
         async def flushed(expect):
             for _ in range(200):
                 rows = await ds.series("/r", 1, now=now)
-                if rows[0]["agree"] == expect:
+                if rows[0]["agree"] >= expect:
                     return True
                 await asyncio.sleep(0.02)
             return False
@@ -463,7 +464,8 @@ async def test_run_flushes_periodically_and_survives_outage(private_redis):
         assert await flushed(4)
         private_redis.kill()
         feed(ds, "/r", now, agree=3)
-        await asyncio.sleep(0.3)  # some failing flushes: logged, loop keeps running
+        # some failing flushes: logged (the deltas kept), the loop keeps running
+        assert await aeventually(lambda: ds.pending() and "divergence flush failed" in caplog.text, 10.0)
         assert not task.done()
         private_redis.start()
         assert await flushed(7)
@@ -472,8 +474,10 @@ async def test_run_flushes_periodically_and_survives_outage(private_redis):
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await asyncio.wait_for(task, 5)
-    # the last delta was flushed on cancellation (or by a tick before it)
-    assert (await ds.series("/r", 1, now=now))[0]["agree"] == 8
+    # the last delta was flushed on cancellation (or by a tick before it). Delivery is
+    # at-least-once (see DivergenceStore): a batch Redis applied while its reply was lost to
+    # the restart is kept and counted again, so the outage's 3 may be there twice.
+    assert (await ds.series("/r", 1, now=now))[0]["agree"] in (8, 11)
     await client.aclose()
 
 
