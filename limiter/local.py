@@ -20,7 +20,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from .algorithms import decide, token_bucket
+from .algorithms import ALGORITHMS, decide, token_bucket_tokens
 from .policy import Algorithm, BucketView, Decision, Policy, make_decision, validate_cost
 
 try:  # the C hot path (limiter/_speedups.c); optional, same answers
@@ -28,7 +28,7 @@ try:  # the C hot path (limiter/_speedups.c); optional, same answers
 except ImportError:  # pragma: no cover - only where no compiler was available at install
     _FastCheck = None
 
-__all__ = ["LocalLimiter", "LocalKeyInfo", "speedups_available"]
+__all__ = ["LocalKeyInfo", "LocalLimiter", "speedups_available"]
 
 
 def speedups_available() -> bool:
@@ -99,7 +99,6 @@ class LocalLimiter:
                 clock if self._custom_clock else None,
                 Decision,
                 Algorithm.TOKEN_BUCKET,
-                token_bucket,
             )
 
     def check(self, key: str, policy: Policy, cost: int = 1, now_us: int | None = None) -> Decision:
@@ -114,10 +113,10 @@ class LocalLimiter:
             now_us = self._clock() if self._custom_clock else _time_ns() // 1000
         if cost.__class__ is not int or cost < 1 or cost > policy.limit:
             cost = validate_cost(policy, cost)
-        fn = policy.fn
-        if fn is None:  # unlimited
+        if policy.unlimited:
             return make_decision(True, policy.limit, policy.limit, 0, 0)
         alg = policy.algorithm
+        fn = ALGORITHMS[alg]
         data = self._data
         lock = self._lock
         lock.acquire()
@@ -154,8 +153,6 @@ class LocalLimiter:
             entry = self._data.get(key)
             state = entry[0] if entry is not None and entry[1] is policy.algorithm else None
         if policy.algorithm is Algorithm.TOKEN_BUCKET and not policy.unlimited:
-            from .algorithms import token_bucket_tokens
-
             tokens = token_bucket_tokens(state, now_us, policy)
             d, _ = decide(state, now_us, policy, 0)
             return BucketView(tokens, policy.limit, state is not None, d.reset_after_us)
@@ -170,6 +167,15 @@ class LocalLimiter:
         with self._lock:
             entry = self._data.get(key)
             return None if entry is None else entry[0]
+
+    def info(self, key: str) -> LocalKeyInfo | None:
+        """What the limiter holds for ``key`` (``None`` when unknown)."""
+        with self._lock:
+            entry = self._data.get(key)
+            if entry is None:
+                return None
+            state, alg, seen, expires = entry
+        return LocalKeyInfo(key, alg, state, seen, expires)
 
     def reset(self, key: str) -> bool:
         """Forget ``key``; True when it was known."""
