@@ -530,7 +530,7 @@ def test_from_url_rejects_bad_urls(url):
 
 
 def test_from_url_rejects_a_bad_unix_db():
-    """BUG: limiter/resp.py parse_redis_url does ``int(query.get("db", ["0"])[0])``
+    """BUG: parse_redis_url (then in limiter/resp.py, now limiter/redis_url.py) does ``int(query.get("db", ["0"])[0])``
     for unix URLs without catching the error, so the ValueError reads
     "invalid literal for int() with base 10: 'abc'" instead of "redis url: ..."."""
     with pytest.raises(ValueError) as exc:
