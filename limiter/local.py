@@ -79,7 +79,9 @@ class LocalLimiter:
         self.max_keys = max_keys
         self._clock = clock
         self._custom_clock = clock is not _now_us  # the default clock is inlined in check()
-        # key -> [state, algorithm, last_seen_us, expires_us]; ordered oldest access first
+        # key -> [state, algorithm, last_seen_us, expires_us, the algorithm's pure function];
+        # ordered oldest access first. The entry keeps the function so a check on a known key
+        # does not look it up again (Policy only names its algorithm)
         self._data: OrderedDict[str, list[Any]] = OrderedDict()
         self._lock = threading.Lock()
         self.evicted = 0
@@ -116,25 +118,29 @@ class LocalLimiter:
         if policy.unlimited:
             return make_decision(True, policy.limit, policy.limit, 0, 0)
         alg = policy.algorithm
-        fn = ALGORITHMS[alg]
         data = self._data
         lock = self._lock
         lock.acquire()
         try:
             entry = data.get(key)
             if entry is None:
+                fn = ALGORITHMS[alg]
                 decision, state = fn(None, now_us, policy, cost)
                 if state is not None:
                     # idle keys are dropped as new ones arrive (and by sweep())
                     self._sweep_front(now_us)
                     if len(data) >= self.max_keys:
                         self._evict()
-                    data[key] = [state, alg, now_us, now_us + policy.ttl_us + decision.reset_after_us]
+                    data[key] = [state, alg, now_us, now_us + policy.ttl_us + decision.reset_after_us, fn]
             else:
                 data.move_to_end(key)
-                decision, state = fn(entry[0] if entry[1] is alg else None, now_us, policy, cost)
+                if entry[1] is alg:
+                    decision, state = entry[4](entry[0], now_us, policy, cost)
+                else:  # the key's policy changed algorithm: its state starts afresh
+                    fn = entry[4] = ALGORITHMS[alg]
+                    decision, state = fn(None, now_us, policy, cost)
+                    entry[1] = alg
                 entry[0] = state
-                entry[1] = alg
                 entry[2] = now_us
                 expires = now_us + policy.ttl_us + decision.reset_after_us
                 if expires > entry[3]:
@@ -174,7 +180,7 @@ class LocalLimiter:
             entry = self._data.get(key)
             if entry is None:
                 return None
-            state, alg, seen, expires = entry
+            state, alg, seen, expires, _ = entry
         return LocalKeyInfo(key, alg, state, seen, expires)
 
     def reset(self, key: str) -> bool:
@@ -195,7 +201,7 @@ class LocalLimiter:
         """A snapshot of every key's record, least recently used first."""
         with self._lock:
             snapshot = [(k, list(v)) for k, v in self._data.items()]
-        for k, (state, alg, seen, exp) in snapshot:
+        for k, (state, alg, seen, exp, _) in snapshot:
             yield LocalKeyInfo(k, alg, state, seen, exp)
 
     def __len__(self) -> int:
