@@ -271,7 +271,8 @@ def run_local(settings: Settings) -> list[dict[str, Any]]:
         threading.excepthook = previous_hook
         if thread_errors:
             log(
-                f"  local: {len(thread_errors)} exception(s) in background threads (limits MemoryStorage expiry timer), e.g. {thread_errors[0]}"
+                f"  local: {len(thread_errors)} exception(s) in background threads "
+                f"(limits MemoryStorage expiry timer), e.g. {thread_errors[0]}"
             )
 
 
@@ -337,7 +338,8 @@ def _run_local(settings: Settings, thread_errors: list[str]) -> list[dict[str, A
                     pass
             results.append(row)
             log(
-                f"  local {scenario:8s} {c['lib']:14s} {c['variant']:38s} {st['median']:9.0f} ns/check  ({1e9 / st['median']:>10,.0f}/s, allowed {frac:.0%})"
+                f"  local {scenario:8s} {c['lib']:14s} {c['variant']:38s} {st['median']:9.0f} ns/check  "
+                f"({1e9 / st['median']:>10,.0f}/s, allowed {frac:.0%})"
             )
         del cases
     return results

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import redis
@@ -55,22 +56,17 @@ def _rows() -> list[tuple[str, str, Any, int, str]]:
 async def _write(call: Any, batch: int, keys: list[str], hits: int, concurrency: int = 100) -> None:
     for _ in range(hits):
         if batch:
-            chunks = [keys[i : i + batch] for i in range(0, len(keys), batch)]
-            it = iter(chunks)
-
-            async def bworker() -> None:
-                for ch in it:
-                    await call(ch)
-
-            await asyncio.gather(*(bworker() for _ in range(4)))
+            chunks = iter([keys[i : i + batch] for i in range(0, len(keys), batch)])
+            await asyncio.gather(*(_drain(chunks, call) for _ in range(4)))
         else:
-            it2 = iter(keys)
+            one_by_one = iter(keys)
+            await asyncio.gather(*(_drain(one_by_one, call) for _ in range(concurrency)))
 
-            async def worker() -> None:
-                for k in it2:
-                    await call(k)
 
-            await asyncio.gather(*(worker() for _ in range(concurrency)))
+async def _drain(items: Iterator[Any], call: Any) -> None:
+    """One worker: call ``call`` on items from the shared iterator until it runs out."""
+    for item in items:
+        await call(item)
 
 
 def _used(r: redis.Redis) -> int:

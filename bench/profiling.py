@@ -31,7 +31,7 @@ def _top(pr: cProfile.Profile, n: int, calls_norm: int) -> list[dict[str, Any]]:
     st = pstats.Stats(pr)
     total = st.total_tt  # type: ignore[attr-defined]
     rows = []
-    for (fname, line, func), (cc, nc, tt, ct, _) in st.stats.items():  # type: ignore[attr-defined]
+    for (fname, line, func), (_cc, nc, tt, ct, _) in st.stats.items():  # type: ignore[attr-defined]
         where = "/".join(fname.split("/")[-2:])
         rows.append((tt, ct, nc, re.sub(r" at 0x[0-9a-f]+", "", func) if fname == "~" else f"{where}:{line}({func})"))
     rows.sort(reverse=True)
@@ -191,6 +191,8 @@ def run_profile(settings: Settings, url: str | None) -> dict[str, Any]:
         out["distributed"] = distributed_profile(settings, url)
         for c in out["distributed"]["connections"]:
             log(
-                f"  profile dist   100 tasks over {c['instances']} RedisLimiter instance(s): {c['decisions_per_s_median']:>9,}/s (client cpu {c['client_cpu_util']:.0%}, redis cpu {c['redis_cpu_util']:.0%})"
+                f"  profile dist   100 tasks over {c['instances']} RedisLimiter instance(s): "
+                f"{c['decisions_per_s_median']:>9,}/s (client cpu {c['client_cpu_util']:.0%}, "
+                f"redis cpu {c['redis_cpu_util']:.0%})"
             )
     return out

@@ -35,14 +35,13 @@
 
 typedef struct {
     PyObject_HEAD
-    PyObject *data;        /* the OrderedDict: key -> [state, algorithm, last_seen_us, expires_us] */
+    PyObject *data;        /* the OrderedDict: key -> [state, algorithm, last_seen_us, expires_us, function] */
     PyObject *locked;      /* bound lock.locked */
     PyObject *move_to_end; /* bound data.move_to_end */
     PyObject *slow;        /* LocalLimiter._check_py(key, policy, cost, now_us) */
     PyObject *clock;       /* None: CLOCK_REALTIME, as time.time_ns() // 1000 */
     PyObject *decision_type;
-    PyObject *token_bucket_alg; /* Algorithm.TOKEN_BUCKET */
-    PyObject *token_bucket_fn;  /* algorithms.token_bucket */
+    PyObject *token_bucket_alg; /* Algorithm.TOKEN_BUCKET: its pure function is algorithms.token_bucket */
     Py_ssize_t off_allowed, off_remaining, off_limit, off_retry, off_reset;
     /* the last policy seen, by identity (Policy is frozen; the reference keeps it alive) */
     PyObject *policy;
@@ -55,7 +54,7 @@ typedef struct {
 } FastCheck;
 
 static PyObject *one; /* the default cost */
-static PyObject *str_algorithm, *str_fn, *str_burst_f, *str_rate_per_us, *str_limit, *str_ttl_us, *str_cost, *str_now_us;
+static PyObject *str_algorithm, *str_burst_f, *str_rate_per_us, *str_limit, *str_ttl_us, *str_cost, *str_now_us;
 
 static int
 member_offset(PyObject *type, const char *name, Py_ssize_t *out)
@@ -86,9 +85,9 @@ member_offset(PyObject *type, const char *name, Py_ssize_t *out)
 static int
 FastCheck_init(FastCheck *self, PyObject *args, PyObject *kwds)
 {
-    PyObject *data, *lock, *slow, *clock, *decision_type, *alg, *fn;
-    static char *kwlist[] = {"data", "lock", "slow", "clock", "decision_type", "token_bucket_alg", "token_bucket_fn", NULL};
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOOOOOO", kwlist, &data, &lock, &slow, &clock, &decision_type, &alg, &fn))
+    PyObject *data, *lock, *slow, *clock, *decision_type, *alg;
+    static char *kwlist[] = {"data", "lock", "slow", "clock", "decision_type", "token_bucket_alg", NULL};
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOOOOO", kwlist, &data, &lock, &slow, &clock, &decision_type, &alg))
         return -1;
     if (!PyDict_Check(data)) {
         PyErr_SetString(PyExc_TypeError, "data: must be a dict (an OrderedDict)");
@@ -128,8 +127,6 @@ FastCheck_init(FastCheck *self, PyObject *args, PyObject *kwds)
     Py_XSETREF(self->decision_type, decision_type);
     Py_INCREF(alg);
     Py_XSETREF(self->token_bucket_alg, alg);
-    Py_INCREF(fn);
-    Py_XSETREF(self->token_bucket_fn, fn);
     Py_CLEAR(self->policy);
     Py_CLEAR(self->policy_limit);
     return 0;
@@ -145,7 +142,6 @@ FastCheck_traverse(FastCheck *self, visitproc visit, void *arg)
     Py_VISIT(self->clock);
     Py_VISIT(self->decision_type);
     Py_VISIT(self->token_bucket_alg);
-    Py_VISIT(self->token_bucket_fn);
     Py_VISIT(self->policy);
     Py_VISIT(self->policy_limit);
     return 0;
@@ -161,7 +157,6 @@ FastCheck_clear(FastCheck *self)
     Py_CLEAR(self->clock);
     Py_CLEAR(self->decision_type);
     Py_CLEAR(self->token_bucket_alg);
-    Py_CLEAR(self->token_bucket_fn);
     Py_CLEAR(self->policy);
     Py_CLEAR(self->policy_limit);
     return 0;
@@ -183,12 +178,12 @@ load_policy(FastCheck *self, PyObject *policy)
     if (policy == self->policy)
         return self->policy_fast;
     int fast = 0;
-    PyObject *alg = NULL, *fn = NULL, *burst = NULL, *rate = NULL, *limit = NULL, *ttl = NULL;
+    PyObject *alg = NULL, *burst = NULL, *rate = NULL, *limit = NULL, *ttl = NULL;
     alg = PyObject_GetAttr(policy, str_algorithm);
-    fn = alg ? PyObject_GetAttr(policy, str_fn) : NULL;
-    if (fn == NULL)
+    if (alg == NULL)
         goto done;
-    if (alg == self->token_bucket_alg && fn == self->token_bucket_fn) {
+    /* an unlimited policy has rate 0 and is left to the Python path (r > 0.0 below) */
+    if (alg == self->token_bucket_alg) {
         burst = PyObject_GetAttr(policy, str_burst_f);
         rate = burst ? PyObject_GetAttr(policy, str_rate_per_us) : NULL;
         limit = rate ? PyObject_GetAttr(policy, str_limit) : NULL;
@@ -213,7 +208,6 @@ done:
     /* a policy without these attributes is the Python path's to reject */
     PyErr_Clear();
     Py_XDECREF(alg);
-    Py_XDECREF(fn);
     Py_XDECREF(burst);
     Py_XDECREF(rate);
     Py_XDECREF(ttl);
@@ -353,7 +347,7 @@ FastCheck_vectorcall(PyObject *callable, PyObject *const *args, size_t nargsf, P
             }
             SLOW(); /* a new key: insertion, sweep and eviction are the Python path's */
         }
-        if (!PyList_CheckExact(entry) || PyList_GET_SIZE(entry) != 4 || PyList_GET_ITEM(entry, 1) != self->token_bucket_alg)
+        if (!PyList_CheckExact(entry) || PyList_GET_SIZE(entry) != 5 || PyList_GET_ITEM(entry, 1) != self->token_bucket_alg)
             SLOW();
         PyObject *state = PyList_GET_ITEM(entry, 0);
         if (!PyTuple_CheckExact(state) || PyTuple_GET_SIZE(state) != 2)
@@ -454,7 +448,7 @@ FastCheck_vectorcall(PyObject *callable, PyObject *const *args, size_t nargsf, P
             Py_DECREF(lk);
         }
         PyObject *again = (busy == 0) ? PyDict_GetItemWithError(self->data, key) : NULL;
-        int moved = busy != 0 || again != entry || PyList_GET_SIZE(entry) != 4 || PyList_GET_ITEM(entry, 0) != state;
+        int moved = busy != 0 || again != entry || PyList_GET_SIZE(entry) != 5 || PyList_GET_ITEM(entry, 0) != state;
         if (moved || PyErr_Occurred()) {
             Py_DECREF(dec);
             Py_XDECREF(new_state);
@@ -470,7 +464,7 @@ FastCheck_vectorcall(PyObject *callable, PyObject *const *args, size_t nargsf, P
                 SLOW(); /* a locked Python path is running: queue behind it */
             continue;
         }
-        /* write: entry = [state, algorithm, last_seen_us, expires_us] */
+        /* write: entry = [state, algorithm, last_seen_us, expires_us, function]; algorithm and function stay */
         if (allowed)
             set_item(entry, 0, new_state);
         Py_INCREF(now_obj);
@@ -548,7 +542,6 @@ PyInit__speedups(void)
 {
 #define INTERN(var, s) if ((var = PyUnicode_InternFromString(s)) == NULL) return NULL
     INTERN(str_algorithm, "algorithm");
-    INTERN(str_fn, "fn");
     INTERN(str_burst_f, "burst_f");
     INTERN(str_rate_per_us, "rate_per_us");
     INTERN(str_limit, "limit");

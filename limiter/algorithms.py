@@ -40,13 +40,13 @@ from .policy import Algorithm, Decision, Policy, make_decision
 __all__ = [
     "ALGORITHMS",
     "EPSILON",
+    "decide",
     "fixed_window",
     "gcra",
     "sliding_log",
     "sliding_window",
     "token_bucket",
     "token_bucket_tokens",
-    "decide",
 ]
 
 # Float remainders such as 19.999999999999996 tokens are shown as 20 whole tokens.

@@ -33,26 +33,27 @@ contain characters that would corrupt a log line.
 from __future__ import annotations
 
 import hashlib
-import ipaddress
 import re
 import unicodedata
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from enum import Enum
 from typing import Literal, get_args
 from urllib.parse import quote
 
+from .proxies import IPAddress, TrustedProxies, parse_ip
+
 __all__ = [
-    "InvalidKeyError",
-    "MissingKeyError",
-    "KeyStrategy",
-    "TrustedProxies",
-    "KeyExtractor",
+    "DEFAULT_MAX_KEY_LENGTH",
     "ForwardedMode",
-    "validate_key",
+    "InvalidKeyError",
+    "KeyExtractor",
+    "KeyStrategy",
+    "MissingKeyError",
+    "TrustedProxies",
     "api_key_id",
     "redis_key",
-    "DEFAULT_MAX_KEY_LENGTH",
+    "validate_key",
 ]
 
 DEFAULT_MAX_KEY_LENGTH = 256
@@ -83,7 +84,6 @@ _API_KEY_HEX_CHARS = 32
 _API_KEY_ID_LENGTH = len(_API_KEY_PREFIX) + _API_KEY_HEX_CHARS
 _MAX_RAW_API_KEY_BYTES = 8192  # bearer tokens (JWTs) are long; only the hash is kept
 _LONGEST_IP_TEXT = 39  # "ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff"
-_MAX_IP_TOKEN_CHARS = 128  # anything longer is not an address; skip the parser
 
 # Segment characters kept verbatim by :meth:`KeyExtractor.extract` (composite):
 # RFC 3986 pchar minus ":" and "%", so the key stays unambiguous.
@@ -102,7 +102,8 @@ class InvalidKeyError(ValueError):
         self.field = field
         self.message = message
 
-    def __reduce__(self):  # keep ``field`` across pickling (kw-only init)
+    def __reduce__(self) -> tuple[Callable[..., InvalidKeyError], tuple[type[InvalidKeyError], str, str]]:
+        # keep ``field`` across pickling (kw-only init)
         return (_rebuild_error, (type(self), self.message, self.field))
 
 
@@ -231,148 +232,6 @@ def _lookup_strategy(value: object) -> KeyStrategy | None:
     if not isinstance(value, str):
         return None
     return _STRATEGY_BY_NAME.get(_normalise_strategy_name(value))
-
-
-_IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
-_IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
-
-
-def _parse_ip(token: object) -> _IPAddress | None:
-    """Parse one address as found in a header or peer field; None if unusable.
-
-    Accepts ``1.2.3.4``, ``1.2.3.4:8080``, ``2001:db8::1``, ``[2001:db8::1]`` and
-    ``[2001:db8::1]:8080``. IPv6 zone ids are dropped and IPv4-mapped IPv6
-    addresses (``::ffff:1.2.3.4``, what dual-stack sockets report) become plain
-    IPv4, so one client always gets one key.
-    """
-    if isinstance(token, (ipaddress.IPv4Address, ipaddress.IPv6Address)):
-        ip: _IPAddress = token
-    else:
-        if not isinstance(token, str):
-            return None
-        text = token.strip()
-        if not text or len(text) > _MAX_IP_TOKEN_CHARS:
-            return None
-        v4_with_port = False
-        if text.startswith("["):
-            end = text.find("]")
-            if end == -1:
-                return None
-            rest = text[end + 1 :]
-            if rest and not (rest[0] == ":" and rest[1:].isascii() and rest[1:].isdigit()):
-                return None
-            text = text[1:end]
-        elif text.count(":") == 1:
-            text, _, port = text.partition(":")
-            if not (port.isascii() and port.isdigit()):
-                return None
-            v4_with_port = True
-        try:
-            ip = ipaddress.ip_address(text)
-        except ValueError:
-            return None
-        if v4_with_port and ip.version != 4:
-            return None
-    if isinstance(ip, ipaddress.IPv6Address):
-        if ip.ipv4_mapped is not None:
-            return ip.ipv4_mapped
-        if ip.scope_id is not None:
-            return ipaddress.IPv6Address(ip.packed)
-    return ip
-
-
-class TrustedProxies:
-    """The set of proxy addresses whose forwarding headers are believed.
-
-    Built from IPs and CIDR blocks, IPv4 or IPv6::
-
-        TrustedProxies(["10.0.0.0/8", "127.0.0.1", "::1"])
-        TrustedProxies.parse("10.0.0.0/8, 192.168.0.0/16")
-
-    An invalid entry raises :class:`ValueError` naming it. Host bits in a CIDR
-    are masked off (``10.0.0.1/8`` means ``10.0.0.0/8``). A plain string given
-    to the constructor is read as a comma-separated list. Empty (the default)
-    trusts nobody: forwarding headers are then always ignored. Immutable and
-    hashable.
-    """
-
-    __slots__ = ("_networks",)
-
-    def __init__(
-        self,
-        entries: Iterable[str | _IPAddress | _IPNetwork] | str = (),
-    ) -> None:
-        if isinstance(entries, str):
-            entries = _split_csv(entries)
-        networks: list[_IPNetwork] = []
-        for entry in entries:
-            net = _parse_network(entry)
-            if net not in networks:
-                networks.append(net)
-        self._networks: tuple[_IPNetwork, ...] = tuple(networks)
-
-    @classmethod
-    def parse(cls, value: str) -> TrustedProxies:
-        """From a comma-separated string (empty items are skipped; ``""`` = nobody)."""
-        if not isinstance(value, str):
-            raise ValueError(f"trusted proxies: expected a comma-separated string, got {value!r}")
-        return cls(_split_csv(value))
-
-    @property
-    def networks(self) -> tuple[_IPNetwork, ...]:
-        return self._networks
-
-    def contains(self, ip: str | _IPAddress | None) -> bool:
-        """True if ``ip`` lies in one of the networks; False for invalid input."""
-        if not self._networks:
-            return False
-        addr = _parse_ip(ip)
-        return addr is not None and self._contains(addr)
-
-    def _contains(self, addr: _IPAddress) -> bool:
-        return any(addr.version == net.version and addr in net for net in self._networks)
-
-    def __contains__(self, ip: object) -> bool:
-        return self.contains(ip)  # type: ignore[arg-type]
-
-    def __iter__(self) -> Iterator[_IPNetwork]:
-        return iter(self._networks)
-
-    def __len__(self) -> int:
-        return len(self._networks)
-
-    def __bool__(self) -> bool:
-        return bool(self._networks)
-
-    def __eq__(self, other: object) -> bool:
-        if not isinstance(other, TrustedProxies):
-            return NotImplemented
-        return set(self._networks) == set(other._networks)
-
-    def __hash__(self) -> int:
-        return hash(frozenset(self._networks))
-
-    def __repr__(self) -> str:
-        return f"TrustedProxies({[str(n) for n in self._networks]!r})"
-
-
-def _split_csv(value: str) -> list[str]:
-    return [item.strip() for item in value.split(",") if item.strip()]
-
-
-def _parse_network(entry: object) -> _IPNetwork:
-    if isinstance(entry, (ipaddress.IPv4Network, ipaddress.IPv6Network)):
-        return entry
-    if isinstance(entry, (ipaddress.IPv4Address, ipaddress.IPv6Address)):
-        return ipaddress.ip_network(entry)
-    if isinstance(entry, str):
-        text = entry.strip()
-        if text:
-            try:
-                return ipaddress.ip_network(text, strict=False)
-            except ValueError:
-                pass
-    raise ValueError(f"trusted proxies: invalid entry {entry!r}: not an IP address or CIDR block")
 
 
 def _header_values(headers: Mapping[str, str], name: str) -> list[str]:
@@ -539,9 +398,9 @@ class KeyExtractor:
     # -- strategies -------------------------------------------------------------
 
     def _client_ip_key(self, client_ip: str | None, headers: Mapping[str, str]) -> str:
-        peer = _parse_ip(client_ip)
-        chosen: _IPAddress | None = peer
-        if peer is not None and self.trusted_proxies._contains(peer):
+        peer = parse_ip(client_ip)
+        chosen: IPAddress | None = peer
+        if peer is not None and self.trusted_proxies.contains_address(peer):
             forwarded = (
                 self._rightmost_untrusted(headers)
                 if self.forwarded_mode == "rightmost_untrusted"
@@ -558,15 +417,15 @@ class KeyExtractor:
             )
         return str(chosen)
 
-    def _rightmost_untrusted(self, headers: Mapping[str, str]) -> _IPAddress | None:
-        last_trusted: _IPAddress | None = None
+    def _rightmost_untrusted(self, headers: Mapping[str, str]) -> IPAddress | None:
+        last_trusted: IPAddress | None = None
         for hop in reversed(_forwarded_hops(headers)):
             if not hop.strip():
                 continue
-            ip = _parse_ip(hop)
+            ip = parse_ip(hop)
             if ip is None:
                 break  # cannot vouch for anything further left
-            if not self.trusted_proxies._contains(ip):
+            if not self.trusted_proxies.contains_address(ip):
                 return ip
             last_trusted = ip
         return last_trusted
@@ -598,9 +457,9 @@ class KeyExtractor:
         return api_key_id(raw)
 
 
-def _first_valid(tokens: Iterable[str]) -> _IPAddress | None:
+def _first_valid(tokens: Iterable[str]) -> IPAddress | None:
     for token in tokens:
-        ip = _parse_ip(token)
+        ip = parse_ip(token)
         if ip is not None:
             return ip
     return None

@@ -20,7 +20,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from .algorithms import decide, token_bucket
+from .algorithms import ALGORITHMS, decide, token_bucket_tokens
 from .policy import Algorithm, BucketView, Decision, Policy, make_decision, validate_cost
 
 try:  # the C hot path (limiter/_speedups.c); optional, same answers
@@ -28,7 +28,7 @@ try:  # the C hot path (limiter/_speedups.c); optional, same answers
 except ImportError:  # pragma: no cover - only where no compiler was available at install
     _FastCheck = None
 
-__all__ = ["LocalLimiter", "LocalKeyInfo", "speedups_available"]
+__all__ = ["LocalKeyInfo", "LocalLimiter", "speedups_available"]
 
 
 def speedups_available() -> bool:
@@ -79,7 +79,9 @@ class LocalLimiter:
         self.max_keys = max_keys
         self._clock = clock
         self._custom_clock = clock is not _now_us  # the default clock is inlined in check()
-        # key -> [state, algorithm, last_seen_us, expires_us]; ordered oldest access first
+        # key -> [state, algorithm, last_seen_us, expires_us, the algorithm's pure function];
+        # ordered oldest access first. The entry keeps the function so a check on a known key
+        # does not look it up again (Policy only names its algorithm)
         self._data: OrderedDict[str, list[Any]] = OrderedDict()
         self._lock = threading.Lock()
         self.evicted = 0
@@ -99,7 +101,6 @@ class LocalLimiter:
                 clock if self._custom_clock else None,
                 Decision,
                 Algorithm.TOKEN_BUCKET,
-                token_bucket,
             )
 
     def check(self, key: str, policy: Policy, cost: int = 1, now_us: int | None = None) -> Decision:
@@ -114,8 +115,7 @@ class LocalLimiter:
             now_us = self._clock() if self._custom_clock else _time_ns() // 1000
         if cost.__class__ is not int or cost < 1 or cost > policy.limit:
             cost = validate_cost(policy, cost)
-        fn = policy.fn
-        if fn is None:  # unlimited
+        if policy.unlimited:
             return make_decision(True, policy.limit, policy.limit, 0, 0)
         alg = policy.algorithm
         data = self._data
@@ -124,18 +124,23 @@ class LocalLimiter:
         try:
             entry = data.get(key)
             if entry is None:
+                fn = ALGORITHMS[alg]
                 decision, state = fn(None, now_us, policy, cost)
                 if state is not None:
                     # idle keys are dropped as new ones arrive (and by sweep())
                     self._sweep_front(now_us)
                     if len(data) >= self.max_keys:
                         self._evict()
-                    data[key] = [state, alg, now_us, now_us + policy.ttl_us + decision.reset_after_us]
+                    data[key] = [state, alg, now_us, now_us + policy.ttl_us + decision.reset_after_us, fn]
             else:
                 data.move_to_end(key)
-                decision, state = fn(entry[0] if entry[1] is alg else None, now_us, policy, cost)
+                if entry[1] is alg:
+                    decision, state = entry[4](entry[0], now_us, policy, cost)
+                else:  # the key's policy changed algorithm: its state starts afresh
+                    fn = entry[4] = ALGORITHMS[alg]
+                    decision, state = fn(None, now_us, policy, cost)
+                    entry[1] = alg
                 entry[0] = state
-                entry[1] = alg
                 entry[2] = now_us
                 expires = now_us + policy.ttl_us + decision.reset_after_us
                 if expires > entry[3]:
@@ -154,8 +159,6 @@ class LocalLimiter:
             entry = self._data.get(key)
             state = entry[0] if entry is not None and entry[1] is policy.algorithm else None
         if policy.algorithm is Algorithm.TOKEN_BUCKET and not policy.unlimited:
-            from .algorithms import token_bucket_tokens
-
             tokens = token_bucket_tokens(state, now_us, policy)
             d, _ = decide(state, now_us, policy, 0)
             return BucketView(tokens, policy.limit, state is not None, d.reset_after_us)
@@ -170,6 +173,15 @@ class LocalLimiter:
         with self._lock:
             entry = self._data.get(key)
             return None if entry is None else entry[0]
+
+    def info(self, key: str) -> LocalKeyInfo | None:
+        """What the limiter holds for ``key`` (``None`` when unknown)."""
+        with self._lock:
+            entry = self._data.get(key)
+            if entry is None:
+                return None
+            state, alg, seen, expires, _ = entry
+        return LocalKeyInfo(key, alg, state, seen, expires)
 
     def reset(self, key: str) -> bool:
         """Forget ``key``; True when it was known."""
@@ -189,7 +201,7 @@ class LocalLimiter:
         """A snapshot of every key's record, least recently used first."""
         with self._lock:
             snapshot = [(k, list(v)) for k, v in self._data.items()]
-        for k, (state, alg, seen, exp) in snapshot:
+        for k, (state, alg, seen, exp, _) in snapshot:
             yield LocalKeyInfo(k, alg, state, seen, exp)
 
     def __len__(self) -> int:

@@ -19,7 +19,6 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any
 
 __all__ = [
     "Algorithm",
@@ -87,7 +86,37 @@ def _span(seconds: float) -> str:
     return f"{seconds / 86_400:.3g} days"
 
 
-@dataclass(frozen=True, slots=True)
+def _burst(burst: object, average: float, unlimited: bool) -> int:
+    """The bucket size: given (a whole number in bounds) or ``ceil(average)``."""
+    if burst is None:
+        return max(1, math.ceil(average)) if not unlimited else 1
+    b = _number("burst", burst)
+    if b != int(b):
+        raise ValueError(f"burst: must be a whole number of tokens, got {burst!r}")
+    if b < 1 or b > _MAX_BURST:
+        raise ValueError(f"burst: must be between 1 and {_MAX_BURST}, got {burst!r}")
+    return int(b)
+
+
+def _check_rate(algorithm: Algorithm, average: float, period: float, burst: int, period_us: int) -> float:
+    """Refuse a rate outside the bounds (module docstring); returns the emission interval in us."""
+    refill_s = burst * period / average  # a full bucket from empty; also drives the key TTL
+    if refill_s > MAX_REFILL_S:
+        raise ValueError(
+            f"average: {average:g} per {period:g} s takes {refill_s:.10g} s ({_span(refill_s)}) to refill "
+            f"burst {burst}; at most 10 years ({MAX_REFILL_S} s) is allowed: raise average, or lower burst or period"
+        )
+    emission_us = period_us / average
+    if algorithm is Algorithm.GCRA and emission_us < MIN_EMISSION_US:
+        raise ValueError(
+            f"average: gcra needs at least {MIN_EMISSION_US:g} us per token (average / period at most "
+            f"{1_000_000 / MIN_EMISSION_US:.0f} per second), got {emission_us:.3g} us; "
+            "use token_bucket for higher rates"
+        )
+    return emission_us
+
+
+@dataclass(frozen=True, slots=True, init=False)
 class Policy:
     """How much a key may send.
 
@@ -95,17 +124,18 @@ class Policy:
     ``burst`` tokens (token bucket, GCRA). The windowed algorithms allow
     ``floor(average)`` requests per window of ``period`` seconds and ignore burst
     except for the key TTL. ``average <= 0`` means unlimited (seed 000).
+    ``algorithm`` is an :class:`Algorithm` or its name (``"gcra"``).
 
     >>> Policy(average=100, period=1.0, burst=20).limit
     20
     """
 
     average: float
-    period: float = 1.0
-    burst: int | None = None
-    algorithm: Algorithm | str = Algorithm.TOKEN_BUCKET
+    period: float
+    burst: int
+    algorithm: Algorithm
 
-    # derived, computed once in __post_init__ so the hot path does no arithmetic twice
+    # derived, computed once in __init__ so the hot path does no arithmetic twice
     period_us: int = field(init=False, repr=False, compare=False)
     unlimited: bool = field(init=False, repr=False, compare=False)
     limit: int = field(init=False, repr=False, compare=False)
@@ -114,80 +144,57 @@ class Policy:
     emission_us: float = field(init=False, repr=False, compare=False)
     ttl_s: int = field(init=False, repr=False, compare=False)
     ttl_us: int = field(init=False, repr=False, compare=False)
-    fn: Any = field(init=False, repr=False, compare=False)  # the algorithm's pure function; None when unlimited
 
-    def __post_init__(self) -> None:
+    def __init__(
+        self,
+        average: float,
+        period: float = 1.0,
+        burst: int | None = None,
+        algorithm: Algorithm | str = Algorithm.TOKEN_BUCKET,
+    ) -> None:
         s = object.__setattr__
         try:
-            algorithm = Algorithm(self.algorithm)
+            alg = Algorithm(algorithm)
         except ValueError:
             allowed = ", ".join(a.value for a in Algorithm)
-            raise ValueError(f"algorithm: must be one of {allowed}, got {self.algorithm!r}") from None
-        s(self, "algorithm", algorithm)
-        average = _number("average", self.average)
-        period = _number("period", self.period)
-        if period < MIN_PERIOD_S or period > MAX_PERIOD_S:
-            raise ValueError(
-                f"period: must be between {MIN_PERIOD_S} and {MAX_PERIOD_S:.0f} seconds, got {self.period!r}"
-            )
-        s(self, "average", average)
-        s(self, "period", period)
-        period_us = round(period * 1_000_000)
+            raise ValueError(f"algorithm: must be one of {allowed}, got {algorithm!r}") from None
+        s(self, "algorithm", alg)
+        avg = _number("average", average)
+        per = _number("period", period)
+        if per < MIN_PERIOD_S or per > MAX_PERIOD_S:
+            raise ValueError(f"period: must be between {MIN_PERIOD_S} and {MAX_PERIOD_S:.0f} seconds, got {period!r}")
+        s(self, "average", avg)
+        s(self, "period", per)
+        period_us = round(per * 1_000_000)
         s(self, "period_us", period_us)
-        unlimited = average <= 0
+        unlimited = avg <= 0
         s(self, "unlimited", unlimited)
-
-        if algorithm.windowed and not unlimited and average < 1:
+        if alg.windowed and not unlimited and avg < 1:
             raise ValueError(
-                f"average: {algorithm.value} counts whole requests per window, so it must be >= 1 (or <= 0 for unlimited), got {self.average!r}"
+                f"average: {alg.value} counts whole requests per window, so it must be >= 1 "
+                f"(or <= 0 for unlimited), got {average!r}"
             )
-        if average > MAX_AVERAGE:
-            raise ValueError(f"average: must be at most {MAX_AVERAGE} per period, got {average:g}")
-
-        burst = self.burst
-        if burst is None:
-            burst = max(1, math.ceil(average)) if not unlimited else 1
-        else:
-            b = _number("burst", burst)
-            if b != int(b):
-                raise ValueError(f"burst: must be a whole number of tokens, got {burst!r}")
-            burst = int(b)
-            if burst < 1 or burst > _MAX_BURST:
-                raise ValueError(f"burst: must be between 1 and {_MAX_BURST}, got {self.burst!r}")
-        s(self, "burst", burst)
-        s(self, "burst_f", float(burst))
-
+        if avg > MAX_AVERAGE:
+            raise ValueError(f"average: must be at most {MAX_AVERAGE} per period, got {avg:g}")
+        b = _burst(burst, avg, unlimited)
+        s(self, "burst", b)
+        s(self, "burst_f", float(b))
         if unlimited:
-            s(self, "limit", burst)
+            s(self, "limit", b)
             s(self, "rate_per_us", 0.0)
             s(self, "emission_us", 0.0)
-            s(self, "ttl_s", math.ceil(period) * 2)
+            s(self, "ttl_s", math.ceil(per) * 2)
             s(self, "ttl_us", self.ttl_s * 1_000_000)
-            s(self, "fn", None)
             return
-        refill_s = burst * period / average  # a full bucket from empty; also drives the key TTL
-        if refill_s > MAX_REFILL_S:
-            raise ValueError(
-                f"average: {average:g} per {period:g} s takes {refill_s:.10g} s ({_span(refill_s)}) to refill burst {burst}; "
-                f"at most 10 years ({MAX_REFILL_S} s) is allowed: raise average, or lower burst or period"
-            )
-        emission_us = period_us / average
-        if algorithm is Algorithm.GCRA and emission_us < MIN_EMISSION_US:
-            raise ValueError(
-                f"average: gcra needs at least {MIN_EMISSION_US:g} us per token (average / period at most "
-                f"{1_000_000 / MIN_EMISSION_US:.0f} per second), got {emission_us:.3g} us; use token_bucket for higher rates"
-            )
-        s(self, "limit", math.floor(average) if algorithm.windowed else burst)
-        s(self, "rate_per_us", average / period_us)
+        emission_us = _check_rate(alg, avg, per, b, period_us)
+        s(self, "limit", math.floor(avg) if alg.windowed else b)
+        s(self, "rate_per_us", avg / period_us)
         s(self, "emission_us", emission_us)
         # seed 000: TTL = max(ceil(burst / average_per_second), period_seconds) + period_seconds
-        per_s = average / period
-        period_s = math.ceil(period)
-        s(self, "ttl_s", max(math.ceil(burst / per_s), period_s) + period_s)
+        per_s = avg / per
+        period_s = math.ceil(per)
+        s(self, "ttl_s", max(math.ceil(b / per_s), period_s) + period_s)
         s(self, "ttl_us", self.ttl_s * 1_000_000)
-        from .algorithms import ALGORITHMS  # runtime import: algorithms imports this module
-
-        s(self, "fn", ALGORITHMS[algorithm])
 
     @classmethod
     def unlimited_policy(cls) -> Policy:

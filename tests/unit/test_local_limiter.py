@@ -367,7 +367,7 @@ def test_incremental_sweep_during_checks_is_harmless():
     rng = random.Random(7)
     now = T0
     reqs = []
-    for i in range(10_000):
+    for _ in range(10_000):
         now += rng.randrange(0, 20_000)
         reqs.append((f"k{rng.randrange(200)}", now))
     state = {}

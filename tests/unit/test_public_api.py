@@ -25,6 +25,58 @@ def test_limiter_public_names():
         assert getattr(limiter, name) is not None
 
 
+def test_limiter_resp_public_names():
+    import limiter.resp as resp
+
+    assert resp.__all__ == sorted(resp.__all__)
+    assert resp.__all__ == [
+        "ClusterBackend",
+        "Endpoint",
+        "NodeClient",
+        "NodeConnection",
+        "RedisTarget",
+        "ReplyError",
+        "StandaloneBackend",
+        "bulk",
+        "encode_command",
+        "parse_redis_url",
+    ]
+    for name in resp.__all__:
+        assert getattr(resp, name) is not None
+
+
+def test_limiter_embedded_public_names():
+    import limiter.embedded as embedded
+
+    assert embedded.__all__ == sorted(embedded.__all__)
+    assert embedded.__all__ == [
+        "CLUSTER_SLOTS",
+        "ENV_SERVER_BIN",
+        "EmbeddedCluster",
+        "EmbeddedRedis",
+        "EmbeddedRedisError",
+        "find_redis_server",
+        "main",
+        "slot_ranges",
+    ]
+    for name in embedded.__all__:
+        assert getattr(embedded, name) is not None
+
+
+def test_the_runtime_path_never_imports_the_embedded_launcher():
+    """limiter.embedded (private redis-server processes) is for the demo, tests, benchmarks
+    and ``serve --embedded-redis``, which imports it lazily: serving never loads it."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, limiter, limiter.resilience, control_plane, control_plane.app, control_plane.cli, "
+        "control_plane.wiring; print(sorted(m for m in sys.modules if m.startswith('limiter.embedded')))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
+
+
 def test_control_plane_public_names():
     assert sorted(control_plane.__all__) == [
         "Engine",
@@ -122,7 +174,7 @@ def _absolute_imports(package) -> list[tuple[str, str]]:
     import pathlib
 
     found = []
-    for path in pathlib.Path(package.__file__).parent.glob("*.py"):
+    for path in pathlib.Path(package.__file__).parent.rglob("*.py"):
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.Import):
                 found += [(path.name, a.name) for a in node.names]
