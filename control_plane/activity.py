@@ -8,6 +8,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from limiter import Policy
 
@@ -29,6 +30,7 @@ class RouteActivity:
     minute: int
     per_second: dict[int, int] = field(default_factory=dict)  # unix second -> decisions
     external: dict[str, tuple[Policy, Policy]] = field(default_factory=dict)  # key -> last external policies
+    second: int = -1  # the unix second of the last request counted
 
 
 class Activity:
@@ -40,28 +42,35 @@ class Activity:
 
     def note(self, route: str, key: str, now_s: float) -> dict[str, LastDecision]:
         """Count one request; returns the route's last-decision map (for the caller to
-        record the decision in)."""
+        record the decision in). Per request: a dict lookup or two; what changes once a
+        second (the minute, old seconds, a bound) is done when the second changes."""
         act = self._routes.get(route)
-        minute = int(now_s // 60)
-        if act is None or act.minute != minute:
-            act = self._next_minute(route, act, minute)
+        sec = int(now_s)
+        if act is None or act.second != sec:
+            act = self._next_second(route, act, sec)
         counts = act.counts
         n = counts.get(key)
         if n is not None:
             counts[key] = n + 1
         elif len(counts) < MAX_ACTIVE_KEYS:
             counts[key] = 1
-        sec = int(now_s)
+        act.per_second[sec] += 1
+        last = act.last
+        if len(last) > MAX_ACTIVE_KEYS:
+            _trim(last)
+        return last
+
+    def _next_second(self, route: str, act: RouteActivity | None, sec: int) -> RouteActivity:
+        minute = sec // 60
+        if act is None or act.minute != minute:
+            act = self._next_minute(route, act, minute)
+        act.second = sec
         ps = act.per_second
-        ps[sec] = ps.get(sec, 0) + 1
+        ps.setdefault(sec, 0)
         if len(ps) > 20:
             for old_sec in [t for t in ps if t < sec - 15]:
                 del ps[old_sec]
-        for kept in (act.last, act.external):
-            if len(kept) > MAX_ACTIVE_KEYS:
-                for k in list(kept)[:500]:
-                    del kept[k]
-        return act.last
+        return act
 
     def _next_minute(self, route: str, old: RouteActivity | None, minute: int) -> RouteActivity:
         act = RouteActivity(
@@ -86,6 +95,8 @@ class Activity:
         act = self._routes.get(route)
         if act is not None:
             act.external[key] = (local, dist)
+            if len(act.external) > MAX_ACTIVE_KEYS:
+                _trim(act.external)
 
     # -- reads ---------------------------------------------------------------------------
 
@@ -115,3 +126,9 @@ class Activity:
     def last_decision(self, route: str, key: str) -> LastDecision | None:
         act = self._routes.get(route)
         return None if act is None else act.last.get(key)
+
+
+def _trim(kept: dict[str, Any]) -> None:
+    """Forget the 500 oldest entries of a map past its bound."""
+    for k in list(kept)[:500]:
+        del kept[k]

@@ -93,11 +93,24 @@ def parse_batch(raw: bytes) -> list[BatchItem] | None:
     if len(body) != 1 or not items:
         return None
     out: list[BatchItem] = []
+    append = out.append
+    plain, (kmin, kmax), (rmin, rmax) = _PLAIN_FIELDS, KEY_LEN, ROUTE_LEN
     for it in items:
+        # the usual item, {"route": ..., "key": ...}, checked inline; anything else by _item
+        if it.__class__ is dict and len(it) == 2 and it.keys() <= plain:
+            route, key = it.get("route"), it.get("key")
+            if (
+                route.__class__ is str
+                and key.__class__ is str
+                and rmin <= len(route) <= rmax
+                and kmin <= len(key) <= kmax
+            ):
+                append((route, key, 1, None))
+                continue
         item = _item(it)
         if item is None:
             return None
-        out.append(item)
+        append(item)
     return out
 
 

@@ -38,7 +38,7 @@ from ..activity import Activity
 from ..metrics import Metrics
 from ..shadow import ShadowPipeline
 from .compare import Comparisons
-from .enforce import Path, divergence_of, failure_verdict
+from .enforce import Path, divergence_of, failure_verdict, path_for
 from .plan import RoutePlan, check_cost
 from .types import DecideInput, DecideResult, PlainInput, UnknownRoute
 
@@ -53,19 +53,6 @@ __all__ = ["Decider", "wall_clock_us"]
 def wall_clock_us() -> int:
     """The wall clock in integer microseconds (the decider's default clock)."""
     return time.time_ns() // 1000
-
-
-def _plain_key(key: Any) -> bool:
-    """A key that :func:`~limiter.keys.validate_key` returns unchanged (printable ASCII,
-    no surrounding space, not too long): checked inline, without the call."""
-    return (
-        key.__class__ is str
-        and 0 < len(key) <= DEFAULT_MAX_KEY_LENGTH
-        and key.isascii()
-        and key.isprintable()
-        and key[0] != " "
-        and key[-1] != " "
-    )
 
 
 class _Batch:
@@ -132,6 +119,8 @@ class Decider:
         self.metrics = metrics
         self.instance_id = instance_id
         self.clock_us = clock_us
+        self._wall_clock = clock_us is wall_clock_us  # read inline: no Python call per request
+        self._offer_shadow = shadow.queue.offer
         self._plans: dict[str, RoutePlan] = {}
         self._seq = 0
 
@@ -190,10 +179,11 @@ class Decider:
         self._resolve_all(b)
         if b.lookups:
             await self._lookup_external(b)
+        step = self._step
         try:
             for i in range(len(inputs)):
                 try:
-                    self._step(b, i)
+                    step(b, i)
                 except Exception as exc:  # noqa: BLE001 - one item never fails the batch
                     b.out[i] = exc
         finally:
@@ -204,20 +194,35 @@ class Decider:
 
     def _resolve_all(self, b: _Batch) -> None:
         rules_get = self._rules().get
+        rules, keys = b.rules, b.keys
         for i, inp in enumerate(b.inputs):
-            route, key = (inp[0], inp[1]) if inp.__class__ is tuple else (inp.route, inp.key)  # type: ignore[union-attr]
-            if route is not None and _plain_key(key):
+            route: str | None
+            key: Any
+            if inp.__class__ is tuple:
+                route, key = inp[0], inp[1]
+            else:
+                route, key = inp.route, inp.key  # type: ignore[union-attr]
+            if (  # a key validate_key returns unchanged (printable ASCII, no surrounding space), checked inline
+                route is not None
+                and key.__class__ is str
+                and 0 < len(key) <= DEFAULT_MAX_KEY_LENGTH
+                and key.isascii()
+                and key.isprintable()
+                and key[0] != " "
+                and key[-1] != " "
+            ):
                 rule = rules_get(route)
                 if rule is None:
-                    b.keys[i] = UnknownRoute(route)
+                    keys[i] = UnknownRoute(route)
                     continue
             else:
                 try:
                     rule, key = self.resolve(b.full(i))
                 except Exception as exc:  # noqa: BLE001 - UnknownRoute, ValueError, or unexpected: in place
-                    b.keys[i] = exc
+                    keys[i] = exc
                     continue
-            b.rules[i], b.keys[i] = rule, key
+            rules[i] = rule
+            keys[i] = key
             if rule.external is not None:
                 full = b.full(i)
                 if not (rule.deny.matches(key, full.client_ip) or rule.allow.matches(key, full.client_ip)):
@@ -241,7 +246,9 @@ class Decider:
                 b.ext[i] = res
 
     def _step(self, b: _Batch, i: int) -> None:
-        """Item ``i`` up to its local answer (or its place in the distributed burst)."""
+        """Item ``i`` up to its answer, or its place in the distributed burst: the plan's
+        policies, the lists, the local decision, then what the path says (answer now,
+        with the shadow evaluation queued, or wait for the distributed answer)."""
         rule = b.rules[i]
         if rule is None:
             b.out[i] = b.keys[i]
@@ -251,22 +258,52 @@ class Decider:
         if p is None or p.rule is not rule:
             p = b.plans[rule.name] = self.plan(rule)
         inp = b.items[i]
-        plain = inp.__class__ is tuple
-        cost = inp[2] if plain else inp.cost
-        request_id = (inp[3] if plain else inp.request_id) or self.next_id()
+        if inp.__class__ is tuple:
+            cost, request_id, client_ip = inp[2], inp[3], None
+        else:
+            cost, request_id, client_ip = inp.cost, inp.request_id, inp.client_ip
+        if not request_id:
+            self._seq += 1
+            request_id = f"{self.instance_id}-{self._seq}"
         res = b.ext.get(i) if b.ext else None
         if p.simple and res is None:
-            lp, dp, bkey, fp, fc = p.lp, p.dp, key, p.failure[0], p.failure[1]
+            lp, dp, bkey, (fp, fc) = p.lp, p.dp, key, p.failure
         else:
             lp, dp, bkey, fp, fc = p.policies(key, None if res is None else res.limits)
         if cost.__class__ is not int or not 1 <= cost <= p.cost_max or lp is not p.lp or dp is not p.dp:
             cost = check_cost(lp, dp, cost)
-        now_us = self.clock_us()
-        if p.lists:
-            client_ip = None if plain else inp.client_ip
-            if self._listed(b, i, p, key, client_ip, lp, request_id, now_us, res):
-                return
-        self._local(b, i, p, bkey, lp, dp, cost, request_id, now_us, res, fp, fc)
+        now_us = time.time_ns() // 1000 if self._wall_clock else self.clock_us()
+        if p.lists and self._listed(b, i, p, key, client_ip, lp, request_id, now_us, res):
+            return
+        key = bkey  # from here on, the bucket's key (an external tenant's, when it has one)
+        now_s = now_us / 1_000_000
+        lkey = p.prefix + key
+        local = self.local.check(lkey, lp, cost, now_us)
+        last = self.activity.note(p.name, key, now_s)
+        if res is not None:
+            self.activity.remember_external(p.name, key, lp, dp)
+        allowed = local.allowed
+        p.req[allowed] += 1
+        path = p.path or path_for(p.mode, p.percent, p.name, key)
+        if path is Path.DISTRIBUTED:
+            b.pend.append((i, p, key, local, request_id, now_s, dp, res, fp))
+            b.reqs.append((lkey, dp, cost, now_us))
+            b.ovs.append((fp, fc))
+            return
+        shadow = None
+        if path is Path.SHADOW:
+            shadow = dp
+            if not self._offer_shadow((lkey, dp, cost, now_us, p.name, key, allowed, request_id)):
+                p.dropped += 1
+        p.fin[allowed] += 1
+        p.remaining = local.remaining
+        last[key] = (now_s, allowed, "local")
+        if res is None:
+            b.out[i] = p.answer(b.as_dict, local, "local", 429, key, request_id, local, None, None, lp, shadow, now_s)
+        else:
+            b.out[i] = p.answer(
+                b.as_dict, local, "local", 429, key, request_id, local, None, None, lp, shadow, now_s, (None, None, res)
+            )
 
     def _listed(
         self, b: _Batch, i: int, p: RoutePlan, key: str, client_ip: str | None, lp: Policy, request_id: str,
@@ -283,47 +320,19 @@ class Decider:
             match = "allow"
         else:
             return False
-        headers = p.headers(d, lp, None, now_us / 1_000_000)
-        b.out[i] = p.answer(b.as_dict, d, "local", 403, key, request_id, d, None, None, headers, (match, None, res))
-        return True
-
-    def _local(
-        self, b: _Batch, i: int, p: RoutePlan, key: str, lp: Policy, dp: Policy, cost: int, request_id: str,
-        now_us: int, res: Resolution | None, fp: FailurePolicy | None, fc: int | None,
-    ) -> None:  # fmt: skip
-        """The local decision, then what the path says: answer now, queue the shadow
-        evaluation, or wait for the distributed answer."""
-        now_s = now_us / 1_000_000
-        name = p.name
-        lkey = p.prefix + key
-        local = self.local.check(lkey, lp, cost, now_us)
-        last = self.activity.note(name, key, now_s)
-        if res is not None:
-            self.activity.remember_external(name, key, lp, dp)
-        allowed = local.allowed
-        p.count_local(allowed)
-        path = p.path_of(key)
-        if path is Path.DISTRIBUTED:
-            b.pend.append((i, p, key, local, request_id, now_s, dp, res, fp))
-            b.reqs.append((lkey, dp, cost, now_us))
-            b.ovs.append((fp, fc))
-            return
-        shadow = None
-        if path is Path.SHADOW:
-            shadow = dp
-            if not self.shadow.offer((lkey, dp, cost, now_us, name, key, allowed, request_id)):
-                p.dropped += 1
-        p.count_final_local(local)
-        last[key] = (now_s, allowed, "local")
-        headers = p.headers(local, lp, shadow, now_s)
         b.out[i] = p.answer(
-            b.as_dict, local, "local", 429, key, request_id, local, None, None, headers, (None, None, res)
+            b.as_dict, d, "local", 403, key, request_id, d, None, None, lp, None, now_us / 1_000_000, (match, None, res)
         )
+        return True
 
     async def _distributed(self, b: _Batch) -> None:
         """One pipelined burst for every request whose distributed answer counts."""
         try:
-            outcomes = await self.resilient.check_many(b.reqs, overrides=b.ovs)
+            if len(b.reqs) == 1:  # one request (decide): the client's single-command path
+                (lkey, dp, cost, now_us), (fp, fc) = b.reqs[0], b.ovs[0]
+                outcomes = [await self.resilient.check(lkey, dp, cost, now_us, failure_policy=fp, failure_code=fc)]
+            else:
+                outcomes = await self.resilient.check_many(b.reqs, overrides=b.ovs)
         except Exception as exc:  # noqa: BLE001 - not a backend failure (those are outcomes): each item's error
             for entry in b.pend:
                 b.out[entry[0]] = exc
@@ -346,11 +355,10 @@ class Decider:
         dist: Decision = outcome.decision
         div = divergence_of(local.allowed, dist.allowed)
         self.comparisons.pair(p.name, key, div, request_id)
-        p.count_final_distributed(dist, div)
+        p.count_distributed(dist, div)
         self.activity.note_decision(p.name, key, (now_s, dist.allowed, "distributed"))
-        headers = p.headers(dist, dp, None, now_s)
         b.out[i] = p.answer(
-            b.as_dict, dist, "distributed", 429, key, request_id, local, dist, div, headers, (None, None, res)
+            b.as_dict, dist, "distributed", 429, key, request_id, local, dist, div, dp, None, now_s, (None, None, res)
         )
 
     def _failed(self, b: _Batch, entry: tuple[Any, ...], outcome: Outcome) -> None:
@@ -367,9 +375,10 @@ class Decider:
         m.child(m.decisions, p.name, p.mode_value, "failure_policy", "true" if d.allowed else "false").inc()
         p.remaining = d.remaining
         self.activity.note_decision(p.name, key, (now_s, d.allowed, "failure_policy"))
-        headers = p.headers(d, dp, None, now_s)
         extra = (None, outcome.error, res)
-        b.out[i] = p.answer(b.as_dict, d, "failure_policy", status, key, request_id, local, None, None, headers, extra)
+        b.out[i] = p.answer(
+            b.as_dict, d, "failure_policy", status, key, request_id, local, None, None, dp, None, now_s, extra
+        )
 
     def _flush(self, b: _Batch) -> None:
         m, comparisons = self.metrics, self.comparisons

@@ -44,8 +44,9 @@ def check_cost(local: Policy, dist: Policy, cost: object) -> int:
 class RoutePlan:
     """One route's plan (see the module docstring) and its pending metric increments.
 
-    Counters: ``req_*`` = rate_limit_requests_total{local}, ``fin_*`` = decisions enforced
-    by the local answer, ``dreq_*`` = distributed answers, ``div`` = divergence per class,
+    Counters, each ``[denied, allowed]`` (indexed by the decision's ``allowed``): ``req`` =
+    rate_limit_requests_total{local}, ``fin`` = decisions enforced by the local answer,
+    ``dreq`` = distributed answers; ``div`` = divergence per class,
     ``dropped`` = shadow evaluations dropped, ``remaining`` = the last value for
     rate_limit_tokens_remaining{route}. They are applied by :meth:`flush`, which the
     decider calls before every await, so nothing can observe them pending.
@@ -54,7 +55,7 @@ class RoutePlan:
     __slots__ = (
         "rule", "name", "prefix", "mode", "mode_value", "percent", "path", "lp", "dp", "simple", "lists",
         "failure", "cost_max", "adjust", "stamp", "l_shadow",
-        "req_ok", "req_rej", "fin_ok", "fin_rej", "dreq_ok", "dreq_rej", "div", "remaining", "dropped",
+        "req", "fin", "dreq", "div", "remaining", "dropped",
         "l_limit", "l_limit_s", "l_policy_h", "d_limit", "d_limit_s", "d_policy_h",
     )  # fmt: skip
 
@@ -82,7 +83,10 @@ class RoutePlan:
         self.failure = (rule.failure_policy, rule.failure_code)
         # check_cost(lp, dp, cost) passes for an int 1 <= cost <= cost_max
         self.cost_max = min(math.inf if lp.unlimited else lp.limit, math.inf if dp.unlimited else dp.limit)
-        self.req_ok = self.req_rej = self.fin_ok = self.fin_rej = self.dreq_ok = self.dreq_rej = self.dropped = 0
+        self.req = [0, 0]
+        self.fin = [0, 0]
+        self.dreq = [0, 0]
+        self.dropped = 0
         self.div: dict[Divergence, int] = {}
         self.remaining: int | None = None
         self.l_limit: int | None = None
@@ -109,22 +113,6 @@ class RoutePlan:
 
     # -- answers -------------------------------------------------------------------------
 
-    def headers(self, d: Decision, policy: Policy, shadow: Policy | None, now_s: float) -> dict[str, str]:
-        """The rate-limit headers of ``d`` (enforced under ``policy``, announcing
-        ``shadow``), from cached parts when these are the route's own policies."""
-        limit = d.limit
-        if policy is self.lp and shadow is self.l_shadow:
-            if limit != self.l_limit:
-                self.l_limit, self.l_limit_s = limit, str(limit)
-                self.l_policy_h = policy_header(self.name, limit, policy, shadow)
-            return render_headers(self.name, d, self.l_limit_s, self.l_policy_h, now_s)
-        if policy is self.dp and shadow is None:
-            if limit != self.d_limit:
-                self.d_limit, self.d_limit_s = limit, str(limit)
-                self.d_policy_h = policy_header(self.name, limit, policy, None)
-            return render_headers(self.name, d, self.d_limit_s, self.d_policy_h, now_s)
-        return rate_limit_headers(self.name, d, policy, shadow_policy=shadow, now_s=now_s)
-
     def answer(
         self,
         as_dict: bool,
@@ -136,11 +124,28 @@ class RoutePlan:
         local: Decision,
         dist: Decision | None,
         div: Divergence | None,
-        headers: dict[str, str],
+        policy: Policy,
+        shadow: Policy | None,
+        now_s: float,
         extra: tuple[str | None, str | None, Resolution | None] = (None, None, None),
     ) -> Any:
-        """A :class:`DecideResult`, or its ``to_dict()`` form when ``as_dict``; ``extra``
-        is (list match, backend error, the external limits' resolution)."""
+        """A :class:`DecideResult`, or its ``to_dict()`` form when ``as_dict``, with the
+        rate-limit headers of ``enforced`` under ``policy`` (announcing ``shadow``), from
+        cached parts when these are the route's own policies; ``extra`` is (list match,
+        backend error, the external limits' resolution)."""
+        limit = enforced.limit
+        if policy is self.lp and shadow is self.l_shadow:
+            if limit != self.l_limit:
+                self.l_limit, self.l_limit_s = limit, str(limit)
+                self.l_policy_h = policy_header(self.name, limit, policy, shadow)
+            headers = render_headers(self.name, enforced, self.l_limit_s, self.l_policy_h, now_s)
+        elif policy is self.dp and shadow is None:
+            if limit != self.d_limit:
+                self.d_limit, self.d_limit_s = limit, str(limit)
+                self.d_policy_h = policy_header(self.name, limit, policy, None)
+            headers = render_headers(self.name, enforced, self.d_limit_s, self.d_policy_h, now_s)
+        else:
+            headers = rate_limit_headers(self.name, enforced, policy, shadow_policy=shadow, now_s=now_s)
         list_match, backend_error, res = extra
         source = url = None
         if res is not None:
@@ -160,25 +165,9 @@ class RoutePlan:
 
     # -- metrics -------------------------------------------------------------------------
 
-    def count_local(self, allowed: bool) -> None:
-        if allowed:
-            self.req_ok += 1
-        else:
-            self.req_rej += 1
-
-    def count_final_local(self, d: Decision) -> None:
-        if d.allowed:
-            self.fin_ok += 1
-        else:
-            self.fin_rej += 1
-        self.remaining = d.remaining
-
-    def count_final_distributed(self, d: Decision, div: Divergence) -> None:
+    def count_distributed(self, d: Decision, div: Divergence) -> None:
         self.div[div] = self.div.get(div, 0) + 1
-        if d.allowed:
-            self.dreq_ok += 1
-        else:
-            self.dreq_rej += 1
+        self.dreq[d.allowed] += 1
         self.remaining = d.remaining
 
     def flush(self, m: Metrics, comparisons: Comparisons) -> None:
@@ -187,17 +176,18 @@ class RoutePlan:
         if self.dropped:
             comparisons.shadow_dropped(name, self.dropped)
             self.dropped = 0
-        if self.req_ok:
-            m.child(m.requests, "local", "allowed").inc(self.req_ok)
-            self.req_ok = 0
-        if self.req_rej:
-            m.child(m.requests, "local", "denied").inc(self.req_rej)
-            self.req_rej = 0
-        if self.fin_ok:
-            m.child(m.decisions, name, mode, "local", "true").inc(self.fin_ok)
-            self.fin_ok = 0
-        if self.fin_rej:
-            n, self.fin_rej = self.fin_rej, 0
+        req, fin = self.req, self.fin
+        if req[1]:
+            m.child(m.requests, "local", "allowed").inc(req[1])
+            req[1] = 0
+        if req[0]:
+            m.child(m.requests, "local", "denied").inc(req[0])
+            req[0] = 0
+        if fin[1]:
+            m.child(m.decisions, name, mode, "local", "true").inc(fin[1])
+            fin[1] = 0
+        if fin[0]:
+            n, fin[0] = fin[0], 0
             m.child(m.rejections, "local_exhausted").inc(n)
             m.child(m.exceeded, "local").inc(n)
             m.child(m.decisions, name, mode, "local", "false").inc(n)
@@ -211,12 +201,13 @@ class RoutePlan:
             self.remaining = None
 
     def _flush_distributed(self, m: Metrics, name: str, mode: str) -> None:
-        if self.dreq_ok:
-            n, self.dreq_ok = self.dreq_ok, 0
+        dreq = self.dreq
+        if dreq[1]:
+            n, dreq[1] = dreq[1], 0
             m.child(m.requests, "distributed", "allowed").inc(n)
             m.child(m.decisions, name, mode, "distributed", "true").inc(n)
-        if self.dreq_rej:
-            n, self.dreq_rej = self.dreq_rej, 0
+        if dreq[0]:
+            n, dreq[0] = dreq[0], 0
             m.child(m.requests, "distributed", "denied").inc(n)
             m.child(m.rejections, "distributed_exhausted").inc(n)
             m.child(m.exceeded, "distributed").inc(n)

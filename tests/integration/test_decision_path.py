@@ -366,7 +366,18 @@ async def test_failed_redis_answers_go_through_the_failure_policy_alike(redis_ur
                         )
                 return outs
 
+            real_one = e.resilient.check
+
+            async def flaky_one(key, policy, cost=1, now_us=None, *, _real=real_one, _calls=calls, **kw):
+                out = await _real(key, policy, cost, now_us, **kw)
+                if next(_calls) % 3 == 1:
+                    out = Outcome(
+                        make_decision(False, 0, policy.limit, 1_000_000, 1_000_000), "fail_closed", "injected", 503
+                    )
+                return out
+
             e.resilient.check_many = flaky  # type: ignore[method-assign]
+            e.resilient.check = flaky_one  # type: ignore[method-assign]  # decide's one request
         for seed in range(3):
             items = batch(100 + seed)
             check_same(engines, await run_all(engines, clock, items), items)
