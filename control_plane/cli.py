@@ -194,10 +194,12 @@ def cmd_adjust(args: argparse.Namespace) -> int:
 def cmd_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
+    from limiter.errors import BackendAuthError
+
     from .app import create_app
     from .rules import RulesError, load_rules
     from .settings import SettingsError, load_settings
-    from .wiring import NO_REDIS_URL
+    from .wiring import NO_REDIS_URL, check_redis_target
 
     overrides: dict[str, Any] = {}
     if args.host:
@@ -210,11 +212,21 @@ def cmd_serve(args: argparse.Namespace) -> int:
         settings = load_settings(**overrides)
         if settings.redis_url is None and not settings.embedded_redis:
             raise CliError(NO_REDIS_URL, EXIT_USAGE)
+        if settings.redis_url is not None:
+            problem = check_redis_target(settings.redis_target(settings.redis_url))  # TLS files, the login
+            if problem:
+                print(f"warning: Redis is not reachable now ({problem}); starting anyway", file=sys.stderr)
         load_rules(settings.rules_path, settings)  # fail fast with file:line:field
     except SettingsError as exc:
         raise CliError(str(exc), EXIT_USAGE) from None
     except RulesError as exc:
         raise CliError(f"invalid rules file: {exc}", EXIT_USAGE) from None
+    except BackendAuthError as exc:
+        raise CliError(f"RATE_LIMIT_REDIS_URL: {exc}", EXIT_USAGE) from None
+    except ValueError as exc:  # after RulesError (a ValueError too): a TLS file that cannot be used
+        raise CliError(
+            f"invalid configuration:\n  RATE_LIMIT_REDIS_URL / RATE_LIMIT_REDIS_TLS_*: {exc}", EXIT_USAGE
+        ) from None
     if settings.admin_token is None and settings.tokens_file is None:
         print(
             "warning: neither SHADOWLIMIT_ADMIN_TOKEN nor SHADOWLIMIT_TOKENS_FILE is set:"

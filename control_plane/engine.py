@@ -217,6 +217,7 @@ class Engine:
                 "failure_policy": self.resilient.failure_policy.value,
                 "failure_code": self.resilient.failure_code,
                 "redis": self.redis.describe(),
+                "redis_topology": self.redis.topology(),
                 "time_source": self.redis.time_source,
                 "live_instances": self.resilient.live_instances,
                 "fleet": self.fleet.members,

@@ -20,6 +20,8 @@ from limiter.resilience import FailurePolicy
 from .limits import RequestLimits
 
 if TYPE_CHECKING:
+    from limiter.redis_url import RedisTarget
+
     from .external import BackendHosts
 
 __all__ = ["Settings", "SettingsError", "load_settings"]
@@ -70,6 +72,33 @@ class Settings(BaseSettings):
     )
     failure_code: int = Field(429, ge=400, le=599, validation_alias=_env("RATE_LIMIT_FAILURE_CODE"))
     breaker_failure_threshold: int = Field(5, ge=1, validation_alias=_env("RATE_LIMIT_BREAKER_FAILURES"))
+    redis_password_file: Path | None = Field(
+        None,
+        validation_alias=_env("RATE_LIMIT_REDIS_PASSWORD_FILE"),
+        description="File holding the Redis password (a mounted secret); instead of a password in the URL.",
+    )
+    redis_tls_ca_certs: Path | None = Field(
+        None, validation_alias=_env("RATE_LIMIT_REDIS_TLS_CA_CERTS"), description="CA bundle (URL: ssl_ca_certs)."
+    )
+    redis_tls_certfile: Path | None = Field(
+        None,
+        validation_alias=_env("RATE_LIMIT_REDIS_TLS_CERTFILE"),
+        description="Client certificate for mutual TLS (URL: ssl_certfile).",
+    )
+    redis_tls_keyfile: Path | None = Field(
+        None, validation_alias=_env("RATE_LIMIT_REDIS_TLS_KEYFILE"), description="Its key (URL: ssl_keyfile)."
+    )
+    redis_tls_cert_reqs: str | None = Field(
+        None,
+        pattern="^(required|optional|none)$",
+        validation_alias=_env("RATE_LIMIT_REDIS_TLS_CERT_REQS"),
+        description="required (default), optional or none (URL: ssl_cert_reqs).",
+    )
+    redis_tls_check_hostname: bool | None = Field(
+        None,
+        validation_alias=_env("RATE_LIMIT_REDIS_TLS_CHECK_HOSTNAME"),
+        description="Check the server's name (default: when certificates are required; URL: ssl_check_hostname).",
+    )
     redis_connect_timeout_s: float = Field(1.0, gt=0, validation_alias=_env("RATE_LIMIT_REDIS_CONNECT_TIMEOUT"))
     redis_command_timeout_s: float = Field(0.25, gt=0, validation_alias=_env("RATE_LIMIT_REDIS_COMMAND_TIMEOUT"))
     time_source: str = Field("local", pattern="^(local|redis)$", validation_alias=_env("RATE_LIMIT_TIME_SOURCE"))
@@ -279,6 +308,19 @@ class Settings(BaseSettings):
         parse_redis_url(v)
         return v.strip()
 
+    @field_validator("redis_password_file", "redis_tls_ca_certs", "redis_tls_certfile", "redis_tls_keyfile")
+    @classmethod
+    def _check_readable(cls, v: Path | None) -> Path | None:
+        if v is None or not str(v).strip():
+            return None
+        if not v.is_file():
+            raise ValueError(f"file {v} does not exist")
+        try:
+            v.read_bytes()
+        except OSError as exc:
+            raise ValueError(f"cannot read {v}: {exc.strerror}") from None
+        return v
+
     @field_validator("rules_path")
     @classmethod
     def _check_rules(cls, v: Path | None) -> Path | None:
@@ -336,6 +378,13 @@ class Settings(BaseSettings):
             ) from None
         return self
 
+    def redis_target(self, url: str) -> RedisTarget:
+        """``url`` parsed, with the password file and the TLS settings applied; a
+        contradiction between them and the URL is a :class:`SettingsError`."""
+        from .redis_config import apply_redis_settings
+
+        return apply_redis_settings(self, url)
+
     @property
     def proxies(self) -> TrustedProxies:
         return TrustedProxies.parse(self.trusted_proxies)
@@ -357,6 +406,9 @@ _ENV_NAMES = {
 }
 
 
+_SECRET_FIELDS = frozenset({"redis_url", "admin_token", "client_token"})
+
+
 def env_name(field_name: str) -> str:
     return str(_ENV_NAMES.get(field_name, field_name.upper()))
 
@@ -373,7 +425,8 @@ def load_settings(**overrides: object) -> Settings:
             msg = err.get("msg", "invalid")
             msg = msg.removeprefix("Value error, ")
             if field:
-                got = f" (got {err.get('input')!r})" if "got " not in msg else ""
+                secret = field in _SECRET_FIELDS  # never echo a URL that may hold a password
+                got = f" (got {err.get('input')!r})" if "got " not in msg and not secret else ""
                 lines.append(f"{env_name(field)}: {msg}{got}")
             else:
                 lines.append(msg)

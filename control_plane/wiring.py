@@ -3,6 +3,7 @@ the Redis connections it runs on (:func:`open_engine`, used by the app and the m
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import time
@@ -12,7 +13,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from limiter import LocalLimiter, RedisLimiter
-from limiter.redis_limiter import make_redis_py_client
+from limiter.errors import BackendAuthError, BackendError
+from limiter.redis_limiter import make_backend, make_redis_py_client
+from limiter.redis_url import RedisTarget
 from limiter.resilience import BreakerState, CircuitBreaker, FleetMembership, ResilientLimiter
 
 from .activity import Activity
@@ -65,6 +68,29 @@ class EngineHandle:
             self.embedded = None
 
 
+def check_redis_target(target: RedisTarget, timeout_s: float = 2.0) -> str | None:
+    """Startup checks: ``ValueError`` when the target's TLS files cannot be used,
+    :class:`~limiter.errors.BackendAuthError` when Redis refuses the login (waiting will
+    not help); any other failure to reach Redis now is returned as text (the service
+    starts anyway: the failure policy answers until Redis is back)."""
+    make_backend(target)
+
+    async def probe() -> None:
+        rl = RedisLimiter.from_url(target, connect_timeout=timeout_s, command_timeout=timeout_s)
+        try:
+            await asyncio.wait_for(rl.ping(), timeout_s * 2)
+        finally:
+            await rl.aclose()
+
+    try:
+        asyncio.run(probe())
+    except BackendAuthError:
+        raise
+    except (BackendError, TimeoutError) as exc:
+        return str(exc) or "timed out"
+    return None
+
+
 async def open_engine(settings: Settings, *, metrics: Metrics | None = None) -> EngineHandle:
     """Connect to Redis (RATE_LIMIT_REDIS_URL; a private embedded one only when the
     development setting SHADOWLIMIT_EMBEDDED_REDIS asks for it), build the engine and
@@ -83,20 +109,21 @@ async def open_engine(settings: Settings, *, metrics: Metrics | None = None) -> 
             "this process's 'global' limit is its own",
             url,
         )
+    target = settings.redis_target(url)
     redis = RedisLimiter.from_url(
-        url,
+        target,
         namespace=settings.namespace,
         time_source=settings.time_source,  # type: ignore[arg-type]
         connect_timeout=settings.redis_connect_timeout_s,
         command_timeout=settings.redis_command_timeout_s,
     )
     client = make_redis_py_client(
-        url,
+        target,
         socket_timeout=max(1.0, settings.redis_command_timeout_s * 4),
         connect_timeout=settings.redis_connect_timeout_s,
     )
     engine = build_engine(settings, redis=redis, client=client, metrics=metrics or Metrics())
-    handle = EngineHandle(engine, redis, client, url, embedded)
+    handle = EngineHandle(engine, redis, client, target.redacted(), embedded)
     try:
         await engine.start()
     except BaseException:

@@ -35,10 +35,15 @@ class BackendView:
     shadow_evaluated: int = 0
     pending_rollbacks: tuple[str, ...] = ()
     distributed_enabled: bool = True
+    redis_kind: str = ""  # standalone | cluster | sentinel
+    redis_master: str = ""  # where decisions go now (cluster: the masters)
+    redis_tls: str = ""  # "off", or how certificates are checked
 
     @classmethod
     def parse(cls, d: Any) -> BackendView:
         d = as_dict(d)
+        topo = as_dict(d.get("redis_topology"))
+        tls = topo.get("tls")
         return cls(
             state=as_str(d.get("state"), "closed"),
             consecutive_failures=as_int(d.get("consecutive_failures")),
@@ -59,7 +64,26 @@ class BackendView:
             shadow_evaluated=as_int(d.get("shadow_evaluated")),
             pending_rollbacks=tuple(str(r) for r in d.get("pending_rollbacks") or ()),
             distributed_enabled=bool(d.get("distributed_enabled", True)),
+            redis_kind=as_str(topo.get("kind")),
+            redis_master=_masters(topo),
+            redis_tls=_tls_summary(tls) if topo else "",
         )
+
+
+def _masters(topo: dict[str, Any]) -> str:
+    masters = topo.get("masters")
+    if isinstance(masters, list):
+        return ", ".join(as_str(as_dict(m).get("address")) for m in masters)
+    return as_str(topo.get("master"))
+
+
+def _tls_summary(tls: Any) -> str:
+    if not isinstance(tls, dict):
+        return "off"
+    verify = as_str(tls.get("verify"), "required")
+    name = " + name" if tls.get("check_hostname") else ""
+    mutual = " · client certificate" if tls.get("client_certificate") else ""
+    return f"on (verify {verify}{name}{mutual})"
 
 
 @dataclass(frozen=True, slots=True)

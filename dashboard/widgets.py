@@ -191,6 +191,9 @@ class BackendPanel(Static):
         row("instances", f"{b.live_instances} live: " + (", ".join(b.fleet) if b.fleet else b.instance_id))
         row("following", b.instance_id + (f" (1 of {len(replicas)} replicas)" if len(replicas) > 1 else ""))
         row("redis", b.redis or "?", "dim")
+        if b.redis_kind:
+            where = f" · master {b.redis_master}" if b.redis_master else " · master not known yet"
+            row("topology", f"{b.redis_kind}{where} · TLS {b.redis_tls}", "" if b.redis_master else "#e0af68")
         cap = f"/{b.shadow_queue_capacity:,}" if b.shadow_queue_capacity else ""
         row(
             "shadow",

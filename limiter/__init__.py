@@ -6,6 +6,7 @@ True
 """
 
 from .errors import (
+    BackendAuthError,
     BackendError,
     BackendReplyError,
     BackendTimeout,
@@ -19,6 +20,7 @@ from .redis_limiter import RedisLimiter
 
 __all__ = [
     "Algorithm",
+    "BackendAuthError",
     "BackendError",
     "BackendReplyError",
     "BackendTimeout",

@@ -6,6 +6,7 @@ here at the IO edge, so callers catch one tree::
     LimiterError
     ├── BackendError            the distributed store failed (counts toward the breaker)
     │   ├── BackendUnavailable  could not connect, connection lost, cluster down
+    │   │   └── BackendAuthError   the server refused the login (a configuration error)
     │   ├── BackendTimeout      no answer within the command timeout
     │   └── BackendReplyError   Redis answered with an error (script error, OOM, ...)
     └── CircuitOpenError        the breaker is open; the backend was not called
@@ -14,6 +15,7 @@ here at the IO edge, so callers catch one tree::
 from __future__ import annotations
 
 __all__ = [
+    "BackendAuthError",
     "BackendError",
     "BackendReplyError",
     "BackendTimeout",
@@ -33,6 +35,11 @@ class BackendError(LimiterError):
 
 class BackendUnavailable(BackendError):
     """Connecting to Redis failed or the connection was lost."""
+
+
+class BackendAuthError(BackendUnavailable):
+    """The server refused the login (wrong user or password, or none given): waiting
+    will not help. The message never holds the password."""
 
 
 class BackendTimeout(BackendError):

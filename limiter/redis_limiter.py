@@ -19,19 +19,21 @@ import math
 import re
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from typing import Any, Literal
 
 from .algorithms import decide
 from .errors import BackendError, BackendReplyError, BackendUnavailable
 from .policy import Algorithm, BucketView, Decision, Policy, make_decision, validate_cost
-from .redis_url import parse_redis_url
-from .resp import ClusterBackend, ReplyError, StandaloneBackend, bulk, encode_command
+from .redis_url import Endpoint, RedisTarget, parse_redis_url
+from .resp import ClusterBackend, ReplyError, SentinelBackend, StandaloneBackend, bulk, encode_command
+from .resp.tls import tls_context
 from .scripts import PEEK, SCRIPTS, STATE_FIELDS, Script, decode_state, policy_args
 
-__all__ = ["RedisLimiter", "TimeSource"]
+__all__ = ["RedisLimiter", "TimeSource", "make_backend", "make_redis_py_client"]
 
 TimeSource = Literal["local", "redis"]
-Backend = StandaloneBackend | ClusterBackend
+Backend = StandaloneBackend | ClusterBackend | SentinelBackend
 _NAMESPACE = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 
 
@@ -64,7 +66,7 @@ class RedisLimiter:
         namespace: str = "shadowlimit",
         time_source: TimeSource = "local",
         clock: Callable[[], int] = _now_us,
-        url: str | None = None,
+        url: str | RedisTarget | None = None,
     ) -> None:
         if time_source not in ("local", "redis"):
             raise ValueError(f"time_source: must be 'local' or 'redis', got {time_source!r}")
@@ -77,13 +79,13 @@ class RedisLimiter:
         self._prefix = f"rl:{namespace}:".encode()
         self._prepared: dict[Policy, _Prepared] = {}
         self._by_id: dict[int, _Prepared] = {}
-        self._url = url
+        self._target = parse_redis_url(url) if isinstance(url, str) else url
         self._client: Any = None
 
     @classmethod
     def from_url(
         cls,
-        url: str,
+        url: str | RedisTarget,
         *,
         namespace: str = "shadowlimit",
         time_source: TimeSource = "local",
@@ -92,19 +94,15 @@ class RedisLimiter:
         cluster: bool | None = None,
         clock: Callable[[], int] = _now_us,
     ) -> RedisLimiter:
-        """Build from ``redis://``, ``rediss://``, ``unix://`` or ``redis+cluster://`` URLs."""
-        target = parse_redis_url(url)
-        is_cluster = target.cluster if cluster is None else cluster
-        backend: Backend
-        if is_cluster:
-            backend = ClusterBackend(
-                target.seeds or (target.endpoint,), connect_timeout=connect_timeout, command_timeout=command_timeout
-            )
-        else:
-            backend = StandaloneBackend(
-                target.endpoint, connect_timeout=connect_timeout, command_timeout=command_timeout
-            )
-        return cls(backend, namespace=namespace, time_source=time_source, clock=clock, url=url)
+        """Build from a URL (``redis://``, ``rediss://``, ``unix://``, ``redis+cluster://``,
+        ``redis+sentinel://``, see :mod:`limiter.redis_url`) or an already parsed
+        :class:`~limiter.redis_url.RedisTarget` (settings that add a password file or TLS
+        options to the URL). TLS files are read here: a bad one raises ``ValueError``."""
+        target = parse_redis_url(url) if isinstance(url, str) else url
+        if cluster is not None and cluster != target.cluster and not target.sentinel:
+            target = replace(target, kind="cluster" if cluster else "standalone")
+        backend = make_backend(target, connect_timeout=connect_timeout, command_timeout=command_timeout)
+        return cls(backend, namespace=namespace, time_source=time_source, clock=clock, url=target)
 
     # -- the hot path -------------------------------------------------------------
 
@@ -236,6 +234,11 @@ class RedisLimiter:
                 reply = await self.backend.call(rkey, prep.eval_head + rest)
             elif msg.startswith(("MOVED ", "ASK ", "TRYAGAIN", "CLUSTERDOWN")):
                 reply = await self.backend.call(rkey, prep.head + rest)
+            elif msg.startswith(("READONLY", "MASTERDOWN")):
+                # a master that became a replica (failover): find the new one; this
+                # decision is the failure policy's
+                self.backend.lost_master()
+                raise BackendUnavailable(f"Redis is not a writable master now: {msg}")
             else:
                 break
         if type(reply) is list:
@@ -325,11 +328,19 @@ class RedisLimiter:
     def client(self) -> Any:
         """A redis-py asyncio client on the same server(s), for everything off the hot path."""
         if self._client is None:
-            self._client = make_redis_py_client(self._url or "")
+            if self._target is None:
+                raise ValueError("this RedisLimiter was built without a URL: it has no redis-py client")
+            self._client = make_redis_py_client(self._target)
         return self._client
 
     def describe(self) -> str:
         return self.backend.describe()
+
+    def topology(self) -> dict[str, Any]:
+        """Which kind of deployment, where the master is, TLS and login, without secrets."""
+        out: dict[str, Any] = self._target.describe() if self._target is not None else {}
+        out.update(self.backend.topology())
+        return out
 
     async def aclose(self) -> None:
         await self.backend.aclose()
@@ -341,48 +352,67 @@ class RedisLimiter:
             self._client = None
 
 
-def make_redis_py_client(url: str, *, socket_timeout: float = 1.0, connect_timeout: float = 1.0) -> Any:
-    """A redis-py asyncio client (standalone or cluster) from one of our URLs."""
+def make_backend(target: RedisTarget, *, connect_timeout: float = 1.0, command_timeout: float | None = 0.5) -> Backend:
+    """The RESP backend for a parsed URL: one server, a cluster's slot table, or the
+    master a set of sentinels names. TLS files are read now (``ValueError`` naming the
+    option when one cannot be used), not at the first connection."""
+    for e in (target.endpoint, *target.seeds):
+        if e.tls is not None:
+            tls_context(e.tls)
+    if target.sentinel:
+        return SentinelBackend(
+            target.seeds,
+            target.service_name or "",
+            target.endpoint,
+            connect_timeout=connect_timeout,
+            command_timeout=command_timeout,
+        )
+    if target.cluster:
+        return ClusterBackend(
+            target.seeds or (target.endpoint,), connect_timeout=connect_timeout, command_timeout=command_timeout
+        )
+    return StandaloneBackend(target.endpoint, connect_timeout=connect_timeout, command_timeout=command_timeout)
+
+
+def _redis_py_login(e: Endpoint) -> dict[str, Any]:
+    kw: dict[str, Any] = {"username": e.username, "password": e.password}
+    if e.tls is not None:
+        kw.update(e.tls.redis_py_kwargs())
+    return kw
+
+
+def make_redis_py_client(url: str | RedisTarget, *, socket_timeout: float = 1.0, connect_timeout: float = 1.0) -> Any:
+    """A redis-py asyncio client (standalone, cluster, or Sentinel's master) from one
+    of our URLs, with the same TLS and login."""
     import redis.asyncio as aredis
     from redis.asyncio.cluster import ClusterNode, RedisCluster
     from redis.asyncio.retry import Retry
+    from redis.asyncio.sentinel import Sentinel
     from redis.backoff import NoBackoff
 
     # one quick retry, not redis-py's default of three with growing waits: callers
     # (admin endpoints, the rollout store) must learn that Redis is down in about a second
     retry = Retry(NoBackoff(), 1)
+    timeouts: dict[str, Any] = {"socket_timeout": socket_timeout, "socket_connect_timeout": connect_timeout}
 
-    target = parse_redis_url(url)
+    target = parse_redis_url(url) if isinstance(url, str) else url
     e = target.endpoint
+    if target.sentinel:
+        sentinels = [(s.host or "127.0.0.1", s.port or 26379) for s in target.seeds]
+        sentinel = Sentinel(  # type: ignore[no-untyped-call]
+            sentinels,
+            sentinel_kwargs={**_redis_py_login(target.seeds[0]), **timeouts},
+            db=e.db,
+            retry=retry,
+            **_redis_py_login(e),
+            **timeouts,
+        )
+        return sentinel.master_for(target.service_name or "")
     if target.cluster:
         nodes = [ClusterNode(s.host or "127.0.0.1", s.port or 6379) for s in (target.seeds or (e,))]
-        return RedisCluster(
-            startup_nodes=nodes,
-            username=e.username,
-            password=e.password,
-            ssl=e.use_ssl,
-            socket_timeout=socket_timeout,
-            socket_connect_timeout=connect_timeout,
-            retry=retry,
-        )
+        return RedisCluster(startup_nodes=nodes, retry=retry, **_redis_py_login(e), **timeouts)
     if e.unix_path:
-        return aredis.Redis(
-            unix_socket_path=e.unix_path,
-            db=e.db,
-            username=e.username,
-            password=e.password,
-            socket_timeout=socket_timeout,
-            socket_connect_timeout=connect_timeout,
-            retry=retry,
-        )
+        return aredis.Redis(unix_socket_path=e.unix_path, db=e.db, retry=retry, **_redis_py_login(e), **timeouts)
     return aredis.Redis(
-        host=e.host or "127.0.0.1",
-        port=e.port or 6379,
-        db=e.db,
-        username=e.username,
-        password=e.password,
-        ssl=e.use_ssl,
-        socket_timeout=socket_timeout,
-        socket_connect_timeout=connect_timeout,
-        retry=retry,
+        host=e.host or "127.0.0.1", port=e.port or 6379, db=e.db, retry=retry, **_redis_py_login(e), **timeouts
     )

@@ -11,13 +11,15 @@ still does everything that is not the hot path (see
 :attr:`limiter.redis_limiter.RedisLimiter.client`).
 
 Modules: :mod:`~limiter.resp.connection` (encoding, one pipelined connection per
-node), :mod:`~limiter.resp.backends` (standalone server, cluster slot table).
+node; TLS in :mod:`~limiter.resp.tls`), :mod:`~limiter.resp.backends` (standalone
+server, cluster slot table), :mod:`~limiter.resp.sentinel` (the master Sentinel names).
 Addresses are parsed by :mod:`limiter.redis_url` (re-exported here).
 """
 
 from ..redis_url import Endpoint, RedisTarget, parse_redis_url
 from .backends import ClusterBackend, StandaloneBackend
 from .connection import NodeClient, NodeConnection, ReplyError, bulk, encode_command
+from .sentinel import SentinelBackend
 
 __all__ = [
     "ClusterBackend",
@@ -26,6 +28,7 @@ __all__ = [
     "NodeConnection",
     "RedisTarget",
     "ReplyError",
+    "SentinelBackend",
     "StandaloneBackend",
     "bulk",
     "encode_command",

@@ -44,9 +44,12 @@ class StandaloneBackend:
         if connections < 1:
             raise ValueError(f"connections: must be >= 1, got {connections!r}")
         self.endpoint = endpoint
+        self._connect_timeout = connect_timeout
+        self._command_timeout = command_timeout
         self._nodes = [NodeClient(endpoint, connect_timeout, command_timeout) for _ in range(connections)]
         self._node = self._nodes[0]
-        self._slot: contextvars.ContextVar[NodeClient] = contextvars.ContextVar(f"shadowlimit-conn-{id(self)}")
+        # each task sticks to one connection (its index, so that the set can be replaced)
+        self._slot: contextvars.ContextVar[int] = contextvars.ContextVar(f"shadowlimit-conn-{id(self)}")
         self._next = 0
 
     @property
@@ -55,13 +58,22 @@ class StandaloneBackend:
         return list(self._nodes)
 
     def _pick(self) -> NodeClient:
-        node = self._slot.get(None)
-        if node is None:
-            nodes = self._nodes
-            node = nodes[self._next % len(nodes)]
+        i = self._slot.get(-1)
+        if i < 0:
+            i = self._next % len(self._nodes)
             self._next += 1
-            self._slot.set(node)
-        return node
+            self._slot.set(i)
+        return self._nodes[i]
+
+    def _point_at(self, endpoint: Endpoint) -> None:
+        """Send everything to ``endpoint`` from now on (the old connections are closed:
+        what waits on them fails and is answered by the caller's failure handling)."""
+        old = self._nodes
+        self.endpoint = endpoint
+        self._nodes = [NodeClient(endpoint, self._connect_timeout, self._command_timeout) for _ in old]
+        self._node = self._nodes[0]
+        for n in old:
+            n.close()
 
     def send_now(self, key: bytes, payload: bytes) -> asyncio.Future[Any] | None:
         return self._pick().send_now(payload)
@@ -82,6 +94,13 @@ class StandaloneBackend:
 
     def describe(self) -> str:
         return self.endpoint.label
+
+    def lost_master(self) -> None:
+        """A node answered READONLY or MASTERDOWN: nothing to re-discover on one server."""
+
+    def topology(self) -> dict[str, Any]:
+        """Where commands go (``/v1/backend``)."""
+        return {"kind": "standalone", "master": self.endpoint.label}
 
     async def aclose(self) -> None:
         for n in self._nodes:
@@ -259,11 +278,30 @@ class ClusterBackend:
         """Send to every master (SCRIPT LOAD, FLUSH, PING)."""
         if not any(self._slots):
             await self.refresh()
+        try:
+            return await self._to_masters(payload)
+        except BackendUnavailable:
+            await self.refresh()  # a master may have failed over: once more on the new table
+            return await self._to_masters(payload)
+
+    async def _to_masters(self, payload: bytes) -> list[Any]:
         masters = {id(n): n for n in self._slots if n is not None}
         return [await n.call(payload) for n in masters.values()]
 
     def describe(self) -> str:
         return "cluster " + ",".join(s.label for s in self.seeds)
+
+    def lost_master(self) -> None:
+        """A node answered READONLY (a replica now): reload the slot table soon."""
+        asyncio.ensure_future(self._safe_refresh())
+
+    def topology(self) -> dict[str, Any]:
+        """The masters of the slot table, with their slot counts (``/v1/backend``)."""
+        counts: dict[str, int] = {}
+        for n in self._slots:
+            if n is not None:
+                counts[n.endpoint.label] = counts.get(n.endpoint.label, 0) + 1
+        return {"kind": "cluster", "masters": [{"address": a, "slots": c} for a, c in sorted(counts.items())]}
 
     async def aclose(self) -> None:
         if self._refreshing is not None and not self._refreshing.done():

@@ -10,14 +10,14 @@ from __future__ import annotations
 
 import asyncio
 import socket
-import ssl as ssl_module
 from collections import deque
 from typing import Any, final
 
 import hiredis
 
-from ..errors import BackendError, BackendTimeout, BackendUnavailable
+from ..errors import BackendAuthError, BackendError, BackendTimeout, BackendUnavailable
 from ..redis_url import Endpoint
+from .tls import tls_context
 
 __all__ = ["NodeClient", "NodeConnection", "ReplyError", "bulk", "encode_command"]
 
@@ -127,7 +127,7 @@ class NodeConnection:
             else:
                 if e.host is None or e.port is None:
                     raise ValueError(f"endpoint {e.label}: needs a host and a port, or a unix socket path")
-                ctx = ssl_module.create_default_context() if e.use_ssl else None
+                ctx = tls_context(e.tls) if e.tls is not None else None
                 coro = loop.create_connection(lambda: _Protocol(self), e.host, e.port, ssl=ctx)
             transport, _ = await asyncio.wait_for(coro, self.connect_timeout)
         except (TimeoutError, OSError, OverflowError) as exc:
@@ -161,7 +161,9 @@ class NodeConnection:
         for r in replies[:-1]:
             if isinstance(r, ReplyError):
                 self.close()
-                raise BackendUnavailable(f"Redis at {e.label} refused the login: {r}")
+                login = str(r).startswith(("WRONGPASS", "NOAUTH", "ERR AUTH", "ERR invalid password", "NOPERM"))
+                cls = BackendAuthError if login else BackendUnavailable
+                raise cls(f"Redis at {e.label} refused the login: {r}")
 
     def send(self, payload: bytes) -> asyncio.Future[Any]:
         """Queue one encoded command; the future resolves to its reply."""
@@ -293,6 +295,11 @@ class NodeClient:
         self._command_timeout = command_timeout
         self._conn: NodeConnection | None = None
         self._connecting: asyncio.Future[NodeConnection] | None = None
+
+    @property
+    def closed(self) -> bool:
+        """No live connection (the next command opens one)."""
+        return self._conn is None or self._conn._closed
 
     async def connection(self) -> NodeConnection:
         conn = self._conn

@@ -8,6 +8,7 @@ import limiter
 def test_limiter_public_names():
     assert sorted(limiter.__all__) == [
         "Algorithm",
+        "BackendAuthError",
         "BackendError",
         "BackendReplyError",
         "BackendTimeout",
@@ -36,6 +37,7 @@ def test_limiter_resp_public_names():
         "NodeConnection",
         "RedisTarget",
         "ReplyError",
+        "SentinelBackend",
         "StandaloneBackend",
         "bulk",
         "encode_command",
