@@ -1,4 +1,4 @@
-"""``python -m bench [--quick] [--only local|distributed|memory|profile] [--out docs/benchmarks.md]``.
+"""``python -m bench [--quick] [--only local|distributed|memory|profile|clients] [--out docs/benchmarks.md]``.
 
 Starts a private embedded redis-server (loopback only) for the Redis sections and
 stops it at the end; writes ``bench/results/latest.json`` and the Markdown report.
@@ -11,12 +11,13 @@ import json
 import os
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from .harness import CpuAccount, Settings, environment, log
 
-SECTIONS = ("local", "distributed", "memory", "profile")
+SECTIONS = ("local", "distributed", "memory", "profile", "clients")
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -44,6 +45,83 @@ def _stream_section(path: Path) -> str | None:
         render(json.loads(path.read_text(encoding="utf-8"))).rstrip()
         + "\n\n_Measured separately by `python -m bench.stream`; read from `bench/results/stream.json`._\n"
     )
+
+
+def _timed(name: str, cpu: CpuAccount, env: dict[str, Any], run: Callable[[], Any]) -> Any:
+    """Run one section; record its wall time and what other processes used meanwhile."""
+    log(f"bench: {name} ...")
+    t0 = time.perf_counter()
+    snap = cpu.snapshot()
+    out = run()
+    env["background_cpu"][name] = CpuAccount.background(snap, cpu.snapshot())
+    env.setdefault("section_s", {})[name] = round(time.perf_counter() - t0, 1)
+    return out
+
+
+def _redis_sections(
+    sections: list[str], settings: Settings, cpu: CpuAccount, env: dict[str, Any], results: dict[str, Any]
+) -> None:
+    """The sections that need Redis, against one private embedded redis-server."""
+    from . import report
+
+    needs_redis = any(s in sections for s in ("distributed", "memory", "profile", "clients"))
+    server = None
+    url = ""  # set when a section needs Redis
+    try:
+        if needs_redis:
+            import redis
+
+            from limiter.embedded import EmbeddedRedis
+
+            server = EmbeddedRedis().start()
+            cpu.attach_redis(server.pid)
+            url = server.url
+            r = redis.Redis.from_url(url)
+            env["redis_server"] = r.info("server")["redis_version"]
+            r.close()
+            log(f"bench: embedded redis-server {env['redis_server']} at {url}")
+        if "distributed" in sections:
+            from .distributed import run_distributed
+
+            results["distributed"] = _timed("distributed", cpu, env, lambda: run_distributed(settings, url))
+            report.distributed_ratios(results["distributed"])
+        if "memory" in sections:
+            from .memory import run_memory
+
+            results["memory"] = _timed("memory", cpu, env, lambda: run_memory(settings, url))
+        if "profile" in sections:
+            from .profiling import run_profile
+
+            results["profile"] = _timed("profile", cpu, env, lambda: run_profile(settings, url))
+        if "clients" in sections:
+            from .clients import run_clients
+
+            results["clients"] = _timed("clients", cpu, env, lambda: run_clients(settings, url))
+    finally:
+        if server is not None:
+            server.stop()
+
+
+def _write_results(results: dict[str, Any], settings: Settings, json_arg: str | None, out_arg: str | None) -> None:
+    """The raw JSON and the Markdown report; the run's summary on stderr."""
+    from . import report
+
+    env = results["environment"]
+    json_path = Path(json_arg).resolve() if json_arg else ROOT / "bench" / "results" / "latest.json"
+    _write_atomic(json_path, json.dumps(results, indent=1, default=str) + "\n")
+    out_path = Path(out_arg).resolve() if out_arg else ROOT / "docs" / "benchmarks.md"
+    _write_atomic(out_path, report.render(results, settings, _extra_sections()))
+    log(f"bench: sections took {env.get('section_s')}")
+    log(
+        "bench: average cores used by other processes meanwhile: "
+        f"{ {k: v['other_cores'] for k, v in env['background_cpu'].items()} }"
+    )
+    log(
+        f"bench: wrote {json_path.relative_to(ROOT) if json_path.is_relative_to(ROOT) else json_path} and "
+        f"{out_path.relative_to(ROOT) if out_path.is_relative_to(ROOT) else out_path} in {env['duration_s']:.0f} s"
+    )
+    for t in results["targets"]:
+        log(f"  target {'MET    ' if t['met'] else 'NOT MET'} {t['target']}: {t['measured']}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -91,81 +169,16 @@ def main(argv: list[str] | None = None) -> int:
     if "local" in sections:
         from .local import run_local
 
-        log("bench: local ...")
-        t0 = time.perf_counter()
-        snap = cpu.snapshot()
-        results["local"] = run_local(settings)
-        env["background_cpu"]["local"] = CpuAccount.background(snap, cpu.snapshot())
-        env.setdefault("section_s", {})["local"] = round(time.perf_counter() - t0, 1)
+        results["local"] = _timed("local", cpu, env, lambda: run_local(settings))
         results["local_baselines"] = report.local_ratios(results["local"])
 
-    needs_redis = any(s in sections for s in ("distributed", "memory", "profile"))
-    server = None
-    try:
-        url = None
-        if needs_redis:
-            import redis
-
-            from limiter.embedded import EmbeddedRedis
-
-            server = EmbeddedRedis().start()
-            cpu.attach_redis(server.pid)
-            url = server.url
-            r = redis.Redis.from_url(url)
-            env["redis_server"] = r.info("server")["redis_version"]
-            r.close()
-            log(f"bench: embedded redis-server {env['redis_server']} at {url}")
-        if "distributed" in sections:
-            from .distributed import run_distributed
-
-            log("bench: distributed ...")
-            t0 = time.perf_counter()
-            snap = cpu.snapshot()
-            results["distributed"] = run_distributed(settings, url)  # type: ignore[arg-type]
-            env["background_cpu"]["distributed"] = CpuAccount.background(snap, cpu.snapshot())
-            env.setdefault("section_s", {})["distributed"] = round(time.perf_counter() - t0, 1)
-            report.distributed_ratios(results["distributed"])
-        if "memory" in sections:
-            from .memory import run_memory
-
-            log("bench: memory ...")
-            t0 = time.perf_counter()
-            snap = cpu.snapshot()
-            results["memory"] = run_memory(settings, url)  # type: ignore[arg-type]
-            env["background_cpu"]["memory"] = CpuAccount.background(snap, cpu.snapshot())
-            env.setdefault("section_s", {})["memory"] = round(time.perf_counter() - t0, 1)
-        if "profile" in sections:
-            from .profiling import run_profile
-
-            log("bench: profile ...")
-            t0 = time.perf_counter()
-            snap = cpu.snapshot()
-            results["profile"] = run_profile(settings, url)
-            env["background_cpu"]["profile"] = CpuAccount.background(snap, cpu.snapshot())
-            env.setdefault("section_s", {})["profile"] = round(time.perf_counter() - t0, 1)
-    finally:
-        if server is not None:
-            server.stop()
+    _redis_sections(sections, settings, cpu, env, results)
 
     env["loadavg_end"] = [round(x, 2) for x in os.getloadavg()]
     env["duration_s"] = round(time.perf_counter() - t_start, 1)
     results["targets"] = report.compute_targets(results, settings.concurrency)
 
-    json_path = Path(args.json).resolve() if args.json else ROOT / "bench" / "results" / "latest.json"
-    _write_atomic(json_path, json.dumps(results, indent=1, default=str) + "\n")
-    out_path = Path(args.out).resolve() if args.out else ROOT / "docs" / "benchmarks.md"
-    _write_atomic(out_path, report.render(results, settings, _extra_sections()))
-    log(f"bench: sections took {env.get('section_s')}")
-    log(
-        "bench: average cores used by other processes meanwhile: "
-        f"{ {k: v['other_cores'] for k, v in env['background_cpu'].items()} }"
-    )
-    log(
-        f"bench: wrote {json_path.relative_to(ROOT) if json_path.is_relative_to(ROOT) else json_path} and "
-        f"{out_path.relative_to(ROOT) if out_path.is_relative_to(ROOT) else out_path} in {env['duration_s']:.0f} s"
-    )
-    for t in results["targets"]:
-        log(f"  target {'MET    ' if t['met'] else 'NOT MET'} {t['target']}: {t['measured']}")
+    _write_results(results, settings, args.json, args.out)
     return 0
 
 

@@ -317,6 +317,36 @@ class _Case:
         return r if self.sync else await r
 
 
+async def _warm_up(case: _Case, keys: list[str], settings: Settings) -> None:
+    """Connections, script loads, every key created; then ``case.calls`` calibrated to about one
+    ``dist_rep_s`` of traffic (bounded)."""
+    warm = max(case.conc, (200 if settings.quick else 1000) // case.per_call)
+    if case.sync or case.batch:
+        await case.drive(len(keys) // case.per_call)
+    else:  # create every key quickly, whatever the case's own concurrency
+        await _drive(case.call, 1, case.src, len(keys), settings.concurrency, 0)
+    el = await case.drive(warm)
+    rate = warm / el
+    case.calls = int(
+        min(
+            settings.dist_max_ops // case.per_call,
+            max(case.conc * 5, 200 // case.per_call, rate * settings.dist_rep_s),
+        )
+    )
+
+
+async def _timed_rep(case: _Case, stats: redis.Redis) -> None:
+    """One timed repetition of ``case``: wall time, CPU of both sides, Redis commandstats."""
+    stats.config_resetstat()
+    case.meter.start()  # type: ignore[union-attr]
+    el = await case.drive(case.calls)
+    case.meter.stop(el, case.calls * case.per_call)  # type: ignore[union-attr]
+    for name, v in _commandstats(stats).items():
+        acc = case.cmd.setdefault(name, {"calls": 0, "usec": 0})
+        acc["calls"] += v["calls"]
+        acc["usec"] += v["usec"]
+
+
 def _cases(settings: Settings) -> list[_Case]:
     c = settings.concurrency
     own = "RedisLimiter (own RESP client, auto-pipelined, hiredis)"
@@ -382,31 +412,12 @@ def run_distributed(settings: Settings, url: str) -> list[dict[str, Any]]:
                 await case.open(url, keys)
             # warm-up (connections, script loads, every key created) and calibration
             for case in cases:
-                warm = max(case.conc, (200 if settings.quick else 1000) // case.per_call)
-                if case.sync or case.batch:
-                    await case.drive(len(keys) // case.per_call)
-                else:  # create every key quickly, whatever the case's own concurrency
-                    await _drive(case.call, 1, case.src, len(keys), settings.concurrency, 0)
-                el = await case.drive(warm)
-                rate = warm / el
-                case.calls = int(
-                    min(
-                        settings.dist_max_ops // case.per_call,
-                        max(case.conc * 5, 200 // case.per_call, rate * settings.dist_rep_s),
-                    )
-                )
+                await _warm_up(case, keys, settings)
                 case.meter = _Meter(stats)
             for rep in range(settings.dist_reps):
                 k = rep % len(cases)
                 for case in cases[k:] + cases[:k]:
-                    stats.config_resetstat()
-                    case.meter.start()  # type: ignore[union-attr]
-                    el = await case.drive(case.calls)
-                    case.meter.stop(el, case.calls * case.per_call)  # type: ignore[union-attr]
-                    for name, v in _commandstats(stats).items():
-                        acc = case.cmd.setdefault(name, {"calls": 0, "usec": 0})
-                        acc["calls"] += v["calls"]
-                        acc["usec"] += v["usec"]
+                    await _timed_rep(case, stats)
             for case in cases:
                 # sanity: with a 1e6/s limit every decision must be an allow
                 got = [_allowed(await case.one()) for _ in range(max(1, 100 // case.per_call))]
@@ -423,24 +434,26 @@ def run_distributed(settings: Settings, url: str) -> list[dict[str, Any]]:
         stats.flushall()
         stats.close()
 
-    results = []
-    for case in cases:
-        for v in case.cmd.values():
-            v["usec_per_call"] = round(v["usec"] / v["calls"], 2) if v["calls"] else 0.0
-        res = _case_result(case.calls, case.calls * case.per_call, case.meter, case.cmd)  # type: ignore[arg-type]
-        row = {
-            "library": case.lib,
-            "variant": case.variant,
-            "concurrency": case.conc,
-            "note": case.note,
-            **res,
-            "allowed_fraction": case.allowed,
-        }
-        results.append(row)
-        med = res["decisions_per_s"]["median"]
-        log(
-            f"  dist c={case.conc:<3d} {case.lib:28s} {case.variant:42s} {med:>9,.0f}/s  "
-            f"(redis cpu {res['redis_cpu_util']:.0%} = {res['redis_cpu_us_per_decision']:.1f} us/decision, "
-            f"client cpu {res['client_cpu_util']:.0%} = {res['client_cpu_us_per_decision']:.1f} us/decision)"
-        )
-    return results
+    return [_case_row(case) for case in cases]
+
+
+def _case_row(case: _Case, tag: str = "dist") -> dict[str, Any]:
+    """One measured case as a result row (logged as it is built)."""
+    for v in case.cmd.values():
+        v["usec_per_call"] = round(v["usec"] / v["calls"], 2) if v["calls"] else 0.0
+    res = _case_result(case.calls, case.calls * case.per_call, case.meter, case.cmd)  # type: ignore[arg-type]
+    row = {
+        "library": case.lib,
+        "variant": case.variant,
+        "concurrency": case.conc,
+        "note": case.note,
+        **res,
+        "allowed_fraction": case.allowed,
+    }
+    med = res["decisions_per_s"]["median"]
+    log(
+        f"  {tag} c={case.conc:<3d} {case.lib:28s} {case.variant:42s} {med:>9,.0f}/s  "
+        f"(redis cpu {res['redis_cpu_util']:.0%} = {res['redis_cpu_us_per_decision']:.1f} us/decision, "
+        f"client cpu {res['client_cpu_util']:.0%} = {res['client_cpu_us_per_decision']:.1f} us/decision)"
+    )
+    return row

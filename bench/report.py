@@ -124,6 +124,14 @@ def compute_targets(results: dict[str, Any], concurrency: int) -> list[dict[str,
                     "met": ratio >= LOCAL_TARGET_RATIO,
                 }
             )
+    targets += _dist_targets(dist, concurrency)
+    if results.get("clients"):
+        targets += _clients_targets(results["clients"])
+    return targets
+
+
+def _dist_targets(dist: list[dict[str, Any]], concurrency: int) -> list[dict[str, Any]]:
+    targets: list[dict[str, Any]] = []
     tb = _find_dist(dist, "shadowlimit", "token_bucket", concurrency)
     if tb is not None:
         dps = tb["decisions_per_s"]["median"]
@@ -160,6 +168,14 @@ def compute_targets(results: dict[str, Any], concurrency: int) -> list[dict[str,
                 }
             )  # type: ignore[index]
     return targets
+
+
+def _clients_targets(clients: dict[str, Any]) -> list[dict[str, Any]]:
+    """Issue 12's criterion for the own RESP client (section ``clients``)."""
+    from .clients import verdict
+
+    v = verdict(clients)
+    return [] if v is None else [v]
 
 
 def _env_section(env: dict[str, Any]) -> list[str]:
@@ -469,6 +485,10 @@ def render(results: dict[str, Any], settings: Any, extra: list[str] | None = Non
     if results.get("memory"):
         lines += _memory_section(results)
     lines += _profile_section(results)
+    if results.get("clients"):
+        from .clients import render as clients_section
+
+        lines += clients_section(results["clients"])
     for section in extra or []:
         lines += ["", section.rstrip()]
     return "\n".join(lines).rstrip() + "\n"
