@@ -249,9 +249,7 @@ class EmbeddedSentinelSet:
             if self._servers:
                 if all(p.running for p in [*self._servers, *self._sentinels]):
                     return self
-                for process in [*self._servers, *self._sentinels]:
-                    process.start()
-                self.wait_until_ready()
+                self._restart_missing()
                 return self
             self._root = tempfile.mkdtemp(prefix=DIR_PREFIX + "sentinel-")
             register(self, order=0)
@@ -269,6 +267,21 @@ class EmbeddedSentinelSet:
                 self.stop()
                 raise
             return self
+
+    def _restart_missing(self) -> None:
+        """Bring back every stopped process: a data node as a replica of the current master
+        (unless it is that master), so no sentinel has to demote it first."""
+        for sentinel in self._sentinels:
+            sentinel.start()
+        try:
+            master: Address | None = self.master_address()
+        except EmbeddedRedisError:
+            master = None
+        for server in self._servers:
+            if not server.running:
+                server.replica_of = None if master is None or self.server_at(master) is server else master
+                server.start()
+        self.wait_until_ready()
 
     def _spawn(self) -> None:
         assert self._root is not None
@@ -395,8 +408,9 @@ class EmbeddedSentinelSet:
     def kill_master(self, sig: int = signal.SIGKILL) -> Address:
         """Kill the current master's process (default SIGKILL, a crash) and return its address.
 
-        The node keeps its address and directory; :meth:`EmbeddedRedis.start` brings it
-        back (the sentinels then turn it into a replica of the new master)."""
+        The node keeps its address and directory. :meth:`start` brings it back as a
+        replica of the current master; on its own, :meth:`EmbeddedRedis.start` brings it
+        back as a master, which the sentinels demote to a replica after some 10-20 s."""
         address = self.master_address()
         server = self.server_at(address)
         if server is None:

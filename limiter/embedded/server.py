@@ -203,12 +203,9 @@ class EmbeddedRedis:
             raise EmbeddedRedisError("port cannot be combined with unix_socket=True")
         if unix_socket and tls is not None:
             raise EmbeddedRedisError("tls cannot be combined with unix_socket=True")
-        if replica_of is not None:
-            if not (0 < replica_of[1] < 65536):
-                raise EmbeddedRedisError(f"replica_of port must be in 1..65535, got {replica_of[1]}")
-            replica_of = (normalize_host(replica_of[0]), int(replica_of[1]))
         self._access = Access.of(tls, password, acl_users)
-        self._replica_of = replica_of
+        self._replica_of: tuple[str, int] | None = None
+        self.replica_of = replica_of
         extra = {str(k): str(v) for k, v in (extra_config or {}).items()}
         refused = sorted(k for k in extra if k.strip().lower() in _MANAGED_KEYS)
         if refused:
@@ -293,8 +290,17 @@ class EmbeddedRedis:
 
     @property
     def replica_of(self) -> tuple[str, int] | None:
-        """``(host, port)`` of the master this server was configured to replicate."""
+        """``(host, port)`` of the master this server replicates at its next (re)start
+        (``replicaof``); settable, e.g. to bring a failed-over master back as a replica."""
         return self._replica_of
+
+    @replica_of.setter
+    def replica_of(self, master: tuple[str, int] | None) -> None:
+        if master is not None:
+            if not (0 < master[1] < 65536):
+                raise EmbeddedRedisError(f"replica_of port must be in 1..65535, got {master[1]}")
+            master = (normalize_host(master[0]), int(master[1]))
+        self._replica_of = master
 
     def connection_kwargs(self) -> dict[str, Any]:
         """Keyword arguments for ``redis.Redis(...)`` reaching this server (address,

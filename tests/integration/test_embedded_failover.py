@@ -76,6 +76,13 @@ def test_sentinel_set_fails_over_after_kill_master() -> None:
         via_sentinel.close()
         with pytest.raises(EmbeddedRedisError, match="no failover"):
             sentinels.wait_for_failover(new, timeout=0.3)  # nothing happens to the new master
+        sentinels.start()  # the old master comes back as a replica of the new one
+        assert first.running and first.port == old[1]
+        rejoined = first.client(decode_responses=True)
+        info = rejoined.info("replication")
+        assert info["role"] == "slave" and int(info["master_port"]) == new[1]
+        assert rejoined.get("after") == "failover"
+        rejoined.close()
 
 
 @pytest.mark.sentinel
