@@ -533,13 +533,16 @@ class EmbeddedRedis:
                         return
                 except (redis.RedisError, OSError) as exc:
                     last = exc
-                if self._clock() >= deadline:
+                # the config is loaded before the port opens: a refused login will not change
+                if isinstance(last, redis.AuthenticationError) or self._clock() >= deadline:
                     terminate(proc, signal.SIGKILL, self._stop_timeout)
                     self._proc = None
-                    raise EmbeddedRedisError(
-                        f"redis-server for {where} did not answer PING within "
-                        f"{self._start_timeout:g}s (last error: {last!r})\n{self._log_tails(out_path)}"
+                    what = (
+                        f"refused the launcher's login ({last})"
+                        if isinstance(last, redis.AuthenticationError)
+                        else f"did not answer PING within {self._start_timeout:g}s (last error: {last!r})"
                     )
+                    raise EmbeddedRedisError(f"redis-server for {where} {what}\n{self._log_tails(out_path)}") from last
                 time.sleep(_POLL_INTERVAL)
         finally:
             client.close()
