@@ -1,4 +1,4 @@
-"""``python -m limiter.embedded [--cluster] [--unix-socket] [--port N]``."""
+"""``python -m limiter.embedded [--cluster [--replicas N] | --sentinel] [--tls DIR] [--unix-socket] [--port N]``."""
 
 import sys
 

@@ -1,4 +1,4 @@
-"""A private 3-master (no replica) Redis Cluster on loopback: :class:`EmbeddedCluster`.
+"""A private Redis Cluster on loopback (3 masters, optionally with replicas): :class:`EmbeddedCluster`.
 
 Every node is an :class:`~limiter.embedded.server.EmbeddedRedis` with
 ``cluster-enabled yes``; the cluster is formed with redis-py alone (no ``redis-cli``).
@@ -13,13 +13,15 @@ import signal
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from types import TracebackType
 from typing import Any
 
 import redis
 from redis.cluster import ClusterNode, RedisCluster
 
+from .access import Access
+from .probes import command, parse_info, role
 from .process import AddressInUseError, EmbeddedRedisError, register, unregister
 from .server import (
     DIR_PREFIX,
@@ -31,6 +33,7 @@ from .server import (
     normalize_host,
     quote_value,
 )
+from .tls import TlsServerConfig
 
 __all__ = ["CLUSTER_SLOTS", "DEFAULT_CLUSTER_TIMEOUT", "EmbeddedCluster", "slot_ranges"]
 
@@ -38,24 +41,11 @@ CLUSTER_SLOTS = 16384
 """Number of hash slots in a Redis Cluster."""
 
 DEFAULT_CLUSTER_TIMEOUT = 20.0
-
-
-def _command(client: redis.Redis, *args: str | int) -> Any:
-    """``client.execute_command(*args)`` (redis-py leaves it untyped)."""
-    return client.execute_command(*args)  # type: ignore[no-untyped-call]
-
-
-def _parse_info(raw: Any) -> dict[str, str]:
-    if isinstance(raw, dict):
-        return {str(k): str(v) for k, v in raw.items()}
-    if isinstance(raw, bytes):
-        raw = raw.decode()
-    out: dict[str, str] = {}
-    for line in str(raw).splitlines():
-        key, sep, value = line.strip().partition(":")
-        if sep:
-            out[key] = value
-    return out
+#: ``cluster-node-timeout`` without replicas (failures are only ever detected, never
+#: failed over) and with them (short, so a replica takes over in a few seconds)
+NODE_TIMEOUT_MS = 5000
+FAILOVER_NODE_TIMEOUT_MS = 1000
+Address = tuple[str, int]
 
 
 def slot_ranges(masters: int) -> list[tuple[int, int]]:
@@ -68,23 +58,42 @@ def slot_ranges(masters: int) -> list[tuple[int, int]]:
     return [(bounds[i], bounds[i + 1] - 1) for i in range(masters)]
 
 
+def _owners(raw: Any) -> list[tuple[int, int, Address]]:
+    """A ``CLUSTER SLOTS`` reply as ``(first, last, master address)`` per slot range."""
+    return [(int(e[0]), int(e[1]), (normalize_host(_text(e[2][0])), int(e[2][1]))) for e in raw]
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
 class EmbeddedCluster:
-    """A private Redis Cluster of ``masters`` masters (no replicas) on loopback.
+    """A private Redis Cluster of ``masters`` masters, each with ``replicas`` replicas, on loopback.
 
     Each node is an :class:`EmbeddedRedis` with ``cluster-enabled yes`` and an
-    explicit ``cluster-port`` (bus port), living in ``<data_dir>/node-<i>``.
-    The cluster is formed with redis-py alone: ``CLUSTER SET-CONFIG-EPOCH``,
-    ``CLUSTER ADDSLOTSRANGE`` (16384 slots split evenly), ``CLUSTER MEET``; then
-    :meth:`wait_until_ok` waits for every node to report ``cluster_state:ok``
-    and to know all masters.
+    explicit ``cluster-port`` (bus port), living in ``<data_dir>/node-<i>``: nodes
+    ``0 .. masters-1`` start as masters, node ``masters + m * replicas + j`` as
+    replica ``j`` of master ``m``. The cluster is formed with redis-py alone:
+    ``CLUSTER SET-CONFIG-EPOCH``, ``CLUSTER ADDSLOTSRANGE`` (16384 slots split
+    evenly), ``CLUSTER MEET``, ``CLUSTER REPLICATE``; then :meth:`wait_until_ok`
+    waits for every node to report ``cluster_state:ok``, to know all masters and
+    replicas, and for every replica's link to its master to be up.
 
     Args:
         masters: number of master nodes (default 3).
         host: loopback address for all nodes.
         extra_config: extra directives for every node (see :class:`EmbeddedRedis`).
-        node_timeout_ms: ``cluster-node-timeout``.
+        node_timeout_ms: ``cluster-node-timeout``; default 5000 ms without replicas,
+            1000 ms with them (a failover then takes a few seconds).
         start_timeout: bound for the whole cluster to become healthy.
         clock: monotonic seconds, read for the deadlines (also given to every node).
+        replicas: replicas per master (``cluster-replica-validity-factor 0``: any of
+            them may take over, however stale).
+        tls: TLS for clients, replication and the cluster bus (``tls-cluster yes``).
+        password / acl_users: authentication of every node (see :class:`EmbeddedRedis`).
+
+    Outages: :meth:`kill_node` / :meth:`start_node`, and with replicas
+    :meth:`kill_master` then :meth:`wait_for_failover`.
     """
 
     def __init__(
@@ -93,15 +102,25 @@ class EmbeddedCluster:
         masters: int = 3,
         host: str = "127.0.0.1",
         extra_config: Mapping[str, str] | None = None,
-        node_timeout_ms: int = 5000,
+        node_timeout_ms: int | None = None,
         start_timeout: float = DEFAULT_CLUSTER_TIMEOUT,
         clock: Callable[[], float] = time.monotonic,
+        replicas: int = 0,
+        tls: TlsServerConfig | None = None,
+        password: str | None = None,
+        acl_users: Sequence[tuple[str, str]] = (),
     ) -> None:
         if masters < 1:
             raise EmbeddedRedisError("a cluster needs at least one master")
+        if replicas < 0:
+            raise EmbeddedRedisError("replicas must be zero or more")
         self._masters = masters
+        self._replicas = replicas
+        self._access = Access.of(tls, password, acl_users)
         self._host = normalize_host(host)
         self._extra = dict(extra_config or {})
+        if node_timeout_ms is None:
+            node_timeout_ms = FAILOVER_NODE_TIMEOUT_MS if replicas else NODE_TIMEOUT_MS
         self._node_timeout_ms = node_timeout_ms
         self._start_timeout = start_timeout
         self._clock = clock
@@ -109,6 +128,7 @@ class EmbeddedCluster:
         self._root: str | None = None
         self._nodes: list[EmbeddedRedis] = []
         self._bus_ports: list[int] = []
+        self._killed: list[tuple[Address, list[tuple[int, int]]]] = []  # awaiting wait_for_failover
 
     # ---- properties --------------------------------------------------------
 
@@ -134,15 +154,31 @@ class EmbeddedCluster:
 
     @property
     def url(self) -> str:
-        """``redis+cluster://HOST:PORT0`` (the project's cluster URL scheme)."""
+        """``redis+cluster://[user:pass@]HOST:PORT0`` (the project's cluster URL scheme;
+        ``rediss+cluster://`` with TLS)."""
         host, port = self._first()
-        return f"redis+cluster://{host_for_url(host)}:{port}"
+        return f"{self._access.scheme}+cluster://{self._access.userinfo()}{host_for_url(host)}:{port}"
 
     @property
     def redis_url(self) -> str:
-        """``redis://HOST:PORT0/0`` -- suitable for ``RedisCluster.from_url``."""
+        """``redis://[user:pass@]HOST:PORT0/0`` (``rediss://`` with TLS) -- suitable for
+        ``RedisCluster.from_url``."""
         host, port = self._first()
-        return f"redis://{host_for_url(host)}:{port}/0"
+        return f"{self._access.scheme}://{self._access.userinfo()}{host_for_url(host)}:{port}/0"
+
+    @property
+    def access(self) -> Access:
+        """TLS and authentication of every node."""
+        return self._access
+
+    @property
+    def replicas(self) -> int:
+        """Replicas per master."""
+        return self._replicas
+
+    def connection_kwargs(self) -> dict[str, Any]:
+        """redis-py keyword arguments (credentials, TLS) for any node, without an address."""
+        return self._access.client_kwargs()
 
     @property
     def pids(self) -> list[int | None]:
@@ -162,7 +198,7 @@ class EmbeddedCluster:
 
     def client(self, **kwargs: Any) -> RedisCluster:
         """A new ``RedisCluster`` client for this cluster (caller closes it)."""
-        return RedisCluster(startup_nodes=self.startup_nodes, **kwargs)
+        return RedisCluster(startup_nodes=self.startup_nodes, **{**self.connection_kwargs(), **kwargs})
 
     def __repr__(self) -> str:
         return f"<EmbeddedCluster nodes={self.nodes} pids={self.pids}>"
@@ -197,66 +233,98 @@ class EmbeddedCluster:
                 raise
             return self
 
+    def _node_config(self, node_dir: str, port: int, bus: int) -> dict[str, str]:
+        config = {
+            "cluster-enabled": "yes",
+            "cluster-config-file": quote_value(os.path.join(node_dir, f"nodes-{port}.conf")),
+            "cluster-node-timeout": str(self._node_timeout_ms),
+            "cluster-port": str(bus),
+        }
+        if self._access.tls is not None:
+            config["tls-cluster"] = "yes"
+        if self._replicas:
+            config["cluster-replica-validity-factor"] = "0"
+            # Redis 7 leaves a replica out of CLUSTER SLOTS until its replication offset is
+            # non-zero, which on an idle master only the periodic PING to replicas makes it
+            config["repl-ping-replica-period"] = "1"
+        return {**config, **self._extra}
+
     def _spawn_nodes(self) -> None:
         assert self._root is not None
-        ports = free_ports(self._host, 2 * self._masters)
-        client_ports, bus_ports = ports[: self._masters], ports[self._masters :]
+        count = self._masters * (1 + self._replicas)
+        ports = free_ports(self._host, 2 * count)
+        client_ports, bus_ports = ports[:count], ports[count:]
         self._bus_ports = bus_ports
         for i, (port, bus) in enumerate(zip(client_ports, bus_ports)):
             node_dir = os.path.join(self._root, f"node-{i}")
-            config = {
-                "cluster-enabled": "yes",
-                "cluster-config-file": quote_value(os.path.join(node_dir, f"nodes-{port}.conf")),
-                "cluster-node-timeout": str(self._node_timeout_ms),
-                "cluster-port": str(bus),
-                **self._extra,
-            }
-            node = EmbeddedRedis(port=port, host=self._host, extra_config=config, data_dir=node_dir, clock=self._clock)
+            node = EmbeddedRedis(
+                port=port,
+                host=self._host,
+                extra_config=self._node_config(node_dir, port, bus),
+                data_dir=node_dir,
+                clock=self._clock,
+                tls=self._access.tls,
+                password=self._access.password,
+                acl_users=self._access.acl_users,
+            )
             self._nodes.append(node)
             node.start()
 
+    def _node_client(self, node: EmbeddedRedis) -> redis.Redis:
+        return node.client(decode_responses=True, socket_connect_timeout=1, socket_timeout=2, retry=no_retry())
+
     def _node_clients(self) -> list[redis.Redis]:
-        return [
-            redis.Redis(
-                host=self._host,
-                port=port,
-                decode_responses=True,
-                socket_connect_timeout=1,
-                socket_timeout=2,
-                retry=no_retry(),
-            )
-            for _, port in self.nodes
-        ]
+        return [self._node_client(node) for node in self._nodes]
 
     def _form_cluster(self) -> None:
         clients = self._node_clients()
         try:
             for i, (client, (first, last)) in enumerate(zip(clients, slot_ranges(self._masters))):
-                _command(client, "CLUSTER", "SET-CONFIG-EPOCH", i + 1)
-                _command(client, "CLUSTER", "ADDSLOTSRANGE", first, last)
+                command(client, "CLUSTER", "SET-CONFIG-EPOCH", i + 1)
+                command(client, "CLUSTER", "ADDSLOTSRANGE", first, last)
             for (_, port), bus in zip(self.nodes[1:], self._bus_ports[1:]):
-                _command(clients[0], "CLUSTER", "MEET", self._host, port, bus)
+                command(clients[0], "CLUSTER", "MEET", self._host, port, bus)
+            if self._replicas:
+                self._attach_replicas(clients)
         except redis.RedisError as exc:
             raise EmbeddedRedisError(f"could not form the cluster: {exc}") from exc
         finally:
             for client in clients:
                 client.close()
 
+    def _attach_replicas(self, clients: list[redis.Redis]) -> None:
+        """``CLUSTER REPLICATE`` each replica to its master, once the MEETs reached it."""
+        master_ids = [str(command(client, "CLUSTER", "MYID")) for client in clients[: self._masters]]
+        deadline = self._clock() + self._start_timeout
+        for index in range(self._masters, len(clients)):
+            master_id = master_ids[(index - self._masters) // self._replicas]
+            while True:
+                try:
+                    command(clients[index], "CLUSTER", "REPLICATE", master_id)
+                    break
+                except redis.ResponseError as exc:  # "Unknown node": gossip has not got there yet
+                    if self._clock() >= deadline:
+                        raise EmbeddedRedisError(f"node {index} could not replicate {master_id}: {exc}") from exc
+                time.sleep(0.05)
+
     def _health_problem(self, clients: list[redis.Redis]) -> str | None:
         """Return why the cluster is not healthy yet, or ``None`` if it is."""
         for client, (_, port) in zip(clients, self.nodes):
             try:
-                info = _parse_info(_command(client, "CLUSTER", "INFO"))
-                raw_nodes = _command(client, "CLUSTER", "NODES")
+                info = parse_info(command(client, "CLUSTER", "INFO"))
+                raw_nodes = command(client, "CLUSTER", "NODES")
+                replication = parse_info(command(client, "INFO", "replication")) if self._replicas else {}
             except (redis.RedisError, OSError) as exc:
                 return f"node {port}: {exc}"
             if info.get("cluster_state") != "ok":
                 return f"node {port}: cluster_state={info.get('cluster_state')}"
             if info.get("cluster_slots_ok") != str(CLUSTER_SLOTS):
                 return f"node {port}: cluster_slots_ok={info.get('cluster_slots_ok')}"
+            if replication.get("role") == "slave" and replication.get("master_link_status") != "up":
+                return f"node {port}: replication link {replication.get('master_link_status')}"
             if isinstance(raw_nodes, bytes):
                 raw_nodes = raw_nodes.decode()
-            masters = 0
+            masters = replicas = 0
             for line in str(raw_nodes).splitlines():
                 fields = line.split()
                 if len(fields) < 8:
@@ -264,10 +332,24 @@ class EmbeddedCluster:
                 flags = fields[2].split(",")
                 if any(f in flags for f in ("handshake", "noaddr", "fail", "fail?")) or fields[7] != "connected":
                     return f"node {port}: peer {fields[1]} is {fields[2]}/{fields[7]}"
-                if "master" in flags:
-                    masters += 1
-            if masters != self._masters:
-                return f"node {port}: knows {masters}/{self._masters} masters"
+                masters += "master" in flags
+                replicas += "slave" in flags
+            if masters != self._masters or replicas != self._masters * self._replicas:
+                return f"node {port}: knows {masters}/{self._masters} masters, {replicas} replicas"
+            problem = self._slots_problem(client) if self._replicas else None
+            if problem is not None:
+                return f"node {port}: {problem}"
+        return None
+
+    def _slots_problem(self, client: redis.Redis) -> str | None:
+        """Why ``CLUSTER SLOTS`` (what clients see) does not list every replica yet, or ``None``."""
+        try:
+            raw = command(client, "CLUSTER", "SLOTS")
+        except (redis.RedisError, OSError) as exc:
+            return repr(exc)
+        for first, last, _master, *replicas in raw:
+            if len(replicas) != self._replicas:
+                return f"CLUSTER SLOTS lists {len(replicas)}/{self._replicas} replicas for slots {first}-{last}"
         return None
 
     def wait_until_ok(self, timeout: float | None = None) -> None:
@@ -304,6 +386,108 @@ class EmbeddedCluster:
         if wait:
             self.wait_until_ok()
 
+    def _slot_table(self) -> list[tuple[int, int, Address]]:
+        """``(first, last, master address)`` per slot range, from the first node that answers."""
+        problems = []
+        for node in self._nodes:
+            if not node.running:
+                continue
+            client = self._node_client(node)
+            try:
+                return _owners(command(client, "CLUSTER", "SLOTS"))
+            except (redis.RedisError, OSError) as exc:
+                problems.append(f"{node!r}: {exc!r}")
+            finally:
+                client.close()
+        raise EmbeddedRedisError(f"no cluster node answers CLUSTER SLOTS: {problems}")
+
+    def _node_at(self, address: Address) -> EmbeddedRedis | None:
+        for node in self._nodes:
+            if (node.host, node.port) == address:
+                return node
+        return None
+
+    def kill_master(self, index: int, sig: int = signal.SIGKILL) -> Address:
+        """Kill the node that currently serves slot range ``index`` (of :func:`slot_ranges`;
+        initially node ``index``) and return its address. With replicas, one of them takes
+        over: see :meth:`wait_for_failover`. :meth:`start_node` brings the node back (it
+        rejoins as a replica of its successor)."""
+        if not 0 <= index < self._masters:
+            raise EmbeddedRedisError(f"master index must be in 0..{self._masters - 1}, got {index}")
+        first = slot_ranges(self._masters)[index][0]
+        table = self._slot_table()
+        address = next((owner for lo, hi, owner in table if lo <= first <= hi), None)
+        node = None if address is None else self._node_at(address)
+        if address is None or node is None:
+            raise EmbeddedRedisError(f"slot {first} is served by {address}, not by a node of this cluster")
+        node.kill(sig)
+        self._killed.append((address, [(lo, hi) for lo, hi, owner in table if owner == address]))
+        return address
+
+    def _failover_problem(self) -> str | Address:
+        """The successor of the last killed master once every running node reports
+        ``cluster_state:ok`` and the killed masters' slots are served by running masters."""
+        successor: Address | None = None
+        for node in self._nodes:
+            if not node.running:
+                continue
+            client = self._node_client(node)
+            try:
+                info = parse_info(command(client, "CLUSTER", "INFO"))
+                raw = command(client, "CLUSTER", "SLOTS")
+            except (redis.RedisError, OSError) as exc:
+                return f"{node!r}: {exc!r}"
+            finally:
+                client.close()
+            if info.get("cluster_state") != "ok" or info.get("cluster_slots_ok") != str(CLUSTER_SLOTS):
+                return f"{node!r}: cluster_state={info.get('cluster_state')} slots_ok={info.get('cluster_slots_ok')}"
+            owners = _owners(raw)
+            for dead, ranges in self._killed:
+                for first, _ in ranges:
+                    owner = next((o for lo, hi, o in owners if lo <= first <= hi), None)
+                    server = None if owner is None else self._node_at(owner)
+                    if owner == dead or server is None or not server.running:
+                        return f"{node!r}: slot {first} served by {owner}"
+                    successor = owner
+        if successor is None:
+            return "no running node answered"
+        return self._check_role(successor)
+
+    def _check_role(self, address: Address) -> str | Address:
+        node = self._node_at(address)
+        assert node is not None
+        client = self._node_client(node)
+        try:
+            node_role = role(client)
+        except (redis.RedisError, OSError) as exc:
+            return f"{node!r}: {exc!r}"
+        finally:
+            client.close()
+        return address if node_role == "master" else f"{node!r} answers ROLE {node_role}"
+
+    def wait_for_failover(self, timeout: float | None = None) -> Address:
+        """After :meth:`kill_master`: wait until the cluster is ``ok`` again on every running
+        node and the killed masters' slots are served by running nodes that answer ``ROLE``
+        as masters; return the address of the last killed master's successor.
+
+        Raises:
+            EmbeddedRedisError: no replicas, nothing killed, or no failover within
+                ``timeout`` (default ``start_timeout``).
+        """
+        if not self._replicas:
+            raise EmbeddedRedisError("a cluster without replicas cannot fail over")
+        if not self._killed:
+            raise EmbeddedRedisError("wait_for_failover: no master was killed with kill_master()")
+        deadline = self._clock() + (self._start_timeout if timeout is None else timeout)
+        while True:
+            outcome = self._failover_problem()
+            if not isinstance(outcome, str):
+                self._killed = []
+                return outcome
+            if self._clock() >= deadline:
+                raise EmbeddedRedisError(f"cluster did not fail over: {outcome}")
+            time.sleep(0.05)
+
     def _stop_nodes(self) -> None:
         nodes, self._nodes = self._nodes, []
         errors: list[BaseException] = []
@@ -325,6 +509,7 @@ class EmbeddedCluster:
                     shutil.rmtree(self._root, ignore_errors=True)
                 self._root = None
                 self._bus_ports = []
+                self._killed = []
                 unregister(self)
 
     def __enter__(self) -> EmbeddedCluster:

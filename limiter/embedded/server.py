@@ -17,7 +17,7 @@ import subprocess
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from types import TracebackType
 from typing import Any
 
@@ -25,6 +25,7 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
+from .access import Access, quote_value
 from .process import (
     AddressInUseError,
     EmbeddedRedisError,
@@ -36,6 +37,7 @@ from .process import (
     terminate,
     unregister,
 )
+from .tls import TlsServerConfig
 
 __all__ = [
     "DEFAULT_START_TIMEOUT",
@@ -74,6 +76,14 @@ _MANAGED_KEYS = frozenset(
         "pidfile",
         "supervised",
         "include",
+        "tls-port",
+        "requirepass",
+        "user",
+        "aclfile",
+        "replicaof",
+        "slaveof",
+        "masteruser",
+        "masterauth",
     }
 )
 
@@ -114,12 +124,6 @@ def host_for_url(host: str) -> str:
     return f"[{host}]" if ":" in host else host
 
 
-def quote_value(value: str) -> str:
-    """Quote a value for redis.conf (sdssplitargs syntax)."""
-    escaped = value.replace("\\", "\\\\").replace('"', '\\"')
-    return f'"{escaped}"'
-
-
 def no_retry() -> Retry:
     """Probes poll on their own schedule; redis-py's default backoff would
     only slow them down."""
@@ -153,6 +157,18 @@ class EmbeddedRedis:
         start_timeout: seconds to wait for the first PING reply.
         stop_timeout: seconds between SIGTERM and SIGKILL.
         clock: monotonic seconds, read for the ``start_timeout`` deadline.
+        tls: serve TLS only (``port 0``, ``tls-port N``; see
+            :class:`~limiter.embedded.tls.TlsServerConfig`); :attr:`url` becomes
+            ``rediss://`` and :meth:`connection_kwargs` carries the TLS options.
+            Not with ``unix_socket``.
+        password: the default user's password (``requirepass``).
+        acl_users: ``(name, password)`` pairs, each ``user NAME on >PASSWORD ~* &* +@all``;
+            without ``password`` the default user is switched off. The launcher (its
+            probes, :attr:`url`, :meth:`client`) logs in as the first of them, else as the
+            default user with ``password``. With any authentication, ``masteruser`` /
+            ``masterauth`` are set to the same credentials (and ``tls-replication yes``
+            with TLS), so the server can replicate from a master configured alike.
+        replica_of: ``(host, port)`` of a master to replicate (``replicaof``).
 
     Lifecycle:
         * :meth:`start` launches the server (no-op while it runs). Called again
@@ -176,11 +192,20 @@ class EmbeddedRedis:
         start_timeout: float = DEFAULT_START_TIMEOUT,
         stop_timeout: float = DEFAULT_STOP_TIMEOUT,
         clock: Callable[[], float] = time.monotonic,
+        tls: TlsServerConfig | None = None,
+        password: str | None = None,
+        acl_users: Sequence[tuple[str, str]] = (),
+        replica_of: tuple[str, int] | None = None,
     ) -> None:
         if port is not None and not (0 < port < 65536):
             raise EmbeddedRedisError(f"port must be in 1..65535, got {port}")
         if unix_socket and port is not None:
             raise EmbeddedRedisError("port cannot be combined with unix_socket=True")
+        if unix_socket and tls is not None:
+            raise EmbeddedRedisError("tls cannot be combined with unix_socket=True")
+        self._access = Access.of(tls, password, acl_users)
+        self._replica_of: tuple[str, int] | None = None
+        self.replica_of = replica_of
         extra = {str(k): str(v) for k, v in (extra_config or {}).items()}
         refused = sorted(k for k in extra if k.strip().lower() in _MANAGED_KEYS)
         if refused:
@@ -247,21 +272,45 @@ class EmbeddedRedis:
 
     @property
     def url(self) -> str:
-        """``redis://HOST:PORT/0`` or ``unix:///path/redis.sock?db=0``."""
+        """``redis://HOST:PORT/0`` (``rediss://`` with TLS) or ``unix:///path/redis.sock?db=0``,
+        with ``user:password@`` / ``:password@`` when the server requires a login."""
         if self._unix:
             path = self.unix_path
             if path is None:
                 raise EmbeddedRedisError("server has not been started")
-            return f"unix://{path}?db=0"
+            return f"unix://{self._access.userinfo()}{path}?db=0"
         if self._port is None:
             raise EmbeddedRedisError("server has not been started")
-        return f"redis://{host_for_url(self._host)}:{self._port}/0"
+        return f"{self._access.scheme}://{self._access.userinfo()}{host_for_url(self._host)}:{self._port}/0"
+
+    @property
+    def access(self) -> Access:
+        """The server's TLS and authentication settings."""
+        return self._access
+
+    @property
+    def replica_of(self) -> tuple[str, int] | None:
+        """``(host, port)`` of the master this server replicates at its next (re)start
+        (``replicaof``); settable, e.g. to bring a failed-over master back as a replica."""
+        return self._replica_of
+
+    @replica_of.setter
+    def replica_of(self, master: tuple[str, int] | None) -> None:
+        if master is not None:
+            if not (0 < master[1] < 65536):
+                raise EmbeddedRedisError(f"replica_of port must be in 1..65535, got {master[1]}")
+            master = (normalize_host(master[0]), int(master[1]))
+        self._replica_of = master
 
     def connection_kwargs(self) -> dict[str, Any]:
-        """Keyword arguments for ``redis.Redis(...)`` reaching this server."""
+        """Keyword arguments for ``redis.Redis(...)`` reaching this server (address,
+        credentials and, with TLS, the verified-TLS options)."""
+        where: dict[str, Any]
         if self._unix:
-            return {"unix_socket_path": self.unix_path}
-        return {"host": self._host, "port": self._port}
+            where = {"unix_socket_path": self.unix_path}
+        else:
+            where = {"host": self._host, "port": self._port}
+        return {**where, **self._access.client_kwargs()}
 
     def client(self, **kwargs: Any) -> redis.Redis:
         """A new synchronous redis-py client for this server (caller closes it)."""
@@ -378,7 +427,8 @@ class EmbeddedRedis:
             raise EmbeddedRedisError(f"unix socket path under {path!r} is too long (max {_UNIX_PATH_MAX} chars)")
         return path
 
-    def _config_text(self) -> str:
+    def _base_lines(self) -> list[str]:
+        """Directives every embedded process shares: loopback bind, files, listener, logins."""
         assert self._dir is not None
         lines = [
             "# generated by limiter.embedded -- private, loopback-only server",
@@ -387,30 +437,50 @@ class EmbeddedRedis:
             "daemonize no",
             f"dir {quote_value(self._dir)}",
             f"logfile {quote_value(os.path.join(self._dir, 'redis.log'))}",
-            'save ""',
-            "appendonly no",
         ]
         if self._unix:
             socket_path = quote_value(os.path.join(self._dir, "redis.sock"))
             lines += ["port 0", f"unixsocket {socket_path}", "unixsocketperm 700"]
         else:
-            lines.append(f"port {self._port}")
+            assert self._port is not None
+            lines += [conf_line(k, v) for k, v in self._access.listen_lines(self._port)]
+        lines += [conf_line(k, v) for k, v in self._access.auth_lines()]
+        return lines
+
+    def _config_text(self) -> str:
+        # a replica's first sync starts at once instead of waiting 5 s for more replicas
+        lines = [*self._base_lines(), 'save ""', "appendonly no", "repl-diskless-sync-delay 0"]
+        lines += [conf_line(k, v) for k, v in self._access.replication_lines()]
+        if self._replica_of is not None:
+            lines.append(f"replicaof {self._replica_of[0]} {self._replica_of[1]}")
         lines += [conf_line(k, v) for k, v in self._extra.items()]
         return "\n".join(lines) + "\n"
+
+    def _conf_path(self) -> str:
+        assert self._dir is not None
+        return os.path.join(self._dir, "redis.conf")
+
+    def _write_config(self, conf_path: str) -> None:
+        """Write the generated configuration (on every launch)."""
+        with open(conf_path, "w", encoding="utf-8") as fh:
+            fh.write(self._config_text())
+
+    def _argv(self, conf_path: str) -> list[str]:
+        assert self._binary is not None
+        return [self._binary, conf_path]
 
     def _launch(self) -> None:
         assert self._dir is not None and self._binary is not None
         os.makedirs(self._dir, exist_ok=True)
-        conf_path = os.path.join(self._dir, "redis.conf")
-        with open(conf_path, "w", encoding="utf-8") as fh:
-            fh.write(self._config_text())
+        conf_path = self._conf_path()
+        self._write_config(conf_path)
         if self._unix:
             try:
                 os.unlink(os.path.join(self._dir, "redis.sock"))
             except FileNotFoundError:
                 pass
         out_path = os.path.join(self._dir, "redis.stdout.log")
-        argv = [self._binary, conf_path]
+        argv = self._argv(conf_path)
         cwd = self._dir
         parent_pid = os.getpid()
 
@@ -449,6 +519,7 @@ class EmbeddedRedis:
         client = redis.Redis(
             **self.connection_kwargs(), socket_connect_timeout=0.5, socket_timeout=0.5, retry=no_retry()
         )
+        last: BaseException | None = None
         try:
             while True:
                 rc = proc.poll()
@@ -460,15 +531,18 @@ class EmbeddedRedis:
                 try:
                     if client.ping():
                         return
-                except (redis.RedisError, OSError):
-                    pass
-                if self._clock() >= deadline:
+                except (redis.RedisError, OSError) as exc:
+                    last = exc
+                # the config is loaded before the port opens: a refused login will not change
+                if isinstance(last, redis.AuthenticationError) or self._clock() >= deadline:
                     terminate(proc, signal.SIGKILL, self._stop_timeout)
                     self._proc = None
-                    raise EmbeddedRedisError(
-                        f"redis-server for {where} did not answer PING within "
-                        f"{self._start_timeout:g}s\n{self._log_tails(out_path)}"
+                    what = (
+                        f"refused the launcher's login ({last})"
+                        if isinstance(last, redis.AuthenticationError)
+                        else f"did not answer PING within {self._start_timeout:g}s (last error: {last!r})"
                     )
+                    raise EmbeddedRedisError(f"redis-server for {where} {what}\n{self._log_tails(out_path)}") from last
                 time.sleep(_POLL_INTERVAL)
         finally:
             client.close()

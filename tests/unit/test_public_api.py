@@ -52,13 +52,19 @@ def test_limiter_embedded_public_names():
 
     assert embedded.__all__ == sorted(embedded.__all__)
     assert embedded.__all__ == [
+        "Access",
         "CLUSTER_SLOTS",
         "ENV_SERVER_BIN",
         "EmbeddedCluster",
         "EmbeddedRedis",
         "EmbeddedRedisError",
+        "EmbeddedSentinel",
+        "EmbeddedSentinelSet",
+        "TestPki",
+        "TlsServerConfig",
         "find_redis_server",
         "main",
+        "make_test_pki",
         "slot_ranges",
     ]
     for name in embedded.__all__:
