@@ -409,8 +409,15 @@ _ENV_NAMES = {
 _SECRET_FIELDS = frozenset({"redis_url", "admin_token", "client_token"})
 
 
+def _secret_env() -> frozenset[str]:
+    return frozenset(env_name(f) for f in _SECRET_FIELDS)
+
+
 def env_name(field_name: str) -> str:
     return str(_ENV_NAMES.get(field_name, field_name.upper()))
+
+
+_SECRET_ENV = _secret_env()
 
 
 def load_settings(**overrides: object) -> Settings:
@@ -425,7 +432,7 @@ def load_settings(**overrides: object) -> Settings:
             msg = err.get("msg", "invalid")
             msg = msg.removeprefix("Value error, ")
             if field:
-                secret = field in _SECRET_FIELDS  # never echo a URL that may hold a password
+                secret = env_name(field) in _SECRET_ENV  # never echo a URL that may hold a password
                 got = f" (got {err.get('input')!r})" if "got " not in msg and not secret else ""
                 lines.append(f"{env_name(field)}: {msg}{got}")
             else:

@@ -401,7 +401,7 @@ def make_redis_py_client(url: str | RedisTarget, *, socket_timeout: float = 1.0,
         sentinels = [(s.host or "127.0.0.1", s.port or 26379) for s in target.seeds]
         sentinel = Sentinel(  # type: ignore[no-untyped-call]
             sentinels,
-            sentinel_kwargs={**_redis_py_login(target.seeds[0]), **timeouts},
+            sentinel_kwargs={**_redis_py_login(target.seeds[0]), **timeouts, "retry": retry},
             db=e.db,
             retry=retry,
             **_redis_py_login(e),

@@ -13,8 +13,8 @@ TLS options as query parameters: ``ssl_ca_certs``, ``ssl_certfile``, ``ssl_keyfi
 ``ssl_cert_reqs`` (``required``, the default; ``optional``; ``none`` only when asked
 for) and ``ssl_check_hostname`` (``true`` unless ``ssl_cert_reqs`` is not
 ``required``). On Sentinel URLs the credentials are used for the sentinels too, unless
-``sentinel_username`` / ``sentinel_password`` say otherwise (an empty
-``sentinel_password=`` logs in to the sentinels without a password). Any other query
+``sentinel_password`` (with ``sentinel_username`` when the sentinels have ACL users) says
+otherwise; an empty ``sentinel_password=`` means the sentinels take no login. Any other query
 parameter is an error: a misspelt option is never silently ignored.
 
 >>> parse_redis_url("redis+cluster://10.0.0.1:7000,10.0.0.2:7000").cluster
@@ -210,8 +210,10 @@ def _sentinel_target(
     if len(parts) > 2:
         raise ValueError("redis url: a Sentinel URL's path is /service_name[/db]")
     db = _database(parts[1], parts[1]) if len(parts) == 2 else 0
-    s_user = _one(query, "sentinel_username", username)
-    s_pass = _one(query, "sentinel_password", password)
+    if "sentinel_password" in query:  # the sentinels' own login (empty: none)
+        s_user, s_pass = _one(query, "sentinel_username", None), _one(query, "sentinel_password", None)
+    else:
+        s_user, s_pass = _one(query, "sentinel_username", username), password
     sentinels = tuple(
         Endpoint(host=h, port=p, tls=tls, username=s_user or None, password=s_pass or None) for h, p in hosts
     )

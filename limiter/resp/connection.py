@@ -164,6 +164,13 @@ class NodeConnection:
                 login = str(r).startswith(("WRONGPASS", "NOAUTH", "ERR AUTH", "ERR invalid password", "NOPERM"))
                 cls = BackendAuthError if login else BackendUnavailable
                 raise cls(f"Redis at {e.label} refused the login: {r}")
+        setname = replies[-1]
+        if isinstance(setname, ReplyError) and str(setname).startswith("NOAUTH"):
+            self.close()
+            raise BackendAuthError(
+                f"Redis at {e.label} needs a login ({setname}): give user:password in the URL"
+                " (or the password in RATE_LIMIT_REDIS_PASSWORD_FILE)"
+            )
 
     def send(self, payload: bytes) -> asyncio.Future[Any]:
         """Queue one encoded command; the future resolves to its reply."""

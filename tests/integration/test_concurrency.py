@@ -99,18 +99,10 @@ def pool():
         yield executor
 
 
-@pytest.fixture(params=["standalone", "cluster"])
-def url(request):
-    import redis as redis_sync
-
-    if request.param == "standalone":
-        server = request.getfixturevalue("redis_server")
-        redis_sync.Redis.from_url(server.url).flushall()
-        return server.url
-    cluster = request.getfixturevalue("redis_cluster")
-    for host, port in cluster.nodes:
-        redis_sync.Redis(host=host, port=port).flushall()
-    return cluster.url
+@pytest.fixture
+def url(every_redis_url):
+    """Every connection kind (plain, TLS + ACL, Sentinel, cluster over TLS), flushed."""
+    return every_redis_url
 
 
 def _run(pool, url: str, algorithm: str) -> tuple[int, float, list[dict]]:

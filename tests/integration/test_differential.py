@@ -69,11 +69,11 @@ def _run_redis(url, policy, seq, key):
     max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow]
 )
 @given(data=st.data())
-def test_pure_local_and_lua_agree(any_redis_url, data):
+def test_pure_local_and_lua_agree(every_redis_url, data):
     policy = data.draw(policies())
     seq = data.draw(sequences(policy))
     key = f"k{next(_ids)}"
-    redis_results = _run_redis(any_redis_url, policy, seq, key)
+    redis_results = _run_redis(every_redis_url, policy, seq, key)
     local = LocalLimiter(speedups=True)  # the C hot path (fails loudly when not built)
     local_py = LocalLimiter(speedups=False)  # the pure-Python LocalLimiter
     state = None

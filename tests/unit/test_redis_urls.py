@@ -39,7 +39,8 @@ def test_sentinel_credentials_and_service():
     own = parse_redis_url(f"redis+sentinel://app:{SECRET}@a:1/orders?sentinel_username=s&sentinel_password=x")
     assert [(s.username, s.password) for s in own.seeds] == [("s", "x")]
     none = parse_redis_url(f"redis+sentinel://app:{SECRET}@a:1/orders?sentinel_password=")
-    assert none.seeds[0].password is None and none.endpoint.password == SECRET
+    assert (none.seeds[0].username, none.seeds[0].password) == (None, None)
+    assert (none.endpoint.username, none.endpoint.password) == ("app", SECRET)
 
 
 def test_tls_options():
