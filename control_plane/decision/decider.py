@@ -49,6 +49,10 @@ if TYPE_CHECKING:
 
 __all__ = ["Decider", "wall_clock_us"]
 
+_time_ns = time.time_ns
+_DISTRIBUTED = Path.DISTRIBUTED
+_SHADOW = Path.SHADOW
+
 
 def wall_clock_us() -> int:
     """The wall clock in integer microseconds (the decider's default clock)."""
@@ -121,6 +125,7 @@ class Decider:
         self.clock_us = clock_us
         self._wall_clock = clock_us is wall_clock_us  # read inline: no Python call per request
         self._offer_shadow = shadow.queue.offer
+        self._note = activity.note  # bound once: no attribute lookups per request
         self._plans: dict[str, RoutePlan] = {}
         self._seq = 0
 
@@ -272,26 +277,26 @@ class Decider:
             lp, dp, bkey, fp, fc = p.policies(key, None if res is None else res.limits)
         if cost.__class__ is not int or not 1 <= cost <= p.cost_max or lp is not p.lp or dp is not p.dp:
             cost = check_cost(lp, dp, cost)
-        now_us = time.time_ns() // 1000 if self._wall_clock else self.clock_us()
+        now_us = _time_ns() // 1000 if self._wall_clock else self.clock_us()
         if p.lists and self._listed(b, i, p, key, client_ip, lp, request_id, now_us, res):
             return
         key = bkey  # from here on, the bucket's key (an external tenant's, when it has one)
         now_s = now_us / 1_000_000
         lkey = p.prefix + key
         local = self.local.check(lkey, lp, cost, now_us)
-        last = self.activity.note(p.name, key, now_s)
+        last = self._note(p.name, key, now_s)
         if res is not None:
             self.activity.remember_external(p.name, key, lp, dp)
         allowed = local.allowed
         p.req[allowed] += 1
         path = p.path or path_for(p.mode, p.percent, p.name, key)
-        if path is Path.DISTRIBUTED:
+        if path is _DISTRIBUTED:
             b.pend.append((i, p, key, local, request_id, now_s, dp, res, fp))
             b.reqs.append((lkey, dp, cost, now_us))
             b.ovs.append((fp, fc))
             return
         shadow = None
-        if path is Path.SHADOW:
+        if path is _SHADOW:
             shadow = dp
             if not self._offer_shadow((lkey, dp, cost, now_us, p.name, key, allowed, request_id)):
                 p.dropped += 1

@@ -1031,3 +1031,27 @@ async def test_backend_panel_follows_a_real_limits_service(redis_server: Any, tm
                 )
         finally:
             cp.stop()
+
+
+def test_backend_panel_shows_the_redis_topology() -> None:
+    """Which kind of Redis, where the master is and TLS, from /v1/backend's redis_topology."""
+    import io
+
+    from rich.console import Console
+
+    from dashboard.models import BackendView
+    from dashboard.widgets import BackendPanel
+
+    def rendered(topology: dict[str, Any] | None) -> str:
+        data = {**fixed_snapshot()["backend"], "redis_topology": topology}
+        console = Console(width=120, file=io.StringIO(), color_system=None)
+        console.print(BackendPanel.render_backend(BackendView.parse(data), [], None))
+        return " ".join(console.file.getvalue().split())  # type: ignore[attr-defined]
+
+    tls = {"verify": "required", "check_hostname": True, "ca_certs": "/ca.pem", "client_certificate": True}
+    text = rendered({"kind": "sentinel", "master": "10.0.0.7:6379", "tls": tls, "password": "set"})
+    assert "topology sentinel · master 10.0.0.7:6379 · TLS on (verify required + name · client certificate)" in text
+    cluster = {"kind": "cluster", "masters": [{"address": "a:1", "slots": 5461}, {"address": "b:2", "slots": 5462}]}
+    assert "topology cluster · master a:1, b:2 · TLS off" in rendered(cluster)
+    assert "master not known yet" in rendered({"kind": "sentinel", "master": None, "tls": None})
+    assert "topology" not in rendered(None)  # an older control plane: no line
