@@ -17,7 +17,7 @@ import asyncio
 import time
 from typing import Any
 
-from ..errors import BackendError, BackendUnavailable
+from ..errors import BackendAuthError, BackendError, BackendUnavailable
 from ..redis_url import Endpoint
 from .backends import StandaloneBackend
 from .connection import NodeClient, ReplyError, encode_command
@@ -117,10 +117,12 @@ class SentinelBackend(StandaloneBackend):
     async def _discover(self) -> None:
         self._last_discovery = time.monotonic()
         errors: list[str] = []
+        refused = 0  # sentinels that refused the login: a configuration error, not an outage
         for node in list(self._sentinel_nodes):
             try:
                 reply = await node.call(encode_command("SENTINEL", "GET-MASTER-ADDR-BY-NAME", self.service_name))
             except BackendError as exc:
+                refused += isinstance(exc, BackendAuthError)
                 errors.append(str(exc))
                 continue
             if isinstance(reply, ReplyError) or not reply:
@@ -137,9 +139,8 @@ class SentinelBackend(StandaloneBackend):
             self._sentinel_nodes.remove(node)
             self._sentinel_nodes.insert(0, node)
             return
-        raise BackendUnavailable(
-            f"no sentinel named a master for {self.service_name!r}: " + "; ".join(errors[-3:] or ["no answer"])
-        )
+        cls = BackendAuthError if refused == len(self._sentinel_nodes) else BackendUnavailable
+        raise cls(f"no sentinel named a master for {self.service_name!r}: " + "; ".join(errors[-3:] or ["no answer"]))
 
     async def _use(self, address: tuple[str, int]) -> None:
         """Point at ``address`` after checking with ROLE that it is a master."""

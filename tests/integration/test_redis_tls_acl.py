@@ -134,3 +134,36 @@ def test_mutual_tls_needs_the_client_certificate(test_pki):
 def test_a_missing_ca_file_is_an_error_naming_the_option(tmp_path):
     with pytest.raises(ValueError, match="ssl_ca_certs: cannot use"):
         RedisLimiter.from_url(f"rediss://127.0.0.1:1/0?ssl_ca_certs={tmp_path / 'nope.pem'}")
+
+
+def test_sentinel_over_tls_with_logins_on_both_sides(test_pki):
+    """rediss+sentinel: TLS to the sentinels and to the data nodes, an ACL user on the data
+    nodes and the sentinels' own password."""
+    from limiter.embedded import EmbeddedSentinelSet
+
+    with EmbeddedSentinelSet(
+        replicas=1,
+        tls=test_pki.server_config(client_auth="optional"),
+        acl_users=[("app", PASSWORD)],
+        sentinel_password="sentinel-pw",
+    ) as sentinels:
+        hosts = ",".join(f"{h}:{p}" for h, p in sentinels.sentinel_addresses)
+        url = (
+            f"rediss+sentinel://app:{quote(PASSWORD, safe='')}@{hosts}/{sentinels.master_name}"
+            f"?ssl_ca_certs={quote(test_pki.ca_cert)}&sentinel_password=sentinel-pw"
+        )
+        assert asyncio.run(five_then_denied(url, "sentinel-tls")) == [True] * 5 + [False]
+        # the sentinels' password is checked too
+        wrong = url.replace("sentinel_password=sentinel-pw", "sentinel_password=nope")
+
+        async def login_error() -> str:
+            rl = RedisLimiter.from_url(wrong, namespace="tls", connect_timeout=3)
+            try:
+                with pytest.raises(BackendAuthError) as exc:  # serve stops at startup on it
+                    await rl.ping()
+                return str(exc.value)
+            finally:
+                await rl.aclose()
+
+        msg = asyncio.run(login_error())
+        assert "no sentinel named a master" in msg and "WRONGPASS" in msg and "nope" not in msg
