@@ -14,7 +14,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Route
 
 from . import incidents
-from .api import admin, decide, external, health, observe, routes, stream
+from .api import admin, authz, decide, external, health, observe, routes, stream
 from .api.deps import ApiError
 from .auth import Authenticator, AuthGate, TokensFile
 from .gctune import tune_gc
@@ -78,6 +78,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     _install_error_handlers(app)
     for r in (
         decide.router,
+        authz.router,
         routes.router,
         observe.router,
         external.router,

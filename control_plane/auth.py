@@ -93,6 +93,7 @@ class Access(str, Enum):
 ACCESS: dict[tuple[str, str], Access] = {
     ("POST", "/v1/decide"): Access.DATA,
     ("POST", "/v1/decide/batch"): Access.DATA,
+    **{(m, "/v1/authz"): Access.DATA for m in ("GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS")},
     ("GET", "/v1/routes"): Access.READ,
     ("PUT", "/v1/routes/{route}/mode"): Access.OPERATOR,
     ("GET", "/v1/rollout/audit"): Access.READ,

@@ -242,6 +242,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
         port=settings.port,
         log_level=args.log_level,
         access_log=False,
+        # client addresses come from the TCP peer; forwarding headers are believed only by
+        # the key extractor, from SHADOWLIMIT_TRUSTED_PROXIES (uvicorn's own default would
+        # rewrite the peer from X-Forwarded-For for any request from 127.0.0.1)
+        proxy_headers=False,
         http=http_protocol(settings.request_limits),
     )
     return EXIT_OK

@@ -99,6 +99,13 @@ class Settings(BaseSettings):
         validation_alias=_env("RATE_LIMIT_REDIS_TLS_CHECK_HOSTNAME"),
         description="Check the server's name (default: when certificates are required; URL: ssl_check_hostname).",
     )
+    authz_deny_status: int | None = Field(
+        None,
+        ge=400,
+        le=499,
+        validation_alias=_env("SHADOWLIMIT_AUTHZ_DENY_STATUS"),
+        description="Status of every /v1/authz rejection (nginx auth_request: 403); default the route's.",
+    )
     redis_connect_timeout_s: float = Field(1.0, gt=0, validation_alias=_env("RATE_LIMIT_REDIS_CONNECT_TIMEOUT"))
     redis_command_timeout_s: float = Field(0.25, gt=0, validation_alias=_env("RATE_LIMIT_REDIS_COMMAND_TIMEOUT"))
     time_source: str = Field("local", pattern="^(local|redis)$", validation_alias=_env("RATE_LIMIT_TIME_SOURCE"))

@@ -205,6 +205,7 @@ class ControlPlaneServer:
             log_level="warning",
             lifespan="on",
             access_log=False,
+            proxy_headers=False,  # as `serve`: only SHADOWLIMIT_TRUSTED_PROXIES decides
             http=protocol,
         )
         self.server = uvicorn.Server(config)

@@ -1,0 +1,89 @@
+"""``/v1/authz``: forward-auth for gateways (Caddy ``forward_auth``, Traefik ``ForwardAuth``,
+nginx ``auth_request``). The proxy asks before it forwards a request; the original request
+is described by the proxy's headers, decided like ``/v1/decide`` with method + path, and
+answered with a status the proxy understands:
+
+* allowed: 200 with the rate-limit headers (the proxy may copy them to the response);
+* rejected: the route's status (429, 403 for a deny-listed client) with ``Retry-After``,
+  the rate-limit headers and seed 002's JSON body, which the proxy returns to the client.
+  nginx's ``auth_request`` only understands 401 and 403: ``?deny_status=403`` (or
+  ``SHADOWLIMIT_AUTHZ_DENY_STATUS``) answers rejections with that status, and nginx's
+  config maps it back to 429 (docs/gateways.md).
+
+The method comes from ``X-Forwarded-Method`` (Caddy, Traefik) or ``X-Original-Method``
+(nginx), the path from ``X-Forwarded-Uri`` or ``X-Original-URI`` (its query string is not
+part of the match). The client address is the TCP peer unless the peer is a trusted proxy
+(``SHADOWLIMIT_TRUSTED_PROXIES``), in which case ``X-Forwarded-For`` names it, exactly as
+for every route's ``clientIP`` key.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+from fastapi import APIRouter, Query, Request
+from fastapi.responses import Response
+
+from limiter.keys import InvalidKeyError
+
+from ..decision import DecideInput, Decider, UnknownRoute
+from .decide import _translate, body_of
+from .deps import ApiError
+
+router = APIRouter(prefix="/v1", tags=["decide"])
+
+#: the methods a proxy may use to ask (Caddy and Traefik: GET; nginx: the original method)
+AUTHZ_METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"]
+_METHOD_HEADERS = ("x-forwarded-method", "x-original-method")
+_URI_HEADERS = ("x-forwarded-uri", "x-original-uri")
+_MAX_URI = 8192
+
+
+def _described(request: Request) -> tuple[str, str]:
+    """(method, path) of the original request, from the proxy's headers."""
+    h = request.headers
+    method = next((h[n] for n in _METHOD_HEADERS if n in h), None)
+    uri = next((h[n] for n in _URI_HEADERS if n in h), None)
+    if method is None:
+        raise ApiError(400, "invalid_request", "the proxy must send X-Forwarded-Method (or X-Original-Method)",
+                       field="header:X-Forwarded-Method")  # fmt: skip
+    if not (1 <= len(method) <= 16 and method.isascii() and method.isalpha()):
+        raise ApiError(400, "invalid_request", "X-Forwarded-Method is not an HTTP method",
+                       field="header:X-Forwarded-Method")  # fmt: skip
+    if uri is None:
+        raise ApiError(400, "invalid_request", "the proxy must send X-Forwarded-Uri (or X-Original-URI)",
+                       field="header:X-Forwarded-Uri")  # fmt: skip
+    if not uri.startswith("/") or len(uri) > _MAX_URI:
+        raise ApiError(400, "invalid_request", f"X-Forwarded-Uri must be a path of at most {_MAX_URI} characters",
+                       field="header:X-Forwarded-Uri")  # fmt: skip
+    return method.upper(), uri.split("?", 1)[0].split("#", 1)[0]
+
+
+async def authz(
+    request: Request,
+    deny_status: int | None = Query(None, ge=400, le=499, description="Status of every rejection (nginx: 403)."),
+) -> Response:
+    """Forward-auth: decide the request the proxy describes (see the module docstring)."""
+    decider: Decider = request.app.state.engine.decider
+    method, path = _described(request)
+    client = request.client
+    inp = DecideInput(method=method, path=path, client_ip=client.host if client else None, headers=request.headers)
+    try:
+        result = await decider.decide(inp)
+    except (UnknownRoute, InvalidKeyError, ValueError) as exc:
+        raise _translate(exc) from exc
+    body: dict[str, Any] = body_of(result)
+    status = result.status_code
+    if not result.allowed:
+        status = deny_status or request.app.state.settings.authz_deny_status or status
+    return Response(
+        b"" if result.allowed else orjson.dumps(body),
+        status_code=status,
+        headers=result.headers,
+        media_type=None if result.allowed else "application/json",
+    )
+
+
+for _m in AUTHZ_METHODS:  # one operation per method (distinct OpenAPI operation ids)
+    router.add_api_route("/authz", authz, methods=[_m], response_model=None, operation_id=f"authz_{_m.lower()}")
