@@ -57,7 +57,33 @@ done = function(summary, latency, requests)
 end
 """
 
+#: the same requests through the forward-auth endpoint, as a gateway sends them
+WRK_AUTHZ_LUA = WRK_LUA.replace(
+    """  local body = '{"route":"api","key":"k' .. (counter % 1000) .. '"}'
+  return wrk.format("POST", "/v1/decide", {["Content-Type"] = "application/json"}, body)""",
+    """  local headers = {["X-Forwarded-Method"] = "GET", ["X-Forwarded-Uri"] = "/api/items",
+    ["X-Client-Id"] = "k" .. (counter % 1000)}
+  return wrk.format("GET", "/v1/authz", headers)""",
+)
+
 MODES: list[tuple[str, int]] = [("off", 0), ("shadow", 0), ("canary", 50), ("enforce", 0)]
+
+
+def measure_authz(
+    wrk: str, server: Server, scripts: tuple[Path, Path], seconds: float, connections: int, repeats: int
+) -> dict[str, Any]:
+    """``/v1/authz`` next to ``/v1/decide``, per mode, the two interleaved in every round."""
+    runs: dict[str, dict[str, list[float]]] = {}
+    for _ in range(repeats):
+        for mode in ("off", "shadow", "enforce"):
+            server.set_mode(mode, 0)
+            time.sleep(0.3)
+            for name, script in zip(("decide", "authz"), scripts):
+                r = run_wrk(wrk, server.url, script, seconds, connections)
+                runs.setdefault(mode, {}).setdefault(name, []).append(r["rps"])
+    return {
+        mode: {name: {"runs": v, "rps": statistics.median(v)} for name, v in by.items()} for mode, by in runs.items()
+    }
 
 
 def free_port() -> int:
@@ -240,6 +266,9 @@ def measure(seconds: float = 3.0, connections: int = 32, repeats: int = 20) -> d
                 "runs": runs,
                 "decisions_per_s": statistics.median(r["decisions_per_s"] for r in runs),
             }
+        authz = work / "authz.lua"
+        authz.write_text(WRK_AUTHZ_LUA)
+        results["authz"] = measure_authz(wrk, server, (script, authz), seconds, connections, max(1, repeats // 4))
     finally:
         server.stop()
     results["engine"] = measure_engine()
@@ -341,6 +370,24 @@ def _ratio_range(results: dict[str, Any], mode: str) -> str:
     return f"from {min(ratios):.2f}x to {max(ratios):.2f}x" if ratios else "(no runs)"
 
 
+def _authz_lines(authz: dict[str, Any] | None) -> list[str]:
+    if not authz:
+        return []
+    lines = [
+        "",
+        "Forward-auth (`GET /v1/authz`, the request described by `X-Forwarded-Method`/`X-Forwarded-Uri` as a "
+        "gateway sends it) next to `POST /v1/decide`, same connections and keys, the two interleaved in every "
+        "round; requests/s, median of the rounds:",
+        "",
+        "| mode | /v1/decide | /v1/authz | authz / decide |",
+        "|---|--:|--:|--:|",
+    ]
+    for mode, r in authz.items():
+        d, a = r["decide"]["rps"], r["authz"]["rps"]
+        lines.append(f"| {mode} | {d:,.0f} | {a:,.0f} | {a / d:.2f}x |")
+    return lines
+
+
 def render(results: dict[str, Any]) -> str:
     """A markdown section for docs/benchmarks.md."""
     meta = results["meta"]
@@ -381,6 +428,7 @@ def render(results: dict[str, Any]) -> str:
     ]
     for name, r in results["batch"].items():
         lines.append(f"| {name} | {r['decisions_per_s']:,.0f} |")
+    lines += _authz_lines(results.get("authz"))
     engine = results.get("engine")
     if engine:
         lines += [
