@@ -14,7 +14,7 @@ from typing import Any
 
 from limiter import LocalLimiter, RedisLimiter
 from limiter.errors import BackendAuthError, BackendError
-from limiter.redis_limiter import make_backend, make_redis_py_client
+from limiter.redis_limiter import make_redis_py_client
 from limiter.redis_url import RedisTarget
 from limiter.resilience import BreakerState, CircuitBreaker, FleetMembership, ResilientLimiter
 
@@ -72,8 +72,8 @@ def check_redis_target(target: RedisTarget, timeout_s: float = 2.0) -> str | Non
     """Startup checks: ``ValueError`` when the target's TLS files cannot be used,
     :class:`~limiter.errors.BackendAuthError` when Redis refuses the login (waiting will
     not help); any other failure to reach Redis now is returned as text (the service
-    starts anyway: the failure policy answers until Redis is back)."""
-    make_backend(target)
+    starts anyway: the failure policy answers until Redis is back). Building the client
+    reads the TLS files (:func:`~limiter.redis_limiter.make_backend`)."""
 
     async def probe() -> None:
         rl = RedisLimiter.from_url(target, connect_timeout=timeout_s, command_timeout=timeout_s)

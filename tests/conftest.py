@@ -43,14 +43,7 @@ def redis_url(redis_server):
 @pytest.fixture(params=["standalone", "cluster"])
 def any_redis_url(request):
     """Parametrises a test over standalone Redis and the cluster (both flushed)."""
-    if request.param == "standalone":
-        server = request.getfixturevalue("redis_server")
-        redis_sync.Redis.from_url(server.url).flushall()
-        return server.url
-    cluster = request.getfixturevalue("redis_cluster")
-    for host, port in cluster.nodes:
-        redis_sync.Redis(host=host, port=port).flushall()
-    return cluster.url
+    return _plain(request, request.param)
 
 
 @pytest.fixture(scope="session")

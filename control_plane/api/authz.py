@@ -19,8 +19,6 @@ for every route's ``clientIP`` key.
 
 from __future__ import annotations
 
-from typing import Any
-
 import orjson
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import Response
@@ -28,7 +26,7 @@ from fastapi.responses import Response
 from limiter.keys import InvalidKeyError
 
 from ..decision import DecideInput, Decider, UnknownRoute
-from .decide import _translate, body_of
+from .decide import body_of, translate
 from .deps import ApiError
 
 router = APIRouter(prefix="/v1", tags=["decide"])
@@ -72,16 +70,12 @@ async def authz(
     try:
         result = await decider.decide(inp)
     except (UnknownRoute, InvalidKeyError, ValueError) as exc:
-        raise _translate(exc) from exc
-    body: dict[str, Any] = body_of(result)
-    status = result.status_code
-    if not result.allowed:
-        status = deny_status or request.app.state.settings.authz_deny_status or status
+        raise translate(exc) from exc
+    if result.allowed:  # the gateway forwards the request; only the headers matter
+        return Response(status_code=200, headers=result.headers)
+    status = deny_status or request.app.state.settings.authz_deny_status or result.status_code
     return Response(
-        b"" if result.allowed else orjson.dumps(body),
-        status_code=status,
-        headers=result.headers,
-        media_type=None if result.allowed else "application/json",
+        orjson.dumps(body_of(result)), status_code=status, headers=result.headers, media_type="application/json"
     )
 
 

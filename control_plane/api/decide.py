@@ -38,7 +38,7 @@ def rejected(body: dict[str, Any]) -> dict[str, Any]:
     return body
 
 
-def _translate(exc: Exception) -> ApiError:
+def translate(exc: Exception) -> ApiError:
     """The answer for an item the engine refused, or for one whose decision failed
     unexpectedly: a 500-like error with an incident id (the traceback is logged under
     it; the exception's text is never sent)."""
@@ -83,7 +83,7 @@ async def decide(request: Request) -> Response:
     try:
         result = await decider.decide(to_input(req))
     except (UnknownRoute, InvalidKeyError, ValueError) as exc:
-        raise _translate(exc) from exc
+        raise translate(exc) from exc
     return Response(
         orjson.dumps(body_of(result)),
         status_code=result.status_code,
@@ -128,7 +128,7 @@ async def decide_batch(request: Request) -> Response:
         if res.__class__ is dict:
             append(res if res["allowed"] else rejected(res))
             continue
-        e = res if isinstance(res, ApiError) else _translate(res)
+        e = res if isinstance(res, ApiError) else translate(res)
         err = {"error": e.error, "message": e.message, "index": i, "field": e.details.get("field"), "status": e.status}
         if "incident" in e.details:
             err["incident"] = e.details["incident"]

@@ -22,7 +22,7 @@ from redis.cluster import ClusterNode, RedisCluster
 
 from .access import Access
 from .probes import command, parse_info, role
-from .process import AddressInUseError, EmbeddedRedisError, register, unregister
+from .process import AddressInUseError, EmbeddedRedisError, register, stop_each, unregister
 from .server import (
     DIR_PREFIX,
     PORT_ATTEMPTS,
@@ -490,14 +490,7 @@ class EmbeddedCluster:
 
     def _stop_nodes(self) -> None:
         nodes, self._nodes = self._nodes, []
-        errors: list[BaseException] = []
-        for node in nodes:
-            try:
-                node.stop()
-            except Exception as exc:  # noqa: BLE001 - stop the others anyway
-                errors.append(exc)
-        if errors:
-            raise errors[0]
+        stop_each(nodes)
 
     def stop(self) -> None:
         """Stop every node and remove all data directories. Idempotent."""

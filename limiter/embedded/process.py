@@ -20,7 +20,7 @@ import signal
 import subprocess
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any, Protocol, TypeVar
 
 __all__ = [
@@ -32,6 +32,7 @@ __all__ = [
     "make_preexec",
     "register",
     "spawn",
+    "stop_each",
     "tail",
     "terminate",
     "unregister",
@@ -229,6 +230,18 @@ def register(obj: Stoppable, *, order: int = 1) -> None:
     """
     with _LIVE_LOCK:
         _LIVE[id(obj)] = (obj, os.getpid(), order)
+
+
+def stop_each(objs: Iterable[Stoppable]) -> None:
+    """Stop every one of ``objs``, even when one fails; then raise the first failure."""
+    errors: list[BaseException] = []
+    for obj in objs:
+        try:
+            obj.stop()
+        except Exception as exc:  # noqa: BLE001 - stop the others anyway
+            errors.append(exc)
+    if errors:
+        raise errors[0]
 
 
 def unregister(obj: Stoppable) -> None:

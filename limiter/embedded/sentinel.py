@@ -25,7 +25,7 @@ from redis.sentinel import Sentinel
 
 from .access import Access, quote_value
 from .probes import command, pairs, parse_info, role, table
-from .process import AddressInUseError, EmbeddedRedisError, register, unregister
+from .process import AddressInUseError, EmbeddedRedisError, register, stop_each, unregister
 from .server import DIR_PREFIX, PORT_ATTEMPTS, EmbeddedRedis, free_ports, host_for_url, no_retry, normalize_host
 from .tls import TlsServerConfig
 
@@ -337,14 +337,7 @@ class EmbeddedSentinelSet:
     def _stop_processes(self) -> None:
         processes: list[EmbeddedRedis] = [*self._sentinels, *reversed(self._servers)]
         self._sentinels, self._servers = [], []
-        errors: list[BaseException] = []
-        for process in processes:
-            try:
-                process.stop()
-            except Exception as exc:  # noqa: BLE001 - stop the others anyway
-                errors.append(exc)
-        if errors:
-            raise errors[0]
+        stop_each(processes)
 
     def stop(self) -> None:
         """Stop every sentinel and data node and remove all directories. Idempotent."""
