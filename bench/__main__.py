@@ -32,7 +32,21 @@ def _extra_sections() -> list[str]:
     from . import report
 
     cp = report.control_plane_section(ROOT / "bench" / "results" / "control_plane.json")
-    return [s for s in (cp, _stream_section(ROOT / "bench" / "results" / "stream.json")) if s]
+    sections = (cp, _stream_section(ROOT / "bench" / "results" / "stream.json"), _grpc_section())
+    return [s for s in sections if s]
+
+
+def _grpc_section() -> str | None:
+    """``python -m bench.grpc_rls``'s results, measured separately like the control plane's."""
+    path = ROOT / "bench" / "results" / "grpc_rls.json"
+    if not path.exists():
+        return None
+    from .grpc_rls import render
+
+    return (
+        render(json.loads(path.read_text(encoding="utf-8"))).rstrip()
+        + "\n\n_Measured separately by `python -m bench.grpc_rls`; read from `bench/results/grpc_rls.json`._\n"
+    )
 
 
 def _stream_section(path: Path) -> str | None:

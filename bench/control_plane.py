@@ -115,12 +115,19 @@ def ensure_wrk() -> str:
 class Server:
     """A control plane in its own process, on a free loopback port."""
 
-    def __init__(self, workdir: Path) -> None:
+    def __init__(
+        self,
+        workdir: Path,
+        *,
+        rules_text: str = RULES,
+        env_extra: dict[str, str] | None = None,
+        args: tuple[str, ...] = (),
+    ) -> None:
         self.port = free_port()
         self.token = secrets.token_hex(12)
         self.url = f"http://127.0.0.1:{self.port}"
         rules = workdir / "rules.yaml"
-        rules.write_text(RULES)
+        rules.write_text(rules_text)
         env = dict(
             os.environ,
             ENABLE_DISTRIBUTED_RATE_LIMITING="true",
@@ -128,6 +135,7 @@ class Server:
             SHADOWLIMIT_ADMIN_TOKEN=self.token,
             SHADOWLIMIT_NAMESPACE="bench",
         )
+        env.update(env_extra or {})
         env.pop("RATE_LIMIT_REDIS_URL", None)
         self.log = open(workdir / "server.log", "wb")  # noqa: SIM115
         self.proc = subprocess.Popen(
@@ -141,6 +149,7 @@ class Server:
                 "--log-level",
                 "warning",
                 "--embedded-redis",
+                *args,
             ],
             env=env,
             stdout=self.log,
@@ -157,9 +166,9 @@ class Server:
         self.stop()
         raise SystemExit(f"control plane did not start: see {workdir / 'server.log'}")
 
-    def set_mode(self, mode: str, percent: int) -> None:
+    def set_mode(self, mode: str, percent: int, route: str = "api") -> None:
         r = httpx.put(
-            f"{self.url}/v1/routes/api/mode",
+            f"{self.url}/v1/routes/{route.replace('/', '%2F')}/mode",
             json={"mode": mode, "canary_percent": percent, "reason": "benchmark", "force": True},
             headers={"Authorization": f"Bearer {self.token}"},
             timeout=10,

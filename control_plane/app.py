@@ -48,6 +48,16 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         app.state.redis_url = handle.url
         app.state.embedded = handle.embedded
         app.state.streams = streams = stream.Streams(handle.engine)
+        app.state.grpc = None
+        if settings.grpc_port is not None:  # Envoy's rate limit service beside the HTTP API
+            from .envoy.server import start_grpc_server
+
+            try:
+                app.state.grpc = await start_grpc_server(handle.engine, settings.host, settings.grpc_port)
+            except BaseException:
+                await streams.aclose()
+                await handle.aclose()
+                raise
         # after everything is loaded and started: the startup heap is frozen out of the
         # collector's way (see gctune)
         tuning = tune_gc() if settings.gc_tuning else None
@@ -56,6 +66,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         finally:
             if tuning is not None:
                 tuning.undo()
+            if app.state.grpc is not None:
+                await app.state.grpc.stop()
             await streams.aclose()
             await handle.aclose()
 

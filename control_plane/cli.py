@@ -12,6 +12,7 @@ import json
 import os
 import sys
 from typing import Any
+from urllib.parse import quote
 
 EXIT_OK, EXIT_REFUSED, EXIT_USAGE, EXIT_UNREACHABLE, EXIT_AUTH, EXIT_GATE = 0, 1, 2, 3, 4, 5
 
@@ -101,7 +102,7 @@ def cmd_routes(args: argparse.Namespace) -> int:
 
 def cmd_mode(args: argparse.Namespace) -> int:
     body = {"mode": args.mode, "canary_percent": args.percent or 0, "reason": args.reason, "force": args.force}
-    data = _request(args, "PUT", f"/v1/routes/{args.route}/mode", body)
+    data = _request(args, "PUT", f"/v1/routes/{quote(args.route, safe='')}/mode", body)
     st = data["state"]
     print(
         f"{args.route}: {data['audit']['from']} -> {st['mode']}"
@@ -208,6 +209,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         overrides["port"] = args.port
     if args.embedded_redis:
         overrides["embedded_redis"] = True
+    if args.grpc_port is not None:
+        overrides["grpc_port"] = args.grpc_port
     try:
         settings = load_settings(**overrides)
         if settings.redis_url is None and not settings.embedded_redis:
@@ -217,6 +220,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
             if problem:
                 print(f"warning: Redis is not reachable now ({problem}); starting anyway", file=sys.stderr)
         load_rules(settings.rules_path, settings)  # fail fast with file:line:field
+        _check_envoy(settings)
     except SettingsError as exc:
         raise CliError(str(exc), EXIT_USAGE) from None
     except RulesError as exc:
@@ -249,6 +253,34 @@ def cmd_serve(args: argparse.Namespace) -> int:
         http=http_protocol(settings.request_limits),
     )
     return EXIT_OK
+
+
+def _check_envoy(settings: Any) -> None:
+    """The gRPC port can be listened on and the Envoy configuration is valid (file:line)."""
+    from .rules import RulesError
+
+    if settings.grpc_port:
+        _check_port(settings.host, settings.grpc_port, "SHADOWLIMIT_GRPC_PORT / --grpc-port")
+    if settings.envoy_config is not None:
+        from .envoy import load_envoy_config
+
+        try:
+            load_envoy_config(settings.envoy_config, settings)
+        except RulesError as exc:
+            raise CliError(f"invalid Envoy configuration (SHADOWLIMIT_ENVOY_CONFIG): {exc}", EXIT_USAGE) from None
+
+
+def _check_port(host: str, port: int, setting: str) -> None:
+    """A port this process cannot listen on is a startup error naming the setting."""
+    import socket
+
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError as exc:
+            raise CliError(f"{setting}: cannot listen on {host}:{port}: {exc.strerror or exc}", EXIT_USAGE) from None
 
 
 def configure_logging(level: str) -> None:
@@ -303,6 +335,12 @@ def _add_local_commands(sub: Any) -> None:
     s = sub.add_parser("serve", help="run the control plane (production entry)")
     s.add_argument("--host", default=None, help="listen address (default SHADOWLIMIT_HOST or 127.0.0.1)")
     s.add_argument("--port", type=int, default=None, help="listen port (default SHADOWLIMIT_PORT or 8080)")
+    s.add_argument(
+        "--grpc-port",
+        type=int,
+        default=None,
+        help="also serve Envoy's rate limit service (gRPC) on this port (default SHADOWLIMIT_GRPC_PORT: off)",
+    )
     s.add_argument("--log-level", default="info")
     s.add_argument(
         "--embedded-redis",

@@ -116,7 +116,7 @@ class Engine:
             spawn(self.rollout.monitor_loop(), name="breaker-monitor"),
             spawn(self.views.run(), name="views-refresh"),
         ]
-        if self.live_rules.watcher is not None:
+        if self.live_rules.watching:
             self._tasks.append(spawn(self.live_rules.run(), name="rules-watcher"))
         self.running = True
 

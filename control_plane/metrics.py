@@ -41,6 +41,8 @@ rate_limit_external_backend_url_rejected_total
 rate_limit_stream_snapshot_builds_total   counter  -
 rate_limit_stream_subscribers             gauge    -
 rate_limit_stream_refused_total           counter  -
+rate_limit_envoy_requests_total           counter  code: ok, over_limit, invalid, error
+                                                   (ShouldRateLimit calls)
 ========================================  =======  =================================
 """
 
@@ -243,6 +245,12 @@ class Metrics:
         self.stream_subscribers = FastGauge("rate_limit_stream_subscribers", "Event streams open.", [], registry=r)
         self.stream_refused = FastCounter(
             "rate_limit_stream_refused_total", "Event streams refused with 503 too_many_streams.", [], registry=r
+        )
+        self.envoy_requests = FastCounter(
+            "rate_limit_envoy_requests_total",
+            "Envoy ShouldRateLimit calls by overall answer (invalid: refused request, error: no answer).",
+            ["code"],
+            registry=r,
         )
         self.external_backend_url_rejected = FastCounter(
             "rate_limit_external_backend_url_rejected_total",

@@ -66,6 +66,24 @@ class Settings(BaseSettings):
     rules_path: Path | None = Field(
         None, validation_alias=_env("RATE_LIMIT_RULES_PATH"), description="YAML rules file."
     )
+    envoy_config: Path | None = Field(
+        None,
+        validation_alias=_env("SHADOWLIMIT_ENVOY_CONFIG"),
+        description=(
+            "envoyproxy/ratelimit configuration: a YAML file, or a directory of .yaml files;"
+            " each limited descriptor becomes a route (hot reloaded)."
+        ),
+    )
+    grpc_port: int | None = Field(
+        None,
+        ge=0,
+        le=65535,
+        validation_alias=_env("SHADOWLIMIT_GRPC_PORT"),
+        description=(
+            "Serve Envoy's rate limit service (envoy.service.ratelimit.v3) over gRPC on this port,"
+            " on SHADOWLIMIT_HOST; unset: no gRPC."
+        ),
+    )
     # failure handling (seed 000)
     failure_policy: FailurePolicy = Field(
         FailurePolicy.IN_MEMORY_FALLBACK, validation_alias=_env("RATE_LIMIT_FAILURE_POLICY")
@@ -335,6 +353,15 @@ class Settings(BaseSettings):
             raise ValueError(f"file {v} does not exist")
         return v if v is not None and str(v).strip() else None
 
+    @field_validator("envoy_config")
+    @classmethod
+    def _check_envoy_config(cls, v: Path | None) -> Path | None:
+        if v is None or not str(v).strip():
+            return None
+        if not v.exists():
+            raise ValueError(f"{v} does not exist (a file, or a directory of .yaml files)")
+        return v
+
     @field_validator("tokens_file")
     @classmethod
     def _check_tokens_file(cls, v: Path | None) -> Path | None:
@@ -365,6 +392,15 @@ class Settings(BaseSettings):
             raise ValueError(
                 f"SHADOWLIMIT_HOST: {self.host} is not a loopback address;"
                 " set SHADOWLIMIT_ALLOW_REMOTE=true to listen beyond loopback"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _check_grpc(self) -> Settings:
+        if self.grpc_port is not None and self.envoy_config is None:
+            raise ValueError(
+                "SHADOWLIMIT_GRPC_PORT: Envoy's rate limit service needs its limits: set SHADOWLIMIT_ENVOY_CONFIG"
+                " (an envoyproxy/ratelimit config file or directory)"
             )
         return self
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 from collections.abc import AsyncIterator
 from typing import Any, NamedTuple
+from urllib.parse import quote
 
 import httpx
 
@@ -242,7 +243,7 @@ class ControlPlaneClient:
             "reason": reason,
             "force": force,
         }
-        data = await self._request("PUT", f"/v1/routes/{route}/mode", body=body)
+        data = await self._request("PUT", f"/v1/routes/{quote(route, safe='')}/mode", body=body)
         return ModeChangeResult.parse(data)
 
     # -- the live stream -----------------------------------------------------------------

@@ -74,7 +74,7 @@ async def stats(engine: EngineDep) -> dict[str, Any]:
 
 @router.get("/clients")
 async def clients(
-    engine: EngineDep, route: str | None = Query(None, max_length=64), limit: int = Query(50, ge=1, le=1000)
+    engine: EngineDep, route: str | None = Query(None, max_length=256), limit: int = Query(50, ge=1, le=1000)
 ) -> dict[str, Any]:
     """Active rate-limited clients on this replica, most recently used first."""
     items = list(engine.local.items())
@@ -105,7 +105,7 @@ async def clients(
 
 @router.post("/reset/{client_id}", responses=_ERRORS)
 async def reset(
-    client_id: str, request: Request, engine: EngineDep, _: OperatorDep, route: str | None = Query(None, max_length=64)
+    client_id: str, request: Request, engine: EngineDep, _: OperatorDep, route: str | None = Query(None, max_length=256)
 ) -> dict[str, Any]:
     """Reset one client's buckets (local on this replica and distributed), on one route or all."""
     names = [route] if route else engine.rules.names()

@@ -16,7 +16,7 @@ router = APIRouter(prefix="/v1", tags=["observe"])
 async def external(
     rules: RulesDep,
     external: ExternalDep,
-    route: str | None = Query(None, max_length=64),
+    route: str | None = Query(None, max_length=256),
     limit: int = Query(100, ge=1, le=1000),
 ) -> dict[str, Any]:
     """This replica's view of the external limits services: each route's service and

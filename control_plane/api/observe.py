@@ -38,7 +38,7 @@ async def divergence(rules: RulesDep, views: ViewsDep, minutes: int = Query(60, 
 async def buckets(
     rules: RulesDep,
     buckets: BucketsDep,
-    route: str | None = Query(None, max_length=64),
+    route: str | None = Query(None, max_length=256),
     limit: int = Query(20, ge=1, le=200),
 ) -> dict[str, Any]:
     """The most active keys with their local and distributed state, read without consuming."""

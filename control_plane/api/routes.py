@@ -39,7 +39,7 @@ async def list_routes(rules: RulesDep, rollout: RolloutDep, activity: ActivityDe
     }
 
 
-@router.put("/routes/{route}/mode", responses=_ERRORS)
+@router.put("/routes/{route:path}/mode", responses=_ERRORS)
 async def set_mode(
     route: str, change: ModeChange, request: Request, rollout: RolloutDep, _: OperatorDep
 ) -> dict[str, Any]:
@@ -83,7 +83,7 @@ async def set_mode(
 
 @router.get("/rollout/audit", responses=_ERRORS)
 async def audit(
-    store: StoreDep, limit: int = Query(100, ge=1, le=1000), route: str | None = Query(None, max_length=64)
+    store: StoreDep, limit: int = Query(100, ge=1, le=1000), route: str | None = Query(None, max_length=256)
 ) -> dict[str, Any]:
     """The audit trail, newest first (mode changes, rules reloads, resets, adjustments, restorations)."""
     try:

@@ -122,7 +122,7 @@ class ConfigAdjust(BaseModel):
     """Seed 002's ``adjust``: change a route's limit (or one key's) at runtime, fleet-wide."""
 
     model_config = ConfigDict(extra="forbid", strict=True)
-    route: str = Field("default", min_length=1, max_length=64)
+    route: str = Field("default", min_length=1, max_length=256)
     key: str | None = Field(
         None, min_length=1, max_length=256, description="One client's key; omit for the whole route."
     )

@@ -144,7 +144,7 @@ async def stream(
     request: Request,
     engine: EngineDep,
     streams: StreamsDep,
-    route: str | None = Query(None, max_length=64),
+    route: str | None = Query(None, max_length=256),
     minutes: int = Query(30, ge=1, le=120),
     interval: float | None = Query(
         None,

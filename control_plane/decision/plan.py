@@ -160,7 +160,7 @@ class RoutePlan:
             )  # fmt: skip
         return DecideResult(
             allowed, self.name, self.mode_value, self.percent, enforced_by, key,
-            local, dist, div, code, headers, request_id, list_match, backend_error, source, url,
+            local, dist, div, code, headers, request_id, list_match, backend_error, source, url, enforced,
         )  # fmt: skip
 
     # -- metrics -------------------------------------------------------------------------

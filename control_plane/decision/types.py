@@ -63,6 +63,7 @@ class DecideResult:
     backend_error: str | None = None
     limits_source: str | None = None  # external | cache | stale | static, on routes with external limits
     backend_url: str | None = None  # from the limits service, allow-listed hosts only
+    enforced: Decision | None = None  # the answer that counted (local, distributed or the failure policy's)
 
     def to_dict(self) -> dict[str, Any]:
         return result_dict(

@@ -31,12 +31,29 @@ from .paths import ANY, Segment, compile_path_pattern, match_segments, path_segm
 if TYPE_CHECKING:
     from ..settings import Settings
 
-__all__ = ["DEFAULT_ROUTE", "HTTP_TOKEN", "RESERVED_ROUTE_NAMES", "ROUTE_NAME", "RouteRule", "Rules", "default_route"]
+__all__ = [
+    "DEFAULT_ROUTE",
+    "HTTP_TOKEN",
+    "NAMED_ROUTE_NAME",
+    "RESERVED_ROUTE_NAMES",
+    "ROUTE_NAME",
+    "ROUTE_NAME_MAX",
+    "RouteRule",
+    "Rules",
+    "default_route",
+]
 
 DEFAULT_ROUTE = "default"
 """The name of the fallback route (built in, or redefined by the file)."""
 ROUTE_NAME = re.compile(r"[A-Za-z0-9_.\-]{1,64}")
-"""What a route name may be."""
+"""What a route name in the rules file may be."""
+ROUTE_NAME_MAX = 256
+"""The longest route name (a generated one; the rules file's are at most 64 characters)."""
+NAMED_ROUTE_NAME = re.compile(r"(?=.{3,256}$)[A-Za-z0-9_.\-*~+@%=]+/[A-Za-z0-9_.\-*~+@%=/]+")
+"""What the name of a route generated from another source may be (Envoy's descriptors:
+``<domain>/<key>[=<value>]/...``, other characters percent-encoded). It always holds a
+``/``, which a rules-file name never does, and never a ``:`` (bucket keys are
+``rl:<ns>:<route>:<key>``)."""
 HTTP_TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
 """An HTTP token (RFC 9110): what a method or a header name may be."""
 # bucket keys are rl:<ns>:<route>:<key>; these names would collide with the control
@@ -76,12 +93,21 @@ class RouteRule:
     initial_canary_percent: int = 0
     line: int | None = None
     external: ExternalConfig | None = None
+    http: bool = True
+    origin: Mapping[str, Any] | None = None
     _segments: tuple[Segment, ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         s = object.__setattr__
-        if not isinstance(self.name, str) or ROUTE_NAME.fullmatch(self.name) is None:
+        if (
+            not isinstance(self.name, str)
+            or (ROUTE_NAME if self.http else NAMED_ROUTE_NAME).fullmatch(self.name) is None
+        ):
+            if not self.http:
+                raise ValueError(f"name: not a generated route name (<source>/<path>), got {self.name!r}")
             raise ValueError(f"name: must be 1-64 characters of [A-Za-z0-9_.-], got {self.name!r}")
+        if self.origin is not None:
+            s(self, "origin", MappingProxyType(dict(self.origin)))
         if self.methods is not None:
             methods = frozenset(self.methods)
             for m in methods:
@@ -165,6 +191,8 @@ class RouteRule:
             "canary_percent": self.initial_canary_percent,
             "line": self.line,
             "external": self.external.to_dict() if self.external is not None else None,
+            "http": self.http,
+            "origin": dict(self.origin) if self.origin is not None else None,
         }
 
 
@@ -185,7 +213,10 @@ def default_route(settings: Settings) -> RouteRule:
 
 @dataclass(frozen=True)
 class Rules:
-    """A loaded rules file: user routes in file order (first match wins) and the default."""
+    """A loaded rules file: user routes in file order (first match wins) and the default.
+
+    ``routes`` may also hold routes decided by name only (``http`` False, e.g. Envoy's):
+    :meth:`match` never returns them."""
 
     routes: tuple[RouteRule, ...]
     default: RouteRule
@@ -193,9 +224,11 @@ class Rules:
     loaded_at: float = field(default_factory=time.time)
     digest: str = "builtin"
     _by_name: Mapping[str, RouteRule] = field(init=False, repr=False, compare=False)
+    _http: tuple[RouteRule, ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "routes", tuple(self.routes))
+        object.__setattr__(self, "_http", tuple(r for r in self.routes if r.http))
         by_name: dict[str, RouteRule] = {}
         for r in self.routes:
             if r.name == DEFAULT_ROUTE:
@@ -219,10 +252,23 @@ class Rules:
     def match(self, method: str, path: str) -> RouteRule:
         """The first user route matching the request, else the default route."""
         segs = path_segments(path)
-        for r in self.routes:
+        for r in self._http:
             if (r.methods is None or method in r.methods) and match_segments(r._segments, segs):
                 return r
         return self.default
+
+    def with_routes(self, extra: tuple[RouteRule, ...], digest: str) -> Rules:
+        """These rules with ``extra`` routes after the file's (``digest`` names the
+        whole); a name used twice is a ``ValueError``."""
+        if not extra:
+            return self
+        return Rules(
+            routes=(*self.routes, *extra),
+            default=self.default,
+            source=self.source,
+            loaded_at=self.loaded_at,
+            digest=digest,
+        )
 
     def get(self, name: str) -> RouteRule | None:
         """A route by name (``"default"`` included), or None."""

@@ -1,0 +1,437 @@
+"""envoyproxy/ratelimit's configuration files, read as they are, into routes and a lookup tree.
+
+A file is what envoyproxy/ratelimit reads from its config directory::
+
+    domain: edge_proxy
+    descriptors:
+      - key: remote_address            # no value: one bucket per address
+        rate_limit: {unit: second, requests_per_unit: 10}
+      - key: path
+        value: "/login"
+        shadow_mode: true              # the route starts in shadow
+        rate_limit: {unit: minute, requests_per_unit: 5, name: login, replaces: [{name: general}]}
+        descriptors:
+          - key: user                  # nested: the request's descriptor is (path=/login, user=...)
+            rate_limit: {unit: hour, requests_per_unit: 100}
+
+Every descriptor with a ``rate_limit`` (not ``unlimited``) becomes a route of the rollout,
+named ``<domain>/<key>[=<value>]/...`` (characters other than ``A-Za-z0-9_.-*~+@`` are
+percent-encoded, so ``:`` and ``/`` never appear inside a part); its limit is a fixed
+window of ``requests_per_unit`` per ``unit``, aligned on the epoch, as envoyproxy/ratelimit
+counts. A ``value`` ending in (or holding) ``*`` is a wildcard. The bucket key is the
+request's values for the entries matched by key only or by a wildcard (``share_threshold``
+makes a wildcard's matches share one bucket), percent-encoded and joined by ``|``; a
+descriptor matched by fixed values only has one bucket, ``all``.
+
+The lookup (:meth:`EnvoyConfig.lookup`) is envoyproxy/ratelimit's ``GetLimit``: at each
+level ``key_value`` first, then the wildcards in file order, then ``key`` alone; the limit
+applies only when the request's descriptor ends at that level.
+
+Errors are :class:`~control_plane.rules.RulesError` naming the file, the line and the
+field (``edge.yaml:12: descriptors[1].rate_limit.unit: must be one of second, ...``).
+Stricter than envoyproxy/ratelimit where it would accept a mistake silently: a key in the
+wrong place, a non-string value, ``requests_per_unit: 0``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from limiter.keys import DEFAULT_MAX_KEY_LENGTH, KeyExtractor, KeyStrategy
+from limiter.policy import MAX_AVERAGE, Policy
+
+from ..rollout import Mode
+from ..rules.errors import FieldPath, RulesError, field_name
+from ..rules.model import NAMED_ROUTE_NAME, ROUTE_NAME_MAX, RouteRule
+from ..rules.yaml_source import decode_file, load_yaml, read_file
+
+if TYPE_CHECKING:
+    from ..settings import Settings
+
+__all__ = ["UNITS", "EnvoyConfig", "EnvoyLimit", "Match", "config_files", "load_envoy_config", "parse_envoy_files"]
+
+#: Envoy's ``RateLimitResponse.RateLimit.Unit`` names and their length in seconds
+#: (envoyproxy/ratelimit's UnitToDivider: a month is 30 days, a year 365)
+UNITS = {
+    "SECOND": 1,
+    "MINUTE": 60,
+    "HOUR": 3_600,
+    "DAY": 86_400,
+    "WEEK": 604_800,
+    "MONTH": 2_592_000,
+    "YEAR": 31_536_000,
+}
+#: the most files read from a config directory
+MAX_FILES = 1_000
+#: the deepest descriptor nesting accepted
+MAX_DEPTH = 16
+
+_SAFE = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.-*~+@")
+_DOC_KEYS = frozenset({"domain", "descriptors"})
+_DESCRIPTOR_KEYS = frozenset(
+    {"key", "value", "rate_limit", "descriptors", "shadow_mode", "quota_mode", "detailed_metric",
+     "value_to_metric", "share_threshold", "metadata"}
+)  # fmt: skip
+_LIMIT_KEYS = frozenset({"unit", "requests_per_unit", "unlimited", "name", "replaces"})
+_FLAGS = ("shadow_mode", "quota_mode", "detailed_metric", "value_to_metric", "share_threshold")
+
+
+def encode_part(text: str) -> str:
+    """A route name part: ``A-Za-z0-9_.-*~+@`` kept, every other byte of its UTF-8 as ``%XX``."""
+    if all(c in _SAFE for c in text):
+        return text
+    return "".join(c if c in _SAFE else "".join(f"%{b:02X}" for b in c.encode("utf-8", "surrogatepass")) for c in text)
+
+
+def encode_value(text: str) -> str:
+    """A request value in a bucket key: printable ASCII kept but for ``%`` and ``|``."""
+    if text.isascii() and text.isprintable() and " " not in text and "%" not in text and "|" not in text:
+        return text
+    out = []
+    for c in text:
+        if c.isascii() and c.isprintable() and c not in " %|":
+            out.append(c)
+        else:
+            out.extend(f"%{b:02X}" for b in c.encode("utf-8", "surrogatepass"))
+    return "".join(out)
+
+
+def bucket_key(parts: Sequence[str]) -> str:
+    """The bucket of a request: its variable values joined by ``|``; ``all`` when there are
+    none; a SHA-256 name when longer than a key may be."""
+    if not parts:
+        return "all"
+    key = "|".join(parts)
+    if len(key) > DEFAULT_MAX_KEY_LENGTH:
+        return "sha256:" + hashlib.sha256(key.encode()).hexdigest()
+    return key
+
+
+@dataclass(frozen=True, slots=True)
+class EnvoyLimit:
+    """A descriptor's ``rate_limit`` and flags. ``route`` is None for ``unlimited``."""
+
+    route: str | None
+    requests_per_unit: int
+    unit: str  # SECOND, MINUTE, ...; "" when unlimited
+    name: str
+    replaces: tuple[str, ...]
+    unlimited: bool
+    shadow_mode: bool
+    quota_mode: bool
+
+
+@dataclass(slots=True)
+class _Node:
+    """One level of a domain's descriptor tree."""
+
+    children: dict[str, _Node] = field(default_factory=dict)  # "key" or "key_value"
+    wildcards: list[tuple[str, list[str]]] = field(default_factory=list)  # (final key, split on "*")
+    limit: EnvoyLimit | None = None
+    share: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Match:
+    """What the configuration says of one request descriptor: its limit, and the bucket
+    key (for a limited one)."""
+
+    limit: EnvoyLimit
+    key: str
+
+
+def _wildcard_match(parts: list[str], value: str) -> bool:
+    """envoyproxy/ratelimit's wildcardMatch: each ``*`` matches any run of characters."""
+    if len(parts) == 1:
+        return parts[0] == value
+    first, last = parts[0], parts[-1]
+    if not value.startswith(first) or not value.endswith(last) or len(value) < sum(map(len, parts)):
+        return False
+    rest = value[len(first) : len(value) - len(last)]
+    for part in parts[1:-1]:
+        idx = rest.find(part)
+        if idx < 0:
+            return False
+        rest = rest[idx + len(part) :]
+    return True
+
+
+@dataclass(frozen=True)
+class EnvoyConfig:
+    """The loaded configuration: a tree per domain and the routes it makes."""
+
+    domains: dict[str, _Node]
+    routes: tuple[RouteRule, ...]
+    sources: tuple[str, ...]
+    digest: str
+    loaded_at: float = field(default_factory=time.time)
+
+    def lookup(self, domain: str, entries: Sequence[tuple[str, str]]) -> Match | None:
+        """The limit of a request descriptor (``[(key, value), ...]``), or None."""
+        node = self.domains.get(domain)
+        if node is None:
+            return None
+        parts: list[str] = []
+        last = len(entries) - 1
+        for i, (key, value) in enumerate(entries):
+            final = f"{key}_{value}"
+            nxt = node.children.get(final)
+            variable = False
+            if nxt is None and node.wildcards:
+                for wkey, wparts in node.wildcards:
+                    if _wildcard_match(wparts, final):
+                        nxt = node.children[wkey]
+                        variable = not nxt.share
+                        break
+            if nxt is None:
+                nxt = node.children.get(key)
+                variable = True
+            if nxt is None:
+                return None
+            if variable:
+                parts.append(encode_value(value))
+            if i == last:
+                return None if nxt.limit is None else Match(nxt.limit, bucket_key(parts))
+            if not nxt.children:
+                return None  # the request goes deeper than the configuration
+            node = nxt
+        return None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "sources": list(self.sources),
+            "digest": self.digest,
+            "loaded_at": self.loaded_at,
+            "domains": sorted(self.domains),
+            "routes": [r.name for r in self.routes],
+        }
+
+
+class _Reader:
+    """One file's document, read field by field into the domain's tree and routes."""
+
+    def __init__(self, source: str, lines: dict[FieldPath, int], settings: Settings) -> None:
+        self.source = source
+        self.lines = lines
+        self.settings = settings
+        self.routes: list[RouteRule] = []
+        self.domain = ""
+
+    def line_of(self, path: FieldPath) -> int | None:
+        """The line of a field, or of the nearest field holding it."""
+        for n in range(len(path), -1, -1):
+            line = self.lines.get(path[:n])
+            if line is not None:
+                return line
+        return None
+
+    def fail(self, path: FieldPath, message: str) -> RulesError:
+        return RulesError(message, path=self.source, line=self.line_of(path), field=field_name(path))
+
+    def mapping(self, data: Any, path: FieldPath, allowed: frozenset[str]) -> dict[str, Any]:
+        if not isinstance(data, dict):
+            raise self.fail(path, f"must be a mapping, got {_kind(data)}")
+        for k in data:
+            if k not in allowed:
+                raise self.fail((*path, k), f"unknown key {k!r} here; expected one of {', '.join(sorted(allowed))}")
+        return data
+
+    def string(self, data: dict[str, Any], path: FieldPath, name: str, *, required: bool = False) -> str:
+        v = data.get(name)
+        if v is None:
+            if required:
+                raise self.fail((*path, name), "is required and must not be empty")
+            return ""
+        if isinstance(v, bool) or not isinstance(v, (str, int)):
+            raise self.fail((*path, name), f"must be a string, got {_kind(v)}")
+        v = str(v)
+        if required and not v:
+            raise self.fail((*path, name), "must not be empty")
+        return v
+
+    def flag(self, data: dict[str, Any], path: FieldPath, name: str) -> bool:
+        v = data.get(name, False)
+        if not isinstance(v, bool):
+            raise self.fail((*path, name), f"must be true or false, got {v!r}")
+        return v
+
+    def document(self, data: Any) -> _Node:
+        doc = self.mapping(data, (), _DOC_KEYS)
+        self.domain = self.string(doc, (), "domain", required=True)
+        root = _Node()
+        self.level(root, doc.get("descriptors"), ("descriptors",), [], 0)
+        return root
+
+    def level(self, node: _Node, items: Any, path: FieldPath, names: list[str], depth: int) -> None:
+        if items is None:
+            return
+        if not isinstance(items, list):
+            raise self.fail(path, f"must be a list of descriptors, got {_kind(items)}")
+        if depth >= MAX_DEPTH:
+            raise self.fail(path, f"descriptors nest deeper than {MAX_DEPTH} levels")
+        for i, item in enumerate(items):
+            self.descriptor(node, item, (*path, i), names, depth)
+
+    def descriptor(self, parent: _Node, item: Any, path: FieldPath, names: list[str], depth: int) -> None:
+        d = self.mapping(item, path, _DESCRIPTOR_KEYS)
+        key = self.string(d, path, "key", required=True)
+        value = self.string(d, path, "value")
+        final = f"{key}_{value}" if value else key
+        if final in parent.children:
+            shown = "/".join([*names, f"{key}={value}" if value else key])
+            raise self.fail(path, f"duplicate descriptor {shown!r} in domain {self.domain!r}")
+        flags = {name: self.flag(d, path, name) for name in _FLAGS}
+        if flags["share_threshold"] and "*" not in final:
+            raise self.fail((*path, "share_threshold"), "share_threshold needs a wildcard value (holding '*')")
+        if "metadata" in d and not isinstance(d["metadata"], dict):
+            raise self.fail((*path, "metadata"), f"must be a mapping, got {_kind(d['metadata'])}")
+        part = encode_part(key) + (f"={encode_part(value)}" if value else "")
+        node = _Node(share=flags["share_threshold"])
+        if "rate_limit" in d:
+            node.limit = self.limit(d["rate_limit"], (*path, "rate_limit"), [*names, part], flags)
+        if "*" in final:
+            parent.wildcards.append((final, final.split("*")))
+        parent.children[final] = node
+        self.level(node, d.get("descriptors"), (*path, "descriptors"), [*names, part], depth + 1)
+
+    def limit(self, data: Any, path: FieldPath, names: list[str], flags: dict[str, bool]) -> EnvoyLimit:
+        rl = self.mapping(data, path, _LIMIT_KEYS)
+        unlimited = self.flag(rl, path, "unlimited")
+        unit = self.string(rl, path, "unit").upper()
+        if unlimited and unit:
+            raise self.fail((*path, "unit"), "should not specify a unit when unlimited")
+        if not unlimited and unit not in UNITS:
+            raise self.fail((*path, "unit"), f"must be one of {', '.join(u.lower() for u in UNITS)}, got {unit!r}")
+        rpu = rl.get("requests_per_unit", 0)
+        if isinstance(rpu, bool) or not isinstance(rpu, int):
+            raise self.fail((*path, "requests_per_unit"), f"must be a whole number, got {_kind(rpu)}")
+        if not unlimited and not 1 <= rpu <= MAX_AVERAGE:
+            raise self.fail(
+                (*path, "requests_per_unit"),
+                f"must be between 1 and {MAX_AVERAGE}, got {rpu} (0 would refuse every request: remove the "
+                "descriptor's rate_limit, or use a deny rule, instead)" if rpu == 0 else
+                f"must be between 1 and {MAX_AVERAGE}, got {rpu}",
+            )  # fmt: skip
+        name = self.string(rl, path, "name")
+        replaces = self.replaces(rl.get("replaces"), (*path, "replaces"), name)
+        route = None
+        if not unlimited:
+            route = f"{encode_part(self.domain)}/{'/'.join(names)}"
+            self.routes.append(self.route(route, rpu, unit, name, replaces, flags, path))
+        return EnvoyLimit(route, rpu, unit, name, replaces, unlimited, flags["shadow_mode"], flags["quota_mode"])
+
+    def replaces(self, items: Any, path: FieldPath, own: str) -> tuple[str, ...]:
+        if items is None:
+            return ()
+        if not isinstance(items, list):
+            raise self.fail(path, f"must be a list of {{name: ...}}, got {_kind(items)}")
+        out = []
+        for i, item in enumerate(items):
+            r = self.mapping(item, (*path, i), frozenset({"name"}))
+            name = self.string(r, (*path, i), "name", required=True)
+            if name == own:
+                raise self.fail((*path, i, "name"), "a limit cannot replace itself")
+            out.append(name)
+        return tuple(out)
+
+    def route(
+        self, name: str, rpu: int, unit: str, limit_name: str, replaces: tuple[str, ...], flags: dict[str, bool],
+        path: FieldPath,
+    ) -> RouteRule:  # fmt: skip
+        if len(name) > ROUTE_NAME_MAX or NAMED_ROUTE_NAME.fullmatch(name) is None:
+            raise self.fail(path, f"the route name {name[:80]!r}... is longer than {ROUTE_NAME_MAX} characters")
+        policy = Policy(average=rpu, period=UNITS[unit], burst=rpu, algorithm="fixed_window")
+        line = self.line_of(path[:-1])  # the descriptor's
+        origin = {
+            "kind": "envoy",
+            "file": self.source,
+            "line": line,
+            "domain": self.domain,
+            "descriptor": name.split("/", 1)[1],
+            "requests_per_unit": rpu,
+            "unit": unit,
+            "name": limit_name,
+            "replaces": list(replaces),
+            **flags,
+        }
+        return RouteRule(
+            name=name,
+            methods=None,
+            path_pattern="/**",
+            key=KeyExtractor(KeyStrategy.CLIENT_IP, trusted_proxies=self.settings.proxies),
+            local=policy,
+            distributed=policy,
+            initial_mode=Mode.SHADOW if flags["shadow_mode"] else Mode.ENFORCE,
+            line=line,
+            http=False,
+            origin=origin,
+        )
+
+
+def _kind(v: Any) -> str:
+    if v is None:
+        return "nothing"
+    return {dict: "a mapping", list: "a list", bool: "a boolean", str: "a string"}.get(type(v), type(v).__name__)
+
+
+def config_files(path: Path) -> list[Path]:
+    """The files of a configuration: the file itself, or a directory's ``*.yaml`` and
+    ``*.yml`` files in name order (hidden ones skipped)."""
+    if not path.is_dir():
+        return [path]
+    found = sorted(
+        p for p in path.iterdir() if p.suffix in (".yaml", ".yml") and not p.name.startswith(".") and p.is_file()
+    )
+    if len(found) > MAX_FILES:
+        raise RulesError(f"more than {MAX_FILES} configuration files", path=str(path))
+    return found
+
+
+def parse_envoy_files(
+    files: Sequence[tuple[str, bytes]], settings: Settings, *, digest: str | None = None, clock: Any = time.time
+) -> EnvoyConfig:
+    """The configuration in ``[(source, bytes), ...]`` (a :class:`RulesError` on the first problem)."""
+    domains: dict[str, _Node] = {}
+    where: dict[str, str] = {}
+    routes: list[RouteRule] = []
+    for source, data in files:
+        text = decode_file(data, source)
+        if not text.strip():
+            raise RulesError("the file is empty; expected a mapping with a 'domain'", path=source, line=1)
+        doc, lines = load_yaml(text, source)
+        reader = _Reader(source, lines, settings)
+        root = reader.document(doc)
+        if reader.domain in domains:
+            raise reader.fail(("domain",), f"duplicate domain {reader.domain!r} (also in {where[reader.domain]})")
+        domains[reader.domain] = root
+        where[reader.domain] = source
+        routes.extend(reader.routes)
+    if digest is None:
+        digest = files_digest(files)
+    return EnvoyConfig(domains, tuple(routes), tuple(s for s, _ in files), digest, clock())
+
+
+def files_digest(files: Sequence[tuple[str, bytes]]) -> str:
+    h = hashlib.sha256()
+    for source, data in files:
+        h.update(Path(source).name.encode() + b"\0" + hashlib.sha256(data).digest())
+    return h.hexdigest()
+
+
+def read_config(path: Path) -> list[tuple[str, bytes]]:
+    """``[(source, bytes), ...]`` of a file or directory (a :class:`RulesError` if unreadable)."""
+    try:
+        files = config_files(path)
+    except OSError as exc:
+        raise RulesError(f"cannot read the Envoy configuration: {exc.strerror or exc}", path=str(path)) from None
+    return [(str(p), read_file(p)) for p in files]
+
+
+def load_envoy_config(path: str | Path, settings: Settings, *, clock: Any = time.time) -> EnvoyConfig:
+    """Load ``SHADOWLIMIT_ENVOY_CONFIG`` (a file, or a directory of ``.yaml`` files)."""
+    return parse_envoy_files(read_config(Path(path)), settings, clock=clock)

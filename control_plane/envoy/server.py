@@ -1,0 +1,78 @@
+"""The gRPC server beside the HTTP one: Envoy's rate limit service, gRPC health checking
+(``grpc.health.v1.Health``: SERVING while the engine runs) and server reflection, on
+``SHADOWLIMIT_HOST:SHADOWLIMIT_GRPC_PORT``, in the app's event loop."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import grpc
+from envoy.service.ratelimit.v3 import rls_pb2, rls_pb2_grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1.health import SERVICE_NAME as HEALTH_SERVICE
+from grpc_health.v1.health import aio as health_aio
+from grpc_reflection.v1alpha import reflection
+
+from .service import RateLimitService
+
+if TYPE_CHECKING:
+    from ..engine import Engine
+
+__all__ = ["MAX_MESSAGE_BYTES", "RLS_SERVICE", "GrpcServer", "start_grpc_server"]
+
+log = logging.getLogger("shadowlimit.envoy")
+
+#: the full name of Envoy's rate limit service
+RLS_SERVICE = rls_pb2.DESCRIPTOR.services_by_name["RateLimitService"].full_name
+#: the largest request message accepted (Envoy's are a few hundred bytes)
+MAX_MESSAGE_BYTES = 64 * 1024
+
+
+@dataclass
+class GrpcServer:
+    """A started server and the port it listens on."""
+
+    server: Any
+    health: Any
+    port: int
+
+    async def stop(self, grace_s: float = 2.0) -> None:
+        """Say NOT_SERVING, then stop (calls in flight get ``grace_s`` to finish)."""
+        for name in ("", RLS_SERVICE):
+            await self.health.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
+        await self.server.stop(grace_s)
+
+
+def _listen_address(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+async def start_grpc_server(engine: Engine, host: str, port: int) -> GrpcServer:
+    """Start serving (``port`` 0: a free port, see :attr:`GrpcServer.port`); a port that
+    cannot be bound raises ``OSError`` naming it."""
+    server = grpc.aio.server(
+        options=[
+            ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+            ("grpc.so_reuseport", 0),  # a port in use is an error, not a second listener
+        ]
+    )
+    rls_pb2_grpc.add_RateLimitServiceServicer_to_server(
+        RateLimitService(engine.live_rules, engine.decider, engine.metrics), server
+    )
+    health = health_aio.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health, server)
+    reflection.enable_server_reflection((RLS_SERVICE, HEALTH_SERVICE, reflection.SERVICE_NAME), server)
+    address = _listen_address(host, port)
+    try:
+        bound = server.add_insecure_port(address)
+    except RuntimeError as exc:
+        raise OSError(f"SHADOWLIMIT_GRPC_PORT: cannot listen on {address}: {exc}") from None
+    if not bound:
+        raise OSError(f"SHADOWLIMIT_GRPC_PORT: cannot listen on {address}")
+    await server.start()
+    for name in ("", RLS_SERVICE):
+        await health.set(name, health_pb2.HealthCheckResponse.SERVING)
+    log.info("Envoy rate limit service (gRPC) on %s", _listen_address(host, bound))
+    return GrpcServer(server, health, bound)

@@ -1,0 +1,402 @@
+"""Envoy's rate limit service over real gRPC: a grpcio client with Envoy's generated messages
+against a real control plane on real Redis, configured by an envoyproxy/ratelimit config
+file. OK then OVER_LIMIT at the limit, several descriptors, hits_addend, shadow vs
+enforce, hot reload, a bad config kept out, Redis down, health and reflection."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+import httpx
+import pytest
+from cp_server import ControlPlaneServer, admin_headers, free_port, metric_value, wait_until
+from envoy.extensions.common.ratelimit.v3 import ratelimit_pb2
+from envoy.service.ratelimit.v3 import rls_pb2, rls_pb2_grpc
+from google.protobuf.wrappers_pb2 import UInt64Value
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+
+from limiter.embedded import EmbeddedRedis
+
+pytestmark = pytest.mark.timeout(120)
+
+Response = rls_pb2.RateLimitResponse
+OK, OVER = Response.OK, Response.OVER_LIMIT
+MINUTE = Response.RateLimit.MINUTE
+
+CONFIG = """\
+domain: edge
+descriptors:
+  - key: remote_address            # a bucket per address
+    rate_limit: {unit: minute, requests_per_unit: 3}
+  - key: path
+    value: /login
+    shadow_mode: true
+    rate_limit: {unit: minute, requests_per_unit: 2, name: login}
+  - key: tenant
+    value: "acme*"
+    rate_limit: {unit: minute, requests_per_unit: 4}
+  - key: plan
+    value: gold
+    rate_limit: {unit: minute, requests_per_unit: 1000, name: gold, replaces: [{name: general}]}
+  - key: generic
+    rate_limit: {unit: minute, requests_per_unit: 2, name: general}
+  - key: budget
+    rate_limit: {unit: minute, requests_per_unit: 5}
+  - key: free
+    rate_limit: {unlimited: true}
+"""
+
+
+def descriptor(*entries: tuple[str, str], hits: int | None = None) -> Any:
+    d = ratelimit_pb2.RateLimitDescriptor(
+        entries=[ratelimit_pb2.RateLimitDescriptor.Entry(key=k, value=v) for k, v in entries]
+    )
+    if hits is not None:
+        d.hits_addend.CopyFrom(UInt64Value(value=hits))
+    return d
+
+
+class Rls:
+    """A grpcio client of one control plane's gRPC port."""
+
+    def __init__(self, port: int) -> None:
+        self.channel = grpc.insecure_channel(f"127.0.0.1:{port}")
+        self.stub = rls_pb2_grpc.RateLimitServiceStub(self.channel)
+
+    def ask(self, *descriptors: Any, domain: str = "edge", hits: int = 0) -> Any:
+        req = rls_pb2.RateLimitRequest(domain=domain, descriptors=list(descriptors), hits_addend=hits)
+        return self.stub.ShouldRateLimit(req, timeout=10)
+
+    def codes(self, *descriptors: Any, **kw: Any) -> tuple[int, list[int]]:
+        r = self.ask(*descriptors, **kw)
+        return r.overall_code, [s.code for s in r.statuses]
+
+    def close(self) -> None:
+        self.channel.close()
+
+
+def clear_of_minute_edge(margin_s: float = 8.0) -> None:
+    """Fixed windows are aligned on the minute: a test counting within one waits out its end."""
+    left = 60 - time.time() % 60
+    if left < margin_s:
+        time.sleep(left + 0.2)
+
+
+def start(redis_url: str, config: Path, **overrides: Any) -> ControlPlaneServer:
+    overrides.setdefault("rules_poll_interval_s", 0.2)
+    return ControlPlaneServer(redis_url=redis_url, envoy_config=str(config), grpc_port=free_port(), **overrides).start()
+
+
+@pytest.fixture
+def envoy_file(tmp_path) -> Path:
+    path = tmp_path / "config.yaml"
+    path.write_text(CONFIG)
+    return path
+
+
+@pytest.fixture
+def served(redis_url, envoy_file) -> Iterator[tuple[ControlPlaneServer, Rls]]:
+    cp = start(redis_url, envoy_file)
+    rls = Rls(cp.settings.grpc_port)
+    try:
+        yield cp, rls
+    finally:
+        rls.close()
+        cp.stop()
+
+
+def set_mode(cp: ControlPlaneServer, route: str, mode: str) -> None:
+    from urllib.parse import quote
+
+    r = httpx.put(
+        f"{cp.url}/v1/routes/{quote(route, safe='')}/mode",
+        json={"mode": mode, "reason": "envoy test", "force": True},
+        headers=admin_headers(),
+        timeout=10,
+    )
+    assert r.status_code == 200, r.text
+
+
+# --------------------------------------------------------------------------- #
+# answers
+
+
+def test_ok_then_over_limit_at_the_limit_with_envoys_fields(served) -> None:
+    cp, rls = served
+    clear_of_minute_edge()
+    remaining = []
+    for _ in range(3):
+        r = rls.ask(descriptor(("remote_address", "10.0.0.1")))
+        assert r.overall_code == OK
+        s = r.statuses[0]
+        assert (s.current_limit.requests_per_unit, s.current_limit.unit) == (3, MINUTE)
+        assert 0 < s.duration_until_reset.seconds <= 60
+        remaining.append(s.limit_remaining)
+        headers = {h.key: h.value for h in r.response_headers_to_add}
+        assert headers["X-RateLimit-Limit"] == "3" and headers["X-RateLimit-Remaining"] == str(s.limit_remaining)
+    assert remaining == [2, 1, 0]
+    r = rls.ask(descriptor(("remote_address", "10.0.0.1")))
+    assert r.overall_code == OVER and r.statuses[0].code == OVER and r.statuses[0].limit_remaining == 0
+    headers = {h.key: h.value for h in r.response_headers_to_add}
+    assert 1 <= int(headers["Retry-After"]) <= 60
+    # the descriptor has no value in the config: each address has its own bucket
+    assert rls.codes(descriptor(("remote_address", "10.0.0.2")))[0] == OK
+    # routes of the rollout, by their Envoy names, with what Envoy sees
+    routes = {r["name"]: r for r in httpx.get(cp.url + "/v1/routes", timeout=10).json()["routes"]}
+    assert routes["edge/remote_address"]["state"]["mode"] == "enforce"
+    assert routes["edge/path=%2Flogin"]["state"]["mode"] == "shadow"
+    assert routes["edge/remote_address"]["rule"]["origin"]["line"] == 3
+    metrics = httpx.get(cp.url + "/metrics", timeout=10).text
+    assert metric_value(metrics, "rate_limit_envoy_requests_total", code="over_limit") == 1
+    assert metric_value(metrics, "rate_limit_envoy_requests_total", code="ok") == 4
+
+
+def test_every_descriptor_is_checked_and_one_over_limit_is_enough(served) -> None:
+    _, rls = served
+    clear_of_minute_edge()
+    many = [
+        descriptor(("budget", "b1")),
+        descriptor(("generic", "g")),
+        descriptor(("free", "x")),
+        descriptor(("nope", "x")),
+    ]
+    assert rls.codes(*many) == (OK, [OK, OK, OK, OK])
+    r = rls.ask(*many)
+    assert r.overall_code == OK
+    assert [s.limit_remaining for s in r.statuses] == [3, 0, 2**32 - 1, 0]
+    assert not r.statuses[3].HasField("current_limit")  # no limit for that descriptor
+    assert r.statuses[1].current_limit.name == "general"
+    assert rls.codes(*many) == (OVER, [OK, OVER, OK, OK])  # generic's 2 per minute are used up
+    # a limit named in another matched limit's replaces is not checked
+    assert rls.codes(descriptor(("plan", "gold")), descriptor(("generic", "g"))) == (OK, [OK, OK])
+    # wildcard value: matching values each have a bucket, others do not match
+    for _ in range(4):
+        assert rls.codes(descriptor(("tenant", "acme-1")))[0] == OK
+    assert rls.codes(descriptor(("tenant", "acme-1")))[0] == OVER
+    assert rls.codes(descriptor(("tenant", "acme-2")))[0] == OK
+    assert rls.codes(descriptor(("tenant", "other")))[1] == [OK]
+
+
+def test_hits_addend_is_the_cost(served) -> None:
+    _, rls = served
+    clear_of_minute_edge()
+    r = rls.ask(descriptor(("budget", "h")), hits=2)
+    assert (r.overall_code, r.statuses[0].limit_remaining) == (OK, 3)
+    # the descriptor's own hits_addend wins over the request's
+    r = rls.ask(descriptor(("budget", "h"), hits=3), hits=2)
+    assert (r.overall_code, r.statuses[0].limit_remaining) == (OK, 0)
+    assert rls.codes(descriptor(("budget", "h")))[0] == OVER
+    # more than the limit can ever allow: over the limit, not an error
+    assert rls.codes(descriptor(("budget", "other")), hits=6)[0] == OVER
+    with pytest.raises(grpc.RpcError) as err:
+        rls.ask(descriptor(("budget", "h"), hits=0))
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "descriptors[0].hits_addend" in (err.value.details() or "")
+
+
+def test_shadow_answers_ok_and_is_compared_then_enforce_rejects(served) -> None:
+    cp, rls = served
+    clear_of_minute_edge(15)
+    login = descriptor(("path", "/login"))
+    assert [rls.codes(login)[0] for _ in range(5)] == [OK] * 5  # 2 per minute, but in shadow
+
+    def compared() -> int:
+        routes = httpx.get(cp.url + "/v1/routes", timeout=10).json()["routes"]
+        div = next(r for r in routes if r["name"] == "edge/path=%2Flogin")["divergence_5m"]
+        return int(div["compared"])
+
+    wait_until(lambda: compared() == 5, timeout=15, what="the 5 shadow decisions were compared")
+    set_mode(cp, "edge/path=%2Flogin", "enforce")
+    assert rls.codes(login)[0] == OVER  # the distributed bucket saw the 5 requests
+
+
+def test_invalid_requests_are_refused_with_invalid_argument(served) -> None:
+    _, rls = served
+    cases = [
+        rls_pb2.RateLimitRequest(domain="", descriptors=[descriptor(("a", "b"))]),
+        rls_pb2.RateLimitRequest(domain="edge"),
+        rls_pb2.RateLimitRequest(domain="edge", descriptors=[descriptor(("a", "b"))] * 65),
+    ]
+    for req in cases:
+        with pytest.raises(grpc.RpcError) as err:
+            rls.stub.ShouldRateLimit(req, timeout=10)
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    with pytest.raises(grpc.RpcError) as err:  # bounded: the message size
+        rls.ask(descriptor(("remote_address", "x" * 70_000)))
+    assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    # an unknown domain has no limits (as envoyproxy/ratelimit)
+    assert rls.codes(descriptor(("remote_address", "1")), domain="other") == (OK, [OK])
+
+
+def test_health_and_reflection(served) -> None:
+    _, rls = served
+    health = health_pb2_grpc.HealthStub(rls.channel)
+    for service in ("", "envoy.service.ratelimit.v3.RateLimitService"):
+        got = health.Check(health_pb2.HealthCheckRequest(service=service), timeout=10)
+        assert got.status == health_pb2.HealthCheckResponse.SERVING
+    stub = reflection_pb2_grpc.ServerReflectionStub(rls.channel)
+    reply = next(iter(stub.ServerReflectionInfo(iter([reflection_pb2.ServerReflectionRequest(list_services="")]))))
+    names = {s.name for s in reply.list_services_response.service}
+    assert "envoy.service.ratelimit.v3.RateLimitService" in names and "grpc.health.v1.Health" in names
+
+
+# --------------------------------------------------------------------------- #
+# configuration
+
+
+def route_names(cp: ControlPlaneServer) -> list[str]:
+    return [r["name"] for r in httpx.get(cp.url + "/v1/routes", timeout=10).json()["routes"]]
+
+
+def test_config_reload_and_a_bad_config_kept_out(served, envoy_file) -> None:
+    cp, rls = served
+    clear_of_minute_edge(15)
+    envoy_file.write_text(CONFIG + "  - key: fresh\n    rate_limit: {unit: minute, requests_per_unit: 1}\n")
+    wait_until(lambda: "edge/fresh" in route_names(cp), timeout=15, what="the new descriptor became a route")
+    assert rls.codes(descriptor(("fresh", "x"))) == (OK, [OK])
+    assert rls.codes(descriptor(("fresh", "x"))) == (OVER, [OVER])
+    # a bad version: the last good configuration stays, the error names the file and line
+    envoy_file.write_text(CONFIG + "  - key: fresh\n    rate_limit: {unit: fortnight, requests_per_unit: 1}\n")
+
+    def error() -> str | None:
+        return httpx.get(cp.url + "/v1/routes", timeout=10).json()["rules_error"]
+
+    wait_until(lambda: error() is not None, timeout=15, what="the bad config was reported")
+    assert f"{envoy_file}:22: descriptors[7].rate_limit.unit" in (error() or "")
+    assert "edge/fresh" in route_names(cp)
+    assert rls.codes(descriptor(("fresh", "x"))) == (OVER, [OVER])
+    metrics = httpx.get(cp.url + "/metrics", timeout=10).text
+    assert metric_value(metrics, "rate_limit_rules_valid") == 0
+    envoy_file.write_text(CONFIG)  # back to a good one: the route goes, the error too
+    wait_until(lambda: "edge/fresh" not in route_names(cp) and error() is None, timeout=15, what="reloaded")
+    assert rls.codes(descriptor(("fresh", "x"))) == (OK, [OK])  # no limit any more
+
+
+def test_a_directory_of_files_one_domain_each(redis_url, tmp_path) -> None:
+    d = tmp_path / "config"
+    d.mkdir()
+    (d / "a.yaml").write_text(
+        "domain: a\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 5}\n"
+    )
+    (d / "b.yml").write_text(
+        "domain: b\ndescriptors:\n  - key: k\n    rate_limit: {unit: hour, requests_per_unit: 1}\n"
+    )
+    (d / "notes.txt").write_text("not a config")
+    cp = start(redis_url, d)
+    rls = Rls(cp.settings.grpc_port)
+    try:
+        assert {"a/k", "b/k"} <= set(route_names(cp))
+        assert rls.codes(descriptor(("k", "1")), domain="b") == (OK, [OK])
+        assert rls.codes(descriptor(("k", "1")), domain="b") == (OVER, [OVER])
+        r = rls.ask(descriptor(("k", "1")), domain="a")
+        assert r.statuses[0].current_limit.unit == Response.RateLimit.SECOND
+    finally:
+        rls.close()
+        cp.stop()
+
+
+# --------------------------------------------------------------------------- #
+# Redis down: the failure policy answers, never a gRPC error
+
+
+@pytest.mark.parametrize(("policy", "expected"), [("failClosed", OVER), ("passThrough", OK)])
+def test_redis_down_the_failure_policy_answers(envoy_file, policy, expected) -> None:
+    redis = EmbeddedRedis().start()
+    cp = start(redis.url, envoy_file, failure_policy=policy, redis_command_timeout_s=0.2)
+    rls = Rls(cp.settings.grpc_port)
+    try:
+        assert rls.codes(descriptor(("budget", "d")))[0] == OK
+        redis.stop()
+        answers = [rls.codes(descriptor(("budget", "d")))[0] for _ in range(3)]
+        assert answers == [expected] * 3
+        routes = httpx.get(cp.url + "/v1/routes", timeout=10).json()["routes"]
+        budget = next(r for r in routes if r["name"] == "edge/budget")
+        assert budget["state"]["mode"] == "enforce"
+    finally:
+        rls.close()
+        cp.stop()
+        redis.stop()
+
+
+# --------------------------------------------------------------------------- #
+# `shadowlimit serve` as a user runs it
+
+
+def _serve_env(redis_url: str, **extra: str) -> dict[str, str]:
+    import os
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SHADOWLIMIT_", "RATE_LIMIT_", "ENABLE_"))}
+    env.update({"RATE_LIMIT_REDIS_URL": redis_url, "SHADOWLIMIT_PORT": str(free_port())}, **extra)
+    return env
+
+
+def _shadowlimit() -> str:
+    import sys
+
+    return str(Path(sys.executable).parent / "shadowlimit")
+
+
+def test_serve_refuses_a_bad_config_a_missing_one_and_a_busy_port(redis_url, tmp_path) -> None:
+    import socket
+    import subprocess
+
+    def serve(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [_shadowlimit(), "serve", "--log-level", "warning", *args],
+            env=_serve_env(redis_url, **env),
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(CONFIG.replace("requests_per_unit: 3", "requests_per_unit: -3"))
+    proc = serve("--grpc-port", str(free_port()), SHADOWLIMIT_ENVOY_CONFIG=str(bad))
+    assert proc.returncode == 2, proc.stderr
+    assert f"{bad}:4: descriptors[0].rate_limit.requests_per_unit: must be between 1" in proc.stderr
+    proc = serve("--grpc-port", str(free_port()))
+    assert proc.returncode == 2 and "SHADOWLIMIT_ENVOY_CONFIG" in proc.stderr, proc.stderr
+    good = tmp_path / "good.yaml"
+    good.write_text(CONFIG)
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        proc = serve("--grpc-port", str(port), SHADOWLIMIT_ENVOY_CONFIG=str(good))
+    assert proc.returncode == 2 and f"cannot listen on 127.0.0.1:{port}" in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_serve_with_grpc_port_answers_envoy_and_stops_cleanly(redis_url, envoy_file) -> None:
+    import signal
+    import subprocess
+
+    grpc_port = free_port()
+    env = _serve_env(redis_url, SHADOWLIMIT_ENVOY_CONFIG=str(envoy_file), ENABLE_DISTRIBUTED_RATE_LIMITING="true")
+    proc = subprocess.Popen(
+        [_shadowlimit(), "serve", "--grpc-port", str(grpc_port), "--log-level", "info"],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    rls = Rls(grpc_port)
+    try:
+        health = health_pb2_grpc.HealthStub(rls.channel)
+        wait_until(
+            lambda: health.Check(health_pb2.HealthCheckRequest(), timeout=1).status == 1, 30, 0.1, "gRPC serving"
+        )
+        clear_of_minute_edge()
+        codes = [rls.codes(descriptor(("remote_address", "serve")))[0] for _ in range(4)]
+        assert codes == [OK, OK, OK, OVER]
+    finally:
+        rls.close()
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=30)
+    assert f"Envoy rate limit service (gRPC) on 127.0.0.1:{grpc_port}" in err
+    assert "Traceback" not in err
