@@ -29,6 +29,7 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import httpx
 
@@ -168,7 +169,7 @@ class Server:
 
     def set_mode(self, mode: str, percent: int, route: str = "api") -> None:
         r = httpx.put(
-            f"{self.url}/v1/routes/{route.replace('/', '%2F')}/mode",
+            f"{self.url}/v1/routes/{quote(route, safe='')}/mode",
             json={"mode": mode, "canary_percent": percent, "reason": "benchmark", "force": True},
             headers={"Authorization": f"Bearer {self.token}"},
             timeout=10,

@@ -53,7 +53,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             from .envoy.server import start_grpc_server
 
             try:
-                app.state.grpc = await start_grpc_server(handle.engine, settings.host, settings.grpc_port)
+                app.state.grpc = await start_grpc_server(
+                    handle.engine, settings.host, settings.grpc_port, authenticator(settings)
+                )
             except BaseException:
                 await streams.aclose()
                 await handle.aclose()

@@ -105,7 +105,8 @@ ACCESS: dict[tuple[str, str], Access] = {
     ("GET", "/v1/stream"): Access.READ,
     ("GET", "/ratelimit/stats"): Access.READ,
     ("GET", "/ratelimit/clients"): Access.READ,
-    ("POST", "/ratelimit/reset/{client_id}"): Access.OPERATOR,
+    ("POST", "/ratelimit/reset/{client_id}"): Access.OPERATOR,  # as OpenAPI shows it
+    ("POST", "/ratelimit/reset/{client_id:path}"): Access.OPERATOR,  # as served: keys may hold "/"
     ("PUT", "/ratelimit/config"): Access.OPERATOR,
     ("POST", "/ratelimit/rules/reload"): Access.ADMIN,
     ("GET", "/healthz"): Access.OPEN,

@@ -167,7 +167,12 @@ def cmd_clients(args: argparse.Namespace) -> int:
 
 
 def cmd_reset(args: argparse.Namespace) -> int:
-    data = _request(args, "POST", f"/ratelimit/reset/{args.id}", params={"route": args.route} if args.route else None)
+    data = _request(
+        args,
+        "POST",
+        f"/ratelimit/reset/{quote(args.id, safe='')}",
+        params={"route": args.route} if args.route else None,
+    )
     print(f"reset {args.id}: {data['local_reset']} local and {data['distributed_reset']} distributed buckets")
     return EXIT_OK
 

@@ -279,15 +279,21 @@ class RolloutManager:
     async def check_auto_rollback(self) -> None:
         """Enforced routes go back to shadow when the breaker has been open for
         ``SHADOWLIMIT_AUTO_ROLLBACK_AFTER_S`` (at once on this replica; stored by
-        :meth:`persist_rollbacks` once Redis answers)."""
+        :meth:`persist_rollbacks` once Redis answers). Not the routes decided by name only
+        (Envoy's): shadow lifts their limit, the failure policy keeps it."""
         if self.breaker.state is BreakerState.CLOSED:
             return
         open_for = self.breaker.open_for_s()
         if open_for < self.settings.auto_rollback_after_s:
             return
-        for name in self._rules().names():
+        for rule in self._rules().all_routes:
+            name = rule.name
             st = self.state_for(name)
             if st.mode not in (Mode.ENFORCE, Mode.CANARY) or name in self.pending_rollbacks:
+                continue
+            if not rule.http:
+                # an Envoy route in shadow answers OK: rolling it back would lift its limit
+                # altogether; its failure policy keeps answering instead
                 continue
             rb = RouteState(
                 mode=Mode.SHADOW,

@@ -397,11 +397,20 @@ class Settings(BaseSettings):
 
     @model_validator(mode="after")
     def _check_grpc(self) -> Settings:
-        if self.grpc_port is not None and self.envoy_config is None:
+        if self.grpc_port is None:
+            return self
+        if self.envoy_config is None:
             raise ValueError(
                 "SHADOWLIMIT_GRPC_PORT: Envoy's rate limit service needs its limits: set SHADOWLIMIT_ENVOY_CONFIG"
                 " (an envoyproxy/ratelimit config file or directory)"
             )
+        if not self.enable_distributed_rate_limiting:
+            raise ValueError(
+                "SHADOWLIMIT_GRPC_PORT: Envoy's limits are global: set ENABLE_DISTRIBUTED_RATE_LIMITING=true"
+                " (with it false every route is off and each replica would count alone)"
+            )
+        if self.grpc_port and self.grpc_port == self.port:
+            raise ValueError(f"SHADOWLIMIT_GRPC_PORT: {self.grpc_port} is SHADOWLIMIT_PORT too; use another port")
         return self
 
     @model_validator(mode="after")

@@ -103,7 +103,7 @@ async def clients(
     return {"clients": out, "total": len(engine.local)}
 
 
-@router.post("/reset/{client_id}", responses=_ERRORS)
+@router.post("/reset/{client_id:path}", responses=_ERRORS)
 async def reset(
     client_id: str, request: Request, engine: EngineDep, _: OperatorDep, route: str | None = Query(None, max_length=256)
 ) -> dict[str, Any]:
@@ -142,6 +142,15 @@ async def reset(
 async def config(change: ConfigAdjust, request: Request, adjustments: AdjustmentsDep, _: OperatorDep) -> dict[str, Any]:
     """Adjust a route's (or one client's) limit at runtime, fleet-wide and audited."""
     policy = None
+    rule = request.app.state.engine.rules.get(change.route)
+    if rule is not None and not rule.http and not change.clear:
+        raise ApiError(
+            422,
+            "invalid_request",
+            f"route {change.route!r} takes its limit from the Envoy configuration (SHADOWLIMIT_ENVOY_CONFIG):"
+            " change the file, it is reloaded",
+            field="route",
+        )
     if not change.clear:
         if change.key is not None:
             # the key /v1/decide would accept, checked the same way (clearing takes any

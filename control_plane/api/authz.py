@@ -19,6 +19,8 @@ for every route's ``clientIP`` key.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import orjson
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import Response
@@ -38,9 +40,8 @@ _URI_HEADERS = ("x-forwarded-uri", "x-original-uri")
 _MAX_URI = 8192
 
 
-def _described(request: Request) -> tuple[str, str]:
+def described(h: Mapping[str, str]) -> tuple[str, str]:
     """(method, path) of the original request, from the proxy's headers."""
-    h = request.headers
     method = next((h[n] for n in _METHOD_HEADERS if n in h), None)
     uri = next((h[n] for n in _URI_HEADERS if n in h), None)
     if method is None:
@@ -64,7 +65,7 @@ async def authz(
 ) -> Response:
     """Forward-auth: decide the request the proxy describes (see the module docstring)."""
     decider: Decider = request.app.state.engine.decider
-    method, path = _described(request)
+    method, path = described(request.headers)
     client = request.client
     inp = DecideInput(method=method, path=path, client_ip=client.host if client else None, headers=request.headers)
     try:

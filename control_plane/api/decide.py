@@ -119,6 +119,11 @@ async def decide_batch(request: Request) -> Response:
                 inputs.append(to_input(item))
             except ApiError as exc:
                 inputs.append(exc)
+    return Response(await batch_body(decider, inputs), media_type="application/json")
+
+
+async def batch_body(decider: Decider, inputs: list[Any]) -> bytes:
+    """The batch answer's JSON for parsed items (an :class:`ApiError` in place of a bad one)."""
     valid: list[Any] = [i for i in inputs if i.__class__ is not ApiError]
     results = iter(await decider.decide_many(valid, as_dicts=True))
     out: list[dict[str, Any]] = []
@@ -133,4 +138,4 @@ async def decide_batch(request: Request) -> Response:
         if "incident" in e.details:
             err["incident"] = e.details["incident"]
         append(err)
-    return Response(orjson.dumps({"decisions": out}), media_type="application/json")
+    return orjson.dumps({"decisions": out})

@@ -36,6 +36,7 @@ wrong place, a non-string value, ``requests_per_unit: 0``.
 from __future__ import annotations
 
 import hashlib
+import os
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -89,7 +90,10 @@ def encode_part(text: str) -> str:
 
 
 def encode_value(text: str) -> str:
-    """A request value in a bucket key: printable ASCII kept but for ``%`` and ``|``."""
+    """A request value in a bucket key: printable ASCII kept but for ``%`` and ``|``; the
+    empty value is ``%`` (which no other value encodes to)."""
+    if not text:
+        return "%"
     if text.isascii() and text.isprintable() and " " not in text and "%" not in text and "|" not in text:
         return text
     out = []
@@ -181,7 +185,8 @@ class EnvoyConfig:
         for i, (key, value) in enumerate(entries):
             final = f"{key}_{value}"
             nxt = node.children.get(final)
-            variable = False
+            # a value written with a '*' matched as it is still keys its own bucket
+            variable = nxt is not None and "*" in final and not nxt.share
             if nxt is None and node.wildcards:
                 for wkey, wparts in node.wildcards:
                     if _wildcard_match(wparts, final):
@@ -249,10 +254,19 @@ class _Reader:
             return ""
         if isinstance(v, bool) or not isinstance(v, (str, int)):
             raise self.fail((*path, name), f"must be a string, got {_kind(v)}")
-        v = str(v)
+        v = str(v)  # unquoted numbers are read as the text written (load_yaml numbers=False)
         if required and not v:
             raise self.fail((*path, name), "must not be empty")
         return v
+
+    def whole(self, data: dict[str, Any], path: FieldPath, name: str) -> int:
+        """A whole number written as digits (0 when absent)."""
+        v = data.get(name)
+        if v is None:
+            return 0
+        if isinstance(v, bool) or not isinstance(v, str) or not v.isascii() or not v.isdigit():
+            raise self.fail((*path, name), f"must be a whole number, got {v!r}")
+        return int(v)
 
     def flag(self, data: dict[str, Any], path: FieldPath, name: str) -> bool:
         v = data.get(name, False)
@@ -307,9 +321,7 @@ class _Reader:
             raise self.fail((*path, "unit"), "should not specify a unit when unlimited")
         if not unlimited and unit not in UNITS:
             raise self.fail((*path, "unit"), f"must be one of {', '.join(u.lower() for u in UNITS)}, got {unit!r}")
-        rpu = rl.get("requests_per_unit", 0)
-        if isinstance(rpu, bool) or not isinstance(rpu, int):
-            raise self.fail((*path, "requests_per_unit"), f"must be a whole number, got {_kind(rpu)}")
+        rpu = self.whole(rl, path, "requests_per_unit")
         if not unlimited and not 1 <= rpu <= MAX_AVERAGE:
             raise self.fail(
                 (*path, "requests_per_unit"),
@@ -380,15 +392,23 @@ def _kind(v: Any) -> str:
 
 
 def config_files(path: Path) -> list[Path]:
-    """The files of a configuration: the file itself, or a directory's ``*.yaml`` and
-    ``*.yml`` files in name order (hidden ones skipped)."""
+    """The files of a configuration: the file itself, or the ``*.yaml`` and ``*.yml`` files
+    under a directory, its subdirectories included, in path order. Hidden entries are
+    skipped (a Kubernetes ConfigMap mount's ``..data`` holds the same files again); a
+    directory with none is an error."""
     if not path.is_dir():
         return [path]
-    found = sorted(
-        p for p in path.iterdir() if p.suffix in (".yaml", ".yml") and not p.name.startswith(".") and p.is_file()
-    )
-    if len(found) > MAX_FILES:
-        raise RulesError(f"more than {MAX_FILES} configuration files", path=str(path))
+    found: list[Path] = []
+    for root, dirs, files in os.walk(path, followlinks=False):
+        dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+        for name in sorted(files):
+            p = Path(root) / name
+            if not name.startswith(".") and p.suffix in (".yaml", ".yml") and p.is_file():
+                found.append(p)
+        if len(found) > MAX_FILES:
+            raise RulesError(f"more than {MAX_FILES} configuration files", path=str(path))
+    if not found:
+        raise RulesError("no .yaml or .yml files in this directory", path=str(path))
     return found
 
 
@@ -403,7 +423,7 @@ def parse_envoy_files(
         text = decode_file(data, source)
         if not text.strip():
             raise RulesError("the file is empty; expected a mapping with a 'domain'", path=source, line=1)
-        doc, lines = load_yaml(text, source)
+        doc, lines = load_yaml(text, source, numbers=False)
         reader = _Reader(source, lines, settings)
         root = reader.document(doc)
         if reader.domain in domains:

@@ -18,9 +18,10 @@ from grpc_reflection.v1alpha import reflection
 from .service import RateLimitService
 
 if TYPE_CHECKING:
+    from ..auth import Authenticator
     from ..engine import Engine
 
-__all__ = ["MAX_MESSAGE_BYTES", "RLS_SERVICE", "GrpcServer", "start_grpc_server"]
+__all__ = ["MAX_CONCURRENT_RPCS", "MAX_MESSAGE_BYTES", "RLS_SERVICE", "GrpcServer", "start_grpc_server"]
 
 log = logging.getLogger("shadowlimit.envoy")
 
@@ -28,6 +29,8 @@ log = logging.getLogger("shadowlimit.envoy")
 RLS_SERVICE = rls_pb2.DESCRIPTOR.services_by_name["RateLimitService"].full_name
 #: the largest request message accepted (Envoy's are a few hundred bytes)
 MAX_MESSAGE_BYTES = 64 * 1024
+#: calls in progress at once; more are refused at once with RESOURCE_EXHAUSTED
+MAX_CONCURRENT_RPCS = 4096
 
 
 @dataclass
@@ -49,17 +52,20 @@ def _listen_address(host: str, port: int) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
-async def start_grpc_server(engine: Engine, host: str, port: int) -> GrpcServer:
+async def start_grpc_server(engine: Engine, host: str, port: int, auth: Authenticator | None = None) -> GrpcServer:
     """Start serving (``port`` 0: a free port, see :attr:`GrpcServer.port`); a port that
-    cannot be bound raises ``OSError`` naming it."""
+    cannot be bound raises ``OSError`` naming it. With ``auth`` requiring a client token
+    (``SHADOWLIMIT_CLIENT_TOKEN``), every call must carry ``authorization: Bearer <token>``
+    metadata (Envoy: ``grpc_service.initial_metadata``)."""
     server = grpc.aio.server(
+        maximum_concurrent_rpcs=MAX_CONCURRENT_RPCS,
         options=[
             ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
             ("grpc.so_reuseport", 0),  # a port in use is an error, not a second listener
-        ]
+        ],
     )
     rls_pb2_grpc.add_RateLimitServiceServicer_to_server(
-        RateLimitService(engine.live_rules, engine.decider, engine.metrics), server
+        RateLimitService(engine.live_rules, engine.decider, engine.metrics, auth), server
     )
     health = health_aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health, server)

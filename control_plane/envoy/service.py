@@ -23,13 +23,15 @@ them in one pipelined burst to Redis. As envoyproxy/ratelimit answers:
 Refused with ``INVALID_ARGUMENT`` (and counted as ``invalid``): an empty domain, no
 descriptors or more than :data:`MAX_DESCRIPTORS`, a descriptor with more than
 :data:`MAX_ENTRIES` entries, a per-request ``limit`` override and a ``hits_addend`` of 0
-(a check that does not count: not supported).
+(a check that does not count: not supported). With ``SHADOWLIMIT_CLIENT_TOKEN`` set, a
+call without ``authorization: Bearer <client token>`` metadata is ``UNAUTHENTICATED``.
 """
 
 from __future__ import annotations
 
 import logging
 import math
+import time
 from typing import TYPE_CHECKING, Any
 
 import grpc
@@ -38,10 +40,13 @@ from envoy.service.ratelimit.v3 import rls_pb2, rls_pb2_grpc
 from google.protobuf.duration_pb2 import Duration
 
 from .. import incidents
+from ..auth import Access, Denied, check
 from ..decision import DecideResult, PlainInput
-from .config import EnvoyLimit, Match
+from ..decision.enforce import Path, path_for
+from .config import UNITS, EnvoyLimit, Match
 
 if TYPE_CHECKING:
+    from ..auth import Authenticator
     from ..decision import Decider
     from ..live_rules import LiveRules
     from ..metrics import Metrics
@@ -62,6 +67,16 @@ _UNLIMITED_REMAINING = 2**32 - 1
 _SHADOWED_MODES = frozenset({"shadow", "canary"})
 
 
+def _bearer_of(metadata: Any) -> str | None:
+    """The token of an ``authorization: Bearer <token>`` metadata entry."""
+    for key, value in metadata or ():
+        if key == "authorization" and isinstance(value, str):
+            scheme, _, token = value.partition(" ")
+            token = token.strip()
+            return token if scheme.lower() == "bearer" and token else None
+    return None
+
+
 class _Invalid(Exception):
     """A request refused with INVALID_ARGUMENT."""
 
@@ -69,13 +84,20 @@ class _Invalid(Exception):
 class RateLimitService(rls_pb2_grpc.RateLimitServiceServicer):  # type: ignore[misc]
     """The servicer (see the module docstring)."""
 
-    def __init__(self, live: LiveRules, decider: Decider, metrics: Metrics) -> None:
+    def __init__(self, live: LiveRules, decider: Decider, metrics: Metrics, auth: Authenticator | None = None) -> None:
         self.live = live
         self.decider = decider
         self.metrics = metrics
+        self.auth = auth
         self._limits = {name: _Response.RateLimit.Unit.Value(name) for name in _Response.RateLimit.Unit.keys()}
 
     async def ShouldRateLimit(self, request: Any, context: Any) -> Any:  # noqa: N802 - the gRPC method's name
+        if self.auth is not None and self.auth.client_token_required:
+            try:
+                check(self.auth, Access.DATA, _bearer_of(context.invocation_metadata()))
+            except Denied as exc:
+                self.metrics.envoy_requests.labels("invalid").inc()
+                await context.abort(grpc.StatusCode.UNAUTHENTICATED, exc.message)
         try:
             response = await self.answer(request)
         except _Invalid as exc:
@@ -102,6 +124,7 @@ class RateLimitService(rls_pb2_grpc.RateLimitServiceServicer):  # type: ignore[m
         by_index = dict(zip(todo, results))
         statuses: list[Any] = []
         over = quota = quota_over = 0
+        # the headers: of a counted descriptor over the limit, else of the one closest to it
         chosen: tuple[int, int, dict[str, str]] | None = None  # (over first, remaining, headers)
         for i, m in enumerate(matches):
             res = by_index.get(i)
@@ -109,17 +132,20 @@ class RateLimitService(rls_pb2_grpc.RateLimitServiceServicer):  # type: ignore[m
             statuses.append(status)
             if m is None or m.limit.unlimited:
                 continue
+            is_over = status.code == _OVER
             if m.limit.quota_mode:
                 quota += 1
-                quota_over += status.code == _OVER
-            elif status.code == _OVER:
-                over += 1
+                quota_over += is_over
+            else:
+                over += is_over
             if counted and isinstance(res, DecideResult):
-                rank = (0 if status.code == _OVER else 1, status.limit_remaining, res.headers)
+                rank = (0 if is_over and not m.limit.quota_mode else 1, status.limit_remaining, res.headers)
                 if chosen is None or rank[:2] < chosen[:2]:
                     chosen = rank
         code = _OVER if over or (quota and quota == quota_over) else _OK
-        headers = [HeaderValue(key=k, value=v) for k, v in chosen[2].items()] if chosen else []
+        headers = []
+        if chosen is not None:
+            headers = [HeaderValue(key=k, value=v) for k, v in chosen[2].items() if code == _OVER or k != "Retry-After"]
         return _Response(overall_code=code, statuses=statuses, response_headers_to_add=headers)
 
     def _matches(self, request: Any) -> tuple[list[Match | None], list[int]]:
@@ -149,8 +175,8 @@ class RateLimitService(rls_pb2_grpc.RateLimitServiceServicer):  # type: ignore[m
             entries = [(e.key, e.value) for e in d.entries]
             matches.append(config.lookup(request.domain, entries) if config is not None and entries else None)
         replaced = {name for m in matches if m is not None for name in m.limit.replaces}
-        if replaced:
-            matches = [None if m is not None and m.limit.name in replaced else m for m in matches]
+        if replaced:  # an unlimited one is never checked, so never replaced
+            matches = [None if m and not m.limit.unlimited and m.limit.name in replaced else m for m in matches]
         return matches, costs
 
     def _status(self, m: Match | None, res: Any) -> tuple[Any, bool]:
@@ -161,12 +187,8 @@ class RateLimitService(rls_pb2_grpc.RateLimitServiceServicer):  # type: ignore[m
         if limit.unlimited:
             return _Response.DescriptorStatus(code=_OK, limit_remaining=_UNLIMITED_REMAINING), False
         current = self._current(limit)
-        if not isinstance(res, DecideResult):  # the decider refused the item (a cost above the limit)
-            mode, _ = self.decider.modes.effective_mode(limit.route)
-            counted = mode.value != "shadow"
-            if not isinstance(res, ValueError):
-                log.warning("Envoy descriptor for route %s not decided: %r", limit.route, res)
-            return _Response.DescriptorStatus(code=_OVER if counted else _OK, current_limit=current), counted
+        if not isinstance(res, DecideResult):
+            return self._refused(limit, m.key, res, current)
         d = res.enforced or res.local
         counted = not (res.enforced_by == "local" and res.mode in _SHADOWED_MODES)
         code = _OK if res.allowed or not counted else _OVER
@@ -177,6 +199,19 @@ class RateLimitService(rls_pb2_grpc.RateLimitServiceServicer):  # type: ignore[m
             ),
             counted,
         )
+
+    def _refused(self, limit: EnvoyLimit, key: str, exc: Any, current: Any) -> tuple[Any, bool]:
+        """An item the decider refused: a cost above the limit is over the limit (as
+        envoyproxy/ratelimit answers it, unless shadowed); anything else is a bug."""
+        if not (isinstance(exc, ValueError) and str(exc).startswith("cost:")):
+            raise exc if isinstance(exc, BaseException) else RuntimeError(f"no decision for {limit.route}")
+        route = limit.route or ""
+        mode, percent = self.decider.modes.effective_mode(route)
+        counted = path_for(mode, percent, route, key) is not Path.SHADOW
+        unit_s = UNITS[limit.unit]
+        reset = Duration(seconds=unit_s - int(time.time()) % unit_s)
+        code = _OVER if counted else _OK
+        return _Response.DescriptorStatus(code=code, current_limit=current, duration_until_reset=reset), counted
 
     def _current(self, limit: EnvoyLimit) -> Any:
         return _Response.RateLimit(

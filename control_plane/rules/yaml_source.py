@@ -92,6 +92,17 @@ _StrictLoader.add_implicit_resolver(
 )
 
 
+class _TextLoader(_StrictLoader):
+    """:class:`_StrictLoader` reading every unquoted scalar but ``true``/``false``/``null``
+    as the text written (``0123`` stays ``"0123"``, not the octal 83): for files whose
+    values are strings, as Go's yaml.v2 decodes them into string fields."""
+
+    yaml_implicit_resolvers = {
+        first: [(tag, rx) for tag, rx in resolvers if tag not in ("tag:yaml.org,2002:int", "tag:yaml.org,2002:float")]
+        for first, resolvers in _StrictLoader.yaml_implicit_resolvers.items()
+    }
+
+
 class _Fail(Exception):
     def __init__(self, path: FieldPath, line: int | None, message: str) -> None:
         self.path, self.line, self.message = path, line, message
@@ -167,12 +178,20 @@ class _Builder:
         return result
 
 
-def load_yaml(text: str, source: str | None) -> tuple[Any, dict[FieldPath, int]]:
+def load_yaml(text: str, source: str | None, *, numbers: bool = True) -> tuple[Any, dict[FieldPath, int]]:
     """The document's data and the 1-based line of every field (``()`` is the document).
 
-    ``source`` names the file in errors (None for text given directly).
+    ``source`` names the file in errors (None for text given directly). ``numbers``
+    False: unquoted numbers stay the text written (see :class:`_TextLoader`).
     """
-    loader = _StrictLoader(text)
+    try:
+        return _load(text, source, _StrictLoader if numbers else _TextLoader)
+    except RecursionError:
+        raise RulesError("the document nests too deeply", path=source) from None
+
+
+def _load(text: str, source: str | None, loader_class: type[_StrictLoader]) -> tuple[Any, dict[FieldPath, int]]:
+    loader = loader_class(text)
     try:
         try:
             node = loader.get_single_node()

@@ -306,12 +306,17 @@ def test_a_directory_of_files_one_domain_each(redis_url, tmp_path) -> None:
 
 @pytest.mark.parametrize(("policy", "expected"), [("failClosed", OVER), ("passThrough", OK)])
 def test_redis_down_the_failure_policy_answers(envoy_file, policy, expected) -> None:
+    """...and keeps answering: the automatic rollback to shadow (which would lift an Envoy
+    limit altogether) leaves Envoy routes alone."""
     redis = EmbeddedRedis().start()
-    cp = start(redis.url, envoy_file, failure_policy=policy, redis_command_timeout_s=0.2)
+    cp = start(redis.url, envoy_file, failure_policy=policy, redis_command_timeout_s=0.2, auto_rollback_after_s=1)
     rls = Rls(cp.settings.grpc_port)
     try:
         assert rls.codes(descriptor(("budget", "d")))[0] == OK
         redis.stop()
+        answers = [rls.codes(descriptor(("budget", "d")))[0] for _ in range(3)]
+        assert answers == [expected] * 3
+        time.sleep(2.5)  # past auto_rollback_after_s with the breaker open
         answers = [rls.codes(descriptor(("budget", "d")))[0] for _ in range(3)]
         assert answers == [expected] * 3
         routes = httpx.get(cp.url + "/v1/routes", timeout=10).json()["routes"]
@@ -354,21 +359,27 @@ def test_serve_refuses_a_bad_config_a_missing_one_and_a_busy_port(redis_url, tmp
             timeout=60,
         )
 
+    on = {"ENABLE_DISTRIBUTED_RATE_LIMITING": "true"}
     bad = tmp_path / "bad.yaml"
     bad.write_text(CONFIG.replace("requests_per_unit: 3", "requests_per_unit: -3"))
-    proc = serve("--grpc-port", str(free_port()), SHADOWLIMIT_ENVOY_CONFIG=str(bad))
+    proc = serve("--grpc-port", str(free_port()), SHADOWLIMIT_ENVOY_CONFIG=str(bad), **on)
     assert proc.returncode == 2, proc.stderr
-    assert f"{bad}:4: descriptors[0].rate_limit.requests_per_unit: must be between 1" in proc.stderr
-    proc = serve("--grpc-port", str(free_port()))
+    assert f"{bad}:4: descriptors[0].rate_limit.requests_per_unit: must be a whole number, got '-3'" in proc.stderr
+    proc = serve("--grpc-port", str(free_port()), **on)
     assert proc.returncode == 2 and "SHADOWLIMIT_ENVOY_CONFIG" in proc.stderr, proc.stderr
     good = tmp_path / "good.yaml"
     good.write_text(CONFIG)
+    # the kill switch off would make every Envoy route count per replica: refused
+    proc = serve("--grpc-port", str(free_port()), SHADOWLIMIT_ENVOY_CONFIG=str(good))
+    assert proc.returncode == 2 and "ENABLE_DISTRIBUTED_RATE_LIMITING=true" in proc.stderr, proc.stderr
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", 0))
         busy.listen()
         port = busy.getsockname()[1]
-        proc = serve("--grpc-port", str(port), SHADOWLIMIT_ENVOY_CONFIG=str(good))
-    assert proc.returncode == 2 and f"cannot listen on 127.0.0.1:{port}" in proc.stderr, proc.stderr
+        proc = serve("--grpc-port", str(port), SHADOWLIMIT_ENVOY_CONFIG=str(good), **on)
+        assert proc.returncode == 2 and f"cannot listen on 127.0.0.1:{port}" in proc.stderr, proc.stderr
+        proc = serve("--grpc-port", str(port), "--port", str(port), SHADOWLIMIT_ENVOY_CONFIG=str(good), **on)
+        assert proc.returncode == 2 and "is SHADOWLIMIT_PORT too" in proc.stderr, proc.stderr
     assert "Traceback" not in proc.stderr
 
 
@@ -465,3 +476,72 @@ def test_envoy_route_names_work_in_the_cli_the_dashboard_client_and_the_access_c
         assert [e["to"] for e in audit.json()["entries"]][:2] == ["shadow", "enforce"]
     finally:
         cp.stop()
+
+
+def test_quota_mode_and_headers_on_an_ok_answer(redis_url, tmp_path) -> None:
+    """Quota descriptors make the answer OVER_LIMIT only when all of them are over; an OK
+    answer never carries Retry-After."""
+    config = tmp_path / "quota.yaml"
+    config.write_text(
+        "domain: q\ndescriptors:\n"
+        "  - key: a\n    quota_mode: true\n    rate_limit: {unit: minute, requests_per_unit: 1}\n"
+        "  - key: b\n    quota_mode: true\n    rate_limit: {unit: minute, requests_per_unit: 2}\n"
+    )
+    cp = start(redis_url, config)
+    rls = Rls(cp.settings.grpc_port)
+    try:
+        clear_of_minute_edge()
+        both = (descriptor(("a", "1")), descriptor(("b", "1")))
+        assert rls.codes(*both, domain="q") == (OK, [OK, OK])
+        r = rls.ask(*both, domain="q")  # a is over, b is not: still OK
+        assert (r.overall_code, [s.code for s in r.statuses]) == (OK, [OVER, OK])
+        assert "Retry-After" not in {h.key for h in r.response_headers_to_add}
+        r = rls.ask(*both, domain="q")
+        assert (r.overall_code, [s.code for s in r.statuses]) == (OVER, [OVER, OVER])
+        assert "Retry-After" in {h.key for h in r.response_headers_to_add}
+    finally:
+        rls.close()
+        cp.stop()
+
+
+def test_client_token_guards_the_grpc_port_too(redis_url, envoy_file) -> None:
+    cp = start(redis_url, envoy_file, client_token="grpc-client-token-0123")
+    rls = Rls(cp.settings.grpc_port)
+    try:
+        req = rls_pb2.RateLimitRequest(domain="edge", descriptors=[descriptor(("budget", "t"))])
+        with pytest.raises(grpc.RpcError) as err:
+            rls.stub.ShouldRateLimit(req, timeout=10)
+        assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        with pytest.raises(grpc.RpcError) as err:
+            rls.stub.ShouldRateLimit(req, timeout=10, metadata=(("authorization", "Bearer wrong"),))
+        assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        r = rls.stub.ShouldRateLimit(req, timeout=10, metadata=(("authorization", "Bearer grpc-client-token-0123"),))
+        assert r.overall_code == OK
+    finally:
+        rls.close()
+        cp.stop()
+
+
+def test_envoy_routes_refuse_runtime_adjustments_and_reset_keys_with_slashes(served) -> None:
+    from urllib.parse import quote
+
+    cp, rls = served
+    r = httpx.put(
+        cp.url + "/ratelimit/config",
+        json={"route": "edge/budget", "average": 50, "period": 60, "reason": "no"},
+        headers=admin_headers(),
+        timeout=10,
+    )
+    assert r.status_code == 422 and r.json()["field"] == "route" and "SHADOWLIMIT_ENVOY_CONFIG" in r.json()["message"]
+    clear_of_minute_edge()
+    for _ in range(5):
+        rls.ask(descriptor(("budget", "/a/b")))
+    assert rls.codes(descriptor(("budget", "/a/b")))[0] == OVER
+    r = httpx.post(
+        f"{cp.url}/ratelimit/reset/{quote('/a/b', safe='')}",
+        params={"route": "edge/budget"},
+        headers=admin_headers(),
+        timeout=10,
+    )
+    assert r.status_code == 200, r.text
+    assert rls.codes(descriptor(("budget", "/a/b")))[0] == OK

@@ -170,8 +170,8 @@ def test_a_directory_reads_its_yaml_files_in_order(tmp_path: Path) -> None:
             "config.yaml:4: descriptors[0].rate_limit.requests_per_unit: must be between 1 and 1000000000, got 0",
         ),
         (
-            "domain: d\ndescriptors:\n  - key: a\n    rate_limit: {unit: second, requests_per_unit: '5'}\n",
-            "config.yaml:4: descriptors[0].rate_limit.requests_per_unit: must be a whole number, got a string",
+            "domain: d\ndescriptors:\n  - key: a\n    rate_limit: {unit: second, requests_per_unit: five}\n",
+            "config.yaml:4: descriptors[0].rate_limit.requests_per_unit: must be a whole number, got 'five'",
         ),
         (
             "domain: d\ndescriptors:\n  - key: a\n    rate_limit: {unit: second, requests_per_unit: 5, burst: 9}\n",
@@ -212,3 +212,53 @@ def test_descriptors_nest_at_most_16_deep() -> None:
     with pytest.raises(RulesError) as err:
         parse(text)
     assert "descriptors nest deeper than 16 levels" in str(err.value)
+
+
+def test_values_are_the_text_written_and_empty_values_have_their_own_bucket() -> None:
+    cfg = parse(
+        """\
+        domain: d
+        descriptors:
+          - key: a
+            value: 0123
+            rate_limit: {unit: second, requests_per_unit: 1}
+          - key: b
+            value: 0x1F
+            rate_limit: {unit: second, requests_per_unit: 1}
+          - key: user
+            rate_limit: {unit: second, requests_per_unit: 1}
+          - key: w
+            value: "x*"
+            rate_limit: {unit: second, requests_per_unit: 1}
+        """
+    )
+    assert [r.name for r in cfg.routes] == ["d/a=0123", "d/b=0x1F", "d/user", "d/w=x*"]
+    assert cfg.lookup("d", [("a", "0123")]) is not None and cfg.lookup("d", [("a", "83")]) is None
+    empty = cfg.lookup("d", [("user", "")])
+    assert empty is not None and empty.key == "%"
+    assert cfg.lookup("d", [("user", "%")]).key == "%25"  # type: ignore[union-attr]
+    # the wildcard's own text matched exactly still has its own bucket (not the fixed one)
+    assert cfg.lookup("d", [("w", "x*")]).key == "x*"  # type: ignore[union-attr]
+    assert cfg.lookup("d", [("w", "xall")]).key == "xall"  # type: ignore[union-attr]
+
+
+def test_directories_are_read_recursively_skipping_hidden_entries(tmp_path: Path) -> None:
+    one = "domain: {}\ndescriptors:\n  - key: k\n    rate_limit: {{unit: second, requests_per_unit: 1}}\n"
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "b.yaml").write_text(one.format("b"))
+    (tmp_path / "a.yaml").write_text(one.format("a"))
+    # a Kubernetes ConfigMap mount: the files again in a hidden timestamped directory
+    (tmp_path / "..2026_11_26_10_00_00.1").mkdir()
+    (tmp_path / "..2026_11_26_10_00_00.1" / "a.yaml").write_text(one.format("a"))
+    cfg = load_envoy_config(tmp_path, SETTINGS)
+    assert [r.name for r in cfg.routes] == ["a/k", "b/k"]
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    (empty / "notes.txt").write_text("x")
+    with pytest.raises(RulesError, match="no .yaml or .yml files in this directory"):
+        load_envoy_config(empty, SETTINGS)
+
+
+def test_a_document_nested_too_deeply_is_a_clear_error() -> None:
+    with pytest.raises(RulesError, match="config.yaml: the document nests too deeply"):
+        parse("domain: d\ndescriptors: " + "[" * 5000 + "]" * 5000 + "\n")
