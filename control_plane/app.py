@@ -12,17 +12,19 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Route
+from starlette.types import Receive, Scope, Send
 
 from . import incidents
 from .api import admin, authz, decide, external, health, observe, routes, stream
 from .api.deps import ApiError
 from .auth import Authenticator, AuthGate, TokensFile
 from .gctune import tune_gc
+from .hotpath import HOT_PATHS, HotPath
 from .limits import RequestLimitsMiddleware
 from .settings import Settings, load_settings
 from .wiring import open_engine
 
-__all__ = ["create_app"]
+__all__ = ["ControlPlaneApp", "create_app"]
 
 log = logging.getLogger("shadowlimit.app")
 
@@ -36,7 +38,18 @@ def _field_of(loc: tuple[Any, ...]) -> str:
     return ".".join(parts)
 
 
-def create_app(settings: Settings | None = None) -> FastAPI:
+class ControlPlaneApp(FastAPI):
+    """FastAPI with the decision endpoints' hot path in front (:mod:`control_plane.hotpath`)."""
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        hot = self.state.hot
+        if hot is not None and scope["type"] == "http" and scope["path"] in HOT_PATHS:
+            await hot(scope, receive, send, super().__call__)
+            return
+        await super().__call__(scope, receive, send)
+
+
+def create_app(settings: Settings | None = None) -> ControlPlaneApp:
     """Build the control plane. With no ``RATE_LIMIT_REDIS_URL`` an embedded redis-server
     is started for the app's lifetime."""
     settings = settings or load_settings()
@@ -54,7 +67,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
             try:
                 app.state.grpc = await start_grpc_server(
-                    handle.engine, settings.host, settings.grpc_port, authenticator(settings)
+                    handle.engine, settings.host, settings.grpc_port, app.state.auth, reuse_port=settings.workers > 1
                 )
             except BaseException:
                 await streams.aclose()
@@ -73,7 +86,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             await streams.aclose()
             await handle.aclose()
 
-    app = FastAPI(
+    app = ControlPlaneApp(
         title="shadowlimit control plane",
         version="0.1.0",
         description=(
@@ -88,6 +101,12 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         telemetry=None if settings.otel else {"tracing": False, "metrics": False, "logs": False},
     )
     app.state.settings = settings
+    app.state.auth = auth = authenticator(settings)  # one for the gate, the hot path and gRPC
+    app.state.hot = (
+        HotPath(settings.request_limits, auth, app.state, deny_status=settings.authz_deny_status)
+        if settings.hot_path
+        else None
+    )
 
     _install_error_handlers(app)
     for r in (
@@ -103,7 +122,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         app.include_router(r)
     # innermost first: the access check (before any body is read), then the size limits
     # (431/413 from the head, before the token is even looked at), then the last resort
-    app.add_middleware(AuthGate, auth=authenticator(settings), endpoints=endpoints_of(app))
+    app.add_middleware(AuthGate, auth=auth, endpoints=endpoints_of(app))
     app.add_middleware(RequestLimitsMiddleware, limits=settings.request_limits)
     # a bug answers 500 + incident id and keeps the connection; the last add_middleware
     # call, so that it wraps every other middleware

@@ -198,11 +198,8 @@ def cmd_adjust(args: argparse.Namespace) -> int:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    import uvicorn
-
     from limiter.errors import BackendAuthError
 
-    from .app import create_app
     from .rules import RulesError, load_rules
     from .settings import SettingsError, load_settings
     from .wiring import NO_REDIS_URL, check_redis_target
@@ -216,6 +213,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         overrides["embedded_redis"] = True
     if args.grpc_port is not None:
         overrides["grpc_port"] = args.grpc_port
+    if args.workers is not None:
+        overrides["workers"] = args.workers
     try:
         settings = load_settings(**overrides)
         if settings.redis_url is None and not settings.embedded_redis:
@@ -243,20 +242,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
     configure_logging(args.log_level)
-    from .serving import http_protocol
+    from .workers import run_server, serve_workers
 
-    uvicorn.run(
-        create_app(settings),
-        host=settings.host,
-        port=settings.port,
-        log_level=args.log_level,
-        access_log=False,
-        # client addresses come from the TCP peer; forwarding headers are believed only by
-        # the key extractor, from SHADOWLIMIT_TRUSTED_PROXIES (uvicorn's own default would
-        # rewrite the peer from X-Forwarded-For for any request from 127.0.0.1)
-        proxy_headers=False,
-        http=http_protocol(settings.request_limits),
-    )
+    if settings.workers > 1:
+        return serve_workers(settings, overrides, settings.workers, args.log_level)
+    run_server(settings, args.log_level)
     return EXIT_OK
 
 
@@ -345,6 +335,12 @@ def _add_local_commands(sub: Any) -> None:
         type=int,
         default=None,
         help="also serve Envoy's rate limit service (gRPC) on this port (default SHADOWLIMIT_GRPC_PORT: off)",
+    )
+    s.add_argument(
+        "--workers",
+        type=int,
+        default=None,
+        help="worker processes on the one port, each a fleet instance (default SHADOWLIMIT_WORKERS or 1)",
     )
     s.add_argument("--log-level", default="info")
     s.add_argument(

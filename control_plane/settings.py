@@ -231,6 +231,21 @@ class Settings(BaseSettings):
             " threshold, so full collections do not stall requests."
         ),
     )
+    workers: int = Field(
+        1,
+        ge=1,
+        le=64,
+        validation_alias=_env("SHADOWLIMIT_WORKERS"),
+        description="Worker processes on the one port (SO_REUSEPORT), each a fleet instance; `serve --workers`.",
+    )
+    hot_path: bool = Field(
+        True,
+        validation_alias=_env("SHADOWLIMIT_HOT_PATH"),
+        description=(
+            "Answer plainly normal /v1/decide, /v1/decide/batch and /v1/authz requests in front of the framework"
+            " (the same bytes, several times the throughput); false: every request through FastAPI."
+        ),
+    )
     otel: bool = Field(
         False,
         validation_alias=_env("SHADOWLIMIT_OTEL"),

@@ -52,7 +52,9 @@ def _listen_address(host: str, port: int) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
-async def start_grpc_server(engine: Engine, host: str, port: int, auth: Authenticator | None = None) -> GrpcServer:
+async def start_grpc_server(
+    engine: Engine, host: str, port: int, auth: Authenticator | None = None, *, reuse_port: bool = False
+) -> GrpcServer:
     """Start serving (``port`` 0: a free port, see :attr:`GrpcServer.port`); a port that
     cannot be bound raises ``OSError`` naming it. With ``auth`` requiring a client token
     (``SHADOWLIMIT_CLIENT_TOKEN``), every call must carry ``authorization: Bearer <token>``
@@ -61,7 +63,9 @@ async def start_grpc_server(engine: Engine, host: str, port: int, auth: Authenti
         maximum_concurrent_rpcs=MAX_CONCURRENT_RPCS,
         options=[
             ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-            ("grpc.so_reuseport", 0),  # a port in use is an error, not a second listener
+            # a port in use is an error, not a second listener -- but for the workers of
+            # `serve --workers`, which share it (serve checked that it was free)
+            ("grpc.so_reuseport", 1 if reuse_port else 0),
         ],
     )
     rls_pb2_grpc.add_RateLimitServiceServicer_to_server(
