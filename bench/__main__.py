@@ -1,4 +1,4 @@
-"""``python -m bench [--quick] [--only local|distributed|memory|profile|clients] [--out docs/benchmarks.md]``.
+"""``python -m bench [--quick] [--only local|distributed|memory|profile|clients|service] [--out docs/benchmarks.md]``.
 
 Starts a private embedded redis-server (loopback only) for the Redis sections and
 stops it at the end; writes ``bench/results/latest.json`` and the Markdown report.
@@ -17,7 +17,7 @@ from typing import Any
 
 from .harness import CpuAccount, Settings, environment, log
 
-SECTIONS = ("local", "distributed", "memory", "profile", "clients")
+SECTIONS = ("local", "distributed", "memory", "profile", "clients", "service")
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -32,8 +32,23 @@ def _extra_sections() -> list[str]:
     from . import report
 
     cp = report.control_plane_section(ROOT / "bench" / "results" / "control_plane.json")
-    sections = (cp, _stream_section(ROOT / "bench" / "results" / "stream.json"), _grpc_section())
+    sections = (
+        _service_section(),
+        cp,
+        _stream_section(ROOT / "bench" / "results" / "stream.json"),
+        _grpc_section(),
+    )
     return [s for s in sections if s]
+
+
+def _service_section() -> str | None:
+    """The ``service`` section's results (bench/results/service.json, written by this run)."""
+    path = ROOT / "bench" / "results" / "service.json"
+    if not path.exists():
+        return None
+    from .service import render
+
+    return render(json.loads(path.read_text(encoding="utf-8")))
 
 
 def _grpc_section() -> str | None:
@@ -187,6 +202,14 @@ def main(argv: list[str] | None = None) -> int:
         results["local_baselines"] = report.local_ratios(results["local"])
 
     _redis_sections(sections, settings, cpu, env, results)
+    if "service" in sections:
+        from .service import measure as measure_service
+
+        quick = settings.quick
+        results["service"] = _timed(
+            "service", cpu, env, lambda: measure_service(1.0 if quick else 3.0, 1 if quick else 3)
+        )
+        _write_atomic(ROOT / "bench" / "results" / "service.json", json.dumps(results["service"], indent=1) + "\n")
 
     env["loadavg_end"] = [round(x, 2) for x in os.getloadavg()]
     env["duration_s"] = round(time.perf_counter() - t_start, 1)

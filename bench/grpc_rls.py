@@ -39,7 +39,7 @@ routes:
   - name: api
     match: {path: /api/**}
     key: {strategy: header, header: X-Client-Id}
-    local: {algorithm: fixed_window, average: 1000000000, period: 1s}
+    local: {average: 1000000, period: 1s, burst: 1000000}
 """
 ROUTE = "bench/remote_address"
 MODES = ("off", "shadow", "enforce")

@@ -125,6 +125,17 @@ def compute_targets(results: dict[str, Any], concurrency: int) -> list[dict[str,
                 }
             )
     targets += _dist_targets(dist, concurrency)
+    tb = next(
+        (m for m in results.get("memory") or [] if m["variant"] == "token_bucket" and m["hits_per_key"] == 1), None
+    )
+    if tb is not None:
+        targets.append(
+            {
+                "target": "Redis memory per token-bucket key <= 150 bytes (used_memory delta / N)",
+                "measured": f"{tb['bytes_per_key']:.1f} bytes/key over {tb['keys']:,} keys",
+                "met": tb["bytes_per_key"] <= 150,
+            }
+        )
     if results.get("clients"):
         targets += _clients_targets(results["clients"])
     return targets

@@ -48,13 +48,16 @@ rate_limit_envoy_requests_total           counter  code: ok, over_limit, invalid
 
 from __future__ import annotations
 
+import math
+from bisect import bisect_left
 from collections.abc import Iterator
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.utils import floatToGoString
 
-__all__ = ["FastCounter", "FastGauge", "Metrics"]
+__all__ = ["FastCounter", "FastGauge", "FastHistogram", "Metrics"]
 
 
 class _Value:
@@ -116,6 +119,58 @@ class FastCounter(_Family):
     kind = "counter"
 
 
+class _HistValue:
+    """One labelled histogram: a count per bucket (not cumulative), the sum."""
+
+    __slots__ = ("bounds", "counts", "sum")
+
+    def __init__(self, bounds: tuple[float, ...]) -> None:
+        self.bounds = bounds
+        self.counts = [0] * (len(bounds) + 1)
+        self.sum = 0.0
+
+    def observe(self, value: float) -> None:
+        self.counts[bisect_left(self.bounds, value)] += 1
+        self.sum += value
+
+
+class FastHistogram(_Family):
+    """A histogram with lock-free children (exported as prometheus-client's Histogram is:
+    the same buckets, ``le`` labels, ``_sum`` and ``_count``)."""
+
+    kind = "histogram"
+
+    def __init__(
+        self,
+        name: str,
+        documentation: str,
+        labelnames: list[str],
+        registry: CollectorRegistry,
+        buckets: tuple[float, ...],
+    ) -> None:
+        self.bounds = tuple(sorted(buckets))
+        super().__init__(name, documentation, labelnames, registry)
+
+    def labels(self, *values: str) -> Any:
+        child = self._children.get(values)
+        if child is None:
+            if len(values) != len(self.labelnames):
+                raise ValueError(f"{self.name}: expected labels {self.labelnames}, got {values}")
+            child = self._children[values] = _HistValue(self.bounds)  # type: ignore[assignment]
+        return child
+
+    def collect(self) -> Iterator[Metric]:
+        fam = HistogramMetricFamily(self.name, self.documentation, labels=self.labelnames)
+        for values, child in list(self._children.items()):
+            h: Any = child
+            total, buckets = 0, []
+            for bound, n in zip((*self.bounds, math.inf), h.counts):
+                total += n
+                buckets.append((floatToGoString(bound), total))  # type: ignore[no-untyped-call]
+            fam.add_metric(list(values), buckets, h.sum)
+        yield fam
+
+
 class FastGauge(_Family):
     kind = "gauge"
 
@@ -161,12 +216,12 @@ class Metrics:
         self.active_clients = Gauge(
             "rate_limit_active_clients", "Keys tracked by the limiter (seed 002).", ["limiter_type"], registry=r
         )
-        self.latency = Histogram(
+        self.latency = FastHistogram(
             "rate_limit_decision_duration_seconds",
             "Time to decide one request.",
             ["mode"],
-            buckets=_LATENCY_BUCKETS,
             registry=r,
+            buckets=_LATENCY_BUCKETS,
         )
         self.decisions = FastCounter(
             "rate_limit_decisions_total",

@@ -57,6 +57,7 @@ class RoutePlan:
         "failure", "cost_max", "adjust", "stamp", "l_shadow",
         "req", "fin", "dreq", "div", "remaining", "dropped",
         "l_limit", "l_limit_s", "l_policy_h", "d_limit", "d_limit_s", "d_policy_h",
+        "_children_of", "_local_children",
     )  # fmt: skip
 
     def __init__(self, rule: RouteRule, mode: Mode, percent: int, adjust: Adjustments, stamp: object) -> None:
@@ -91,6 +92,8 @@ class RoutePlan:
         self.remaining: int | None = None
         self.l_limit: int | None = None
         self.d_limit: int | None = None
+        self._children_of: Metrics | None = None
+        self._local_children: tuple[Any, Any] = (None, None)
 
     # -- what a request needs ------------------------------------------------------------
 
@@ -177,15 +180,14 @@ class RoutePlan:
             comparisons.shadow_dropped(name, self.dropped)
             self.dropped = 0
         req, fin = self.req, self.fin
-        if req[1]:
-            m.child(m.requests, "local", "allowed").inc(req[1])
-            req[1] = 0
+        if req[1] or fin[1]:  # the usual case: allowed by the local answer
+            c = self._local_children if self._children_of is m else self._resolve_children(m)
+            c[0].value += req[1]
+            c[1].value += fin[1]
+            req[1] = fin[1] = 0
         if req[0]:
             m.child(m.requests, "local", "denied").inc(req[0])
             req[0] = 0
-        if fin[1]:
-            m.child(m.decisions, name, mode, "local", "true").inc(fin[1])
-            fin[1] = 0
         if fin[0]:
             n, fin[0] = fin[0], 0
             m.child(m.rejections, "local_exhausted").inc(n)
@@ -199,6 +201,15 @@ class RoutePlan:
         if self.remaining is not None:
             m.child(m.tokens_remaining, "route", name).set(self.remaining)
             self.remaining = None
+
+    def _resolve_children(self, m: Metrics) -> tuple[Any, Any]:
+        """The counters of an allowed local answer, looked up once per plan and registry."""
+        self._local_children = (
+            m.child(m.requests, "local", "allowed"),
+            m.child(m.decisions, self.name, self.mode_value, "local", "true"),
+        )
+        self._children_of = m
+        return self._local_children
 
     def _flush_distributed(self, m: Metrics, name: str, mode: str) -> None:
         dreq = self.dreq
