@@ -1,4 +1,4 @@
-"""``python -m bench [--quick] [--only local|distributed|memory|profile|clients|service] [--out docs/benchmarks.md]``.
+"""``python -m bench [--quick] [--only SECTION] [--out docs/benchmarks.md]`` (sections: see SECTIONS).
 
 Starts a private embedded redis-server (loopback only) for the Redis sections and
 stops it at the end; writes ``bench/results/latest.json`` and the Markdown report.
@@ -17,7 +17,7 @@ from typing import Any
 
 from .harness import CpuAccount, Settings, environment, log
 
-SECTIONS = ("local", "distributed", "memory", "profile", "clients", "service")
+SECTIONS = ("local", "distributed", "memory", "profile", "clients", "whatif", "service")
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -34,11 +34,22 @@ def _extra_sections() -> list[str]:
     cp = report.control_plane_section(ROOT / "bench" / "results" / "control_plane.json")
     sections = (
         _service_section(),
+        _whatif_section(),
         cp,
         _stream_section(ROOT / "bench" / "results" / "stream.json"),
         _grpc_section(),
     )
     return [s for s in sections if s]
+
+
+def _whatif_section() -> str | None:
+    """The ``whatif`` section's results (bench/results/whatif.json, written by this run)."""
+    path = ROOT / "bench" / "results" / "whatif.json"
+    if not path.exists():
+        return None
+    from .whatif import render
+
+    return render(json.loads(path.read_text(encoding="utf-8")))
 
 
 def _service_section() -> str | None:
@@ -93,7 +104,7 @@ def _redis_sections(
     """The sections that need Redis, against one private embedded redis-server."""
     from . import report
 
-    needs_redis = any(s in sections for s in ("distributed", "memory", "profile", "clients"))
+    needs_redis = any(s in sections for s in ("distributed", "memory", "profile", "clients", "whatif"))
     server = None
     url = ""  # set when a section needs Redis
     try:
@@ -126,6 +137,12 @@ def _redis_sections(
             from .clients import run_clients
 
             results["clients"] = _timed("clients", cpu, env, lambda: run_clients(settings, url))
+        if "whatif" in sections:
+            from .whatif import measure as measure_whatif
+
+            n = 200_000 if settings.quick else 1_000_000
+            results["whatif"] = _timed("whatif", cpu, env, lambda: measure_whatif(url, n))
+            _write_atomic(ROOT / "bench" / "results" / "whatif.json", json.dumps(results["whatif"], indent=1) + "\n")
     finally:
         if server is not None:
             server.stop()

@@ -15,7 +15,7 @@ from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
 from . import incidents
-from .api import admin, authz, decide, external, health, observe, routes, stream
+from .api import admin, authz, decide, external, health, observe, routes, stream, whatif
 from .api.deps import ApiError
 from .auth import Authenticator, AuthGate, TokensFile
 from .gctune import tune_gc
@@ -117,6 +117,7 @@ def create_app(settings: Settings | None = None) -> ControlPlaneApp:
         external.router,
         admin.router,
         stream.router,
+        whatif.router,
         health.router,
     ):
         app.include_router(r)

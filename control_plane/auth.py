@@ -95,6 +95,8 @@ ACCESS: dict[tuple[str, str], Access] = {
     ("POST", "/v1/decide/batch"): Access.DATA,
     **{(m, "/v1/authz"): Access.DATA for m in ("GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS")},
     ("GET", "/v1/routes"): Access.READ,
+    ("POST", "/v1/whatif"): Access.READ,  # a replay changes nothing
+    ("POST", "/v1/whatif/suggest"): Access.READ,
     ("PUT", "/v1/routes/{route}/mode"): Access.OPERATOR,  # as OpenAPI shows it
     ("PUT", "/v1/routes/{route:path}/mode"): Access.OPERATOR,  # as served: Envoy's route names hold "/"
     ("GET", "/v1/rollout/audit"): Access.READ,

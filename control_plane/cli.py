@@ -194,6 +194,55 @@ def cmd_adjust(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _rate(text: str) -> tuple[float, float]:
+    """``50/1s`` (or ``50/s``, ``1000/1m``): (average, period in seconds)."""
+    from .durations import parse_duration
+
+    n, _, per = text.partition("/")
+    try:
+        return float(n), parse_duration(per if per[:1].isdigit() else f"1{per}")
+    except ValueError:
+        raise CliError(f"--rate: expected N/period like 50/1s or 1000/1m, got {text!r}", EXIT_USAGE) from None
+
+
+def _replay_row(name: str, r: dict[str, Any]) -> list[str]:
+    return [name, r["policy_describe"], f"{r['requests']:,.0f}", f"{r['rejections']:,.0f}", f"{r['reject_share']:.2%}"]
+
+
+def _replay_table(data: dict[str, Any], rows: list[list[str]]) -> list[list[str]]:
+    """The replay rows, then the top keys of the first replay."""
+    first = data.get("candidate") or data.get("replay") or {}
+    rows.append(["", "", "", "", ""])
+    rows.append(["TOP KEY", "", "REQUESTS", "REJECTED", ""])
+    rows += [["  " + k["key"], "", f"{k['requests']:,.0f}", f"{k['rejections']:,.0f}", ""] for k in first["top_keys"]]
+    rows.append([f"recorded share {data['recorded_share']:.1%} over {data['minutes_recorded']} min", "", "", "", ""])
+    return rows
+
+
+def cmd_whatif(args: argparse.Namespace) -> int:
+    average, period = _rate(args.rate)
+    policy = {"algorithm": args.algorithm, "average": average, "period": period, "burst": args.burst}
+    body = {"route": args.route, "policy": policy, "minutes": args.minutes}
+    data = _request(args, "POST", "/v1/whatif", body)
+    rows = [["REPLAY", "POLICY", "REQUESTS", "REJECTED", "SHARE"]]
+    rows += [_replay_row("candidate", data["candidate"]), _replay_row("current", data["current"])]
+    _print(args, data, _replay_table(data, rows))
+    return EXIT_OK
+
+
+def cmd_suggest(args: argparse.Namespace) -> int:
+    text = args.max_reject.strip()
+    try:
+        share = float(text[:-1]) / 100 if text.endswith("%") else float(text)
+    except ValueError:
+        raise CliError(f"--max-reject: expected a share like 0.5% or 0.005, got {text!r}", EXIT_USAGE) from None
+    body = {"route": args.route, "algorithm": args.algorithm, "max_reject_share": share, "minutes": args.minutes}
+    data = _request(args, "POST", "/v1/whatif/suggest", body)
+    rows = [["SUGGESTED", "POLICY", "REQUESTS", "REJECTED", "SHARE"], _replay_row(args.route, data["replay"])]
+    _print(args, data, _replay_table(data, rows))
+    return EXIT_OK
+
+
 # -- local processes ----------------------------------------------------------------------
 
 
@@ -424,6 +473,20 @@ def _add_remote_commands(sub: Any) -> None:
     adj.add_argument("--reason", default="adjusted via CLI")
     adj.add_argument("--clear", action="store_true")
     adj.set_defaults(func=cmd_adjust)
+    algorithms = ["token_bucket", "gcra", "fixed_window", "sliding_window", "sliding_log"]
+    w = _remote(sub, "whatif", "replay a route's recorded traffic against a candidate limit")
+    w.add_argument("route")
+    w.add_argument("--rate", required=True, help="the candidate limit, N/period: 50/1s, 1000/1m")
+    w.add_argument("--burst", type=int, help="bucket size (default: the rate's N)")
+    w.add_argument("--algorithm", choices=algorithms, default="token_bucket")
+    w.add_argument("--minutes", type=int, default=15, help="the last M minutes of recording (default 15)")
+    w.set_defaults(func=cmd_whatif)
+    sg = _remote(sub, "suggest", "the smallest limit whose replay rejects at most a share of requests")
+    sg.add_argument("route")
+    sg.add_argument("--max-reject", required=True, help="a share: 0.5%% or 0.005")
+    sg.add_argument("--algorithm", choices=algorithms, default="token_bucket")
+    sg.add_argument("--minutes", type=int, default=15)
+    sg.set_defaults(func=cmd_suggest)
 
 
 def main(argv: list[str] | None = None) -> int:

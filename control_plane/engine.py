@@ -46,6 +46,7 @@ from .settings import Settings
 from .shadow import ShadowPipeline
 from .store import DivergenceStore, RolloutStore, StoreUnavailable
 from .views import FleetViews
+from .whatif.recorder import Recorder
 
 __all__ = ["DecideInput", "DecideResult", "Engine", "GateRefused", "PlainInput", "UnknownRoute"]
 
@@ -79,6 +80,7 @@ class Engine:
     comparisons: Comparisons
     shadow: ShadowPipeline
     decider: Decider
+    recorder: Recorder
     started_at: float = field(default_factory=time.time)
     running: bool = False  # started and not stopping: the replica can decide
     _tasks: list[asyncio.Task[Any]] = field(default_factory=list)
@@ -150,6 +152,9 @@ class Engine:
         second in the background; tests call it instead of waiting)."""
         self.metrics.shadow_queue.set(len(self.shadow))
         self.metrics.active_clients.labels("local").set(len(self.local))
+        await self.recorder.flush()
+        self.metrics.record_events.labels("recorded").value = self.recorder.recorded
+        self.metrics.record_events.labels("dropped").value = self.recorder.dropped
         try:
             await self.divergence.flush()
             await self.blocked.flush(self.client)

@@ -41,6 +41,7 @@ rate_limit_external_backend_url_rejected_total
 rate_limit_stream_snapshot_builds_total   counter  -
 rate_limit_stream_subscribers             gauge    -
 rate_limit_stream_refused_total           counter  -
+rate_limit_record_events_total            counter  result: recorded, dropped (what-if recording)
 rate_limit_envoy_requests_total           counter  code: ok, over_limit, invalid, error
                                                    (ShouldRateLimit calls)
 ========================================  =======  =================================
@@ -300,6 +301,12 @@ class Metrics:
         self.stream_subscribers = FastGauge("rate_limit_stream_subscribers", "Event streams open.", [], registry=r)
         self.stream_refused = FastCounter(
             "rate_limit_stream_refused_total", "Event streams refused with 503 too_many_streams.", [], registry=r
+        )
+        self.record_events = FastCounter(
+            "rate_limit_record_events_total",
+            "Decided requests recorded for what-if replays (recorded) or lost (dropped: queue full, Redis down).",
+            ["result"],
+            registry=r,
         )
         self.envoy_requests = FastCounter(
             "rate_limit_envoy_requests_total",

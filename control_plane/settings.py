@@ -188,6 +188,25 @@ class Settings(BaseSettings):
         description="Largest total of header names and values in a request; more gets 431.",
     )
     # shadow evaluation
+    record: bool = Field(
+        True,
+        validation_alias=_env("SHADOWLIMIT_RECORD"),
+        description="Record decided requests in Redis for what-if replays (POST /v1/whatif).",
+    )
+    record_budget: int = Field(
+        60_000,
+        ge=100,
+        le=10_000_000,
+        validation_alias=_env("SHADOWLIMIT_RECORD_BUDGET"),
+        description="Recorded requests per route and minute, fleet-wide; above it whole keys are sampled.",
+    )
+    record_minutes: int = Field(
+        60,
+        ge=1,
+        le=24 * 60,
+        validation_alias=_env("SHADOWLIMIT_RECORD_MINUTES"),
+        description="Minutes of recording kept (each minute's data expires after this).",
+    )
     shadow_queue_size: int = Field(10_000, ge=1, validation_alias=_env("SHADOWLIMIT_SHADOW_QUEUE_SIZE"))
     shadow_batch_size: int = Field(256, ge=1, validation_alias=_env("SHADOWLIMIT_SHADOW_BATCH_SIZE"))
     shadow_linger_ms: float = Field(

@@ -35,6 +35,7 @@ from .settings import Settings, SettingsError
 from .shadow import ShadowPipeline
 from .store import DivergenceStore, RolloutStore
 from .views import FleetViews
+from .whatif.recorder import Recorder
 
 __all__ = ["NO_REDIS_URL", "EngineHandle", "build_engine", "open_engine"]
 
@@ -192,10 +193,15 @@ def build_engine(
         linger_s=settings.shadow_linger_ms / 1000,
     )
     activity = Activity(clock=clock)
+    recorder = Recorder(
+        client, settings.namespace, budget=settings.record_budget, minutes=settings.record_minutes,
+        enabled=settings.record, clock=clock,
+    )  # fmt: skip
     local = LocalLimiter(max_keys=settings.local_max_keys)
     decider = Decider(
         rules=live, modes=rollout, adjustments=adjustments, local=local, resilient=resilient, shadow=shadow,
         comparisons=comparisons, external=external, activity=activity, metrics=metrics, instance_id=iid,
+        recorder=recorder,
         clock_us=clock_us,
     )  # fmt: skip
     engine = Engine(
@@ -203,7 +209,7 @@ def build_engine(
         local=local, breaker=breaker, fleet=fleet, resilient=resilient, store=store, divergence=divergence,
         blocked=blocked, memory=memory, live_rules=live, adjustments=adjustments, rollout=rollout,
         activity=activity, views=FleetViews(divergence, blocked, client, live, clock), external=external,
-        comparisons=comparisons, shadow=shadow, decider=decider, started_at=clock(),
+        comparisons=comparisons, shadow=shadow, decider=decider, recorder=recorder, started_at=clock(),
     )  # fmt: skip
     breaker.on_transition = engine.on_breaker
     return engine

@@ -46,6 +46,7 @@ if TYPE_CHECKING:
     from ..adjustments import Adjustments
     from ..external import ExternalManager, Resolution
     from ..rules import RouteRule, Rules
+    from ..whatif.recorder import Recorder
 
 __all__ = ["Decider", "wall_clock_us"]
 
@@ -110,6 +111,7 @@ class Decider:
         metrics: Metrics,
         instance_id: str,
         clock_us: Callable[[], int] = wall_clock_us,
+        recorder: Recorder | None = None,
     ) -> None:
         self._rules = rules
         self.modes = modes  # effective_mode(route) -> (Mode, percent); .generation
@@ -126,6 +128,7 @@ class Decider:
         self._wall_clock = clock_us is wall_clock_us  # read inline: no Python call per request
         self._offer_shadow = shadow.queue.offer
         self._note = activity.note  # bound once: no attribute lookups per request
+        self._record = recorder.offer if recorder is not None and recorder.enabled else None
         self._plans: dict[str, RoutePlan] = {}
         self._seq = 0
 
@@ -303,6 +306,8 @@ class Decider:
         p.fin[allowed] += 1
         p.remaining = local.remaining
         last[key] = (now_s, allowed, "local")
+        if self._record is not None:
+            self._record(p.name, key, cost, now_us, p.mode_value, allowed)
         if res is None:
             b.out[i] = p.answer(b.as_dict, local, "local", 429, key, request_id, local, None, None, lp, shadow, now_s)
         else:
@@ -342,10 +347,13 @@ class Decider:
             for entry in b.pend:
                 b.out[entry[0]] = exc
             return
+        record = self._record
         try:
-            for entry, outcome in zip(b.pend, outcomes):
+            for entry, outcome, req in zip(b.pend, outcomes, b.reqs):
                 try:
                     self._complete(b, entry, outcome)
+                    if record is not None:
+                        record(entry[1].name, entry[2], req[2], req[3], entry[1].mode_value, outcome.decision.allowed)
                 except Exception as exc:  # noqa: BLE001 - one item never fails the batch
                     b.out[entry[0]] = exc
         finally:

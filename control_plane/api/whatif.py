@@ -1,0 +1,154 @@
+"""What-if: ``POST /v1/whatif`` replays a route's recorded requests against a candidate
+policy; ``POST /v1/whatif/suggest`` searches the smallest limit within a rejection share.
+
+Neither changes anything (no admin token needed: read access, as the other views). The
+replays run in a worker thread, off the event loop. See :mod:`control_plane.whatif`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from typing import Any, Literal
+
+from fastapi import APIRouter, Request
+from pydantic import BaseModel, ConfigDict, Field
+
+from limiter.policy import Policy
+
+from ..whatif.replay import ReplayResult, replay
+from .deps import ApiError
+
+router = APIRouter(prefix="/v1", tags=["whatif"])
+
+Algorithm = Literal["token_bucket", "gcra", "fixed_window", "sliding_window", "sliding_log"]
+
+
+class PolicyIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    algorithm: Algorithm = "token_bucket"
+    average: float = Field(..., gt=0, description="Tokens (requests) per period.")
+    period: float = Field(1.0, gt=0, description="Seconds.")
+    burst: int | None = Field(None, ge=1, description="Bucket size (default ceil(average)).")
+
+
+class WhatIfRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    route: str = Field(..., min_length=1, max_length=256)
+    policy: PolicyIn
+    minutes: int = Field(15, ge=1, le=24 * 60)
+
+
+class SuggestRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    route: str = Field(..., min_length=1, max_length=256)
+    algorithm: Algorithm = "token_bucket"
+    max_reject_share: float = Field(..., ge=0, le=1, description="0.005 = at most 0.5% of requests rejected.")
+    minutes: int = Field(15, ge=1, le=24 * 60)
+
+
+async def _recording(request: Request, route: str, minutes: int) -> tuple[Any, Any, dict[str, Any], float, int]:
+    engine = request.app.state.engine
+    rule = engine.rules.get(route)
+    if rule is None:
+        raise ApiError(404, "unknown_route", f"no route named {route!r}", field="route")
+    recorder = engine.recorder
+    if not recorder.enabled:
+        raise ApiError(409, "recording_off", "recording is turned off (SHADOWLIMIT_RECORD=false)", field="route")
+    if minutes > recorder.minutes:
+        raise ApiError(
+            422,
+            "invalid_request",
+            f"minutes: at most {recorder.minutes} minutes are kept (SHADOWLIMIT_RECORD_MINUTES), got {minutes}",
+            field="minutes",
+        )
+    await recorder.flush()  # this replica's latest requests too
+    by_key, share, with_data = await recorder.read(route, minutes)
+    if not by_key:
+        raise ApiError(404, "no_recording", f"no recorded requests for route {route!r} in {minutes} min", field="route")
+    _, dp = engine.adjustments.route_policies(rule)
+    return rule, dp, by_key, share, with_data
+
+
+def _policy(p: PolicyIn) -> Policy:
+    try:
+        return Policy(average=p.average, period=p.period, burst=p.burst, algorithm=p.algorithm)
+    except ValueError as exc:
+        field = str(exc).split(":", 1)[0]
+        raise ApiError(422, "invalid_request", f"policy.{exc}", field=f"policy.{field}") from exc
+
+
+@router.post("/whatif")
+async def whatif(body: WhatIfRequest, request: Request) -> dict[str, Any]:
+    """Replay the route's recorded requests of the last ``minutes`` against ``policy``
+    and against the route's current global policy."""
+    candidate = _policy(body.policy)
+    rule, current, by_key, share, with_data = await _recording(request, body.route, body.minutes)
+    cand, cur = await asyncio.to_thread(_both, by_key, candidate, current, share)
+    return {
+        "route": rule.name,
+        "minutes": body.minutes,
+        "minutes_recorded": with_data,
+        "recorded_share": share,
+        "candidate": cand.to_dict(),
+        "current": cur.to_dict(),
+    }
+
+
+def _both(by_key: dict[str, Any], a: Policy, b: Policy, share: float) -> tuple[ReplayResult, ReplayResult]:
+    return replay(by_key, a, recorded_share=share), replay(by_key, b, recorded_share=share)
+
+
+@router.post("/whatif/suggest")
+async def suggest(body: SuggestRequest, request: Request) -> dict[str, Any]:
+    """The smallest average (burst in the current policy's proportion) whose replay rejects
+    at most ``max_reject_share`` of the recorded requests."""
+    rule, current, by_key, share, with_data = await _recording(request, body.route, body.minutes)
+    found = await asyncio.to_thread(_search, by_key, body.algorithm, current, body.max_reject_share, share)
+    if found is None:
+        raise ApiError(
+            422, "no_policy", "no policy up to 10^9 per period stays within that share", field="max_reject_share"
+        )
+    return {
+        "route": rule.name,
+        "minutes": body.minutes,
+        "minutes_recorded": with_data,
+        "recorded_share": share,
+        "max_reject_share": body.max_reject_share,
+        "policy": found.policy.to_dict(),
+        "policy_describe": found.policy.describe(),
+        "replay": found.to_dict(),
+    }
+
+
+def _search(
+    by_key: dict[str, Any], algorithm: str, current: Policy, target: float, share: float
+) -> ReplayResult | None:
+    """Binary search over the average (period and burst/average ratio of ``current``)."""
+    ratio = current.burst / current.average if not current.unlimited and current.average > 0 else 1.0
+
+    def run(avg: float) -> ReplayResult:
+        burst = max(1, math.ceil(avg * ratio))
+        return replay(
+            by_key, Policy(average=avg, period=current.period, burst=burst, algorithm=algorithm), recorded_share=share
+        )
+
+    lo, hi = 0.0, 1.0
+    best = run(hi)
+    while best.reject_share > target:
+        lo, hi = hi, hi * 4
+        if hi > 1e9:
+            return None
+        best = run(hi)
+    for _ in range(20):  # integer averages: a few more steps than log2(hi)
+        if hi - lo <= max(1.0, hi * 0.01):
+            break
+        mid = math.floor((lo + hi) / 2) or 1.0
+        if mid >= hi:
+            break
+        r = run(mid)
+        if r.reject_share <= target:
+            hi, best = mid, r
+        else:
+            lo = mid
+    return best

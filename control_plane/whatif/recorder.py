@@ -1,0 +1,215 @@
+"""Recording decided requests for what-if replays: every replica's, in one bounded store in Redis.
+
+The decider hands every request it answers to :meth:`Recorder.offer` (a tuple appended to
+a bounded deque: never a wait, never IO); :meth:`Recorder.flush` (every second, with the
+divergence counters) writes them as a few stream entries per route and minute:
+
+    rl:<ns>:rec:<route>:<minute>   stream, one entry per flush: e = a line per key (see _encode)
+    rl:<ns>:recn:<route>:<minute>  counter: the requests the fleet decided on the route that minute
+
+Both expire after ``SHADOWLIMIT_RECORD_MINUTES`` (+ 2 minutes). A route gets a budget of
+recorded events per minute, fleet-wide (``SHADOWLIMIT_RECORD_BUDGET``). Above it, whole keys
+are sampled: a key is recorded when its hash point is below the route's rate (budget /
+the fleet's requests in the last full minute), so every sampled key's sequence stays whole,
+and each event carries its weight (1 / rate) for the replay to scale by. The queue is
+bounded; what does not fit is dropped and counted (``rate_limit_record_dropped_total``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import logging
+import time
+from collections import deque
+from collections.abc import Callable
+from itertools import repeat
+from typing import Any
+
+from .replay import Event, _ts
+
+__all__ = ["Recorder", "key_point"]
+
+log = logging.getLogger("shadowlimit.whatif")
+
+_MAX_POINTS = 200_000
+_MODE_LETTER = {"off": "o", "shadow": "s", "canary": "c", "enforce": "e"}
+
+
+def _encode(keys: dict[str, list[Any]]) -> str:
+    """One flush's requests of one route and minute: a line per key,
+    ``key TAB weight TAB ts,ts,... TAB cost,cost,... TAB modes TAB allowed``
+    (modes one letter each: o s c e; allowed 1 or 0 each), in decision order."""
+    return "\n".join(
+        f"{key}\t{w:.6g}\t{','.join(map(str, ts))}\t{','.join(map(str, costs))}\t{''.join(modes)}\t{''.join(ok)}"
+        for key, (w, ts, costs, modes, ok) in keys.items()
+    )
+
+
+def _decode(text: str, by_key: dict[str, list[Event]]) -> int:
+    """Add one stream entry's requests to ``by_key``; how many there were."""
+    n = 0
+    for line in text.split("\n"):
+        key, weight, ts, costs, _, _ = line.split("\t")
+        t = list(map(int, ts.split(",")))
+        evs = by_key.get(key)
+        if evs is None:
+            evs = by_key[key] = []
+        evs.extend(zip(t, map(int, costs.split(",")), repeat(float(weight))))
+        n += len(t)
+    return n
+
+
+def key_point(route: str, key: str) -> float:
+    """A key's stable place in [0, 1) for sampling (the same on every replica)."""
+    h = hashlib.blake2b(f"{route}\x00{key}".encode(), digest_size=8).digest()
+    return int.from_bytes(h, "big") / 2**64
+
+
+class Recorder:
+    """This replica's recording (see the module docstring)."""
+
+    def __init__(
+        self,
+        client: Any,
+        namespace: str,
+        *,
+        budget: int,
+        minutes: int,
+        queue_size: int = 100_000,
+        enabled: bool = True,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.client = client
+        self.enabled = enabled
+        self.budget = budget
+        self.minutes = minutes
+        self.ttl_s = (minutes + 2) * 60
+        self.queue: deque[tuple[Any, ...]] = deque()
+        self.queue_size = queue_size
+        self.clock = clock
+        self.dropped = 0
+        self.recorded = 0
+        self._prefix = f"rl:{namespace}:rec:"
+        self._nprefix = f"rl:{namespace}:recn:"
+        self._rates: dict[str, float] = {}  # route -> sampling rate (absent: 1)
+        self._points: dict[tuple[str, str], float] = {}
+        self._seen: dict[tuple[str, int], int] = {}  # (route, minute) -> requests decided here, unflushed
+
+    def key(self, route: str, minute: int) -> str:
+        return f"{self._prefix}{route}:{minute}"
+
+    # -- the request path ------------------------------------------------------------------
+
+    def offer(self, route: str, key: str, cost: int, ts_us: int, mode: str, allowed: bool) -> None:
+        """Note one decided request (sampled, bounded; never waits)."""
+        if not self.enabled:
+            return
+        slot = (route, ts_us // 60_000_000 * 60)
+        self._seen[slot] = self._seen.get(slot, 0) + 1
+        rate = self._rates.get(route)
+        if rate is not None:
+            pk = (route, key)
+            point = self._points.get(pk)
+            if point is None:
+                if len(self._points) > _MAX_POINTS:
+                    self._points.clear()
+                point = self._points[pk] = key_point(route, key)
+            if point >= rate:
+                return
+        if len(self.queue) >= self.queue_size:
+            self.dropped += 1
+            return
+        self.queue.append((route, key, cost, ts_us, mode, allowed, 1.0 if rate is None else 1.0 / rate))
+
+    # -- the background work ---------------------------------------------------------------
+
+    async def flush(self) -> int:
+        """Write what is queued (one pipeline) and update the sampling rates; the events written."""
+        if not self.enabled:
+            return 0
+        items = list(self.queue)
+        self.queue.clear()
+        seen, self._seen = self._seen, {}
+        groups: dict[tuple[str, int], dict[str, list[Any]]] = {}
+        for route, key, cost, ts, mode, allowed, weight in items:
+            slot = (route, ts // 60_000_000 * 60)
+            keys = groups.get(slot)
+            if keys is None:
+                keys = groups[slot] = {}
+            k = keys.get(key)
+            if k is None:
+                k = keys[key] = [weight, [], [], [], []]
+            k[1].append(ts)
+            k[2].append(cost)
+            k[3].append(_MODE_LETTER.get(mode, "?"))
+            k[4].append("1" if allowed else "0")
+        if not groups and not seen:
+            return 0
+        pipe = self.client.pipeline(transaction=False)
+        for (route, minute), keys in groups.items():
+            name = self.key(route, minute)
+            pipe.xadd(name, {"e": _encode(keys)})
+            pipe.expire(name, self.ttl_s)
+        for (route, minute), n in seen.items():
+            name = f"{self._nprefix}{route}:{minute}"
+            pipe.incrby(name, n)
+            pipe.expire(name, self.ttl_s)
+        try:
+            await pipe.execute()
+        except Exception as exc:  # noqa: BLE001 - a recording lost, never a decision
+            self.dropped += len(items)
+            log.debug("recording flush failed: %s", exc)
+            return 0
+        finally:
+            with contextlib.suppress(Exception):
+                await pipe.reset()
+        self.recorded += len(items)
+        await self._update_rates({route for route, _ in seen})
+        return len(items)
+
+    async def _update_rates(self, routes: set[str]) -> None:
+        """Each route's rate from the fleet's requests in the last full minute."""
+        if not routes:
+            return
+        last = int(self.clock() // 60) * 60 - 60
+        names = sorted(routes)
+        try:
+            counts = await self.client.mget([f"{self._nprefix}{r}:{last}" for r in names])
+        except Exception:  # noqa: BLE001 - keep the current rates
+            return
+        for route, raw in zip(names, counts):
+            n = int(raw or 0)
+            if n > self.budget:
+                self._rates[route] = self.budget / n
+            else:
+                self._rates.pop(route, None)
+
+    # -- reading ---------------------------------------------------------------------------
+
+    async def read(self, route: str, minutes: int, now_s: float | None = None) -> tuple[dict[str, Any], float, int]:
+        """The route's recorded events of the last ``minutes`` minutes (the current one
+        included): (events by key, the recorded share of the route's requests, the
+        minutes that hold a recording)."""
+        now_m = int((self.clock() if now_s is None else now_s) // 60) * 60
+        slots = [now_m - 60 * i for i in range(minutes)]
+        pipe = self.client.pipeline(transaction=False)
+        for m in slots:
+            pipe.xrange(self.key(route, m))
+        for m in slots:
+            pipe.get(f"{self._nprefix}{route}:{m}")
+        replies = await pipe.execute()
+        by_key: dict[str, list[Event]] = {}
+        with_data = 0
+        recorded = 0
+        for entries in replies[: len(slots)]:
+            if entries:
+                with_data += 1
+            for _, fields in entries:
+                blob = fields.get(b"e") or fields.get("e") or b""
+                recorded += _decode(blob.decode() if isinstance(blob, bytes) else blob, by_key)
+        decided = sum(int(x or 0) for x in replies[len(slots) :])
+        share = min(1.0, recorded / decided) if decided else (1.0 if recorded else 0.0)
+        for evs in by_key.values():
+            evs.sort(key=_ts)  # stable: the same microsecond stays in recorded order
+        return by_key, share, with_data
