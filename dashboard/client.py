@@ -37,6 +37,7 @@ from .models import (
     ModeChangeResult,
     RouteView,
     Snapshot,
+    WhatIfView,
 )
 
 __all__ = [
@@ -245,6 +246,20 @@ class ControlPlaneClient:
         }
         data = await self._request("PUT", f"/v1/routes/{quote(route, safe='')}/mode", body=body)
         return ModeChangeResult.parse(data)
+
+    # -- what-if (a read) and applying its candidate (a change) ---------------------------------
+
+    async def whatif(self, route: str, policy: dict[str, Any], minutes: int = 15) -> WhatIfView:
+        """``POST /v1/whatif``: the route's recorded traffic replayed against ``policy``."""
+        data = await self._request("POST", "/v1/whatif", body={"route": route, "policy": policy, "minutes": minutes})
+        return WhatIfView.parse(data)
+
+    async def adjust(self, route: str, policy: dict[str, Any], *, reason: str) -> None:
+        """``PUT /ratelimit/config``: make ``policy`` the route's distributed limit (audited)."""
+        if not self.token:
+            raise Unauthorized(401, "unauthorized", "adjusting a limit needs a token with the operator role (--token)")
+        body = {"route": route, "target": "distributed", "reason": reason, **policy}
+        await self._request("PUT", "/ratelimit/config", body=body)
 
     # -- the live stream -----------------------------------------------------------------
 

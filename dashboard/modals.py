@@ -14,7 +14,7 @@ from textual.widgets import Button, Input, Label, Static
 from .models import GateView, RouteView
 from .render import gate_figures, gate_problems, mode_text
 
-__all__ = ["ConfirmModeScreen", "GateRefusedScreen", "HelpScreen", "PercentScreen", "is_promotion"]
+__all__ = ["ConfirmModeScreen", "GateRefusedScreen", "HelpScreen", "PercentScreen", "ReasonDialog", "is_promotion"]
 
 _RANK = {"off": 0, "shadow": 1, "canary": 2, "enforce": 3}
 
@@ -113,6 +113,10 @@ class _ReasonDialog(ModalScreen[str | None]):
         self.dismiss(None)
 
 
+#: the reason dialog for other modules' confirmations
+ReasonDialog = _ReasonDialog
+
+
 class ConfirmModeScreen(_ReasonDialog):
     """Confirm a mode change: what changes, the gate figures, and a required reason."""
 
@@ -172,6 +176,7 @@ HELP = """\
 [b]Keys[/b]
   ↑/↓        select a route (the buckets panel follows it)
   o s c e    move the selected route to off / shadow / canary (asks the percent) / enforce
+  w          what-if: replay the route's recorded traffic against a candidate limit, then adjust
   r          reconnect now          n   next replica (when several are known)
   ?          this help              q   quit            ctrl+p   command palette
 

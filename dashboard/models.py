@@ -482,3 +482,53 @@ class ConnectionState:
     retry_in_s: float | None = None
     error: str | None = None
     hint: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ReplayView:
+    """One what-if replay's figures (counts scaled by the recording's sampling)."""
+
+    policy: str
+    requests: float
+    rejections: float
+    reject_share: float
+    top_keys: tuple[tuple[str, float, float], ...]  # (key, requests, rejections)
+
+    @classmethod
+    def parse(cls, d: Any) -> ReplayView:
+        d = as_dict(d)
+        keys = []
+        for k in d.get("top_keys") or ():
+            k = as_dict(k)
+            keys.append((as_str(k.get("key"), "?"), as_float(k.get("requests")), as_float(k.get("rejections"))))
+        return cls(
+            as_str(d.get("policy_describe"), "?"),
+            as_float(d.get("requests")),
+            as_float(d.get("rejections")),
+            as_float(d.get("reject_share")),
+            tuple(keys),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class WhatIfView:
+    """``POST /v1/whatif``'s answer: the candidate's replay next to the current policy's."""
+
+    route: str
+    minutes: int
+    minutes_recorded: int
+    recorded_share: float
+    candidate: ReplayView
+    current: ReplayView
+
+    @classmethod
+    def parse(cls, d: Any) -> WhatIfView:
+        d = as_dict(d)
+        return cls(
+            as_str(d.get("route"), "?"),
+            as_int(d.get("minutes")),
+            as_int(d.get("minutes_recorded")),
+            as_float(d.get("recorded_share")),
+            ReplayView.parse(d.get("candidate")),
+            ReplayView.parse(d.get("current")),
+        )

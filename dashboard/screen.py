@@ -21,7 +21,8 @@ from textual.widgets import Footer, Header
 from .chart import DivergenceChart
 from .client import ApiError, ClientError, ControlPlaneClient, ControlPlaneUnavailable, GateRefused, Unauthorized
 from .modals import ConfirmModeScreen, GateRefusedScreen, PercentScreen
-from .models import AuditEntryView, ConnectionState, EventView, RouteView, Snapshot
+from .models import AuditEntryView, ConnectionState, EventView, RouteView, Snapshot, WhatIfView
+from .whatif import ConfirmAdjustScreen, WhatIfAnswer, WhatIfScreen
 from .widgets import AuditPanel, BackendPanel, BucketsTable, ConnectionBar, RoutesTable
 
 __all__ = ["BACKOFF_INITIAL_S", "BACKOFF_MAX_S", "DashboardScreen"]
@@ -41,6 +42,7 @@ class DashboardScreen(Screen[None]):
         Binding("s", "mode('shadow')", "Shadow"),
         Binding("c", "mode('canary')", "Canary %"),
         Binding("e", "mode('enforce')", "Enforce"),
+        Binding("w", "whatif", "What-if"),
         Binding("r", "reconnect", "Reconnect"),
         Binding("n", "next_replica", "Next replica"),
     ]
@@ -282,6 +284,43 @@ class DashboardScreen(Screen[None]):
         if action == "reconnect":
             return self.fixed is None
         return True
+
+    # -- what-if ------------------------------------------------------------------------------
+
+    def action_whatif(self) -> None:
+        route = self.snapshot.route(self.selected) if self.snapshot else None
+        if route is None:
+            self.notify("No route selected yet (waiting for data).", severity="warning")
+            return
+        self.what_if(route)
+
+    @work(exclusive=True, group="whatif")
+    async def what_if(self, route: RouteView) -> None:
+        """The dialog, the replays it asks for, and the adjustment it may end with."""
+        values: WhatIfAnswer | None = None
+        result: WhatIfView | None = None
+        error: str | None = None
+        while True:
+            answer = await self.app.push_screen_wait(WhatIfScreen(route, values=values, result=result, error=error))
+            if answer is None:
+                return
+            if values is None or (answer.policy, answer.minutes) != (values.policy, values.minutes):
+                result = None  # a replay shown is always the one of the inputs shown
+            values, error = answer, None
+            try:
+                if answer.action == "replay":
+                    result = await self.client.whatif(route.name, answer.policy, answer.minutes)
+                    continue
+                reason = await self.app.push_screen_wait(ConfirmAdjustScreen(route, answer, result))
+                if reason is None:
+                    continue
+                await self.client.adjust(route.name, answer.policy, reason=reason)
+            except (ApiError, Unauthorized, ControlPlaneUnavailable) as exc:
+                error = getattr(exc, "message", None) or str(exc)
+                continue
+            self.notify(f"{route.name}'s global limit is now {answer.rate} (audited).", title="Limit adjusted")
+            self.refresh_routes()
+            return
 
     # -- rollout toggles ----------------------------------------------------------------
 

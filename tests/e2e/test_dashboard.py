@@ -1055,3 +1055,90 @@ def test_backend_panel_shows_the_redis_topology() -> None:
     assert "topology cluster · master a:1, b:2 · TLS off" in rendered(cluster)
     assert "master not known yet" in rendered({"kind": "sentinel", "master": None, "tls": None})
     assert "topology" not in rendered(None)  # an older control plane: no line
+
+
+# -- what-if ----------------------------------------------------------------------------------
+
+
+async def test_whatif_replays_then_adjusts_the_global_limit(control_plane: Callable[..., ControlPlane]) -> None:
+    from dashboard.whatif import ConfirmAdjustScreen, WhatIfScreen
+
+    cp = control_plane()
+    await traffic(cp.url, 40)
+    await cp.settle()
+    app = ShadowlimitDashboard(cp.url, TOKEN)
+    async with app.run_test(size=SIZE) as pilot:
+        await until_live(pilot, app)
+        await pilot.press("w")
+        await wait_for(pilot, lambda: isinstance(app.screen, WhatIfScreen), what="the what-if dialog")
+        assert "Global limit now: 5/1s burst 5" in plain(app.screen.query_one("#whatif-now"))
+        app.screen.query_one("#rate", Input).value = "nonsense"
+        await pilot.press("enter")  # refused in the dialog, nothing sent
+        await pilot.pause(0.2)
+        assert "rate: enter N/period" in str(app.screen.query_one("#whatif-error").render())
+        app.screen.query_one("#rate", Input).value = "2/1s"
+        app.screen.query_one("#burst", Input).value = "2"
+        await pilot.press("enter")
+        await wait_for(
+            pilot,
+            lambda: isinstance(app.screen, WhatIfScreen) and bool(app.screen.query("#whatif-figures")),
+            what="the replay's figures",
+        )
+        figures = plain(app.screen.query_one("#whatif-figures"))
+        assert "candidate" in figures and "2/1s burst 2" in figures and "current" in figures
+        assert "bob" in figures  # the key the candidate would reject
+        await pilot.click("#adjust")
+        await wait_for(pilot, lambda: isinstance(app.screen, ConfirmAdjustScreen), what="the adjust confirmation")
+        assert "Its replay rejected" in plain(app.screen.query_one("#adjust-summary"))
+        await pilot.press("enter")  # the reason is prefilled from the candidate
+        await wait_for(
+            pilot,
+            lambda: any(
+                a["route"] == "search" and (a.get("distributed") or {}).get("average") == 2
+                for a in cp.app.state.engine.adjustments.listing()
+            ),
+            what="the adjusted global limit",
+        )
+        entry = httpx.get(f"{cp.url}/v1/rollout/audit").json()["entries"][0]
+        assert entry["kind"] == "config_change" and entry["route"] == "search" and "what-if" in entry["reason"]
+
+
+def _whatif_result() -> Any:
+    from dashboard.models import WhatIfView
+
+    replay = {
+        "policy_describe": "2/1s burst 2 (token_bucket)",
+        "requests": 1260,
+        "rejections": 84,
+        "reject_share": 84 / 1260,
+        "top_keys": [
+            {"key": "bob", "requests": 900, "rejections": 70},
+            {"key": "mallory", "requests": 96, "rejections": 14},
+        ],
+    }
+    current = dict(replay, policy_describe="5/1s burst 5 (token_bucket)", rejections=12, reject_share=12 / 1260)
+    current["top_keys"] = []
+    return WhatIfView.parse(
+        {
+            "route": "search",
+            "minutes": 15,
+            "minutes_recorded": 12,
+            "recorded_share": 1.0,
+            "candidate": replay,
+            "current": current,
+        }
+    )
+
+
+def test_snapshot_whatif_dialog(snap_compare: Any, utc: None) -> None:
+    from dashboard.whatif import WhatIfAnswer, WhatIfScreen
+
+    async def open_dialog(pilot: Pilot[Any]) -> None:
+        screen = dash(pilot.app)  # type: ignore[arg-type]
+        route = screen.snapshot.route("search")  # type: ignore[union-attr]
+        values = WhatIfAnswer("replay", "2/1s", "2", "token_bucket", 15, {})
+        await pilot.app.push_screen(WhatIfScreen(route, values=values, result=_whatif_result()))
+        await pilot.pause()
+        await _steady_cursor(pilot)
+
+    assert snap_compare(fixed_app(), run_before=open_dialog, terminal_size=SIZE)
