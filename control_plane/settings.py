@@ -194,14 +194,14 @@ class Settings(BaseSettings):
         description="Record decided requests in Redis for what-if replays (POST /v1/whatif).",
     )
     record_budget: int = Field(
-        60_000,
+        20_000,
         ge=100,
         le=10_000_000,
         validation_alias=_env("SHADOWLIMIT_RECORD_BUDGET"),
         description="Recorded requests per route and minute, fleet-wide; above it whole keys are sampled.",
     )
     record_minutes: int = Field(
-        60,
+        30,
         ge=1,
         le=24 * 60,
         validation_alias=_env("SHADOWLIMIT_RECORD_MINUTES"),

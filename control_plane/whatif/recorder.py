@@ -23,7 +23,7 @@ import logging
 import time
 from collections import deque
 from collections.abc import Callable
-from itertools import repeat
+from itertools import accumulate, repeat
 from typing import Any
 
 from .replay import Event, _ts
@@ -38,12 +38,17 @@ _MODE_LETTER = {"off": "o", "shadow": "s", "canary": "c", "enforce": "e"}
 
 def _encode(keys: dict[str, list[Any]]) -> str:
     """One flush's requests of one route and minute: a line per key,
-    ``key TAB weight TAB ts,ts,... TAB cost,cost,... TAB modes TAB allowed``
-    (modes one letter each: o s c e; allowed 1 or 0 each), in decision order."""
+    ``key TAB weight TAB ts,+d,+d... TAB cost,cost,... TAB modes TAB allowed`` (the first time
+    in microseconds, then each one's difference to the one before; modes one letter each:
+    o s c e; allowed 1 or 0 each), in decision order."""
     return "\n".join(
-        f"{key}\t{w:.6g}\t{','.join(map(str, ts))}\t{','.join(map(str, costs))}\t{''.join(modes)}\t{''.join(ok)}"
+        f"{key}\t{w:.6g}\t{_deltas(ts)}\t{','.join(map(str, costs))}\t{''.join(modes)}\t{''.join(ok)}"
         for key, (w, ts, costs, modes, ok) in keys.items()
     )
+
+
+def _deltas(ts: list[int]) -> str:
+    return ",".join(map(str, [ts[0], *(b - a for a, b in zip(ts, ts[1:]))]))
 
 
 def _decode(text: str, by_key: dict[str, list[Event]]) -> int:
@@ -51,7 +56,7 @@ def _decode(text: str, by_key: dict[str, list[Event]]) -> int:
     n = 0
     for line in text.split("\n"):
         key, weight, ts, costs, _, _ = line.split("\t")
-        t = list(map(int, ts.split(",")))
+        t = list(accumulate(map(int, ts.split(","))))
         evs = by_key.get(key)
         if evs is None:
             evs = by_key[key] = []

@@ -140,7 +140,7 @@ def test_bad_requests_are_refused_naming_the_field(traffic) -> None:
         ({"route": "nope", "policy": {"average": 1}}, 404, "route"),
         ({"route": "api", "policy": {"average": 0}}, 422, "policy.average"),
         ({"route": "api", "policy": {"average": 1, "algorithm": "leaky"}}, 422, "policy.algorithm"),
-        ({"route": "api", "policy": {"average": 1}, "minutes": 61}, 422, "minutes"),
+        ({"route": "api", "policy": {"average": 1}, "minutes": 31}, 422, "minutes"),
         ({"route": "quiet", "policy": {"average": 1}}, 404, "route"),  # nothing recorded
         ({"route": "api", "policy": {"average": 1}, "bogus": 1}, 422, "bogus"),
     ]
@@ -222,3 +222,18 @@ def test_cli_whatif_and_suggest_print_tables_and_json(traffic, capsys) -> None:
     code = main(["whatif", "quiet", "--rate", "5/1s", "--url", cp.url])
     _, err = capsys.readouterr()
     assert code != 0 and "no recorded requests" in err
+
+
+def test_recording_off_records_nothing_and_says_so(redis_url, tmp_path) -> None:
+    cp = ControlPlaneServer(redis_url=redis_url, rules_path=write_rules(tmp_path, RULES), record=False).start()
+    try:
+        for i in range(5):
+            httpx.post(cp.url + "/v1/decide", json={"route": "api", "key": f"k{i}"}, timeout=10)
+        cp.call(cp.engine.recorder.flush)
+        r = whatif(cp, route="api", policy={"average": 1})
+        assert r.status_code == 409 and r.json()["error"] == "recording_off", r.text
+        import redis as redis_sync
+
+        assert not redis_sync.Redis.from_url(redis_url).keys(f"rl:{cp.namespace}:rec*")
+    finally:
+        cp.stop()
