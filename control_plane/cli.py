@@ -185,6 +185,7 @@ def cmd_adjust(args: argparse.Namespace) -> int:
         "average": args.rate if args.rate is not None else 0,
         "period": args.period,
         "burst": args.burst,
+        "algorithm": args.algorithm,
         "reason": args.reason,
         "clear": args.clear,
     }
@@ -291,11 +292,19 @@ def cmd_serve(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
     configure_logging(args.log_level)
+    return _run(settings, overrides, args.log_level)
+
+
+def _run(settings: Any, overrides: dict[str, Any], log_level: str) -> int:
+    """One process, or the supervisor of ``--workers N``."""
     from .workers import run_server, serve_workers
 
     if settings.workers > 1:
-        return serve_workers(settings, overrides, settings.workers, args.log_level)
-    run_server(settings, args.log_level)
+        if settings.port == 0:
+            raise CliError("SHADOWLIMIT_PORT / --port: 0 (any free port) would give each worker its own", EXIT_USAGE)
+        _check_port(settings.host, settings.port, "SHADOWLIMIT_PORT / --port")  # the workers share it: nobody else
+        return serve_workers(settings, overrides, settings.workers, log_level)
+    run_server(settings, log_level)
     return EXIT_OK
 
 
@@ -469,6 +478,11 @@ def _add_remote_commands(sub: Any) -> None:
     adj.add_argument("--rate", type=float, help="tokens per period (0 = unlimited)")
     adj.add_argument("--period", type=float, default=1.0)
     adj.add_argument("--burst", type=int)
+    adj.add_argument(
+        "--algorithm",
+        choices=["token_bucket", "gcra", "fixed_window", "sliding_window", "sliding_log"],
+        help="default token_bucket",
+    )
     adj.add_argument("--target", choices=["local", "distributed", "both"], default="both")
     adj.add_argument("--reason", default="adjusted via CLI")
     adj.add_argument("--clear", action="store_true")

@@ -21,7 +21,7 @@ it, with the same code for the decision and the same bytes out:
 Anything else -- a check that fails, a body the parser does not plainly accept, ``HEAD``,
 a query other than ``deny_status=4xx`` -- goes through FastAPI (with the body already read
 handed over), so every refusal and every 422 is the framework's own.
-``tests/integration/test_hot_path.py`` sends the decide tests' requests through both and
+``tests/e2e/test_hot_path.py`` sends the decide tests' requests through both and
 compares the bytes. ``SHADOWLIMIT_HOT_PATH=false`` sends everything through FastAPI.
 """
 
@@ -156,7 +156,7 @@ class HotPath:
                 length = value
             elif name == b"transfer-encoding":
                 return None
-            elif name == b"authorization":
+            elif name == b"authorization" and token is None:  # the first one, as the auth gate reads it
                 token = value
         if size > self.max_header_bytes:
             return None

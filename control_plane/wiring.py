@@ -195,7 +195,7 @@ def build_engine(
     activity = Activity(clock=clock)
     recorder = Recorder(
         client, settings.namespace, budget=settings.record_budget, minutes=settings.record_minutes,
-        enabled=settings.record, clock=clock,
+        enabled=settings.record, clock=clock, ready=lambda: breaker.state is not BreakerState.OPEN,
     )  # fmt: skip
     local = LocalLimiter(max_keys=settings.local_max_keys)
     decider = Decider(

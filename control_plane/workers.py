@@ -13,8 +13,12 @@ hands its URL to the workers: they share it as a fleet shares its Redis.
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
+import ctypes.util
 import logging
 import multiprocessing
+import os
 import signal
 import socket
 import sys
@@ -61,13 +65,26 @@ def run_server(settings: Any, log_level: str, *, reuse_port: bool = False) -> No
     server.run(sockets=[sock])
 
 
-def _worker_main(overrides: dict[str, Any], log_level: str) -> None:
+def exit_with_parent(parent_pid: int) -> None:
+    """Have the kernel send this process SIGTERM when its parent dies (Linux; elsewhere nothing)."""
+    with contextlib.suppress(OSError, AttributeError):
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        libc.prctl(1, int(signal.SIGTERM), 0, 0, 0)  # PR_SET_PDEATHSIG
+    if os.getppid() != parent_pid:  # the parent died before that: nobody supervises us
+        os._exit(1)
+
+
+def _worker_main(overrides: dict[str, Any], log_level: str, parent_pid: int) -> None:
     """A worker process: the settings again (the environment is inherited), then serve."""
     from .cli import configure_logging
     from .settings import load_settings
 
+    exit_with_parent(parent_pid)  # a supervisor killed outright leaves no worker holding the port
     configure_logging(log_level)
-    run_server(load_settings(**overrides), log_level, reuse_port=True)
+    try:
+        run_server(load_settings(**overrides), log_level, reuse_port=True)
+    except KeyboardInterrupt:  # Ctrl-C reaches every worker: the clean shutdown already ran
+        pass
 
 
 class _Supervisor:
@@ -79,7 +96,7 @@ class _Supervisor:
         self.instance_id = instance_id
         self.procs: list[Any] = [None] * n
         self.started_at = [0.0] * n
-        self.quick_deaths = 0
+        self.quick_deaths: list[float] = []  # when workers died soon after starting
         self.stopping = False
 
     def start(self, i: int) -> None:
@@ -87,7 +104,10 @@ class _Supervisor:
         if self.instance_id:  # each worker is its own fleet instance
             overrides["instance_id"] = f"{self.instance_id}-{i}"
         p = self.ctx.Process(
-            target=_worker_main, args=(overrides, self.log_level), name=f"shadowlimit-worker-{i}", daemon=False
+            target=_worker_main,
+            args=(overrides, self.log_level, os.getpid()),
+            name=f"shadowlimit-worker-{i}",
+            daemon=False,
         )
         p.start()
         self.procs[i] = p
@@ -105,9 +125,10 @@ class _Supervisor:
             for i, p in enumerate(self.procs):
                 if self.stopping or p.is_alive():
                     continue
-                if time.monotonic() - self.started_at[i] < 10:
-                    self.quick_deaths += 1
-                if self.quick_deaths > 3:  # failing at startup: restarting will not help
+                now = time.monotonic()
+                if now - self.started_at[i] < 10:
+                    self.quick_deaths = [t for t in self.quick_deaths if now - t < 60] + [now]
+                if len(self.quick_deaths) > 3:  # 4 early deaths within a minute: restarting will not help
                     log.error("workers keep exiting at startup (last: %d, code %s); stopping", i, p.exitcode)
                     self.shutdown()
                     return 1

@@ -1,14 +1,19 @@
 """What-if: ``POST /v1/whatif`` replays a route's recorded requests against a candidate
 policy; ``POST /v1/whatif/suggest`` searches the smallest limit within a rejection share.
 
-Neither changes anything (no admin token needed: read access, as the other views). The
-replays run in a worker thread, off the event loop. See :mod:`control_plane.whatif`.
+Neither changes anything (no admin token needed: read access, as the other views). Both
+are bounded: one replay at a time per process (another gets 503 ``busy``), at most
+:data:`MAX_EVENTS` recorded requests (more: 422, ask for fewer minutes), and the decoding
+and replays run in one dedicated worker thread, off the event loop (they still share the
+interpreter with it: a long replay slows the replica's requests a little, never stops them).
+See :mod:`control_plane.whatif`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import math
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Literal
 
 from fastapi import APIRouter, Request
@@ -16,12 +21,36 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from limiter.policy import Policy
 
+from ..whatif.recorder import TooManyEvents, decode
 from ..whatif.replay import ReplayResult, replay
 from .deps import ApiError
 
 router = APIRouter(prefix="/v1", tags=["whatif"])
 
 Algorithm = Literal["token_bucket", "gcra", "fixed_window", "sliding_window", "sliding_log"]
+
+#: the most recorded requests one replay takes
+MAX_EVENTS = 2_000_000
+#: the highest average the suggestion searches
+MAX_AVERAGE = 1e9
+_EXECUTOR = ThreadPoolExecutor(max_workers=1, thread_name_prefix="whatif")
+_BUSY = asyncio.Lock()
+
+
+async def _off_loop(fn: Any, *args: Any) -> Any:
+    return await asyncio.get_running_loop().run_in_executor(_EXECUTOR, fn, *args)
+
+
+class _one_at_a_time:  # noqa: N801 - used as a statement: async with _one_at_a_time()
+    """One replay at a time in this process; another is told to come back (503 busy)."""
+
+    async def __aenter__(self) -> None:
+        if _BUSY.locked():
+            raise ApiError(503, "busy", "another what-if replay is running on this replica; try again shortly")
+        await _BUSY.acquire()
+
+    async def __aexit__(self, *exc: object) -> None:
+        _BUSY.release()
 
 
 class PolicyIn(BaseModel):
@@ -63,7 +92,18 @@ async def _recording(request: Request, route: str, minutes: int) -> tuple[Any, A
             field="minutes",
         )
     await recorder.flush()  # this replica's latest requests too
-    by_key, share, with_data = await recorder.read(route, minutes)
+    try:
+        raw, decided = await recorder.read_raw(route, minutes)
+    except Exception as exc:  # noqa: BLE001 - Redis is the only thing this reads
+        raise ApiError(
+            503, "backend_unavailable", f"Redis is unreachable, the recording cannot be read: {exc}"
+        ) from exc
+    try:
+        by_key, share, with_data = await _off_loop(decode, raw, decided, MAX_EVENTS)
+    except TooManyEvents as exc:
+        raise ApiError(
+            422, "invalid_request", f"minutes: {exc} in {minutes} minutes; ask for fewer minutes", field="minutes"
+        ) from exc
     if not by_key:
         raise ApiError(404, "no_recording", f"no recorded requests for route {route!r} in {minutes} min", field="route")
     _, dp = engine.adjustments.route_policies(rule)
@@ -83,8 +123,9 @@ async def whatif(body: WhatIfRequest, request: Request) -> dict[str, Any]:
     """Replay the route's recorded requests of the last ``minutes`` against ``policy``
     and against the route's current global policy."""
     candidate = _policy(body.policy)
-    rule, current, by_key, share, with_data = await _recording(request, body.route, body.minutes)
-    cand, cur = await asyncio.to_thread(_both, by_key, candidate, current, share)
+    async with _one_at_a_time():
+        rule, current, by_key, share, with_data = await _recording(request, body.route, body.minutes)
+        cand, cur = await _off_loop(_both, by_key, candidate, current, share)
     return {
         "route": rule.name,
         "minutes": body.minutes,
@@ -103,8 +144,9 @@ def _both(by_key: dict[str, Any], a: Policy, b: Policy, share: float) -> tuple[R
 async def suggest(body: SuggestRequest, request: Request) -> dict[str, Any]:
     """The smallest average (burst in the current policy's proportion) whose replay rejects
     at most ``max_reject_share`` of the recorded requests."""
-    rule, current, by_key, share, with_data = await _recording(request, body.route, body.minutes)
-    found = await asyncio.to_thread(_search, by_key, body.algorithm, current, body.max_reject_share, share)
+    async with _one_at_a_time():
+        rule, current, by_key, share, with_data = await _recording(request, body.route, body.minutes)
+        found = await _off_loop(_search, by_key, body.algorithm, current, body.max_reject_share, share)
     if found is None:
         raise ApiError(
             422, "no_policy", "no policy up to 10^9 per period stays within that share", field="max_reject_share"
@@ -127,18 +169,20 @@ def _search(
     """Binary search over the average (period and burst/average ratio of ``current``)."""
     ratio = current.burst / current.average if not current.unlimited and current.average > 0 else 1.0
 
-    def run(avg: float) -> ReplayResult:
-        burst = max(1, math.ceil(avg * ratio))
-        return replay(
-            by_key, Policy(average=avg, period=current.period, burst=burst, algorithm=algorithm), recorded_share=share
-        )
+    def run(avg: float) -> ReplayResult | None:
+        burst = min(1_000_000_000, max(1, math.ceil(avg * ratio)))
+        try:
+            policy = Policy(average=avg, period=current.period, burst=burst, algorithm=algorithm)
+        except ValueError:  # beyond what the limiter accepts (e.g. gcra's 1 us per token)
+            return None
+        return replay(by_key, policy, recorded_share=share)
 
     lo, hi = 0.0, 1.0
     best = run(hi)
-    while best.reject_share > target:
-        lo, hi = hi, hi * 4
-        if hi > 1e9:
+    while best is None or best.reject_share > target:
+        if best is None or hi >= MAX_AVERAGE:
             return None
+        lo, hi = hi, min(MAX_AVERAGE, hi * 4)
         best = run(hi)
     for _ in range(20):  # integer averages: a few more steps than log2(hi)
         if hi - lo <= max(1.0, hi * 0.01):
@@ -147,7 +191,7 @@ def _search(
         if mid >= hi:
             break
         r = run(mid)
-        if r.reject_share <= target:
+        if r is not None and r.reject_share <= target:
             hi, best = mid, r
         else:
             lo = mid

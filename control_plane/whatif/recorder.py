@@ -12,7 +12,13 @@ recorded events per minute, fleet-wide (``SHADOWLIMIT_RECORD_BUDGET``). Above it
 are sampled: a key is recorded when its hash point is below the route's rate (budget /
 the fleet's requests in the last full minute), so every sampled key's sequence stays whole,
 and each event carries its weight (1 / rate) for the replay to scale by. The queue is
-bounded; what does not fit is dropped and counted (``rate_limit_record_dropped_total``).
+bounded, and each replica records at most 4x the budget per route and minute itself (a
+heavy key, or the minute before a rate applies, cannot outgrow that; what is cut there is
+missing from the replay, which then undercounts); what does not fit is dropped and counted
+(``rate_limit_record_events_total{result="dropped"}``). Rates are powers of two (sampled
+key sets nest, so a key recorded at one rate stays recorded at a higher one) and tighten
+within a minute as soon as the fleet's count for the minute projects past the budget.
+While Redis is unreachable (``ready()`` false) nothing is encoded: the queue is dropped.
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import logging
+import math
 import time
 from collections import deque
 from collections.abc import Callable
@@ -28,22 +35,24 @@ from typing import Any
 
 from .replay import Event, _ts
 
-__all__ = ["Recorder", "key_point"]
+__all__ = ["FORMAT", "Recorder", "TooManyEvents", "decode", "key_point"]
 
 log = logging.getLogger("shadowlimit.whatif")
 
 _MAX_POINTS = 200_000
+#: the stream entries' format (field ``v``); entries of another format are skipped
+FORMAT = "1"
 _MODE_LETTER = {"off": "o", "shadow": "s", "canary": "c", "enforce": "e"}
 
 
-def _encode(keys: dict[str, list[Any]]) -> str:
+def _encode(keys: dict[tuple[str, float], list[Any]]) -> str:
     """One flush's requests of one route and minute: a line per key,
     ``key TAB weight TAB ts,+d,+d... TAB cost,cost,... TAB modes TAB allowed`` (the first time
     in microseconds, then each one's difference to the one before; modes one letter each:
     o s c e; allowed 1 or 0 each), in decision order."""
     return "\n".join(
         f"{key}\t{w:.6g}\t{_deltas(ts)}\t{','.join(map(str, costs))}\t{''.join(modes)}\t{''.join(ok)}"
-        for key, (w, ts, costs, modes, ok) in keys.items()
+        for (key, _), (w, ts, costs, modes, ok) in keys.items()
     )
 
 
@@ -84,15 +93,18 @@ class Recorder:
         queue_size: int = 100_000,
         enabled: bool = True,
         clock: Callable[[], float] = time.time,
+        ready: Callable[[], bool] = lambda: True,
     ) -> None:
         self.client = client
         self.enabled = enabled
         self.budget = budget
+        self.cap = 4 * budget  # what one replica records per route and minute, whatever the rate
         self.minutes = minutes
         self.ttl_s = (minutes + 2) * 60
         self.queue: deque[tuple[Any, ...]] = deque()
         self.queue_size = queue_size
         self.clock = clock
+        self.ready = ready
         self.dropped = 0
         self.recorded = 0
         self._prefix = f"rl:{namespace}:rec:"
@@ -100,6 +112,7 @@ class Recorder:
         self._rates: dict[str, float] = {}  # route -> sampling rate (absent: 1)
         self._points: dict[tuple[str, str], float] = {}
         self._seen: dict[tuple[str, int], int] = {}  # (route, minute) -> requests decided here, unflushed
+        self._kept: dict[tuple[str, int], int] = {}  # (route, minute) -> requests recorded here (the cap)
 
     def key(self, route: str, minute: int) -> str:
         return f"{self._prefix}{route}:{minute}"
@@ -122,9 +135,11 @@ class Recorder:
                 point = self._points[pk] = key_point(route, key)
             if point >= rate:
                 return
-        if len(self.queue) >= self.queue_size:
+        kept = self._kept.get(slot, 0)
+        if len(self.queue) >= self.queue_size or kept >= self.cap:
             self.dropped += 1
             return
+        self._kept[slot] = kept + 1
         self.queue.append((route, key, cost, ts_us, mode, allowed, 1.0 if rate is None else 1.0 / rate))
 
     # -- the background work ---------------------------------------------------------------
@@ -136,15 +151,21 @@ class Recorder:
         items = list(self.queue)
         self.queue.clear()
         seen, self._seen = self._seen, {}
-        groups: dict[tuple[str, int], dict[str, list[Any]]] = {}
+        if len(self._kept) > 4 * len(seen) + 64:  # past minutes: their caps are done
+            now_m = int(self.clock() // 60) * 60
+            self._kept = {k: v for k, v in self._kept.items() if k[1] >= now_m - 60}
+        if not self.ready():  # Redis unreachable: do not spend the loop encoding what cannot be sent
+            self.dropped += len(items)
+            return 0
+        groups: dict[tuple[str, int], dict[tuple[str, float], list[Any]]] = {}
         for route, key, cost, ts, mode, allowed, weight in items:
             slot = (route, ts // 60_000_000 * 60)
             keys = groups.get(slot)
             if keys is None:
                 keys = groups[slot] = {}
-            k = keys.get(key)
+            k = keys.get((key, weight))  # a key's requests under one sampling weight per line
             if k is None:
-                k = keys[key] = [weight, [], [], [], []]
+                k = keys[(key, weight)] = [weight, [], [], [], []]
             k[1].append(ts)
             k[2].append(cost)
             k[3].append(_MODE_LETTER.get(mode, "?"))
@@ -154,14 +175,14 @@ class Recorder:
         pipe = self.client.pipeline(transaction=False)
         for (route, minute), keys in groups.items():
             name = self.key(route, minute)
-            pipe.xadd(name, {"e": _encode(keys)})
+            pipe.xadd(name, {"v": FORMAT, "e": _encode(keys)})
             pipe.expire(name, self.ttl_s)
         for (route, minute), n in seen.items():
             name = f"{self._nprefix}{route}:{minute}"
             pipe.incrby(name, n)
             pipe.expire(name, self.ttl_s)
         try:
-            await pipe.execute()
+            replies = await pipe.execute()
         except Exception as exc:  # noqa: BLE001 - a recording lost, never a decision
             self.dropped += len(items)
             log.debug("recording flush failed: %s", exc)
@@ -170,32 +191,44 @@ class Recorder:
             with contextlib.suppress(Exception):
                 await pipe.reset()
         self.recorded += len(items)
-        await self._update_rates({route for route, _ in seen})
+        totals = replies[2 * len(groups) :: 2]  # INCRBY: the fleet's requests so far in each (route, minute)
+        await self._update_rates(dict(zip(seen, totals)))
         return len(items)
 
-    async def _update_rates(self, routes: set[str]) -> None:
-        """Each route's rate from the fleet's requests in the last full minute."""
-        if not routes:
+    async def _update_rates(self, totals: dict[tuple[str, int], Any]) -> None:
+        """Each route's rate: the budget over the fleet's requests in the last full minute,
+        or over this minute's count projected to the whole minute when that is larger;
+        rounded down to a power of two."""
+        if not totals:
             return
-        last = int(self.clock() // 60) * 60 - 60
-        names = sorted(routes)
+        now = self.clock()
+        minute = int(now // 60) * 60
+        elapsed = max(10.0, now - minute)  # a few seconds' count does not project well
+        routes = sorted({route for route, _ in totals})
+        pipe = self.client.pipeline(transaction=False)
+        for r in routes:  # GETs, not one MGET: on a cluster the keys live in different slots
+            pipe.get(f"{self._nprefix}{r}:{minute - 60}")
         try:
-            counts = await self.client.mget([f"{self._nprefix}{r}:{last}" for r in names])
+            last = await pipe.execute()
         except Exception:  # noqa: BLE001 - keep the current rates
             return
-        for route, raw in zip(names, counts):
-            n = int(raw or 0)
-            if n > self.budget:
-                self._rates[route] = self.budget / n
+        finally:
+            with contextlib.suppress(Exception):
+                await pipe.reset()
+        for route, raw in zip(routes, last):
+            now_total = max((int(n or 0) for (r, m), n in totals.items() if r == route and m == minute), default=0)
+            expected = max(int(raw or 0), now_total * 60 / elapsed)
+            if expected > self.budget:
+                self._rates[route] = 2.0 ** -math.ceil(math.log2(expected / self.budget))
             else:
                 self._rates.pop(route, None)
 
     # -- reading ---------------------------------------------------------------------------
 
-    async def read(self, route: str, minutes: int, now_s: float | None = None) -> tuple[dict[str, Any], float, int]:
-        """The route's recorded events of the last ``minutes`` minutes (the current one
-        included): (events by key, the recorded share of the route's requests, the
-        minutes that hold a recording)."""
+    async def read_raw(self, route: str, minutes: int, now_s: float | None = None) -> tuple[list[Any], int]:
+        """The route's stream entries of the last ``minutes`` minutes (the current one
+        included), one list per minute, and the fleet's decided requests in them (IO only:
+        decoding is :func:`decode`'s, to run off the event loop)."""
         now_m = int((self.clock() if now_s is None else now_s) // 60) * 60
         slots = [now_m - 60 * i for i in range(minutes)]
         pipe = self.client.pipeline(transaction=False)
@@ -203,18 +236,40 @@ class Recorder:
             pipe.xrange(self.key(route, m))
         for m in slots:
             pipe.get(f"{self._nprefix}{route}:{m}")
-        replies = await pipe.execute()
-        by_key: dict[str, list[Event]] = {}
-        with_data = 0
-        recorded = 0
-        for entries in replies[: len(slots)]:
-            if entries:
-                with_data += 1
-            for _, fields in entries:
-                blob = fields.get(b"e") or fields.get("e") or b""
-                recorded += _decode(blob.decode() if isinstance(blob, bytes) else blob, by_key)
-        decided = sum(int(x or 0) for x in replies[len(slots) :])
-        share = min(1.0, recorded / decided) if decided else (1.0 if recorded else 0.0)
-        for evs in by_key.values():
-            evs.sort(key=_ts)  # stable: the same microsecond stays in recorded order
-        return by_key, share, with_data
+        try:
+            replies = await pipe.execute()
+        finally:
+            with contextlib.suppress(Exception):
+                await pipe.reset()
+        return replies[: len(slots)], sum(int(x or 0) for x in replies[len(slots) :])
+
+    async def read(self, route: str, minutes: int, now_s: float | None = None) -> tuple[dict[str, Any], float, int]:
+        """:meth:`read_raw` and :func:`decode` in one (tests, benchmarks)."""
+        raw, decided = await self.read_raw(route, minutes, now_s)
+        return decode(raw, decided)
+
+
+class TooManyEvents(ValueError):
+    """More recorded requests than a replay may take (``max_events``)."""
+
+
+def decode(per_minute: list[Any], decided: int, max_events: int | None = None) -> tuple[dict[str, Any], float, int]:
+    """Stream entries into (events by key in time order, the recorded share of the decided
+    requests, the minutes that hold a recording); :class:`TooManyEvents` past ``max_events``."""
+    by_key: dict[str, list[Event]] = {}
+    with_data = 0
+    recorded = 0
+    for entries in per_minute:
+        if entries:
+            with_data += 1
+        for _, fields in entries:
+            if (fields.get(b"v") or fields.get("v")) not in (FORMAT, FORMAT.encode()):
+                continue  # not this format: skipped, never misread
+            blob = fields.get(b"e") or fields.get("e") or b""
+            recorded += _decode(blob.decode() if isinstance(blob, bytes) else blob, by_key)
+            if max_events is not None and recorded > max_events:
+                raise TooManyEvents(f"more than {max_events:,} recorded requests")
+    share = min(1.0, recorded / decided) if decided else (1.0 if recorded else 0.0)
+    for evs in by_key.values():
+        evs.sort(key=_ts)  # stable: the same microsecond stays in recorded order
+    return by_key, share, with_data

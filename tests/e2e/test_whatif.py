@@ -237,3 +237,26 @@ def test_recording_off_records_nothing_and_says_so(redis_url, tmp_path) -> None:
         assert not redis_sync.Redis.from_url(redis_url).keys(f"rl:{cp.namespace}:rec*")
     finally:
         cp.stop()
+
+
+def test_one_replay_at_a_time_and_too_many_requests_are_refused(traffic, monkeypatch) -> None:
+    from control_plane.api import whatif as api
+
+    cp, _ = traffic
+
+    async def hold() -> None:
+        await api._BUSY.acquire()
+
+    cp.call(hold)
+    try:
+        r = whatif(cp, route="api", policy={"average": 1}, minutes=10)
+        assert r.status_code == 503 and r.json()["error"] == "busy", r.text
+    finally:
+
+        async def release() -> None:
+            api._BUSY.release()
+
+        cp.call(release)
+    monkeypatch.setattr(api, "MAX_EVENTS", 100)
+    r = whatif(cp, route="api", policy={"average": 1}, minutes=10)
+    assert r.status_code == 422 and r.json()["field"] == "minutes" and "more than 100" in r.json()["message"]

@@ -79,3 +79,22 @@ def test_two_workers_share_the_port_are_two_instances_and_stop_cleanly(redis_url
     assert "Traceback" not in err
     for pid in workers:  # no worker left behind
         assert not Path(f"/proc/{pid}").exists() or "zombie" in Path(f"/proc/{pid}/status").read_text().lower()
+
+
+def test_workers_refuse_a_port_someone_holds(redis_url) -> None:
+    import socket
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SHADOWLIMIT_", "RATE_LIMIT_", "ENABLE_"))}
+    with socket.socket() as busy:
+        busy.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        busy.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)  # workers would join it silently
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        env.update(RATE_LIMIT_REDIS_URL=redis_url, SHADOWLIMIT_PORT=str(port))
+        proc = subprocess.run(
+            [str(SHADOWLIMIT), "serve", "--workers", "2"], env=env, capture_output=True, text=True, timeout=60
+        )
+    assert proc.returncode == 2, proc.stderr
+    assert f"SHADOWLIMIT_PORT / --port: cannot listen on 127.0.0.1:{port}" in proc.stderr
+    assert "Traceback" not in proc.stderr
