@@ -56,7 +56,7 @@ def _request(
         )
     if r.status_code == 409:
         gate = data.get("gate") or {}
-        raise CliError(f"refused by the gate: {data.get('message')}\n  gate figures: {json.dumps(gate)}", EXIT_GATE)
+        raise CliError(f"{data.get('message')}\n  gate figures: {json.dumps(gate)}", EXIT_GATE)
     if r.status_code >= 400:
         raise CliError(f"the control plane refused ({r.status_code}): {data.get('message', data)}", EXIT_REFUSED)
     return data
@@ -101,6 +101,8 @@ def cmd_routes(args: argparse.Namespace) -> int:
 
 
 def cmd_mode(args: argparse.Namespace) -> int:
+    if args.mode == "canary" and args.percent is None:
+        raise CliError("canary needs --percent (1-100)", EXIT_USAGE)
     body = {"mode": args.mode, "canary_percent": args.percent or 0, "reason": args.reason, "force": args.force}
     data = _request(args, "PUT", f"/v1/routes/{quote(args.route, safe='')}/mode", body)
     st = data["state"]
@@ -372,11 +374,21 @@ def cmd_dash(args: argparse.Namespace) -> int:
     return run_dashboard(args.url, args.token)
 
 
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("shadowlimit")
+    except PackageNotFoundError:  # run from a checkout that is not installed
+        return "unknown (not installed)"
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="shadowlimit",
         description="Move a fleet from per-replica rate limits to one global Redis-backed limit, safely.",
     )
+    p.add_argument("--version", action="version", version=f"shadowlimit {_version()}")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
     _add_local_commands(sub)
     _add_remote_commands(sub)
@@ -411,6 +423,7 @@ def _add_local_commands(sub: Any) -> None:
     d = sub.add_parser("demo", help="the main job: embedded Redis, 3 replicas, demo traffic, dashboard")
     d.add_argument("--no-dash", action="store_true", help="run headless; print where it listens and the admin token")
     d.add_argument("--replicas", type=int, default=3)
+    d.add_argument("--keep-logs", action="store_true", help="keep the demo's logs and rules after it stops")
     d.add_argument("--base-port", type=int, default=0, help="first replica port (default: free ports)")
     d.add_argument(
         "--duration",
@@ -473,7 +486,7 @@ def _add_remote_commands(sub: Any) -> None:
     r.add_argument("--route")
     r.set_defaults(func=cmd_reset)
     adj = _remote(sub, "adjust", "adjust a route's or a client's limit at runtime")
-    adj.add_argument("--route", default="default")
+    adj.add_argument("--route", required=True)
     adj.add_argument("--key", help="one client's key (default: the whole route)")
     adj.add_argument("--rate", type=float, help="tokens per period (0 = unlimited)")
     adj.add_argument("--period", type=float, default=1.0)

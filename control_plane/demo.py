@@ -20,6 +20,7 @@ import contextlib
 import ctypes
 import os
 import secrets
+import shutil
 import signal
 import socket
 import subprocess
@@ -100,7 +101,14 @@ def _die_with_parent() -> None:  # runs in the child before exec
 class DemoStack:
     """Redis + the limits service + N replicas + traffic; ``stop()`` always leaves nothing behind."""
 
-    def __init__(self, replicas: int = 3, base_port: int = 0, *, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        replicas: int = 3,
+        base_port: int = 0,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        keep_logs: bool = False,
+    ) -> None:
         self.n = replicas
         #: monotonic seconds, for the startup and shutdown deadlines
         self.clock = clock
@@ -112,6 +120,7 @@ class DemoStack:
         self.urls: list[str] = []
         self.limits_proc: subprocess.Popen[bytes] | None = None
         self.limits_url: str | None = None
+        self.keep_logs = keep_logs
         self.workdir = Path(tempfile.mkdtemp(prefix="shadowlimit-demo-"))
         self.rules_path = self.workdir / "rules.yaml"
         self.sent = 0
@@ -264,6 +273,8 @@ class DemoStack:
         if self.redis is not None:
             self.redis.stop()
             self.redis = None
+        if not self.keep_logs:  # the logs and rules go with the demo (--keep-logs keeps them)
+            shutil.rmtree(self.workdir, ignore_errors=True)
 
     def banner(self) -> str:
         lines = [
@@ -276,20 +287,23 @@ class DemoStack:
             lines.append(f"  limits:     {self.limits_url}/limits   (examples/limits_service.py; route tenants)")
         lines += [
             f"  admin token: {self.token}",
-            f"  logs:       {self.workdir}   (audit trail: audit.jsonl)",
+            f"  logs:       {self.workdir}   (audit trail: audit.jsonl; "
+            + ("kept after the demo)" if self.keep_logs else "removed when the demo stops; --keep-logs keeps them)"),
             "",
             "try:",
             f"  curl -s {self.urls[0]}/v1/routes | python3 -m json.tool",
             *([f"  curl -s {self.urls[0]}/v1/external | python3 -m json.tool"] if self.limits_url else []),
-            f"  SHADOWLIMIT_ADMIN_TOKEN={self.token} shadowlimit mode search enforce --url {self.urls[0]}"
+            f"  SHADOWLIMIT_ADMIN_TOKEN={self.token} ./dev shadowlimit mode search enforce --url {self.urls[0]}"
             " --reason 'try the global limit' --force",
-            f"  shadowlimit dash --url {self.urls[0]} --token {self.token}",
+            f"  ./dev shadowlimit whatif search --rate 20/1s --url {self.urls[0]}",
+            f"  ./dev shadowlimit dash --url {self.urls[0]} --token {self.token}",
+            "  (./dev shadowlimit runs the CLI from the project's .venv; installed, it is plain `shadowlimit`)",
         ]
         return "\n".join(lines)
 
 
 def run_demo(args: argparse.Namespace) -> int:
-    stack = DemoStack(replicas=args.replicas, base_port=args.base_port)
+    stack = DemoStack(replicas=args.replicas, base_port=args.base_port, keep_logs=args.keep_logs)
     stop = asyncio.Event()
 
     def on_signal(*_: Any) -> None:

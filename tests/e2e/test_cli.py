@@ -66,7 +66,7 @@ def test_mode_gate_force_and_auth(cp, capsys):
     # the gate refuses (1000 samples needed): exit 5 with the gate figures
     code, out, err = run(capsys, *remote(cp, "mode", "search", "canary", "--percent", "10", "--reason", "try"))
     assert code == 5, err
-    assert "refused by the gate" in err
+    assert err.count("refused by the gate") == 1, err  # said once
     figures = json.loads(err.split("gate figures:", 1)[1])
     assert figures["min_samples"] == 1000 and figures["passed"] is False
     # --force with a reason: exit 0
@@ -265,3 +265,18 @@ def test_app_without_a_redis_url_does_not_start(tmp_path):
 
     with pytest.raises(SettingsError, match="RATE_LIMIT_REDIS_URL"):
         asyncio.run(open_engine(load_settings(redis_url=None, rules_path=None)))
+
+
+def test_usage_errors_exit_2_before_any_request(capsys):
+    import pytest as _pytest
+
+    url = f"http://127.0.0.1:{free_port()}"  # nothing listens: a request would be exit 3
+    code, _, err = run(capsys, "mode", "search", "canary", "--reason", "x", "--url", url)
+    assert code == 2 and "canary needs --percent" in err
+    with _pytest.raises(SystemExit) as exc:
+        main(["adjust", "--rate", "5", "--url", url])  # --route is required, not "default"
+    assert exc.value.code == 2
+    assert "--route" in capsys.readouterr().err
+    with _pytest.raises(SystemExit) as exc:
+        main(["--version"])
+    assert exc.value.code == 0 and capsys.readouterr().out.startswith("shadowlimit ")

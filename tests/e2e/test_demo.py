@@ -29,6 +29,9 @@ def _pids_with(pattern: str) -> list[int]:
     return out
 
 
+LOGS: list[str] = []  # the logs folder the last demo printed
+
+
 def _start_demo(extra: list[str]) -> tuple[subprocess.Popen[str], list[str], str, str]:
     proc = subprocess.Popen(
         [sys.executable, "-m", "control_plane.cli", "demo", "--no-dash", *extra],
@@ -52,6 +55,8 @@ def _start_demo(extra: list[str]) -> tuple[subprocess.Popen[str], list[str], str
             token = m.group(1)
         if m := re.search(r"limits:\s+(http://127\.0\.0\.1:\d+)/limits", line):
             limits = m.group(1)
+        if m := re.search(r"logs:\s+(\S+)", line):
+            LOGS.append(m.group(1))
         if line.startswith("try:"):
             break
     assert len(urls) == 3, f"demo did not print three replicas: {urls}"
@@ -104,6 +109,7 @@ def test_demo_serves_on_every_replica_and_stops_cleanly():
     for port in ports:
         assert _wait_gone(f"--port {port}") == [], f"replica on port {port} left running"
     assert _wait_gone(f"--port {limits_port}") == [], "limits service left running"
+    assert LOGS and not Path(LOGS[-1]).exists(), "the demo's folder was left behind"
 
 
 def test_killing_the_demo_leaves_no_orphans():
@@ -124,3 +130,17 @@ def test_killing_the_demo_leaves_no_orphans():
     for port in ports:
         assert _wait_gone(f"--port {port}") == [], f"process on port {port} orphaned"
     assert _wait_gone(f"redis-server 127.0.0.1:{redis_port}") == [], "embedded redis-server orphaned"
+
+
+def test_the_demo_removes_its_folder_unless_asked_to_keep_it(tmp_path):
+    from control_plane.demo import DemoStack
+
+    for keep in (False, True):
+        stack = DemoStack(replicas=1, keep_logs=keep)
+        assert stack.workdir.is_dir()
+        stack.stop()
+        assert stack.workdir.exists() is keep
+        if keep:
+            import shutil
+
+            shutil.rmtree(stack.workdir)
