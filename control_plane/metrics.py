@@ -43,6 +43,8 @@ rate_limit_stream_subscribers             gauge    -
 rate_limit_stream_refused_total           counter  -
 rate_limit_record_events_total            counter  result: recorded, dropped (what-if recording)
 rate_limit_envoy_requests_total           counter  code: ok, over_limit, invalid, error
+shadowlimit_build_info                    gauge    version (always 1)
+process_*, python_*                       -        prometheus-client's process, platform and GC collectors
                                                    (ShouldRateLimit calls)
 ========================================  =======  =================================
 """
@@ -179,6 +181,15 @@ class FastGauge(_Family):
 _LATENCY_BUCKETS = (0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
 
 
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("shadowlimit")
+    except PackageNotFoundError:
+        return "unknown"
+
+
 class Metrics:
     """All metrics of one control plane."""
 
@@ -189,6 +200,7 @@ class Metrics:
         self._add_decision_metrics(r)
         self._add_control_metrics(r)
         self._add_external_and_stream_metrics(r)
+        self._add_process_metrics(r)
         self.rules_valid.set(1)
         for s in ("closed", "open", "half_open"):
             self.breaker_state.labels(s).set(1 if s == "closed" else 0)
@@ -320,6 +332,17 @@ class Metrics:
             [],
             registry=r,
         )
+
+    def _add_process_metrics(self, r: CollectorRegistry) -> None:
+        """``process_*`` and ``python_*`` (prometheus-client's own collectors, for this
+        process) and ``shadowlimit_build_info`` (the version, always 1)."""
+        from prometheus_client import GCCollector, Info, PlatformCollector, ProcessCollector
+
+        ProcessCollector(registry=r)
+        PlatformCollector(registry=r)
+        GCCollector(registry=r)
+        info = Info("shadowlimit_build", "The running shadowlimit's version.", registry=r)
+        info.info({"version": _version()})
 
     def child(self, metric: Any, *labels: str) -> Any:
         """``metric.labels(*labels)``, cached: prometheus-client's lookup costs ~3 us."""

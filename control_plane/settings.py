@@ -129,6 +129,11 @@ class Settings(BaseSettings):
     time_source: str = Field("local", pattern="^(local|redis)$", validation_alias=_env("RATE_LIMIT_TIME_SOURCE"))
     # service
     admin_token: SecretStr | None = Field(None, validation_alias=_env("SHADOWLIMIT_ADMIN_TOKEN"))
+    admin_token_file: Path | None = Field(
+        None,
+        validation_alias=_env("SHADOWLIMIT_ADMIN_TOKEN_FILE"),
+        description="A file holding the admin token (a mounted secret); instead of SHADOWLIMIT_ADMIN_TOKEN.",
+    )
     client_token: SecretStr | None = Field(
         None,
         validation_alias=_env("SHADOWLIMIT_CLIENT_TOKEN"),
@@ -427,6 +432,22 @@ class Settings(BaseSettings):
                 f"SHADOWLIMIT_HOST: {self.host} is not a loopback address;"
                 " set SHADOWLIMIT_ALLOW_REMOTE=true to listen beyond loopback"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _read_admin_token_file(self) -> Settings:
+        path = self.admin_token_file
+        if path is None or not str(path).strip():
+            return self
+        if self.admin_token is not None:
+            raise ValueError("SHADOWLIMIT_ADMIN_TOKEN_FILE: set it or SHADOWLIMIT_ADMIN_TOKEN, not both")
+        try:
+            token = path.read_text(encoding="utf-8").strip()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ValueError(f"SHADOWLIMIT_ADMIN_TOKEN_FILE: cannot read {path}: {exc}") from None
+        if not token:
+            raise ValueError(f"SHADOWLIMIT_ADMIN_TOKEN_FILE: {path} is empty")
+        self.admin_token = SecretStr(token)
         return self
 
     @model_validator(mode="after")

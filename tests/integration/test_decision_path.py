@@ -164,11 +164,15 @@ def norm_exc(x: Any) -> Any:
 _ORDER_DEPENDENT = ("rate_limit_decision_duration", "rate_limit_tokens_remaining")
 
 
+#: the process's own figures (CPU time, memory, collections): about the process, not the decisions
+_PROCESS = ("process_", "python_", "shadowlimit_build")
+
+
 def metrics_state(m: Metrics, *, all_samples: bool = False) -> list[Any]:
     return sorted(
         (s.name, tuple(sorted(s.labels.items())), s.value)
         for fam in m.registry.collect()
-        if all_samples or not fam.name.startswith(_ORDER_DEPENDENT)
+        if (all_samples or not fam.name.startswith(_ORDER_DEPENDENT)) and not fam.name.startswith(_PROCESS)
         for s in fam.samples
         if not s.name.endswith("_created")
     )
