@@ -129,7 +129,13 @@ async def make_engine(redis_url: str, clock: Clock, *, queue: int = 10_000) -> E
     )
     redis = RedisLimiter.from_url(redis_url, namespace=ns)
     client = make_redis_py_client(redis_url)
-    eng = build_engine(s, redis=redis, client=client, metrics=Metrics(), rules=parse_rules(RULES, s), clock_us=clock)
+    # the stores' wall clock (divergence minutes, rates) fixed at the decisions' start, the same for
+    # every engine: engines built and fed one after another must not straddle a real minute
+    wall = clock.start_us / 1_000_000
+    eng = build_engine(
+        s, redis=redis, client=client, metrics=Metrics(), rules=parse_rules(RULES, s), clock_us=clock,
+        clock=lambda: wall,
+    )  # fmt: skip
     await redis.load_scripts()
     set_adjustments([eng], ADJUSTMENTS)
     return eng
