@@ -20,6 +20,17 @@ __all__ = [
     "load_settings",
 ]
 
+
+def package_version() -> str:
+    """The installed shadowlimit's version ("unknown" for a checkout that is not installed)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("shadowlimit")
+    except PackageNotFoundError:
+        return "unknown"
+
+
 _HOME = {
     "Engine": "engine",
     "Settings": "settings",

@@ -263,7 +263,7 @@ class Authenticator:
         return token is not None and self._client is not None and hmac.compare_digest(token.encode(), self._client)
 
 
-def _bearer(scope: Scope) -> str | None:
+def bearer_token(scope: Scope) -> str | None:
     for name, value in scope.get("headers") or ():
         if name == b"authorization":
             scheme, _, token = value.decode("latin-1").partition(" ")
@@ -382,7 +382,7 @@ class AuthGate:
             await self.app(scope, receive, send)  # the hot path: nothing to check
             return
         try:
-            ident = check(self.auth, access, _bearer(scope))
+            ident = check(self.auth, access, bearer_token(scope))
         except Denied as d:
             body = orjson.dumps({"error": d.error, "message": d.message, **d.details})
             headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]

@@ -14,6 +14,8 @@ import sys
 from typing import Any
 from urllib.parse import quote
 
+from . import package_version
+
 EXIT_OK, EXIT_REFUSED, EXIT_USAGE, EXIT_UNREACHABLE, EXIT_AUTH, EXIT_GATE = 0, 1, 2, 3, 4, 5
 
 
@@ -374,21 +376,12 @@ def cmd_dash(args: argparse.Namespace) -> int:
     return run_dashboard(args.url, args.token)
 
 
-def _version() -> str:
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version("shadowlimit")
-    except PackageNotFoundError:  # run from a checkout that is not installed
-        return "unknown (not installed)"
-
-
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="shadowlimit",
         description="Move a fleet from per-replica rate limits to one global Redis-backed limit, safely.",
     )
-    p.add_argument("--version", action="version", version=f"shadowlimit {_version()}")
+    p.add_argument("--version", action="version", version=f"shadowlimit {package_version()}")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
     _add_local_commands(sub)
     _add_remote_commands(sub)

@@ -41,7 +41,7 @@ from .api.authz import AUTHZ_METHODS, described
 from .api.decide import batch_body, body_of, translate
 from .api.deps import ApiError
 from .api.requests import _item, parse_batch
-from .auth import Access, Authenticator, Denied, check
+from .auth import Access, Authenticator, Denied, bearer_token, check
 from .decision import DecideInput, DecideResult, UnknownRoute
 from .limits import RequestLimits
 
@@ -149,21 +149,17 @@ class HotPath:
             return None
         size = 0
         length: bytes | None = None
-        token: bytes | None = None
         for name, value in headers:
             size += len(name) + len(value)
             if name == b"content-length":
                 length = value
             elif name == b"transfer-encoding":
                 return None
-            elif name == b"authorization" and token is None:  # the first one, as the auth gate reads it
-                token = value
         if size > self.max_header_bytes:
             return None
-        if self.auth.client_token_required:
-            scheme, _, bearer = (token or b"").decode("latin-1").partition(" ")
+        if self.auth.client_token_required:  # as the auth gate checks it, with its own reading of the header
             try:
-                check(self.auth, Access.DATA, bearer.strip() if scheme.lower() == "bearer" else None)
+                check(self.auth, Access.DATA, bearer_token(scope))
             except Denied:
                 return None
         if length is None:

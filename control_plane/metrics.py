@@ -181,15 +181,6 @@ class FastGauge(_Family):
 _LATENCY_BUCKETS = (0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
 
 
-def _version() -> str:
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version("shadowlimit")
-    except PackageNotFoundError:
-        return "unknown"
-
-
 class Metrics:
     """All metrics of one control plane."""
 
@@ -342,7 +333,9 @@ class Metrics:
         PlatformCollector(registry=r)
         GCCollector(registry=r)
         info = Info("shadowlimit_build", "The running shadowlimit's version.", registry=r)
-        info.info({"version": _version()})
+        from . import package_version
+
+        info.info({"version": package_version()})
 
     def child(self, metric: Any, *labels: str) -> Any:
         """``metric.labels(*labels)``, cached: prometheus-client's lookup costs ~3 us."""
