@@ -273,15 +273,22 @@ class EmbeddedSentinelSet:
         (unless it is that master), so no sentinel has to demote it first."""
         for sentinel in self._sentinels:
             sentinel.start()
-        try:
-            master: Address | None = self.master_address()
-        except EmbeddedRedisError:
-            master = None
+        # Never guess: a node started as a master beside the sitting one splits the set until a
+        # sentinel demotes one of them. A sentinel that does not answer yet (a busy machine) is
+        # waited for, within the start timeout.
+        self._wait(self._no_master_reported, self._start_timeout, "a sentinel to report the master")
+        master = self.master_address()
         for server in self._servers:
             if not server.running:
-                server.replica_of = None if master is None or self.server_at(master) is server else master
+                server.replica_of = None if self.server_at(master) is server else master
                 server.start()
         self.wait_until_ready()
+
+    def _no_master_reported(self) -> str | None:
+        reported = {a for a in self._reported_masters().values() if a is not None}
+        if len(reported) != 1:
+            return f"sentinels report masters {reported or 'none'}"
+        return None
 
     def _spawn(self) -> None:
         assert self._root is not None

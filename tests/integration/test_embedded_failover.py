@@ -80,7 +80,7 @@ def test_sentinel_set_fails_over_after_kill_master() -> None:
         assert first.running and first.port == old[1]
         rejoined = first.client(decode_responses=True)
         info = rejoined.info("replication")
-        assert info["role"] == "slave" and int(info["master_port"]) == new[1]
+        assert info["role"] == "slave" and int(info["master_port"]) == new[1], (info, sentinels.master_address())
         assert rejoined.get("after") == "failover"
         rejoined.close()
 
