@@ -15,6 +15,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from .logs import event_fields
 from .rollout import AuditEntry
 
 __all__ = ["AUDIT_LOGGER", "AuditSink", "check_audit_path"]
@@ -47,14 +48,18 @@ class AuditSink:
         self.written = 0
         self.errors = 0
 
+    def fields(self, entry: AuditEntry, **extra: Any) -> dict[str, Any]:
+        return {"instance": self.instance_id, **entry.to_dict(), **extra}
+
     def line(self, entry: AuditEntry, **extra: Any) -> str:
-        d = {"instance": self.instance_id, **entry.to_dict(), **extra}
-        return json.dumps(d, separators=(",", ":"), ensure_ascii=False, default=str)
+        return json.dumps(self.fields(entry, **extra), separators=(",", ":"), ensure_ascii=False, default=str)
 
     def emit(self, entry: AuditEntry, **extra: Any) -> None:
-        """Log ``entry`` as one JSON line (``extra`` adds fields, e.g. ``stored=False``)."""
-        text = self.line(entry, **extra)
-        log.info(text)
+        """Log ``entry`` as one JSON line (``extra`` adds fields, e.g. ``stored=False``); with
+        ``SHADOWLIMIT_LOG_FORMAT=json`` its fields are the log object's (``event: "audit"``)."""
+        fields = self.fields(entry, **extra)
+        text = json.dumps(fields, separators=(",", ":"), ensure_ascii=False, default=str)
+        log.info(text, extra=event_fields("audit", **fields))
         if self.path is None:
             return
         try:

@@ -254,6 +254,7 @@ def cmd_suggest(args: argparse.Namespace) -> int:
 def cmd_serve(args: argparse.Namespace) -> int:
     from limiter.errors import BackendAuthError
 
+    from .logs import configure_logging
     from .rules import RulesError, load_rules
     from .settings import SettingsError, load_settings
     from .wiring import NO_REDIS_URL, check_redis_target
@@ -295,7 +296,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
             " mode changes and admin calls will be refused (403)",
             file=sys.stderr,
         )
-    configure_logging(args.log_level)
+    configure_logging(args.log_level, settings.log_format)
     return _run(settings, overrides, args.log_level)
 
 
@@ -338,30 +339,6 @@ def _check_port(host: str, port: int, setting: str) -> None:
             s.bind((host, port))
         except OSError as exc:
             raise CliError(f"{setting}: cannot listen on {host}:{port}: {exc.strerror or exc}", EXIT_USAGE) from None
-
-
-def configure_logging(level: str) -> None:
-    """The service's own log lines on stderr: ``shadowlimit.*`` at ``level``, and the
-    audit trail (logger ``shadowlimit.audit``) as bare JSON lines, always."""
-    import logging
-
-    lvl = logging.getLevelName(level.upper())
-    if not isinstance(lvl, int):
-        lvl = logging.INFO
-    root = logging.getLogger("shadowlimit")
-    if not root.handlers:
-        h = logging.StreamHandler()
-        h.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-        root.addHandler(h)
-        root.setLevel(lvl)
-        root.propagate = False
-    audit = logging.getLogger("shadowlimit.audit")
-    if not audit.handlers:
-        h = logging.StreamHandler()
-        h.setFormatter(logging.Formatter("%(message)s"))
-        audit.addHandler(h)
-        audit.setLevel(logging.INFO)
-        audit.propagate = False
 
 
 def cmd_demo(args: argparse.Namespace) -> int:

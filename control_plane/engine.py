@@ -38,6 +38,7 @@ from .events import EventHub
 from .external import ExternalManager
 from .hitters import WouldBeBlocked
 from .live_rules import LiveRules
+from .logs import event_fields
 from .metrics import Metrics
 from .recovery import StateMemory
 from .rollout_manager import GateRefused, RolloutManager
@@ -164,6 +165,13 @@ class Engine:
             self.local.sweep()
 
     def on_breaker(self, frm: BreakerState, to: BreakerState, reason: str | None) -> None:
+        log.warning(
+            "redis circuit breaker %s -> %s (%s)",
+            frm.value,
+            to.value,
+            reason or "",
+            extra=event_fields("breaker", **{"from": frm.value, "to": to.value, "reason": reason}),
+        )
         self.metrics.set_breaker(to.value)
         self.metrics.breaker_transitions.labels(to.value).inc()
         self.events.publish(

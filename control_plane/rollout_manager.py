@@ -26,6 +26,7 @@ from .adjustments import Adjustments
 from .auditlog import AuditSink
 from .decision.types import UnknownRoute
 from .events import EventHub
+from .logs import event_fields
 from .metrics import Metrics
 from .recovery import RememberedAudit, StateMemory
 from .rollout import AuditEntry, GateConfig, GateResult, Mode, RouteState, evaluate_gate
@@ -120,6 +121,18 @@ class RolloutManager:
             self.generation += 1
         for name in routes:
             self.set_mode_metric(name)
+            st = self.state_for(name)
+            log.info(
+                "route %s is now %s%s (by %s)",
+                name,
+                st.mode.value,
+                f" {st.canary_percent}%" if st.mode is Mode.CANARY else "",
+                st.updated_by,
+                extra=event_fields(
+                    "mode_change", route=name, mode=st.mode.value, canary_percent=st.canary_percent,
+                    version=st.version, updated_by=st.updated_by, reason=st.reason,
+                ),
+            )  # fmt: skip
 
     def rules_changed(self, rules: Rules) -> None:
         """New rules: a route's default mode may have changed."""
@@ -317,7 +330,12 @@ class RolloutManager:
             # the mode changed on this replica: on record now (log and audit file), in
             # the store once Redis answers again
             self.audit_sink.emit(_rollback_entry(name, rb, st), stored=False)
-            log.warning("auto-rollback of route %s to shadow: %s", name, rb.reason)
+            log.warning(
+                "auto-rollback of route %s to shadow: %s",
+                name,
+                rb.reason,
+                extra=event_fields("auto_rollback", route=name, to="shadow", reason=rb.reason, open_for_s=open_for),
+            )
 
     async def persist_rollbacks(self) -> None:
         """Persist automatic rollbacks once Redis answers again (audited as automatic, from

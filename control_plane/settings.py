@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import ipaddress
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 from pydantic import AliasChoices, Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -22,6 +22,7 @@ from .limits import RequestLimits
 if TYPE_CHECKING:
     from limiter.redis_url import RedisTarget
 
+    from .decision.headers import HeaderStyle
     from .external import BackendHosts
 
 __all__ = ["Settings", "SettingsError", "load_settings"]
@@ -192,6 +193,32 @@ class Settings(BaseSettings):
         validation_alias=_env("SHADOWLIMIT_MAX_HEADER_BYTES"),
         description="Largest total of header names and values in a request; more gets 431.",
     )
+    log_format: Literal["text", "json"] = Field(
+        "text",
+        validation_alias=_env("SHADOWLIMIT_LOG_FORMAT"),
+        description="Log lines on stderr: text, or json (one object per line, events with their fields).",
+    )
+    # rate-limit response headers (control_plane/decision/headers.py; docs/api.md)
+    headers: str = Field(
+        "draft,legacy",
+        validation_alias=_env("SHADOWLIMIT_HEADERS"),
+        description=(
+            "Rate-limit headers on decisions: draft (RateLimit-Policy, RateLimit), legacy (X-RateLimit-*),"
+            " both, or none."
+        ),
+    )
+    announce_shadow: bool = Field(
+        False,
+        validation_alias=_env("SHADOWLIMIT_ANNOUNCE_SHADOW"),
+        description="Announce the coming distributed limit in shadow (an sl-shadow item naming <route>-global).",
+    )
+    reset_header: Literal["unix", "seconds"] = Field(
+        "unix",
+        validation_alias=_env("SHADOWLIMIT_RESET_HEADER"),
+        description=(
+            "X-RateLimit-Reset as a Unix time (unix) or in seconds from now (seconds, as Envoy and Kong send it)."
+        ),
+    )
     # shadow evaluation
     record: bool = Field(
         True,
@@ -348,6 +375,14 @@ class Settings(BaseSettings):
     def _parse_failure_policy(cls, v: object) -> FailurePolicy:
         return FailurePolicy.parse(v)  # type: ignore[arg-type]
 
+    @field_validator("headers")
+    @classmethod
+    def _check_headers(cls, v: str) -> str:
+        from .decision.headers import HeaderStyle
+
+        HeaderStyle.parse(v)
+        return v
+
     @field_validator("trusted_proxies")
     @classmethod
     def _check_proxies(cls, v: str) -> str:
@@ -499,6 +534,11 @@ class Settings(BaseSettings):
     @property
     def request_limits(self) -> RequestLimits:
         return RequestLimits(self.max_body_bytes, self.max_headers, self.max_header_bytes)
+
+    def header_style(self) -> HeaderStyle:
+        from .decision.headers import HeaderStyle
+
+        return HeaderStyle.parse(self.headers, announce_shadow=self.announce_shadow, reset=self.reset_header)
 
     @property
     def backend_hosts(self) -> BackendHosts:

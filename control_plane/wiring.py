@@ -151,8 +151,9 @@ def build_engine(
     iid = instance_id or settings.instance_id or uuid.uuid4().hex[:12]
     metrics = metrics or Metrics()
     events = EventHub(history=settings.stream_history)
-    breaker = CircuitBreaker(failure_threshold=settings.breaker_failure_threshold)
-    fleet = FleetMembership(redis, instance_id=iid, interval_s=2.0)
+    # the engine logs the transitions (with their event fields)
+    breaker = CircuitBreaker(failure_threshold=settings.breaker_failure_threshold, trial_half_opens=False, name=None)
+    fleet = FleetMembership(redis, instance_id=iid, interval_s=2.0, joins=settings.enable_distributed_rate_limiting)
     resilient = ResilientLimiter(
         redis,
         failure_policy=settings.failure_policy,
@@ -173,15 +174,11 @@ def build_engine(
         breaker=breaker, metrics=metrics, events=events, audit_sink=sink, instance_id=iid, clock=clock,
     )  # fmt: skip
     external = ExternalManager(
-        namespace=settings.namespace,
-        client=client,
-        backend_hosts=settings.backend_hosts,
+        namespace=settings.namespace, client=client, backend_hosts=settings.backend_hosts,
         cache_ok=lambda: breaker.state is not BreakerState.OPEN,
         cache_timeout_s=max(0.05, settings.redis_command_timeout_s * 2),
-        metrics=metrics,
-        publish=events.publish,
-        instance_id=iid,
-    )
+        metrics=metrics, publish=events.publish, instance_id=iid,
+    )  # fmt: skip
     external.configure(live.current.all_routes)
     live.listeners += [lambda r: external.configure(r.all_routes), rollout.rules_changed]
     comparisons = Comparisons(divergence, blocked, metrics)
@@ -201,7 +198,7 @@ def build_engine(
     decider = Decider(
         rules=live, modes=rollout, adjustments=adjustments, local=local, resilient=resilient, shadow=shadow,
         comparisons=comparisons, external=external, activity=activity, metrics=metrics, instance_id=iid,
-        recorder=recorder,
+        recorder=recorder, headers=settings.header_style(),
         clock_us=clock_us,
     )  # fmt: skip
     engine = Engine(

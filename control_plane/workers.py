@@ -36,6 +36,7 @@ STOP_TIMEOUT_S = 30.0
 def run_server(settings: Any, log_level: str, *, reuse_port: bool = False) -> None:
     """One control plane under uvicorn in this process, until it is told to stop."""
     import uvicorn
+    from uvicorn.config import LOGGING_CONFIG
 
     from .app import create_app
     from .serving import http_protocol
@@ -45,6 +46,9 @@ def run_server(settings: Any, log_level: str, *, reuse_port: bool = False) -> No
         host=settings.host,
         port=settings.port,
         log_level=log_level,
+        # SHADOWLIMIT_LOG_FORMAT=json: uvicorn's loggers were given the JSON handler
+        # (control_plane.logs); its own logging config would put the text one back
+        log_config=None if settings.log_format == "json" else LOGGING_CONFIG,
         access_log=False,
         # client addresses come from the TCP peer; forwarding headers are believed only by
         # the key extractor, from SHADOWLIMIT_TRUSTED_PROXIES (uvicorn's own default would
@@ -76,13 +80,14 @@ def exit_with_parent(parent_pid: int) -> None:
 
 def _worker_main(overrides: dict[str, Any], log_level: str, parent_pid: int) -> None:
     """A worker process: the settings again (the environment is inherited), then serve."""
-    from .cli import configure_logging
+    from .logs import configure_logging
     from .settings import load_settings
 
     exit_with_parent(parent_pid)  # a supervisor killed outright leaves no worker holding the port
-    configure_logging(log_level)
+    settings = load_settings(**overrides)
+    configure_logging(log_level, settings.log_format)
     try:
-        run_server(load_settings(**overrides), log_level, reuse_port=True)
+        run_server(settings, log_level, reuse_port=True)
     except KeyboardInterrupt:  # Ctrl-C reaches every worker: the clean shutdown already ran
         pass
 

@@ -64,6 +64,13 @@ class CircuitBreaker:
     it, and so does the first request once the probe is due; in half-open one request
     at a time goes through (the trial), and its success closes the breaker.
 
+    With ``trial_half_opens=False`` (the Redis breaker, which has a background prober) the
+    request let through once the probe is due is a trial *while still open*: the state (and
+    the gauge an alert watches "for 1m") stays open until something has succeeded; a
+    successful probe half-opens it, a successful trial closes it, a failed trial only
+    reschedules the next probe. Half-open then always means "Redis answered, one request
+    is checking".
+
     ``clock`` (monotonic) drives the state machine, ``wall_clock`` only stamps
     ``opened_at`` and ``last_failure_at``; ``rng`` draws the jitter. Each transition is
     logged as a warning naming the breaker ``name`` (None: not logged, the owner
@@ -92,6 +99,7 @@ class CircuitBreaker:
         "state",
         "total_failures",
         "transitions",
+        "trial_half_opens",
     )
 
     def __init__(
@@ -106,6 +114,7 @@ class CircuitBreaker:
         rng: Callable[[], float] = random.random,
         on_transition: Callable[[BreakerState, BreakerState, str | None], None] | None = None,
         name: str | None = "redis",
+        trial_half_opens: bool = True,
     ) -> None:
         if failure_threshold < 1:
             raise ValueError(f"failure_threshold: must be >= 1, got {failure_threshold!r}")
@@ -120,6 +129,7 @@ class CircuitBreaker:
         self._rng = rng
         self.on_transition = on_transition
         self.name = name
+        self.trial_half_opens = trial_half_opens
         self.state = BreakerState.CLOSED
         self.consecutive_failures = 0
         self.total_failures = 0
@@ -147,10 +157,10 @@ class CircuitBreaker:
             return True
         if self.state is BreakerState.OPEN:
             # no background prober (or it is late): traffic may trigger the probe itself
-            if self.next_probe_at is not None and self._clock() >= self.next_probe_at:
-                self._move(BreakerState.HALF_OPEN, "probe due")
-            else:
+            if self.next_probe_at is None or self._clock() < self.next_probe_at:
                 return False
+            if self.trial_half_opens:
+                self._move(BreakerState.HALF_OPEN, "probe due")
         if self._trial_in_flight:
             return False
         self._trial_in_flight = True
@@ -174,12 +184,13 @@ class CircuitBreaker:
             self._move(BreakerState.CLOSED, None)
 
     def record_failure(self, error: BaseException | str) -> None:
+        trial = self._trial_in_flight
         self._trial_in_flight = False
         self.consecutive_failures += 1
         self.total_failures += 1
         self.last_error = str(error) or type(error).__name__
         self.last_failure_at = self._wall()
-        if self.state is BreakerState.HALF_OPEN:
+        if self.state is BreakerState.HALF_OPEN or (self.state is BreakerState.OPEN and trial):
             self.probe_attempt += 1
             self._open()
         elif self.state is BreakerState.CLOSED and self.consecutive_failures >= self.failure_threshold:

@@ -111,6 +111,10 @@ class FleetMembership:
     as last read from Redis; it is kept while Redis is down, which is the point.
     ``wall_clock`` (Unix seconds) stamps the beats: every replica compares its clock
     with the others' stamps, so it must be the wall clock, not a monotonic one.
+
+    ``joins=False`` (a replica whose kill switch keeps Redis off its request path) only
+    reads the set: it takes no share of the global limit, so it must not shrink the
+    others' fallback share by counting as live.
     """
 
     def __init__(
@@ -121,9 +125,11 @@ class FleetMembership:
         interval_s: float = 2.0,
         stale_after_s: float | None = None,
         wall_clock: Callable[[], float] = time.time,
+        joins: bool = True,
     ) -> None:
         self.redis = redis
         self.wall_clock = wall_clock
+        self.joins = joins
         self.instance_id = instance_id or uuid.uuid4().hex[:12]
         self.interval_s = interval_s
         self.stale_after_s = stale_after_s if stale_after_s is not None else interval_s * 3
@@ -137,11 +143,13 @@ class FleetMembership:
         """One heartbeat: record this instance, drop stale ones, read the live count."""
         now_ms = int(self.wall_clock() * 1000)
         b = self.redis.backend
-        await b.call(self.key, encode_command("ZADD", self.key, now_ms, self.instance_id))
+        if self.joins:
+            await b.call(self.key, encode_command("ZADD", self.key, now_ms, self.instance_id))
         await b.call(
             self.key, encode_command("ZREMRANGEBYSCORE", self.key, "-inf", now_ms - int(self.stale_after_s * 1000))
         )
-        await b.call(self.key, encode_command("PEXPIRE", self.key, int(self.stale_after_s * 1000) * 2))
+        if self.joins:
+            await b.call(self.key, encode_command("PEXPIRE", self.key, int(self.stale_after_s * 1000) * 2))
         members = await b.call(self.key, encode_command("ZRANGE", self.key, 0, -1))
         if not isinstance(members, list):
             raise BackendError(f"fleet heartbeat: unexpected reply {members!r}")
@@ -194,7 +202,7 @@ class ResilientLimiter:
         self.failure_policy = FailurePolicy.parse(failure_policy)
         self.failure_code = failure_code
         self.fallback = fallback if fallback is not None else LocalLimiter()
-        self.breaker = breaker if breaker is not None else CircuitBreaker()
+        self.breaker = breaker if breaker is not None else CircuitBreaker(trial_half_opens=False)
         self.fleet = fleet
         self._shares: dict[tuple[Policy, int], Policy] = {}
         self._probe_task: asyncio.Task[None] | None = None

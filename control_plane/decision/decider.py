@@ -39,6 +39,7 @@ from ..metrics import Metrics
 from ..shadow import ShadowPipeline
 from .compare import Comparisons
 from .enforce import Path, divergence_of, failure_verdict, path_for
+from .headers import HeaderStyle
 from .plan import RoutePlan, check_cost
 from .types import DecideInput, DecideResult, PlainInput, UnknownRoute
 
@@ -112,8 +113,10 @@ class Decider:
         instance_id: str,
         clock_us: Callable[[], int] = wall_clock_us,
         recorder: Recorder | None = None,
+        headers: HeaderStyle = HeaderStyle(),
     ) -> None:
         self._rules = rules
+        self.headers = headers
         self.modes = modes  # effective_mode(route) -> (Mode, percent); .generation
         self.adjustments = adjustments
         self.local = local
@@ -177,7 +180,7 @@ class Decider:
         p = self._plans.get(rule.name)
         if p is None or p.rule is not rule or p.stamp != stamp:
             mode, percent = self.modes.effective_mode(rule.name)
-            p = self._plans[rule.name] = RoutePlan(rule, mode, percent, self.adjustments, stamp)
+            p = self._plans[rule.name] = RoutePlan(rule, mode, percent, self.adjustments, stamp, self.headers)
         return p
 
     # -- the steps -----------------------------------------------------------------------

@@ -17,7 +17,7 @@ from limiter.resilience import FailurePolicy
 from ..metrics import Metrics
 from ..rollout import Divergence, Mode
 from .enforce import Path, path_for, route_path
-from .headers import policy_header, rate_limit_headers, render_headers
+from .headers import HeaderStyle, PolicyHeaders, rate_limit_headers
 from .types import DecideResult, result_dict
 
 if TYPE_CHECKING:
@@ -56,11 +56,19 @@ class RoutePlan:
         "rule", "name", "prefix", "mode", "mode_value", "percent", "path", "lp", "dp", "simple", "lists",
         "failure", "cost_max", "adjust", "stamp", "l_shadow",
         "req", "fin", "dreq", "div", "remaining", "dropped",
-        "l_limit", "l_limit_s", "l_policy_h", "d_limit", "d_limit_s", "d_policy_h",
+        "style", "l_hdr", "d_hdr",
         "_children_of", "_local_children",
     )  # fmt: skip
 
-    def __init__(self, rule: RouteRule, mode: Mode, percent: int, adjust: Adjustments, stamp: object) -> None:
+    def __init__(
+        self,
+        rule: RouteRule,
+        mode: Mode,
+        percent: int,
+        adjust: Adjustments,
+        stamp: object,
+        style: HeaderStyle = HeaderStyle(),
+    ) -> None:
         self.rule = rule
         self.name = rule.name
         self.prefix = f"{rule.name}:"
@@ -90,8 +98,9 @@ class RoutePlan:
         self.dropped = 0
         self.div: dict[Divergence, int] = {}
         self.remaining: int | None = None
-        self.l_limit: int | None = None
-        self.d_limit: int | None = None
+        self.style = style
+        self.l_hdr: PolicyHeaders | None = None
+        self.d_hdr: PolicyHeaders | None = None
         self._children_of: Metrics | None = None
         self._local_children: tuple[Any, Any] = (None, None)
 
@@ -138,17 +147,19 @@ class RoutePlan:
         backend error, the external limits' resolution)."""
         limit = enforced.limit
         if policy is self.lp and shadow is self.l_shadow:
-            if limit != self.l_limit:
-                self.l_limit, self.l_limit_s = limit, str(limit)
-                self.l_policy_h = policy_header(self.name, limit, policy, shadow)
-            headers = render_headers(self.name, enforced, self.l_limit_s, self.l_policy_h, now_s)
+            h = self.l_hdr
+            if h is None or h.limit != limit:
+                h = self.l_hdr = PolicyHeaders(self.name, limit, policy, shadow, self.style)
+            headers = h.render(enforced, now_s)
         elif policy is self.dp and shadow is None:
-            if limit != self.d_limit:
-                self.d_limit, self.d_limit_s = limit, str(limit)
-                self.d_policy_h = policy_header(self.name, limit, policy, None)
-            headers = render_headers(self.name, enforced, self.d_limit_s, self.d_policy_h, now_s)
+            h = self.d_hdr
+            if h is None or h.limit != limit:
+                h = self.d_hdr = PolicyHeaders(self.name, limit, policy, None, self.style)
+            headers = h.render(enforced, now_s)
         else:
-            headers = rate_limit_headers(self.name, enforced, policy, shadow_policy=shadow, now_s=now_s)
+            headers = rate_limit_headers(
+                self.name, enforced, policy, shadow_policy=shadow, now_s=now_s, style=self.style
+            )
         list_match, backend_error, res = extra
         source = url = None
         if res is not None:

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from ..logs import event_fields
 from .errors import RulesError
 from .load import load_rules, rules_from_bytes
 from .model import Rules
@@ -103,7 +104,11 @@ class RulesWatcher:
     def _report(self, err: RulesError) -> None:
         self.last_error = err
         self.error_count += 1
-        log.warning("rules file rejected, keeping the last good rules: %s", err)
+        log.warning(
+            "rules file rejected, keeping the last good rules: %s",
+            err,
+            extra=event_fields("rules_rejected", source=str(self.path), error=str(err)),
+        )
         if self.on_error is not None:
             self.on_error(err)
 
@@ -119,7 +124,12 @@ class RulesWatcher:
             return
         self.last_error = None
         self._bad_digest = None
-        log.info("rules file %s is back to the rules in force (digest %s)", self.path, self._rules.digest[:12])
+        log.info(
+            "rules file %s is back to the rules in force (digest %s)",
+            self.path,
+            self._rules.digest[:12],
+            extra=event_fields("rules_recovered", source=str(self.path), digest=self._rules.digest),
+        )
         if self.on_recover is not None:
             self.on_recover(self._rules)
 
@@ -129,7 +139,13 @@ class RulesWatcher:
         self._bad_digest = None
         self._bad_sig = None
         self.reload_count += 1
-        log.info("rules reloaded from %s: %d routes, digest %s", rules.source, len(rules.routes), rules.digest[:12])
+        log.info(
+            "rules reloaded from %s: %d routes, digest %s",
+            rules.source,
+            len(rules.routes),
+            rules.digest[:12],
+            extra=event_fields("rules_reloaded", source=rules.source, routes=len(rules.routes), digest=rules.digest),
+        )
         if self.on_change is not None:
             self.on_change(rules)
 

@@ -27,7 +27,7 @@ from limiter.embedded import EmbeddedRedis
 
 ADMIN = admin_headers()
 # draft-ietf-httpapi-ratelimit-headers-11: a structured-field List of named items
-_POLICY_ITEM = r'"[A-Za-z0-9_.-]+";q=\d+;w=\d+(?:;sl-shadow)?'
+_POLICY_ITEM = r'"[A-Za-z0-9_.-]+";q=\d+;w=\d+(?:;sl-burst=\d+)?(?:;sl-shadow)?'
 POLICY_RE = re.compile(rf"^{_POLICY_ITEM}(?:, {_POLICY_ITEM})*$")
 RATELIMIT_RE = re.compile(r'^"[A-Za-z0-9_.-]+";r=\d+;t=\d+$')
 
@@ -211,16 +211,43 @@ def test_decide_denied_is_429_with_seed_body_and_headers(http):
     # a sliding window is back to its full allowance within two windows
     assert int(time.time()) <= int(h["X-RateLimit-Reset"]) <= int(time.time()) + 21
     assert POLICY_RE.match(h["RateLimit-Policy"]), h["RateLimit-Policy"]
-    assert h["RateLimit-Policy"].startswith('"login";q=5;w=10')
+    # a sliding window of 5 per 10 s admits a steady client 4 per window (docs/api.md)
+    assert h["RateLimit-Policy"] == '"login";q=4;w=10'
     assert RATELIMIT_RE.match(h["RateLimit"]), h["RateLimit"]
     assert h["RateLimit"].startswith('"login";r=0;t=')
-    # shadow mode: the coming distributed limit is announced with sl-shadow
-    assert '"login-global";q=5;w=10;sl-shadow' in h["RateLimit-Policy"]
-    # a token bucket route: w is the time to refill the burst
+    # no announcement of the coming distributed limit unless SHADOWLIMIT_ANNOUNCE_SHADOW is set
+    assert "sl-shadow" not in h["RateLimit-Policy"]
+    # a token bucket route: 10 per second, its burst equal to the quota
     ok = decide(http, route="search", key="carl")
-    assert ok.headers["RateLimit-Policy"] == '"search";q=10;w=1, "search-global";q=10;w=1;sl-shadow'
-    assert RATELIMIT_RE.match(ok.headers["RateLimit"])
+    assert ok.headers["RateLimit-Policy"] == '"search";q=10;w=1'
+    assert ok.headers["RateLimit"] == '"search";r=9;t=1'  # one token back within a second
     assert "Retry-After" not in ok.headers
+
+
+def test_header_styles_and_the_shadow_announcement(make_cp):
+    """SHADOWLIMIT_ANNOUNCE_SHADOW adds the sl-shadow item (shadow only); SHADOWLIMIT_HEADERS
+    picks the sets; SHADOWLIMIT_RESET_HEADER=seconds sends X-RateLimit-Reset as a delay."""
+    with make_cp(announce_shadow=True, gate_min_samples=0).client() as c:
+        r = decide(c, route="export", key="ann")
+        assert r.headers["RateLimit-Policy"] == '"export";q=100;w=1, "export-global";q=1;w=10;sl-burst=3;sl-shadow'
+        assert POLICY_RE.match(r.headers["RateLimit-Policy"])
+        assert set_mode(c, "export", "enforce").status_code == 200
+        r = decide(c, route="export", key="ann")
+        assert r.headers["RateLimit-Policy"] == '"export";q=1;w=10;sl-burst=3'
+    with make_cp(headers="legacy", reset_header="seconds").client() as c:
+        codes = []
+        for _ in range(6):
+            r = decide(c, route="login", key="leg")
+            codes.append(r.status_code)
+            assert "RateLimit-Policy" not in r.headers and "RateLimit" not in r.headers
+            assert 0 <= int(r.headers["X-RateLimit-Reset"]) <= 20  # seconds from now, not a Unix time
+        assert codes == [200] * 5 + [429] and int(r.headers["Retry-After"]) >= 1
+    with make_cp(headers="none").client() as c:
+        for _ in range(6):
+            r = decide(c, route="login", key="none")
+        assert r.status_code == 429 and int(r.headers["Retry-After"]) >= 1  # HTTP's own field stays
+        assert not [k for k in r.headers if "ratelimit" in k.lower()]
+        assert r.json()["headers"] == {"Retry-After": r.headers["Retry-After"]}
 
 
 def test_deny_list_is_403(http):
@@ -268,7 +295,7 @@ def test_mode_shadow_compares_off_the_hot_path(http):
         assert r.json()["mode"] == "shadow"
         assert r.json()["distributed"] is None
         assert r.json()["divergence"] is None
-        assert "sl-shadow" in r.headers["RateLimit-Policy"]
+        assert "sl-shadow" not in r.headers["RateLimit-Policy"]  # not announced by default
     totals = wait_until(
         lambda: (t := div_totals(http, "search"))["compared"] >= 7 and t, 5.0, 0.1, "shadow comparisons"
     )

@@ -170,3 +170,16 @@ async def test_heartbeats_expire_stale_instances(redis_url):
     assert a.members == ["a"]
     await a.leave()
     await rl.aclose()
+
+
+async def test_a_replica_that_does_not_join_reads_the_fleet_without_counting(redis_url):
+    """A kill-switched replica (joins=False) sees the fleet but is not one of its live
+    instances: the others' fallback share is not shrunk by a replica that takes none."""
+    rl = RedisLimiter.from_url(redis_url, namespace=f"hb-{time.time_ns()}")
+    members = [FleetMembership(rl, instance_id=name, interval_s=0.1) for name in ("a", "b")]
+    switched_off = FleetMembership(rl, instance_id="off", interval_s=0.1, joins=False)
+    for m in members:
+        await m.beat()
+    assert await switched_off.beat() == 2 and switched_off.members == ["a", "b"]
+    assert await members[0].beat() == 2  # not 3
+    await rl.aclose()

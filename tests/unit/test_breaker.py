@@ -154,3 +154,44 @@ def test_transitions_are_logged_under_the_breakers_name(caplog):
     quiet, _, seen = make(failure_threshold=1, name=None)
     quiet.record_failure("down")
     assert caplog.records == [] and seen == [(BreakerState.CLOSED, BreakerState.OPEN)]  # the owner still hears it
+
+
+def test_redis_breaker_stays_open_through_failed_trials_and_half_opens_only_on_success(caplog):
+    """trial_half_opens=False (the Redis breaker): a trial let through once the probe is due
+    leaves the state open (no open -> half_open line, no gauge flip that resets a "for 1m"
+    alert); a failed trial reschedules the probe; a successful probe half-opens it; a
+    successful trial closes it."""
+    caplog.set_level("WARNING", logger="shadowlimit.resilience")
+    b, clock, seen = make(failure_threshold=1, trial_half_opens=False, jitter=False)
+    b.record_failure("down")
+    assert seen == [(BreakerState.CLOSED, BreakerState.OPEN)]
+    for attempt in range(1, 4):
+        clock.t += b.snapshot().next_probe_in_s
+        assert b.allow_request() and b.state is BreakerState.OPEN and b.trial_in_flight
+        assert not b.allow_request()  # still one trial at a time
+        b.record_failure("still down")
+        assert b.state is BreakerState.OPEN and b.probe_attempt == attempt
+        assert b.snapshot().next_probe_in_s == min(2.0**attempt, 30.0)
+    assert seen == [(BreakerState.CLOSED, BreakerState.OPEN)]  # no flapping in between
+    assert [r.getMessage() for r in caplog.records if "->" in r.getMessage()] == [
+        "redis circuit breaker closed -> open (down)"
+    ]
+    b.probe_succeeded()  # Redis answered the background probe: now one request checks
+    assert b.state is BreakerState.HALF_OPEN and b.allow_request()
+    b.record_success()
+    assert b.state is BreakerState.CLOSED
+    assert [t for _, t in seen] == [BreakerState.OPEN, BreakerState.HALF_OPEN, BreakerState.CLOSED]
+    # a trial that succeeds while still open closes it directly
+    b.record_failure("down again")
+    clock.t += b.snapshot().next_probe_in_s
+    assert b.allow_request() and b.state is BreakerState.OPEN
+    b.record_success()
+    assert b.state is BreakerState.CLOSED and seen[-1] == (BreakerState.OPEN, BreakerState.CLOSED)
+
+
+def test_late_failures_while_open_do_not_push_the_probe_out():
+    b, clock, _ = make(failure_threshold=1, trial_half_opens=False, jitter=False)
+    b.record_failure("down")
+    clock.t += 0.5
+    b.record_failure("a request sent before the breaker opened")  # not a trial
+    assert b.probe_attempt == 0 and b.snapshot().next_probe_in_s == 0.5
