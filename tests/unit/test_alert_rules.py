@@ -4,6 +4,7 @@ exactly; the dashboard's and the rules' PromQL is read as Prometheus would read 
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 
@@ -11,6 +12,7 @@ import yaml
 from promql import (
     ALERTS,
     ALERTS_TEST,
+    DASHBOARD,
     DOCS,
     alert_rules,
     dashboard_queries,
@@ -94,3 +96,24 @@ def test_promql_reader():
     assert metric_names("(x == 1) and on (route) (max by (route) (y) == 1) or vector(0)") == {"x", "y"}
     assert metric_names("absent(shadowlimit_build_info)") == {"shadowlimit_build_info"}
     assert len(dashboard_queries()) >= 15
+
+
+def test_dashboard_is_an_importable_grafana_dashboard():
+    """Unique panel ids, a grid position each, every query on the dashboard's data source
+    variable with its own refId, only the variables the dashboard defines."""
+    dash = json.loads(DASHBOARD.read_text())
+    assert dash["uid"] == "shadowlimit" and dash["schemaVersion"] >= 36
+    variables = {v["name"] for v in dash["templating"]["list"]}
+    assert variables == {"datasource", "route"}
+    ids = [p["id"] for p in dash["panels"]]
+    assert len(ids) == len(set(ids))
+    for panel in dash["panels"]:
+        assert {"h", "w", "x", "y"} <= set(panel["gridPos"]), panel["title"]
+        assert panel["gridPos"]["x"] + panel["gridPos"]["w"] <= 24, panel["title"]
+        targets = panel.get("targets", [])
+        assert panel["type"] == "row" or targets, panel["title"]
+        assert len({t["refId"] for t in targets}) == len(targets), panel["title"]
+        for t in targets:
+            assert t["datasource"] == {"type": "prometheus", "uid": "${datasource}"}, panel["title"]
+            used = set(re.findall(r"\$(\w+)", t["expr"])) - {"__rate_interval"}
+            assert used <= variables, (panel["title"], used)
