@@ -10,7 +10,6 @@ import uuid
 import httpx
 from cp_server import metric_value
 from fastapi import FastAPI
-from support import aeventually
 
 from control_plane.middleware import ShadowLimitMiddleware
 from control_plane.rollout import AuditEntry, Mode, RouteState
@@ -116,27 +115,11 @@ async def test_middleware_enforces_local_in_shadow_and_distributed_in_enforce(re
         await stop()
 
 
-async def _until_subscribed(app) -> None:
-    """Wait (bounded) until the app's engine follows the rollout channel: an engine stopped
-    while its pub/sub subscription is still being set up leaves that task running."""
-    mw = app.middleware_stack
-    while not isinstance(mw, ShadowLimitMiddleware):
-        mw = mw.app
-    engine = mw.engine
-
-    async def subscribed() -> bool:
-        counts = await engine.client.pubsub_numsub(engine.store.channel)
-        return bool(counts) and counts[0][1] >= 1
-
-    await aeventually(subscribed, 10, what="the engine's pub/sub subscription")
-
-
 async def test_metrics_path_serves_the_engines_metrics(redis_url, tmp_path):
     """metrics_path: the engine's own metrics on the app, never rate-limited; off by default."""
     ns = "mw" + uuid.uuid4().hex[:8]
     app = make_app(redis_url, tmp_path, ns, metrics_path="/shadowlimit/metrics")
     stop = await _lifespan(app)
-    await _until_subscribed(app)
     try:
         transport = httpx.ASGITransport(app=app, client=("127.0.0.1", 5000))
         async with httpx.AsyncClient(transport=transport, base_url="http://app") as http:
@@ -168,7 +151,6 @@ async def test_metrics_path_serves_the_engines_metrics(redis_url, tmp_path):
     # without metrics_path the app's own routes answer (here: none, 404)
     plain = make_app(redis_url, tmp_path, "mw" + uuid.uuid4().hex[:8])
     stop = await _lifespan(plain)
-    await _until_subscribed(plain)
     try:
         transport = httpx.ASGITransport(app=plain, client=("127.0.0.1", 5000))
         async with httpx.AsyncClient(transport=transport, base_url="http://app") as http:
