@@ -1,14 +1,16 @@
 """Prometheus metrics: seed 004's and seed 002's names, plus shadowlimit's own.
 
 Each app gets its own :class:`~prometheus_client.CollectorRegistry`, so several
-control planes (and tests) can live in one process.
+control planes (and tests) can live in one process. Labelled counters exist at 0 for every
+label set known in advance (the fixed ones at once, a route's from :meth:`Metrics.add_route`),
+so a first event is an increase ``increase()`` and ``rate()`` see.
 
 ========================================  =======  =================================
 metric                                    type     labels
 ========================================  =======  =================================
 rate_limit_rejections_total               counter  reason: local_exhausted,
                                                    distributed_exhausted, backend_error,
-                                                   deny_list
+                                                   fallback_exhausted, deny_list
 rate_limit_tokens_remaining               gauge    scope (global/route), route
 rate_limit_backend_errors_total           counter  -
 rate_limit_shadow_divergence_total        counter  route, direction
