@@ -1,14 +1,16 @@
 """Prometheus metrics: seed 004's and seed 002's names, plus shadowlimit's own.
 
 Each app gets its own :class:`~prometheus_client.CollectorRegistry`, so several
-control planes (and tests) can live in one process.
+control planes (and tests) can live in one process. Labelled counters exist at 0 for every
+label set known in advance (the fixed ones at once, a route's from :meth:`Metrics.add_route`),
+so a first event is an increase ``increase()`` and ``rate()`` see.
 
 ========================================  =======  =================================
 metric                                    type     labels
 ========================================  =======  =================================
 rate_limit_rejections_total               counter  reason: local_exhausted,
                                                    distributed_exhausted, backend_error,
-                                                   deny_list
+                                                   fallback_exhausted, deny_list
 rate_limit_tokens_remaining               gauge    scope (global/route), route
 rate_limit_backend_errors_total           counter  -
 rate_limit_shadow_divergence_total        counter  route, direction
@@ -60,7 +62,13 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.utils import floatToGoString
 
-__all__ = ["FastCounter", "FastGauge", "FastHistogram", "Metrics"]
+from limiter.breaker import BreakerState
+from limiter.resilience import FailurePolicy
+
+from .external.resolver import SOURCES
+from .rollout import Divergence, Mode
+
+__all__ = ["DECISION_ENFORCERS", "FastCounter", "FastGauge", "FastHistogram", "Metrics"]
 
 
 class _Value:
@@ -178,7 +186,40 @@ class FastGauge(_Family):
     kind = "gauge"
 
 
-_LATENCY_BUCKETS = (0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
+#: from 5 us (an in-process decision takes 10-20 us) to 1 s (a slow Redis round trip)
+_LATENCY_BUCKETS = (
+    0.000005, 0.00001, 0.000015, 0.00002, 0.00003, 0.00005, 0.000075, 0.0001, 0.00025, 0.0005,
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0,
+)  # fmt: skip
+
+#: who can enforce a decision in each mode: the ``enforced_by`` values of
+#: ``rate_limit_decisions_total`` a route's series are created with (at 0)
+DECISION_ENFORCERS: dict[str, tuple[str, ...]] = {
+    Mode.OFF.value: ("local",),
+    Mode.SHADOW.value: ("local",),
+    Mode.CANARY.value: ("local", "distributed", "failure_policy"),
+    Mode.ENFORCE.value: ("distributed", "failure_policy"),
+}
+
+#: the label values known in advance of the metrics without a route label (each series
+#: exists at 0 from the start, so ``increase()`` and ``rate()`` see its first event)
+_FIXED_LABELS: dict[str, tuple[tuple[str, ...], ...]] = {
+    "rejections": tuple(
+        (r,) for r in ("local_exhausted", "distributed_exhausted", "backend_error", "fallback_exhausted", "deny_list")
+    ),
+    "exceeded": (("local",), ("distributed",), ("failure_policy",)),
+    "requests": tuple((t, s) for t in ("local", "distributed") for s in ("allowed", "denied")),
+    "latency": tuple((m,) for m in (*DECISION_ENFORCERS, "batch")),
+    "breaker_transitions": tuple((s.value,) for s in BreakerState),
+    "fallback": tuple((p.value,) for p in FailurePolicy),
+    "rules_reloads": (("ok",), ("error",)),
+    "external_calls": tuple((r,) for r in ("ok", "timeout", "error", "invalid")),
+    "external_errors": tuple((r,) for r in ("timeout", "error", "invalid", "overloaded", "circuit_open", "internal")),
+    "external_cache": (("hit",), ("miss",), ("stale",)),
+    "external_breaker_transitions": tuple((s.value,) for s in BreakerState),
+    "record_events": (("recorded",), ("dropped",)),
+    "envoy_requests": tuple((c,) for c in ("ok", "over_limit", "invalid", "error")),
+}
 
 
 class Metrics:
@@ -187,11 +228,19 @@ class Metrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         r = self.registry = registry or CollectorRegistry()
         self._children: dict[tuple[int, tuple[str, ...]], Any] = {}
+        self._routes: dict[str, bool] = {}  # the routes whose series exist: name -> has external limits
         # created in this order, which is the order /metrics lists them in
         self._add_decision_metrics(r)
         self._add_control_metrics(r)
         self._add_external_and_stream_metrics(r)
         self._add_process_metrics(r)
+        for attr, label_sets in _FIXED_LABELS.items():
+            metric = getattr(self, attr)
+            for labels in label_sets:
+                metric.labels(*labels)
+        self.stream_snapshot_builds.labels()
+        self.stream_refused.labels()
+        self.external_backend_url_rejected.labels()
         self.rules_valid.set(1)
         for s in ("closed", "open", "half_open"):
             self.breaker_state.labels(s).set(1 if s == "closed" else 0)
@@ -344,6 +393,30 @@ class Metrics:
         if c is None:
             c = self._children[k] = metric.labels(*labels)
         return c
+
+    def add_route(self, route: str, *, external: bool = False) -> None:
+        """Create ``route``'s labelled counters at 0 (decisions by mode, enforcer and
+        result; divergence by direction; shadow drops; mode changes by target and
+        ``automatic``; with ``external``, decisions by limits source), so the first event
+        on any replica is an increase from 0 that ``increase()`` and ``rate()`` see, not a
+        series that appears already at 1. Called for every route of the rules in force,
+        at startup and after each reload; cheap when nothing is new."""
+        known = self._routes.get(route)
+        if known is not None and (known or not external):
+            return
+        self._routes[route] = external
+        if external:
+            for source in SOURCES:
+                self.external_limits.labels(route, source)
+        for mode, enforcers in DECISION_ENFORCERS.items():
+            for by in enforcers:
+                for allowed in ("true", "false"):
+                    self.decisions.labels(route, mode, by, allowed)
+            for automatic in ("true", "false"):
+                self.mode_changes.labels(route, mode, automatic)
+        for div in Divergence:
+            self.divergence.labels(route, div.value)
+        self.shadow_dropped.labels(route)
 
     def set_breaker(self, state: str) -> None:
         for s in ("closed", "open", "half_open"):

@@ -13,6 +13,10 @@ the rate-limit headers; an allowed one reaches the app and its response carries 
 headers. Bad keys (for example a missing key header) are answered with 400 naming the
 header, never passed through silently. The engine starts and stops with the app's
 lifespan; pass ``engine=`` to share one you manage yourself.
+
+``metrics_path="/metrics"`` (off by default, so an app's own ``/metrics`` is left alone)
+answers ``GET`` and ``HEAD`` on that path with the engine's Prometheus metrics, the same
+families a control plane exports (docs/metrics.md); the app is not called for it.
 """
 
 from __future__ import annotations
@@ -20,6 +24,8 @@ from __future__ import annotations
 import json
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
+
+from prometheus_client import CONTENT_TYPE_LATEST
 
 from limiter.keys import InvalidKeyError
 
@@ -46,18 +52,27 @@ class ShadowLimitMiddleware:
         *,
         engine: Engine | None = None,
         exclude_paths: tuple[str, ...] = ("/healthz", "/readyz", "/metrics"),
+        metrics_path: str | None = None,
     ) -> None:
         self.app = app
         self.settings = settings
         self.engine = engine
         self.exclude_paths = exclude_paths
+        self.metrics_path = metrics_path
         self._handle: EngineHandle | None = None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
             await self._lifespan(scope, receive, send)
             return
-        if scope["type"] != "http" or self.engine is None or scope.get("path", "/") in self.exclude_paths:
+        if scope["type"] != "http" or self.engine is None:
+            await self.app(scope, receive, send)
+            return
+        path = scope.get("path", "/")
+        if path == self.metrics_path:  # never rate-limited
+            await self._metrics(scope, send)
+            return
+        if path in self.exclude_paths:
             await self.app(scope, receive, send)
             return
         headers: dict[str, str] = {}
@@ -68,7 +83,7 @@ class ShadowLimitMiddleware:
         client = scope.get("client")
         inp = DecideInput(
             method=scope.get("method", "GET"),
-            path=scope.get("path", "/"),
+            path=path,
             client_ip=client[0] if client else None,
             headers=headers,
         )
@@ -100,6 +115,18 @@ class ShadowLimitMiddleware:
             await send(message)
 
         await self.app(scope, receive, send_with_headers)
+
+    async def _metrics(self, scope: Scope, send: Send) -> None:
+        """The engine's metrics in Prometheus's text format (405 for other methods)."""
+        assert self.engine is not None
+        method = scope.get("method", "GET")
+        if method not in ("GET", "HEAD"):
+            await _json(send, 405, {"error": "method_not_allowed", "message": f"{method} {self.metrics_path}"}, {})
+            return
+        payload = self.engine.metrics.render()
+        raw = [(b"content-type", CONTENT_TYPE_LATEST.encode()), (b"content-length", str(len(payload)).encode())]
+        await send({"type": "http.response.start", "status": 200, "headers": raw})
+        await send({"type": "http.response.body", "body": b"" if method == "HEAD" else payload})
 
     async def _lifespan(self, scope: Scope, receive: Receive, send: Send) -> None:
         async def wrapped_receive() -> Message:

@@ -10,12 +10,14 @@ that checks that *nothing* was counted can say so without waiting out a flush in
 from __future__ import annotations
 
 import asyncio
+import os
+import shutil
 import time
 from collections.abc import Awaitable, Callable
 from concurrent.futures import Future
 from typing import Any, TypeVar
 
-__all__ = ["aeventually", "eventually", "run_in_loop", "settle"]
+__all__ = ["aeventually", "eventually", "installed_binary", "run_in_loop", "settle"]
 
 T = TypeVar("T")
 
@@ -66,3 +68,11 @@ async def settle(engine: Any) -> None:
     await engine.shadow.drain()
     await engine.flush()
     await engine.views.refresh()
+
+
+def installed_binary(name: str, package: str | None = None) -> str:
+    """The path of the program ``name`` (on PATH, else in /usr/sbin): a test that needs a
+    tool that is absent fails naming the Debian package to install, it never skips."""
+    path = shutil.which(name) or (f"/usr/sbin/{name}" if os.path.exists(f"/usr/sbin/{name}") else None)
+    assert path, f"{name} is not installed: apt-get install {package or name} (.ci/run and ./dev test install it)"
+    return path

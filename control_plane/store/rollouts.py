@@ -359,9 +359,11 @@ class RolloutStore:
         try:
             with translate_errors("subscribe"):
                 await pubsub.subscribe(self.channel)
+            _raise_if_cancelled()
             if announce:
                 yield {"type": "subscribed", "channel": self.channel}
             while True:
+                _raise_if_cancelled()
                 with translate_errors("receive event"):
                     msg = await pubsub.get_message(ignore_subscribe_messages=True, timeout=1.0)
                 if msg is None or msg.get("type") != "message":
@@ -379,3 +381,13 @@ class RolloutStore:
             if owned:
                 with contextlib.suppress(Exception):
                     await asyncio.wait_for(conn.aclose(close_connection_pool=True), 1.0)
+
+
+def _raise_if_cancelled() -> None:
+    """Re-raise a cancellation redis-py swallowed: cancelled while ``subscribe`` connects, it
+    can return normally, and the task then waits in ``get_message`` forever (its read
+    timeout no longer fires in a task that is being cancelled), so stopping an engine right
+    after it started left the pub/sub listener behind."""
+    task = asyncio.current_task()
+    if task is not None and task.cancelling():
+        raise asyncio.CancelledError

@@ -7,7 +7,6 @@ divergence is counted."""
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import threading
 from collections.abc import Iterator
@@ -17,6 +16,7 @@ from pathlib import Path
 import httpx
 import pytest
 from cp_server import ControlPlaneServer, admin_headers, free_port, wait_until, write_rules
+from support import installed_binary
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -147,12 +147,6 @@ class Upstream:
         self.server.server_close()
 
 
-def _binary(name: str) -> str:
-    path = shutil.which(name) or (f"/usr/sbin/{name}" if os.path.exists(f"/usr/sbin/{name}") else None)
-    assert path, f"{name} is not installed: apt-get install {name} (.ci/run installs it)"
-    return path
-
-
 def nginx_conf(port: int, cp_port: int, upstream: int, prefix: Path) -> str:
     return f"""
 worker_processes 1;
@@ -210,12 +204,12 @@ def start_proxy(kind: str, cp: ControlPlaneServer, upstream: Upstream, tmp_path:
         prefix.mkdir()
         conf = prefix / "nginx.conf"
         conf.write_text(nginx_conf(port, cp.port, upstream.port, prefix))
-        argv = [_binary("nginx"), "-p", str(prefix), "-c", str(conf), "-g", "daemon off;"]
+        argv = [installed_binary("nginx"), "-p", str(prefix), "-c", str(conf), "-g", "daemon off;"]
         env = dict(os.environ)
     else:
         conf = tmp_path / "Caddyfile"
         conf.write_text(caddyfile(port, cp.port, upstream.port))
-        argv = [_binary("caddy"), "run", "--config", str(conf), "--adapter", "caddyfile"]
+        argv = [installed_binary("caddy"), "run", "--config", str(conf), "--adapter", "caddyfile"]
         env = dict(os.environ, XDG_DATA_HOME=str(tmp_path / "data"), XDG_CONFIG_HOME=str(tmp_path / "config"))
     proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
 

@@ -8,6 +8,7 @@ import time
 import uuid
 
 import httpx
+from cp_server import metric_value
 from fastapi import FastAPI
 
 from control_plane.middleware import ShadowLimitMiddleware
@@ -29,7 +30,7 @@ RULES = textwrap.dedent(
 )
 
 
-def make_app(redis_url, tmp_path, ns):
+def make_app(redis_url, tmp_path, ns, **middleware):
     rules = tmp_path / "rules.yaml"
     rules.write_text(RULES)
     settings = load_settings(
@@ -41,7 +42,7 @@ def make_app(redis_url, tmp_path, ns):
     async def item(item: str) -> dict[str, str]:
         return {"item": item}
 
-    app.add_middleware(ShadowLimitMiddleware, settings=settings)
+    app.add_middleware(ShadowLimitMiddleware, settings=settings, **middleware)
     return app
 
 
@@ -110,5 +111,50 @@ async def test_middleware_enforces_local_in_shadow_and_distributed_in_enforce(re
             codes = [(await http.get("/items/2", headers={"X-Client-Id": "carol"})).status_code for _ in range(3)]
             # the distributed policy (burst 2) now rules
             assert codes == [200, 200, 429]
+    finally:
+        await stop()
+
+
+async def test_metrics_path_serves_the_engines_metrics(redis_url, tmp_path):
+    """metrics_path: the engine's own metrics on the app, never rate-limited; off by default."""
+    ns = "mw" + uuid.uuid4().hex[:8]
+    app = make_app(redis_url, tmp_path, ns, metrics_path="/shadowlimit/metrics")
+    stop = await _lifespan(app)
+    try:
+        transport = httpx.ASGITransport(app=app, client=("127.0.0.1", 5000))
+        async with httpx.AsyncClient(transport=transport, base_url="http://app") as http:
+            fresh = await http.get("/shadowlimit/metrics")
+            assert fresh.status_code == 200 and fresh.headers["content-type"].startswith("text/plain; version=")
+            # the route's series exist at 0 before any request (the first one is an increase)
+            labels = {"route": "items", "mode": "shadow", "enforced_by": "local", "allowed": "false"}
+            zero = 'rate_limit_decisions_total{allowed="false",enforced_by="local",mode="shadow",route="items"} 0.0'
+            assert zero in fresh.text
+            codes = [(await http.get("/items/1", headers={"X-Client-Id": "dave"})).status_code for _ in range(4)]
+            assert codes == [200, 200, 200, 429]
+            # scraped as often as wanted: never limited, never counted as a decision
+            for _ in range(5):
+                r = await http.get("/shadowlimit/metrics")
+                assert r.status_code == 200
+            text = r.text
+            assert metric_value(text, "rate_limit_decisions_total", **labels) == 1
+            assert metric_value(text, "rate_limit_decisions_total", route="items", allowed="true") == 3
+            assert metric_value(text, "rate_limit_decision_duration_seconds_count", mode="shadow") == 4
+            assert metric_value(text, "rate_limit_mode_changes_total", route="items", automatic="true") == 0
+            assert "rate_limit_shadow_divergence_total" in text and "shadowlimit_build_info" in text
+            head = await http.head("/shadowlimit/metrics")
+            assert head.status_code == 200 and head.content == b""
+            post = await http.post("/shadowlimit/metrics")
+            assert post.status_code == 405 and post.json()["error"] == "method_not_allowed"
+    finally:
+        await stop()
+
+    # without metrics_path the app's own routes answer (here: none, 404)
+    plain = make_app(redis_url, tmp_path, "mw" + uuid.uuid4().hex[:8])
+    stop = await _lifespan(plain)
+    try:
+        transport = httpx.ASGITransport(app=plain, client=("127.0.0.1", 5000))
+        async with httpx.AsyncClient(transport=transport, base_url="http://app") as http:
+            assert (await http.get("/shadowlimit/metrics")).status_code == 404
+            assert (await http.get("/metrics")).status_code == 404
     finally:
         await stop()

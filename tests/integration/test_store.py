@@ -297,6 +297,32 @@ async def test_subscribe_ends_cleanly_when_cancelled(redis_url):
         await client.aclose()
 
 
+async def test_subscribe_cancelled_while_it_connects_ends(redis_url):
+    """Cancelled at any moment of its start (here: 0.5 to 2 ms in, while redis-py connects
+    and subscribes), the listener ends within its bounded cleanup: redis-py can swallow that
+    cancellation, and the task then used to wait in get_message forever."""
+    client = make_redis_py_client(redis_url)
+    store = RolloutStore(client, NS)
+
+    async def consume() -> None:
+        async for _ in store.subscribe():
+            pass
+
+    stuck = []
+    try:
+        for attempt in range(40):
+            task = asyncio.create_task(consume())
+            await asyncio.sleep(0.0005 * (1 + attempt % 4))
+            task.cancel()
+            _, pending = await asyncio.wait([task], timeout=3)
+            if pending:
+                stuck.append(attempt)
+                break  # a stuck task cannot be cancelled any more: stop here
+        assert stuck == []
+    finally:
+        await client.aclose()
+
+
 async def test_subscribe_without_announce_yields_only_channel_events(client, client2):
     store = RolloutStore(client, NS)
     events = RolloutStore(client2, NS).subscribe()

@@ -1,0 +1,310 @@
+"""deploy/'s dashboard and alert rules against real control planes and a real Prometheus.
+
+- a fresh replica's ``/metrics`` has every known label set at 0 (a second replica too, and a
+  route a rules reload adds), so the first event is an increase Prometheus sees;
+- every metric the dashboard's and the rules' PromQL names is on a running control plane's
+  ``/metrics``;
+- a real Prometheus (Debian's ``/usr/bin/prometheus``: its own configuration, storage and
+  loopback port, scraping every second, ``alerts.yaml`` loaded) scrapes a control plane: every
+  dashboard query runs, the key ones return series, the first manual mode change shows as an
+  increase, every rule evaluates, and ``ShadowlimitNoLiveInstances`` goes pending once the only
+  replica is gone.
+"""
+
+from __future__ import annotations
+
+import math
+import subprocess
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from cp_server import ControlPlaneServer, admin_headers, free_port, unique_namespace, write_rules
+from prometheus_client.parser import text_string_to_metric_families
+from promql import ALERTS, alert_rules, dashboard_queries, exported_names, metric_names
+from support import eventually, installed_binary
+
+from control_plane.metrics import DECISION_ENFORCERS
+
+ROUTES = ("search", "login", "export", "default")
+Series = dict[tuple[str, frozenset[tuple[str, str]]], float]
+
+
+def series(text: str) -> Series:
+    """Every sample of a Prometheus text exposition, by name and labels."""
+    return {
+        (s.name, frozenset(s.labels.items())): s.value
+        for fam in text_string_to_metric_families(text)
+        for s in fam.samples
+    }
+
+
+def at(s: Series, name: str, **labels: str) -> float | None:
+    """The sample's value, None when the series does not exist."""
+    return s.get((name, frozenset(labels.items())))
+
+
+def assert_route_series_at_0(s: Series, route: str) -> None:
+    for mode, enforcers in DECISION_ENFORCERS.items():
+        for automatic in ("true", "false"):
+            assert at(s, "rate_limit_mode_changes_total", route=route, to=mode, automatic=automatic) == 0, (route, mode)
+        for by in enforcers:
+            for allowed in ("true", "false"):
+                got = at(s, "rate_limit_decisions_total", route=route, mode=mode, enforced_by=by, allowed=allowed)
+                assert got == 0, (route, mode, by, allowed)
+    for direction in ("agree", "local_allow_distributed_deny", "local_deny_distributed_allow"):
+        assert at(s, "rate_limit_shadow_divergence_total", route=route, direction=direction) == 0, (route, direction)
+    assert at(s, "rate_limit_shadow_dropped_total", route=route) == 0, route
+
+
+def metrics_of(cp: ControlPlaneServer) -> str:
+    r = httpx.get(cp.url + "/metrics", timeout=10)
+    assert r.status_code == 200, r.text
+    return r.text
+
+
+@pytest.fixture
+def fleet(redis_url, tmp_path):
+    rules = write_rules(tmp_path)
+    ns = unique_namespace("obs")
+    a = ControlPlaneServer(redis_url=redis_url, rules_path=rules, namespace=ns, instance_id="obs-a")
+    b = ControlPlaneServer(redis_url=redis_url, rules_path=rules, namespace=ns, instance_id="obs-b")
+    a.start()
+    try:
+        b.start()
+    except BaseException:
+        a.stop()
+        raise
+    yield a, b, rules
+    b.stop()
+    a.stop()
+
+
+def test_fresh_replicas_export_every_known_series_at_0(fleet):
+    a, b, rules = fleet
+    for cp in (a, b):
+        s = series(metrics_of(cp))
+        for route in ROUTES:
+            assert_route_series_at_0(s, route)
+        for policy in ("passThrough", "failClosed", "inMemoryFallback"):
+            assert at(s, "rate_limit_fallback_decisions_total", policy=policy) == 0
+        for reason in ("local_exhausted", "distributed_exhausted", "backend_error", "fallback_exhausted", "deny_list"):
+            assert at(s, "rate_limit_rejections_total", reason=reason) == 0
+        for to in ("closed", "open", "half_open"):
+            assert at(s, "rate_limit_breaker_transitions_total", to=to) == 0
+        assert at(s, "rate_limit_state_restorations_total") == 0
+    # a manual change on a: a's series goes 0 -> 1; b follows the mode but applied nothing
+    with a.client() as c:
+        r = c.put(
+            "/v1/routes/search/mode",
+            json={"mode": "canary", "canary_percent": 50, "reason": "obs test", "force": True},
+            headers=admin_headers(),
+        )
+        assert r.status_code == 200, r.text
+    sa = series(metrics_of(a))
+    assert at(sa, "rate_limit_mode_changes_total", route="search", to="canary", automatic="false") == 1
+    eventually(
+        lambda: at(series(metrics_of(b)), "rate_limit_route_mode", route="search", mode="canary") == 1,
+        10,
+        what="b to follow the mode change",
+    )
+    sb = series(metrics_of(b))
+    assert at(sb, "rate_limit_mode_changes_total", route="search", to="canary", automatic="false") == 0
+    assert at(sb, "rate_limit_mode_changes_total", route="search", to="shadow", automatic="true") == 0
+    # a route a reload adds gets its series at 0 at once
+    rules.write_text(rules.read_text() + _EXTRA_ROUTE)
+    with a.client() as c:
+        r = c.post("/ratelimit/rules/reload", headers=admin_headers())
+        assert r.status_code == 200, r.text
+    assert_route_series_at_0(series(metrics_of(a)), "reports")
+
+
+_EXTRA_ROUTE = """\
+  - name: reports
+    match: {methods: [GET], path: /api/reports/**}
+    key: {strategy: header, header: X-Client-Id}
+    local: {average: 5, period: 1s, burst: 5}
+"""
+
+
+def test_dashboard_and_rules_name_only_exported_metrics(redis_url, tmp_path):
+    with ControlPlaneServer(redis_url=redis_url, rules_path=write_rules(tmp_path)) as cp:
+        exported = exported_names(metrics_of(cp))  # a fresh replica: nothing decided yet
+    named: dict[str, set[str]] = {}
+    for where, expr in dashboard_queries():
+        named[f"dashboard {where}: {expr}"] = metric_names(expr)
+    for name, rule in alert_rules().items():
+        named[f"alert {name}"] = metric_names(rule["expr"])
+    assert all(named.values()), [k for k, v in named.items() if not v]
+    missing = {where: sorted(names - exported) for where, names in named.items() if names - exported}
+    assert not missing, missing
+
+
+# -- a real Prometheus ---------------------------------------------------------------------
+
+
+class Prometheus:
+    """Debian's prometheus on a loopback port, scraping ``targets`` every second."""
+
+    def __init__(self, workdir: Path, targets: list[str]) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        workdir.mkdir()
+        self.config = workdir / "prometheus.yml"
+        self.config.write_text(
+            "global:\n  scrape_interval: 1s\n  scrape_timeout: 1s\n  evaluation_interval: 1s\n"
+            f"rule_files:\n  - {ALERTS}\n"
+            "scrape_configs:\n  - job_name: shadowlimit\n    metrics_path: /metrics\n"
+            f"    static_configs:\n      - targets: [{', '.join(repr(t) for t in targets)}]\n"
+        )
+        self.log = workdir / "prometheus.log"
+        self.argv = [
+            installed_binary("prometheus"),
+            f"--config.file={self.config}",
+            f"--storage.tsdb.path={workdir / 'data'}",
+            f"--web.listen-address=127.0.0.1:{self.port}",
+        ]
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> Prometheus:
+        with self.log.open("wb") as log:
+            self.proc = subprocess.Popen(self.argv, stdout=log, stderr=subprocess.STDOUT)
+
+        def ready() -> bool:
+            assert self.proc is not None and self.proc.poll() is None, f"prometheus exited: {self.log.read_text()}"
+            try:
+                return httpx.get(self.url + "/-/ready", timeout=1).status_code == 200
+            except httpx.HTTPError:
+                return False
+
+        eventually(ready, 30, 0.1, "prometheus to be ready")
+        return self
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+        self.proc = None
+
+    def query(self, expr: str) -> list[dict[str, Any]]:
+        r = httpx.get(self.url + "/api/v1/query", params={"query": expr}, timeout=10)
+        body = r.json()
+        assert r.status_code == 200 and body["status"] == "success", (expr, body)
+        assert body["data"]["resultType"] == "vector", (expr, body["data"]["resultType"])
+        return list(body["data"]["result"])
+
+    def rules(self) -> list[dict[str, Any]]:
+        body = httpx.get(self.url + "/api/v1/rules", timeout=10).json()
+        return [r for g in body["data"]["groups"] for r in g["rules"]]
+
+
+@contextmanager
+def prometheus(workdir: Path, targets: list[str]) -> Iterator[Prometheus]:
+    prom = Prometheus(workdir, targets).start()
+    try:
+        yield prom
+    finally:
+        prom.stop()
+
+
+def grafana(expr: str) -> str:
+    """A dashboard expression as Grafana would send it: all routes, a 1m rate interval."""
+    return expr.replace("$route", ".*").replace("$__rate_interval", "1m")
+
+
+def value(sample: dict[str, Any]) -> float:
+    return float(sample["value"][1])
+
+
+def where(samples: list[dict[str, Any]], **labels: str) -> list[float]:
+    return [value(s) for s in samples if all(s["metric"].get(k) == v for k, v in labels.items())]
+
+
+#: the dashboard's key panels and what their first query must show once traffic was scraped
+KEY_PANELS: dict[str, Callable[[list[dict[str, Any]]], bool]] = {
+    "Route modes": lambda r: bool(where(r, route="search", mode="canary")) and bool(where(r, route="export")),
+    "New-rejection ratio (would-be rejections / compared)": lambda r: any(v > 0 for v in where(r, route="export")),
+    "Divergence per route and direction": lambda r: any(
+        v > 0 for v in where(r, route="export", direction="local_allow_distributed_deny")
+    ),
+    "Would-be rejections": lambda r: any(v > 0 for v in where(r, route="export")),
+    "Mode changes": lambda r: any(v > 0 for v in where(r, route="search", to="canary", automatic="false")),
+    "Decisions by mode": lambda r: (
+        any(v > 0 for v in where(r, mode="shadow")) and any(v > 0 for v in where(r, mode="canary"))
+    ),
+    "Rejections by enforcer": lambda r: bool(where(r, route="export", enforced_by="local")),
+    "Decision latency": lambda r: any(math.isfinite(v) for v in where(r, mode="shadow")),
+    "Breaker state": lambda r: where(r, state="closed") == [1.0] and where(r, state="open") == [0.0],
+    "Fallback decisions": lambda r: (
+        sorted(s["metric"]["policy"] for s in r) == ["failClosed", "inMemoryFallback", "passThrough"]
+    ),
+    "Shadow drops": lambda r: sorted(s["metric"]["route"] for s in r) == sorted(ROUTES),
+    "Replicas and rules": lambda r: len(r) == 1 and value(r[0]) == 1,
+}
+
+
+def _traffic(c: httpx.Client, n: int, tag: str) -> None:
+    for i in range(n):
+        for route in ("search", "export"):
+            r = c.post("/v1/decide", json={"route": route, "key": f"{tag}-{i % 3}"})
+            assert r.status_code in (200, 429), r.text
+
+
+def test_real_prometheus_scrapes_a_control_plane(redis_url, tmp_path):
+    cp = ControlPlaneServer(redis_url=redis_url, rules_path=write_rules(tmp_path)).start()
+    try:
+        with prometheus(tmp_path / "prometheus", [f"127.0.0.1:{cp.port}"]) as prom, cp.client() as c:
+            eventually(lambda: where(prom.query('up{job="shadowlimit"}'), job="shadowlimit") == [1.0], 30)
+            # the zero was scraped before the change: the change is an increase
+            zero = 'rate_limit_mode_changes_total{route="search",to="canary",automatic="false"}'
+            eventually(lambda: [value(s) for s in prom.query(zero)] == [0.0], 30, what="the series at 0")
+            _traffic(c, 20, "before")
+            r = c.put(
+                "/v1/routes/search/mode",
+                json={"mode": "canary", "canary_percent": 50, "reason": "obs test", "force": True},
+                headers=admin_headers(),
+            )
+            assert r.status_code == 200, r.text
+            _traffic(c, 20, "after")
+            cp.settle()
+            rollout = 'increase(rate_limit_mode_changes_total{automatic="false"}[1m]) > 0'
+            eventually(lambda: where(prom.query(rollout), route="search", to="canary"), 30, what=rollout)
+
+            queries = dashboard_queries()
+            first = {}
+            for title, expr in queries:
+                first.setdefault(title, expr)
+                prom.query(grafana(expr))  # every query runs (an empty answer is an answer)
+            assert set(KEY_PANELS) <= set(first)
+            for title, check in KEY_PANELS.items():
+                eventually(lambda t=title, ok=check: ok(prom.query(grafana(first[t]))), 30, what=title)
+
+            def evaluated() -> list[dict[str, Any]]:
+                rules = prom.rules()
+                return rules if all(r.get("lastEvaluation", "").startswith("2") for r in rules) else []
+
+            rules = eventually(evaluated, 30, what="every rule evaluated")
+            assert {r["name"]: r["health"] for r in rules} == dict.fromkeys(alert_rules(), "ok")
+            # export's tight global limit newly rejects most of its requests: above the gate (for
+            # 10m, so pending); nothing else is wrong
+            states = {r["name"]: r["state"] for r in rules}
+            assert states == {**dict.fromkeys(alert_rules(), "inactive"), "ShadowlimitDivergenceAboveGate": "pending"}
+            gate = next(r for r in rules if r["name"] == "ShadowlimitDivergenceAboveGate")
+            assert [a["labels"]["route"] for a in gate["alerts"]] == ["export"]
+
+            # the only replica goes away: no live instance (pending for its 1m `for`)
+            cp.stop()
+
+            def no_live() -> str:
+                return next(r["state"] for r in prom.rules() if r["name"] == "ShadowlimitNoLiveInstances")
+
+            eventually(lambda: no_live() == "pending", 30, what="ShadowlimitNoLiveInstances pending")
+    finally:
+        cp.stop()

@@ -1,0 +1,93 @@
+"""The labelled counters exist at 0 for every label set known in advance (so the first event is
+an increase Prometheus sees), and the latency buckets resolve in-process decisions."""
+
+from __future__ import annotations
+
+from cp_server import metric_value
+from promql import exported_names
+
+from control_plane.metrics import DECISION_ENFORCERS, Metrics
+from control_plane.rollout import Divergence, Mode
+
+
+def _samples(m: Metrics) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
+    return {
+        (s.name, frozenset(s.labels.items())): s.value
+        for fam in m.registry.collect()
+        for s in fam.samples
+        if not s.name.endswith("_created")
+    }
+
+
+def _has(samples, name: str, value: float = 0.0, **labels: str) -> bool:
+    return samples.get((name, frozenset(labels.items()))) == value
+
+
+def test_a_fresh_registry_has_the_fixed_label_sets_at_0():
+    s = _samples(Metrics())
+    for reason in ("local_exhausted", "distributed_exhausted", "backend_error", "fallback_exhausted", "deny_list"):
+        assert _has(s, "rate_limit_rejections_total", reason=reason)
+    for policy in ("passThrough", "failClosed", "inMemoryFallback"):
+        assert _has(s, "rate_limit_fallback_decisions_total", policy=policy)
+    for to in ("closed", "open", "half_open"):
+        assert _has(s, "rate_limit_breaker_transitions_total", to=to)
+        assert _has(s, "rate_limit_external_breaker_transitions_total", to=to)
+    for result in ("ok", "error"):
+        assert _has(s, "rate_limit_rules_reload_total", result=result)
+    for code in ("ok", "over_limit", "invalid", "error"):
+        assert _has(s, "rate_limit_envoy_requests_total", code=code)
+    for t in ("local", "distributed"):
+        for status in ("allowed", "denied"):
+            assert _has(s, "rate_limit_requests_total", limiter_type=t, status=status)
+    for mode in ("off", "shadow", "canary", "enforce", "batch"):
+        assert _has(s, "rate_limit_decision_duration_seconds_count", mode=mode)
+    assert _has(s, "rate_limit_breaker_state", 1.0, state="closed")
+    assert _has(s, "rate_limit_rules_valid", 1.0)
+    # nothing about a route before the route is known
+    assert not [k for k in s if ("route", "search") in k[1]]
+
+
+def test_add_route_creates_every_route_series_at_0_once():
+    m = Metrics()
+    m.add_route("search")
+    s = _samples(m)
+    for mode in Mode:
+        for automatic in ("true", "false"):
+            assert _has(s, "rate_limit_mode_changes_total", route="search", to=mode.value, automatic=automatic)
+        for by in DECISION_ENFORCERS[mode.value]:
+            for allowed in ("true", "false"):
+                assert _has(
+                    s, "rate_limit_decisions_total", route="search", mode=mode.value, enforced_by=by, allowed=allowed
+                )
+    for div in Divergence:
+        assert _has(s, "rate_limit_shadow_divergence_total", route="search", direction=div.value)
+    assert _has(s, "rate_limit_shadow_dropped_total", route="search")
+    assert not [k for k in s if k[0] == "rate_limit_external_limits_total"]  # no external limits on it
+    # counted, then announced again (a rules reload): the count is kept
+    m.mode_changes.labels("search", "shadow", "true").inc()
+    m.child(m.decisions, "search", "shadow", "local", "true").inc(3)
+    m.add_route("search")
+    text = m.render().decode()
+    assert metric_value(text, "rate_limit_mode_changes_total", route="search", to="shadow", automatic="true") == 1
+    assert metric_value(text, "rate_limit_decisions_total", route="search", mode="shadow", allowed="true") == 3
+    # the route gains external limits: their sources appear, the rest is untouched
+    m.add_route("search", external=True)
+    s = _samples(m)
+    for source in ("external", "cache", "stale", "static"):
+        assert _has(s, "rate_limit_external_limits_total", route="search", source=source)
+    assert _has(s, "rate_limit_mode_changes_total", 1.0, route="search", to="shadow", automatic="true")
+    assert "rate_limit_external_limits_total" in exported_names(m.render().decode())
+
+
+def test_latency_buckets_resolve_10_to_20_microseconds():
+    m = Metrics()
+    h = m.child(m.latency, "shadow")
+    for us in (8, 12, 18, 40):
+        h.observe(us / 1_000_000)
+    text = m.render().decode()
+
+    def below(le: str) -> float:
+        return metric_value(text, "rate_limit_decision_duration_seconds_bucket", mode="shadow", le=le)
+
+    assert m.latency.bounds[0] <= 0.000005
+    assert (below("1e-05"), below("2e-05"), below("5e-05"), below("+Inf")) == (1, 3, 4, 4)
