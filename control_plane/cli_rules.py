@@ -4,7 +4,8 @@ the admin commands accept (``adjust --limit "100/minute"``, ``whatif --rate 50/1
 ``rules check`` loads each file exactly as ``serve`` does (the same loader, the settings
 from the environment for the built-in ``default`` route) without starting anything:
 exit 0 when every file is valid, else 2 with one ``file:line: field: message`` line per
-invalid file on stderr. ``--json`` prints the result as JSON on stdout too. ``rules schema``
+invalid file on stderr. ``--json`` prints the result as JSON on stdout (and nothing else
+there; the error lines still go to stderr). ``rules schema``
 prints the rules file's JSON Schema (``docs/rules.schema.json``).
 """
 
@@ -47,7 +48,10 @@ def cmd_rules_check(args: argparse.Namespace) -> int:
     for path in args.files:
         result, line = _check_one(path, settings)
         results.append(result)
-        print(line, file=sys.stdout if result["ok"] else sys.stderr)
+        if not result["ok"]:
+            print(line, file=sys.stderr)
+        elif not args.json:  # with --json, stdout is the JSON alone
+            print(line)
     ok = all(r["ok"] for r in results)
     if args.json:
         print(json.dumps({"ok": ok, "files": results}, indent=2, default=str))
@@ -69,7 +73,9 @@ def add_rules_commands(sub: Any) -> None:
         "check", help="validate rules files as serve would load them (exit 0 valid, 2 invalid: file:line: field)"
     )
     check.add_argument("files", nargs="+", metavar="FILE")
-    check.add_argument("--json", action="store_true", help="also print the result as JSON on stdout")
+    check.add_argument(
+        "--json", action="store_true", help="print the result as JSON on stdout (errors still on stderr)"
+    )
     check.set_defaults(func=cmd_rules_check)
     schema = rsub.add_parser("schema", help="print the rules file's JSON Schema (docs/rules.schema.json)")
     schema.set_defaults(func=cmd_rules_schema)
