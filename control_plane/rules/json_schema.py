@@ -178,6 +178,9 @@ def _definitions_key() -> dict[str, Any]:
 
 
 def _definitions_route() -> dict[str, Any]:
+    if "A-Za-z" not in HTTP_TOKEN.pattern:
+        raise AssertionError(f"HTTP_TOKEN changed ({HTTP_TOKEN.pattern}): derive the upper-case method pattern anew")
+    # an HTTP token in upper case (the loader refuses "get"), or "*"
     method = {"type": "string", "pattern": _anchored(r"\*|" + HTTP_TOKEN.pattern.replace("A-Za-z", "A-Z"))}
     match = _obj(
         MATCH_KEYS,
