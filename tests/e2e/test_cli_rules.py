@@ -199,3 +199,16 @@ def test_config_endpoint_takes_a_limit_text(cp):
     assert len(httpx.get(cp.url + "/ratelimit/stats", timeout=10).json()["adjustments"]) == 1
     assert put({"clear": True}).status_code == 200
     assert httpx.get(cp.url + "/ratelimit/stats", timeout=10).json()["adjustments"] == []
+
+
+def test_whatif_rate_takes_the_same_texts():
+    from control_plane.cli import CliError
+    from control_plane.cli_rules import parse_rate_option
+
+    assert parse_rate_option("100/minute") == (100.0, 60.0)
+    assert parse_rate_option("1000 per hour") == (1000.0, 3600.0)
+    assert parse_rate_option("3/2s") == (3.0, 2.0)
+    with pytest.raises(CliError) as info:
+        parse_rate_option("fast")
+    assert info.value.code == 2
+    assert str(info.value).startswith("--rate: expected N/period or N per period like") and "'fast'" in str(info.value)
