@@ -182,32 +182,27 @@ def cmd_reset(args: argparse.Namespace) -> int:
 
 
 def cmd_adjust(args: argparse.Namespace) -> int:
+    from .cli_rules import adjust_limit_fields
+
     body: dict[str, Any] = {
         "route": args.route,
         "key": args.key,
         "target": args.target,
-        "average": args.rate if args.rate is not None else 0,
-        "period": args.period,
+        **adjust_limit_fields(args),
         "burst": args.burst,
         "algorithm": args.algorithm,
         "reason": args.reason,
         "clear": args.clear,
     }
-    if args.rate is None and not args.clear:
-        raise CliError("adjust needs --rate (or --clear)", EXIT_USAGE)
     _print(args, _request(args, "PUT", "/ratelimit/config", body))
     return EXIT_OK
 
 
 def _rate(text: str) -> tuple[float, float]:
-    """``50/1s`` (or ``50/s``, ``1000/1m``): (average, period in seconds)."""
-    from .durations import parse_duration
+    """``50/1s``, ``100/minute``, ``1000 per hour``: (average, period in seconds)."""
+    from .cli_rules import parse_rate_option
 
-    n, _, per = text.partition("/")
-    try:
-        return float(n), parse_duration(per if per[:1].isdigit() else f"1{per}")
-    except ValueError:
-        raise CliError(f"--rate: expected N/period like 50/1s or 1000/1m, got {text!r}", EXIT_USAGE) from None
+    return parse_rate_option(text, "--rate")
 
 
 def _replay_row(name: str, r: dict[str, Any]) -> list[str]:
@@ -362,6 +357,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
     _add_local_commands(sub)
     _add_remote_commands(sub)
+    from .cli_rules import add_rules_commands
+
+    add_rules_commands(sub)
     return p
 
 
@@ -458,8 +456,9 @@ def _add_remote_commands(sub: Any) -> None:
     adj = _remote(sub, "adjust", "adjust a route's or a client's limit at runtime")
     adj.add_argument("--route", required=True)
     adj.add_argument("--key", help="one client's key (default: the whole route)")
-    adj.add_argument("--rate", type=float, help="tokens per period (0 = unlimited)")
-    adj.add_argument("--period", type=float, default=1.0)
+    adj.add_argument("--limit", help='the limit as text: "100/minute", "5/1s", "1000 per hour" (burst: the quantity)')
+    adj.add_argument("--rate", type=float, help="tokens per period (0 = unlimited); or use --limit")
+    adj.add_argument("--period", type=float, default=None, help="seconds, with --rate (default 1)")
     adj.add_argument("--burst", type=int)
     adj.add_argument(
         "--algorithm",
@@ -473,7 +472,7 @@ def _add_remote_commands(sub: Any) -> None:
     algorithms = ["token_bucket", "gcra", "fixed_window", "sliding_window", "sliding_log"]
     w = _remote(sub, "whatif", "replay a route's recorded traffic against a candidate limit")
     w.add_argument("route")
-    w.add_argument("--rate", required=True, help="the candidate limit, N/period: 50/1s, 1000/1m")
+    w.add_argument("--rate", required=True, help="the candidate limit: 50/1s, 100/minute, 1000 per hour")
     w.add_argument("--burst", type=int, help="bucket size (default: the rate's N)")
     w.add_argument("--algorithm", choices=algorithms, default="token_bucket")
     w.add_argument("--minutes", type=int, default=15, help="the last M minutes of recording (default 15)")

@@ -5,11 +5,16 @@ from __future__ import annotations
 import math
 import re
 
-__all__ = ["parse_duration"]
+__all__ = ["DURATION_PATTERN", "parse_duration"]
 
 _DURATION_PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ms|s|m|h|d)")
 _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 _BARE_NUMBER = re.compile(r"(\d+(?:\.\d*)?|\.\d+)")
+_JSON_NUMBER = r"(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)"
+_JSON_UNITS = "|".join(sorted(_UNITS, key=len, reverse=True))
+DURATION_PATTERN = rf"^\s*(?:{_JSON_NUMBER}|(?:{_JSON_NUMBER} *(?:{_JSON_UNITS}) *)+)\s*$"
+"""A duration string (as :func:`parse_duration` reads it) as one regular expression valid in
+JSON Schema (ECMA-262): what ``docs/rules.schema.json`` checks periods and timeouts with."""
 
 
 def parse_duration(value: object) -> float:

@@ -20,11 +20,14 @@ import math
 from dataclasses import dataclass, field
 from enum import Enum
 
+from .rates import parse_rate
+
 __all__ = [
     "Algorithm",
     "BucketView",
     "Decision",
     "MAX_AVERAGE",
+    "MAX_BURST",
     "MAX_PERIOD_S",
     "MAX_REFILL_S",
     "MIN_EMISSION_US",
@@ -36,7 +39,8 @@ __all__ = [
 
 MIN_PERIOD_S = 0.001
 MAX_PERIOD_S = 366 * 86_400.0
-_MAX_BURST = 1_000_000_000
+#: the largest bucket (``burst``)
+MAX_BURST = 1_000_000_000
 #: the most tokens (or requests) per period: the windowed limit and the default burst stay <= 10^9
 MAX_AVERAGE = 1_000_000_000
 #: a full bucket must refill within 10 years of 365 days: burst * period / average <= this
@@ -93,8 +97,8 @@ def _burst(burst: object, average: float, unlimited: bool) -> int:
     b = _number("burst", burst)
     if b != int(b):
         raise ValueError(f"burst: must be a whole number of tokens, got {burst!r}")
-    if b < 1 or b > _MAX_BURST:
-        raise ValueError(f"burst: must be between 1 and {_MAX_BURST}, got {burst!r}")
+    if b < 1 or b > MAX_BURST:
+        raise ValueError(f"burst: must be between 1 and {MAX_BURST}, got {burst!r}")
     return int(b)
 
 
@@ -195,6 +199,30 @@ class Policy:
         period_s = math.ceil(per)
         s(self, "ttl_s", max(math.ceil(b / per_s), period_s) + period_s)
         s(self, "ttl_us", self.ttl_s * 1_000_000)
+
+    @classmethod
+    def parse(
+        cls, text: str, *, burst: int | None = None, algorithm: Algorithm | str = Algorithm.TOKEN_BUCKET
+    ) -> Policy:
+        """A policy from a limit written as text (:mod:`limiter.rates`): ``"100/minute"`` is
+        ``average=100, period=60``. ``burst`` defaults to the quantity (``ceil``: a full
+        window's worth, as for ``Policy(average=100, period=60)``), so ``"100/minute"`` allows
+        100 at once, then 100 a minute. ``"0/second"`` is unlimited, as ``average=0``.
+
+        >>> Policy.parse("1000 per hour", burst=50).describe()
+        '1000/3600s burst 50 (token_bucket)'
+
+        Raises :class:`ValueError`: ``"limit: ..."`` naming the text (an average or period
+        the policy refuses included), or ``"burst: ..."`` / ``"algorithm: ..."``.
+        """
+        average, period = parse_rate(text)
+        try:
+            return cls(average=average, period=period, burst=burst, algorithm=algorithm)
+        except ValueError as exc:
+            name, _, reason = str(exc).partition(": ")
+            if name in ("average", "period"):
+                raise ValueError(f"limit: {reason} (from {text!r})") from None
+            raise
 
     @classmethod
     def unlimited_policy(cls) -> Policy:

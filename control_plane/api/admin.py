@@ -17,7 +17,7 @@ from ..rollout import AuditEntry
 from ..store import StoreUnavailable
 from .deps import AdjustmentsDep, AdminDep, ApiError, EngineDep, OperatorDep, RulesDep, actor_of
 from .readmodels import key_policies
-from .schemas import ConfigAdjust, ErrorBody
+from .schemas import ADJUST_MAX_PERIOD_S, ConfigAdjust, ErrorBody
 
 router = APIRouter(prefix="/ratelimit", tags=["admin"])
 
@@ -138,6 +138,28 @@ async def reset(
     return {"id": client_id, "routes": names, "local_reset": local_reset, "distributed_reset": dist_reset}
 
 
+def _adjusted_policy(change: ConfigAdjust) -> Policy:
+    """The policy of an adjustment: ``limit`` text, or ``average`` (and ``period``); a 422
+    naming the field otherwise."""
+    algorithm = change.algorithm or "token_bucket"
+    try:
+        if change.limit is not None:
+            if change.average is not None or change.period is not None:
+                raise ValueError('limit: give limit (like "100/minute") or average and period, not both')
+            policy = Policy.parse(change.limit, burst=change.burst, algorithm=algorithm)
+            if policy.period > ADJUST_MAX_PERIOD_S:
+                raise ValueError(
+                    f"limit: a runtime adjustment's period is at most {ADJUST_MAX_PERIOD_S} s, got {change.limit!r}"
+                )
+            return policy
+        if change.average is None:
+            raise ValueError('average: required (or give limit, like "100/minute")')
+        period = change.period if change.period is not None else 1.0
+        return Policy(average=change.average, period=period, burst=change.burst, algorithm=algorithm)
+    except ValueError as exc:
+        raise ApiError(422, "invalid_request", str(exc), field=str(exc).split(":", 1)[0]) from exc
+
+
 @router.put("/config", responses=_ERRORS)
 async def config(change: ConfigAdjust, request: Request, adjustments: AdjustmentsDep, _: OperatorDep) -> dict[str, Any]:
     """Adjust a route's (or one client's) limit at runtime, fleet-wide and audited."""
@@ -159,15 +181,7 @@ async def config(change: ConfigAdjust, request: Request, adjustments: Adjustment
                 validate_key(change.key, field="key")
             except InvalidKeyError as exc:
                 raise ApiError(422, "invalid_key", str(exc), field=exc.field) from exc
-        try:
-            policy = Policy(
-                average=change.average,
-                period=change.period,
-                burst=change.burst,
-                algorithm=change.algorithm or "token_bucket",
-            )
-        except ValueError as exc:
-            raise ApiError(422, "invalid_request", str(exc), field=str(exc).split(":", 1)[0]) from exc
+        policy = _adjusted_policy(change)
     try:
         entry = await adjustments.adjust(
             change.route, change.key, change.target, policy, reason=change.reason, actor=actor_of(request)

@@ -29,6 +29,8 @@ CLIENT_IP_LEN = (0, 64)
 REQUEST_ID_LEN = (0, 128)
 MAX_HEADERS = 100
 COST_RANGE = (1, 1_000_000)
+#: the longest period of a runtime adjustment (``PUT /ratelimit/config``), seconds
+ADJUST_MAX_PERIOD_S = 86_400
 
 
 class DecideRequest(BaseModel):
@@ -127,8 +129,19 @@ class ConfigAdjust(BaseModel):
         None, min_length=1, max_length=256, description="One client's key; omit for the whole route."
     )
     target: Literal["local", "distributed", "both"] = "both"
-    average: float = Field(..., ge=0, le=1e9, description="Tokens per period; 0 = unlimited.")
-    period: float = Field(1.0, ge=0.001, le=86_400)
+    limit: str | None = Field(
+        None,
+        min_length=1,
+        max_length=100,
+        description='The limit as text, instead of average and period: "100/minute", "5/1s", "1000 per hour", '
+        '"100/5 minutes" (burst defaults to the quantity).',
+    )
+    average: float | None = Field(
+        None, ge=0, le=1e9, description="Tokens per period; 0 = unlimited. Required unless limit (or clear) is given."
+    )
+    period: float | None = Field(
+        None, ge=0.001, le=ADJUST_MAX_PERIOD_S, description="Seconds, with average (default 1.0)."
+    )
     burst: int | None = Field(None, ge=1, le=1_000_000_000)
     algorithm: Literal["token_bucket", "gcra", "fixed_window", "sliding_window", "sliding_log"] | None = None
     reason: str = Field("adjusted via API", min_length=1, max_length=500)

@@ -21,6 +21,7 @@ Schema (see ``examples/rules.yaml`` for a commented example)::
         key: {strategy: header, header: X-Tenant-Id}
         local: {algorithm: token_bucket, average: 100, period: 1s, burst: 20}    # required
         distributed: {average: 300, period: 1s, burst: 60}   # optional, default = local
+                                     # or a limit text: 300/second, {limit: "1000 per hour", burst: 60}
         overrides:
           api_keys: {"apikey:<32 hex>": {average: 1000, burst: 200}}
           tenants: {acme: {average: 500, burst: 100}}
@@ -39,6 +40,8 @@ Schema (see ``examples/rules.yaml`` for a commented example)::
 
 Details worth knowing:
 
+- A policy may be a limit text (``local: 100/minute``) or ``{limit: ..., burst, algorithm}``
+  (:meth:`~limiter.policy.Policy.parse`; ``burst`` then defaults to the quantity).
 - ``distributed`` and every override policy inherit ``algorithm`` and ``period`` from
   the route's ``local`` policy when they do not set them (``burst`` is never inherited:
   it defaults to ``ceil(average)`` as in :class:`~limiter.policy.Policy`).
@@ -68,6 +71,7 @@ The modules, in the order a file goes through them:
 - :mod:`.model`: the compiled :class:`RouteRule` and :class:`Rules`, and :func:`default_route`;
 - :mod:`.load`: :func:`parse_rules` and :func:`load_rules`;
 - :mod:`.watcher`: :class:`RulesWatcher`, hot reload;
+- :mod:`.json_schema`: the file's JSON Schema (``docs/rules.schema.json``), generated from the above;
 - :mod:`.errors`: :class:`RulesError`, the one error type.
 """
 

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from limiter.keys import KeyExtractor, KeyStrategy, api_key_id
 from limiter.policy import Algorithm, Policy
+from limiter.rates import LIMIT_EXAMPLES
 from limiter.resilience import FailurePolicy
 
 from ..durations import parse_duration
@@ -28,12 +29,17 @@ from .model import HTTP_TOKEN
 if TYPE_CHECKING:
     from ..settings import Settings
 
-__all__ = ["KEY_KEYS", "POLICY_KEYS", "FieldReader", "bare", "type_name"]
+__all__ = ["FAILURE_CODES", "KEY_KEYS", "KEY_MAX_LENGTH", "POLICY_KEYS", "FieldReader", "bare", "type_name"]
 
 KEY_KEYS = ("strategy", "header", "api_key_header", "forwarded_mode", "max_length")
 """The keys of a ``key`` block."""
-POLICY_KEYS = ("algorithm", "average", "period", "burst")
-"""The keys of a policy (``local``, ``distributed``, an override)."""
+POLICY_KEYS = ("algorithm", "average", "period", "burst", "limit")
+"""The keys of a policy (``local``, ``distributed``, an override); a policy may also be
+written as a limit text alone (``local: 100/minute``)."""
+FAILURE_CODES = (400, 599)
+"""The statuses a ``failure_code`` may be (inclusive)."""
+KEY_MAX_LENGTH = (1, 65_536)
+"""The range of a key's ``max_length`` (UTF-8 bytes, inclusive)."""
 _HINTS = {
     (
         "key",
@@ -142,11 +148,26 @@ class FieldReader:
     # -- pieces --
 
     def policy(self, value: Any, path: FieldPath, inherit: Policy | None = None) -> Policy:
-        m = self.mapping(value, path, POLICY_KEYS, required=("average",))
+        """A policy: a limit text (``"100/minute"``) or a mapping of :data:`POLICY_KEYS` with
+        ``average`` (and ``period``) or ``limit``; ``algorithm`` and ``period`` come from
+        ``inherit`` when not set (``burst`` never does)."""
+        if isinstance(value, str):
+            return self._limit_text(value, path, None, inherit.algorithm if inherit is not None else None)
+        m = self.mapping(value, path, POLICY_KEYS)
         if "algorithm" in m:
             algorithm: Any = self.string(m["algorithm"], (*path, "algorithm"))
         else:
             algorithm = inherit.algorithm if inherit is not None else Algorithm.TOKEN_BUCKET
+        if "limit" in m:
+            for other in ("average", "period"):
+                if other in m:
+                    raise self.error(
+                        (*path, other),
+                        f'give limit (like "100/minute") or average and period, not both; got limit and {other}',
+                    )
+            return self._limit_text(m["limit"], (*path, "limit"), m, algorithm)
+        if "average" not in m:
+            raise self.error(path, f"missing required key 'average' (or a limit text like {LIMIT_EXAMPLES})")
         if "period" in m:
             try:
                 period = parse_duration(m["period"])
@@ -159,6 +180,21 @@ class FieldReader:
         except ValueError as exc:
             raise self.value_error(path, exc, POLICY_KEYS) from None
 
+    def _limit_text(self, text: Any, path: FieldPath, m: dict[str, Any] | None, algorithm: Any) -> Policy:
+        """``"100/minute"`` (at ``path``), with the mapping's ``burst`` if any (``path`` is
+        then its ``limit`` field)."""
+        try:
+            return Policy.parse(
+                text, burst=m.get("burst") if m else None, algorithm=algorithm or Algorithm.TOKEN_BUCKET
+            )
+        except ValueError as exc:
+            if m is None:
+                raise self.error(path, bare(exc, "limit")) from None
+            name = str(exc).partition(": ")[0]
+            if name == "limit":
+                raise self.error(path, bare(exc, "limit")) from None
+            raise self.value_error(path[:-1], exc, POLICY_KEYS) from None
+
     def key(self, value: Any, path: FieldPath) -> KeyExtractor:
         m = self.mapping(value, path, KEY_KEYS)
         try:
@@ -170,7 +206,7 @@ class FieldReader:
             if name in m:
                 kwargs[name] = self.string(m[name], (*path, name))
         if "max_length" in m:
-            kwargs["max_length"] = self.integer(m["max_length"], (*path, "max_length"), 1, 65_536)
+            kwargs["max_length"] = self.integer(m["max_length"], (*path, "max_length"), *KEY_MAX_LENGTH)
         if "forwarded_mode" in m and strategy is not KeyStrategy.CLIENT_IP:
             raise self.error((*path, "forwarded_mode"), "only applies to the clientIP strategy")
         if "header" in m and strategy not in (KeyStrategy.HEADER, KeyStrategy.COMPOSITE):
@@ -192,7 +228,7 @@ class FieldReader:
             raise self.value_error(path[:-1], exc, ("failure_policy",)) from None
 
     def failure_code(self, value: Any, path: FieldPath) -> int:
-        return self.integer(value, path, 400, 599)
+        return self.integer(value, path, *FAILURE_CODES)
 
     def duration(self, value: Any, path: FieldPath, lo: float, hi: float, *, allow_zero: bool) -> float:
         try:

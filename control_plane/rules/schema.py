@@ -36,10 +36,25 @@ from .paths import ANY, compile_path_pattern
 if TYPE_CHECKING:
     from ..settings import Settings
 
-__all__ = ["ROUTE_KEYS", "RouteDefaults", "Validator", "read_document"]
+__all__ = [
+    "CACHE_TTL_MAX_S",
+    "CANARY_PERCENT",
+    "DEFAULTS_KEYS",
+    "EXTERNAL_KEYS",
+    "EXTERNAL_TIMEOUT_MAX_S",
+    "HEADER_FILTER_KEYS",
+    "MATCH_KEYS",
+    "MAX_CONCURRENT",
+    "OVERRIDE_KEYS",
+    "ROUTE_KEYS",
+    "RouteDefaults",
+    "TOP_KEYS",
+    "Validator",
+    "read_document",
+]
 
-_TOP_KEYS = ("version", "defaults", "routes")
-_DEFAULTS_KEYS = ("key", "failure_policy", "failure_code")
+TOP_KEYS = ("version", "defaults", "routes")
+DEFAULTS_KEYS = ("key", "failure_policy", "failure_code")
 ROUTE_KEYS = (
     "name",
     "match",
@@ -56,11 +71,19 @@ ROUTE_KEYS = (
     "external",
 )
 """The keys of a route."""
-_MATCH_KEYS = ("methods", "path")
-_OVERRIDE_KEYS = ("api_keys", "tenants")
-_EXTERNAL_KEYS = ("url", "timeout", "cache_ttl", "max_concurrent_requests", "header_filter")
-_HEADER_FILTER_KEYS = ("allow_list", "deny_list")
+MATCH_KEYS = ("methods", "path")
+OVERRIDE_KEYS = ("api_keys", "tenants")
+EXTERNAL_KEYS = ("url", "timeout", "cache_ttl", "max_concurrent_requests", "header_filter")
+HEADER_FILTER_KEYS = ("allow_list", "deny_list")
 _MAX_RAW_API_KEY_BYTES = 8192
+CANARY_PERCENT = (0, 100)
+"""The range of a route's ``canary_percent`` (inclusive)."""
+MAX_CONCURRENT = (1, 10_000)
+"""The range of ``external.max_concurrent_requests`` (inclusive)."""
+EXTERNAL_TIMEOUT_MAX_S = 60.0
+"""The longest ``external.timeout`` (seconds; more than 0)."""
+CACHE_TTL_MAX_S = 86_400.0
+"""The longest ``external.cache_ttl`` (seconds; 0 allowed)."""
 
 
 @dataclass(frozen=True)
@@ -86,7 +109,7 @@ class Validator(FieldReader):
 
     def document(self, data: Any) -> tuple[list[RouteRule], RouteRule | None]:
         """The user routes in file order and the redefined ``default`` route, if any."""
-        top = self.mapping(data, (), _TOP_KEYS, required=("routes",))
+        top = self.mapping(data, (), TOP_KEYS, required=("routes",))
         if "version" in top:
             v = top["version"]
             if isinstance(v, bool) or v != 1:
@@ -124,7 +147,7 @@ class Validator(FieldReader):
 
     def defaults(self, value: Any, path: FieldPath) -> RouteDefaults:
         """The ``defaults`` block."""
-        d = self.mapping(value, path, _DEFAULTS_KEYS)
+        d = self.mapping(value, path, DEFAULTS_KEYS)
         return RouteDefaults(
             key=self.key(d["key"], (*path, "key")) if "key" in d else None,
             failure_policy=(
@@ -206,7 +229,7 @@ class Validator(FieldReader):
 
     def match(self, value: Any, path: FieldPath, is_default: bool) -> tuple[frozenset[str] | None, str]:
         """A route's ``match`` block: ``(methods, path pattern)``; the ``default`` route's must be ``/**``."""
-        m = self.mapping(value, path, _MATCH_KEYS, required=("path",))
+        m = self.mapping(value, path, MATCH_KEYS, required=("path",))
         methods = self.methods(m["methods"], (*path, "methods")) if "methods" in m else None
         pattern = self.string(m["path"], (*path, "path"))
         try:
@@ -230,7 +253,7 @@ class Validator(FieldReader):
         self, value: Any, path: FieldPath, key: KeyExtractor, local: Policy
     ) -> tuple[dict[str, Policy], dict[str, Policy]]:
         """A route's ``overrides``: ``(API key id -> policy, tenant -> policy)``, inheriting from ``local``."""
-        o = self.mapping(value, path, _OVERRIDE_KEYS)
+        o = self.mapping(value, path, OVERRIDE_KEYS)
         api_overrides = (
             self.api_key_overrides(o["api_keys"], (*path, "api_keys"), key, local) if "api_keys" in o else {}
         )
@@ -299,7 +322,7 @@ class Validator(FieldReader):
 
     def canary_percent(self, value: Any, path: FieldPath, mode: Mode | None) -> int:
         """A route's initial ``canary_percent`` (only with ``mode: canary``)."""
-        percent = self.integer(value, path, 0, 100)
+        percent = self.integer(value, path, *CANARY_PERCENT)
         if mode is not Mode.CANARY:
             raise self.error(path, "only meaningful with mode: canary")
         return percent
@@ -308,24 +331,24 @@ class Validator(FieldReader):
 
     def external(self, value: Any, path: FieldPath, key: KeyExtractor) -> ExternalConfig:
         """A route's ``external`` block (see :mod:`control_plane.external`)."""
-        m = self.mapping(value, path, _EXTERNAL_KEYS, required=("url",))
+        m = self.mapping(value, path, EXTERNAL_KEYS, required=("url",))
         url = self.string(m["url"], (*path, "url"))
         try:
             check_service_url(url)
         except ValueError as exc:
             raise self.error((*path, "url"), bare(exc, "url")) from None
         timeout = (
-            self.duration(m["timeout"], (*path, "timeout"), 0.0, 60.0, allow_zero=False)
+            self.duration(m["timeout"], (*path, "timeout"), 0.0, EXTERNAL_TIMEOUT_MAX_S, allow_zero=False)
             if "timeout" in m
             else DEFAULT_TIMEOUT_S
         )
         cache_ttl = (
-            self.duration(m["cache_ttl"], (*path, "cache_ttl"), 0.0, 86_400.0, allow_zero=True)
+            self.duration(m["cache_ttl"], (*path, "cache_ttl"), 0.0, CACHE_TTL_MAX_S, allow_zero=True)
             if "cache_ttl" in m
             else DEFAULT_CACHE_TTL_S
         )
         conc = (
-            self.integer(m["max_concurrent_requests"], (*path, "max_concurrent_requests"), 1, 10_000)
+            self.integer(m["max_concurrent_requests"], (*path, "max_concurrent_requests"), *MAX_CONCURRENT)
             if "max_concurrent_requests" in m
             else DEFAULT_MAX_CONCURRENT
         )
@@ -346,11 +369,11 @@ class Validator(FieldReader):
                 secret_headers=secret,
             )
         except ValueError as exc:  # checked above; kept as a safety net
-            raise self.value_error(path, exc, _EXTERNAL_KEYS) from None
+            raise self.value_error(path, exc, EXTERNAL_KEYS) from None
 
     def header_filter(self, value: Any, path: FieldPath, secret: tuple[str, ...]) -> tuple[list[str] | None, list[str]]:
         """``external.header_filter``: ``(allow_list or None, deny_list)``; credentials are never allowed."""
-        hf = self.mapping(value, path, _HEADER_FILTER_KEYS)
+        hf = self.mapping(value, path, HEADER_FILTER_KEYS)
         if "allow_list" in hf and "deny_list" in hf:
             raise self.error(
                 (*path, "deny_list"),

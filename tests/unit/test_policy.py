@@ -68,3 +68,129 @@ def test_cost_validation(cost):
 def test_cost_ok():
     assert validate_cost(Policy(average=100, burst=20), 20) == 20
     assert validate_cost(Policy(average=100, burst=20), 3.0) == 3
+
+
+# -- limits written as text (Policy.parse, limiter.rates) -------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("text", "average", "period"),
+    [
+        ("100/minute", 100, 60),
+        ("10/second", 10, 1),
+        ("1000 per hour", 1000, 3600),
+        ("1000 PER HOUR", 1000, 3600),
+        ("100/5 minutes", 100, 300),
+        ("10/2 minutes", 10, 120),
+        ("3 per 2 days", 3, 172_800),
+        ("5/1s", 5, 1),
+        ("5/s", 5, 1),
+        ("50/500ms", 50, 0.5),
+        ("1000/1m", 1000, 60),
+        ("7/3h", 7, 10_800),
+        ("1/d", 1, 86_400),
+        ("2 per 1.5 sec", 2, 1.5),
+        ("0.5/second", 0.5, 1),
+        ("  20 /  10 mins ", 20, 600),
+        ("10per minute", 10, 60),
+    ],
+)
+def test_parse_limit_text(text, average, period):
+    p = Policy.parse(text)
+    assert (p.average, p.period) == (average, period)
+    assert p.algorithm is Algorithm.TOKEN_BUCKET
+    assert p.burst == math.ceil(average)  # a full window's worth, as Policy(average, period) gives
+    assert p == Policy(average=average, period=period)
+
+
+def test_parse_limit_with_burst_and_algorithm():
+    p = Policy.parse("100/minute", burst=20, algorithm="gcra")
+    assert p == Policy(average=100, period=60, burst=20, algorithm=Algorithm.GCRA)
+    assert Policy.parse("5/minute", algorithm="sliding_window").limit == 5
+    assert Policy.parse("0/second").unlimited  # as average=0
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["100/fortnight", "100", "/minute", "100/", "minute", "1,000/minute", "1e3/minute", "-5/minute", "5/1m30s", "5 / "],
+)
+def test_parse_limit_rejects_and_names_the_text(text):
+    with pytest.raises(ValueError) as info:
+        Policy.parse(text)
+    msg = str(info.value)
+    assert msg.startswith("limit: expected N/period") and repr(text) in msg
+    assert '"100/minute"' in msg  # shows the grammar
+
+
+@pytest.mark.parametrize("text", ["10/month", "10 per 2 years", "1/Year"])
+def test_parse_limit_refuses_months_and_years(text):
+    with pytest.raises(ValueError, match=r"^limit: months and years have no fixed length.*days"):
+        Policy.parse(text)
+
+
+@pytest.mark.parametrize(
+    ("text", "kwargs", "start"),
+    [
+        ("10/0 seconds", {}, "limit: the period must be longer than 0"),
+        ("1/0.0001s", {}, "limit: must be between"),  # the policy's own bound, named as the limit
+        ("0.5/second", {"algorithm": "fixed_window"}, "limit: fixed_window counts whole requests"),
+        ("2000000/second", {"algorithm": "gcra"}, "limit: gcra needs at least"),
+        ("2000000000/second", {}, "limit: must be at most"),
+        ("1/minute", {"burst": 0}, "burst: must be between 1 and"),
+        ("1/minute", {"algorithm": "leaky"}, "algorithm: must be one of"),
+    ],
+)
+def test_parse_limit_errors_name_the_field(text, kwargs, start):
+    with pytest.raises(ValueError) as info:
+        Policy.parse(text, **kwargs)
+    assert str(info.value).startswith(start)
+    if start.startswith("limit: ") and "longer than 0" not in start:
+        assert str(info.value).endswith(f"(from {text!r})")
+
+
+def test_parse_limit_rejects_non_text():
+    for value in (100, None, b"100/minute", 1.5):
+        with pytest.raises(ValueError, match="^limit: must be a text like"):
+            Policy.parse(value)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "10/minute",
+        "10 per minute",
+        "10/2 minutes",
+        "100/5 minutes",
+        "1000 per hour",
+        "10/second",
+        "3 per 2 days",
+        "7 PER 4 HOURS",
+        "1/day",
+        "25/seconds",
+    ],
+)
+def test_parse_limit_agrees_with_the_limits_library(text):
+    """The `limits` package's grammar (its own parser, installed for the benchmarks): same
+    quantity, same window."""
+    import limits
+
+    item = limits.parse(text)
+    p = Policy.parse(text)
+    assert (p.average, p.period) == (item.amount, item.get_expiry())
+
+
+def test_limit_pattern_is_the_parser():
+    """LIMIT_PATTERN (what the rules file's JSON Schema checks texts with) accepts exactly
+    what parse_rate accepts."""
+    import re
+
+    from limiter.rates import LIMIT_PATTERN, parse_rate
+
+    texts = ["100/minute", "5/1s", "1000 per hour", "100/5 minutes", "10/month", "abc", "5/1m30s", "1 per 0 s"]
+    for text in texts:
+        try:
+            parse_rate(text)
+            parsed = True
+        except ValueError as exc:
+            parsed = "longer than 0" in str(exc)  # the one check after the pattern
+        assert (re.search(LIMIT_PATTERN, text) is not None) == parsed, text

@@ -1134,3 +1134,84 @@ def test_keys_are_read_as_written(settings):
     )
     t = rules.get("t")
     assert t.policies_for("123")[0].average == 9 and t.policies_for("true")[0].average == 8
+
+
+# -- limits written as text ---------------------------------------------------------------
+
+
+def test_policies_as_limit_texts(settings):
+    rules = parse(
+        """
+        routes:
+          - name: a
+            match: {path: /a}
+            local: 100/minute
+            distributed: "1000 per hour"
+          - name: b
+            match: {path: /b}
+            key: {strategy: header, header: X-Tenant}
+            local: {limit: 100/5 minutes, burst: 20, algorithm: gcra}
+            distributed: 5/1s
+            overrides:
+              tenants:
+                acme: {limit: 50/s, burst: 100}
+                big: 10/2m
+          - name: c
+            match: {path: /c}
+            local: {algorithm: sliding_window, average: 5, period: 1m}
+            distributed: {average: 9}
+        """,
+        settings,
+    )
+    a, b, c = rules.get("a"), rules.get("b"), rules.get("c")
+    # burst defaults to the quantity: a full window's worth
+    assert a.local == Policy(average=100, period=60, burst=100)
+    assert a.distributed == Policy(average=1000, period=3600, burst=1000)
+    assert b.local == Policy(average=100, period=300, burst=20, algorithm=Algorithm.GCRA)
+    # a text sets the period; the algorithm is inherited from local as for average/period
+    assert b.distributed == Policy(average=5, period=1, burst=5, algorithm=Algorithm.GCRA)
+    assert b.policies_for("acme")[0] == Policy(average=50, period=1, burst=100, algorithm=Algorithm.GCRA)
+    assert b.policies_for("big")[0] == Policy(average=10, period=120, algorithm=Algorithm.GCRA)
+    assert c.distributed == Policy(average=9, period=60, algorithm=Algorithm.SLIDING_WINDOW)
+
+
+@pytest.mark.parametrize(
+    ("policy", "line", "field", "message"),
+    [
+        ("local: 100/fortnight", 5, "routes[0].local", "expected N/period or N per period like"),
+        ("local: 10/month", 5, "routes[0].local", "months and years have no fixed length"),
+        ("local:\n      limit: 100/fortnight", 6, "routes[0].local.limit", "'100/fortnight'"),
+        ("local:\n      limit: 100", 6, "routes[0].local.limit", "must be a text like"),
+        ("local:\n      limit: 5/s\n      burst: 0", 7, "routes[0].local.burst", "between 1 and"),
+        ("local:\n      limit: 5/s\n      algorithm: leaky", 7, "routes[0].local.algorithm", "must be one of"),
+        ("local:\n      limit: 5/s\n      period: 1s", 7, "routes[0].local.period", "not both"),
+        ("local:\n      average: 5\n      limit: 5/s", 6, "routes[0].local.average", "not both"),
+        (
+            "local: {algorithm: fixed_window, average: 5}\n    distributed: 0.5/s",
+            6,
+            "routes[0].distributed",
+            "fixed_window counts whole requests",
+        ),
+        ("local: {burst: 5}", 5, "routes[0].local", "missing required key 'average' (or a limit text like"),
+        (
+            "local:\n      algorithm: gcra\n      limit: 2000000/second",
+            7,
+            "routes[0].local.limit",
+            "gcra needs at least 1 us per token (average / period at most 1000000 per second), got 0.5 us; use "
+            "token_bucket for higher rates (from '2000000/second')",
+        ),
+    ],
+)
+def test_limit_text_errors_name_file_line_and_field(settings, policy, line, field, message):
+    err = error(
+        f"""
+        routes:
+          - name: a
+            match: {{path: /a}}
+            {textwrap.indent(policy, "        ").strip()}
+        """,
+        settings,
+    )
+    assert (err.line, err.field) == (line, field), str(err)
+    assert message in err.message
+    assert str(err).startswith(f"rules.yaml:{line}: {field}: ")

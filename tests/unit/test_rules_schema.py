@@ -1,0 +1,184 @@
+"""The rules file's JSON Schema (docs/rules.schema.json): generated from the loader's own key
+lists, enums and bounds, committed, and in agreement with the loader on good and bad files."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import jsonschema
+import pytest
+
+from control_plane.rules import RulesError, parse_rules
+from control_plane.rules import json_schema as rules_json_schema_module
+from control_plane.rules.json_schema import SCHEMA_PATH, render, rules_json_schema
+from control_plane.rules.yaml_source import load_yaml
+from control_plane.settings import Settings
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLES = sorted((ROOT / "examples").glob("*.yaml"))
+
+
+@pytest.fixture(scope="module")
+def validator() -> jsonschema.Draft7Validator:
+    schema = json.loads((ROOT / SCHEMA_PATH).read_text(encoding="utf-8"))
+    jsonschema.Draft7Validator.check_schema(schema)  # a valid draft-07 schema
+    return jsonschema.Draft7Validator(schema)
+
+
+@pytest.fixture
+def settings() -> Settings:
+    return Settings(rules_path=None)
+
+
+def schema_errors(validator: jsonschema.Draft7Validator, text: str) -> list[str]:
+    """The schema's complaints about a document, read as the loader reads YAML."""
+    data, _ = load_yaml(text, "t.yaml")
+    return [f"{e.json_path}: {e.message}" for e in validator.iter_errors(data)]
+
+
+def test_committed_schema_is_the_generated_one():
+    committed = (ROOT / SCHEMA_PATH).read_text(encoding="utf-8")
+    assert committed == render(), (
+        f"{SCHEMA_PATH} is out of date: regenerate it with python -m control_plane.rules.json_schema > {SCHEMA_PATH}"
+    )
+
+
+def test_the_regenerate_command_prints_the_schema():
+    out = subprocess.run(
+        [sys.executable, "-m", "control_plane.rules.json_schema"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    ).stdout
+    assert out == render()
+    assert json.loads(out)["title"] == "shadowlimit rules file"
+
+
+def test_a_loader_key_without_a_schema_entry_stops_the_generation(monkeypatch):
+    """The schema's keys are the loader's: a key added to the loader alone cannot be forgotten."""
+    extended = (*rules_json_schema_module.ROUTE_KEYS, "priority")
+    monkeypatch.setattr(rules_json_schema_module, "ROUTE_KEYS", extended)
+    with pytest.raises(AssertionError, match="priority"):
+        rules_json_schema()
+
+
+def test_examples_exist_and_point_editors_at_the_schema():
+    assert EXAMPLES, "no examples/*.yaml"
+    rules_yaml = (ROOT / "examples" / "rules.yaml").read_text(encoding="utf-8")
+    assert rules_yaml.splitlines()[0] == "# yaml-language-server: $schema=../docs/rules.schema.json"
+    assert (ROOT / "examples" / "../docs/rules.schema.json").resolve() == (ROOT / SCHEMA_PATH).resolve()
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)
+def test_examples_are_valid_for_the_schema_and_the_loader(validator, settings, path):
+    text = path.read_text(encoding="utf-8")
+    assert schema_errors(validator, text) == []
+    assert parse_rules(text, settings, source=str(path)).routes
+
+
+GOOD = {
+    "limit texts": """
+        version: 1
+        routes:
+          - name: a
+            match: {path: /a/**}
+            local: 100/minute
+            distributed: {limit: 1000 per hour, burst: 50, algorithm: gcra}
+            overrides:
+              tenants: {acme: "100/5 minutes", big: {average: 5, period: 1m30s}}
+            key: {strategy: header, header: X-Tenant}
+        """,
+    "lenient spellings and short forms": """
+        defaults:
+          key: {strategy: " client_ip "}
+          failure_policy: FAIL_CLOSED
+          failure_code: 503
+        routes:
+          - name: a.b-c_1
+            match: {methods: GET, path: "/x/{id}/*"}
+            key: {strategy: API-KEY, api_key_header: X-Key}
+            local: {average: 0.5, period: 2}
+            failure_policy: pass-through
+            overrides: {api_keys: null}
+          - name: b
+            match: {methods: "*", path: /b}
+            local: {average: 5, period: 0.25, burst: 5.0}
+            mode: canary
+            canary_percent: 10
+        """,
+    "default route, external limits, lists": """
+        routes:
+          - name: t
+            match: {methods: [GET, POST], path: /t/**}
+            key: {strategy: composite, header: X-Tenant}
+            local: 5/s
+            allow: [10.0.0.0/8, internal-job]
+            deny: [bad-tenant]
+            external:
+              url: http://127.0.0.1:9100/limits
+              timeout: 0.5
+              cache_ttl: 0
+              max_concurrent_requests: 10
+              header_filter: {deny_list: [X-Debug]}
+          - name: default
+            local: {algorithm: sliding_log, average: 100, period: 1m}
+        """,
+    "no routes": """
+        routes:
+        """,
+}
+
+
+@pytest.mark.parametrize("text", GOOD.values(), ids=GOOD.keys())
+def test_files_the_loader_accepts_are_valid_for_the_schema(validator, settings, text):
+    text = textwrap.dedent(text)
+    parse_rules(text, settings, source="t.yaml")
+    assert schema_errors(validator, text) == []
+
+
+_ROUTE = "routes:\n  - name: a\n    match: {path: /a}\n"
+BAD = {
+    "unknown route key": _ROUTE + "    lokal: {average: 5}\n",
+    "no policy": "routes:\n  - name: a\n    match: {path: /a}\n",
+    "policy without average or limit": _ROUTE + "    local: {burst: 5}\n",
+    "bad limit text": _ROUTE + "    local: 100/fortnight\n",
+    "months": _ROUTE + "    local: {limit: 10/month}\n",
+    "limit and period": _ROUTE + "    local: {limit: 10/s, period: 1s}\n",
+    "burst 0": _ROUTE + "    local: {average: 10, burst: 0}\n",
+    "bad period": _ROUTE + "    local: {average: 10, period: 5 minutes}\n",
+    "unknown algorithm": _ROUTE + "    local: {average: 10, algorithm: leaky_bucket}\n",
+    "failure code as text": _ROUTE + "    local: 5/s\n    failure_code: '503'\n",
+    "failure code out of range": _ROUTE + "    local: 5/s\n    failure_code: 200\n",
+    "unknown failure policy": _ROUTE + "    local: 5/s\n    failure_policy: sometimes\n",
+    "unknown mode": _ROUTE + "    local: 5/s\n    mode: on\n",
+    "canary percent without canary": _ROUTE + "    local: 5/s\n    mode: shadow\n    canary_percent: 5\n",
+    "header strategy without header": _ROUTE + "    local: 5/s\n    key: {strategy: header}\n",
+    "unknown strategy": _ROUTE + "    local: 5/s\n    key: {strategy: ip}\n",
+    "both header lists": _ROUTE
+    + "    local: 5/s\n    external:\n      url: http://x/l\n      header_filter: {allow_list: [A], deny_list: [B]}\n",
+    "external without url": _ROUTE + "    local: 5/s\n    external: {timeout: 1s}\n",
+    "timeout over 60s": _ROUTE + "    local: 5/s\n    external: {url: http://x/l, timeout: 120}\n",
+    "no match": "routes:\n  - name: a\n    local: 5/s\n",
+    "lower-case method": "routes:\n  - name: a\n    match: {methods: [get], path: /a}\n    local: 5/s\n",
+    "path without /": "routes:\n  - name: a\n    match: {path: a}\n    local: 5/s\n",
+    "reserved name": "routes:\n  - name: fleet\n    match: {path: /a}\n    local: 5/s\n",
+    "bad name": "routes:\n  - name: a b\n    match: {path: /a}\n    local: 5/s\n",
+    "no routes key": "defaults: {failure_code: 503}\n",
+    "routes not a list": "routes: {a: 1}\n",
+    "version 2": "version: 2\nroutes: []\n",
+    "unknown top-level key": "routes: []\nroute: []\n",
+}
+
+
+@pytest.mark.parametrize("text", BAD.values(), ids=BAD.keys())
+def test_bad_files_are_rejected_by_the_schema_and_the_loader(validator, settings, text):
+    assert schema_errors(validator, text), "the schema accepted it"
+    with pytest.raises(RulesError) as info:
+        parse_rules(text, settings, source="t.yaml")
+    assert str(info.value).startswith("t.yaml:")  # file:line
