@@ -125,6 +125,7 @@ class DemoStack:
         self.rules_path = self.workdir / "rules.yaml"
         self.sent = 0
         self.errors = 0
+        self.gates = ""  # the promotion gate settings the replicas run with (said in the banner)
 
     def start(self) -> None:
         if self.redis_url is None:
@@ -146,12 +147,18 @@ class DemoStack:
                 "SHADOWLIMIT_NAMESPACE": env.get("SHADOWLIMIT_NAMESPACE", "demo"),
                 "SHADOWLIMIT_GATE_WINDOW_S": env.get("SHADOWLIMIT_GATE_WINDOW_S", "60"),
                 "SHADOWLIMIT_GATE_MIN_SAMPLES": env.get("SHADOWLIMIT_GATE_MIN_SAMPLES", "200"),
+                # a demo steps through canary in minutes, not the production 10 per step
+                "SHADOWLIMIT_GATE_MIN_DWELL_S": env.get("SHADOWLIMIT_GATE_MIN_DWELL_S", "30"),
                 "SHADOWLIMIT_EXTERNAL_BACKEND_HOSTS": env.get(
                     "SHADOWLIMIT_EXTERNAL_BACKEND_HOSTS", "*.backend.internal"
                 ),
                 # the fleet's audit trail outside Redis: each replica appends the entries it writes
                 "SHADOWLIMIT_AUDIT_LOG": env.get("SHADOWLIMIT_AUDIT_LOG", str(self.workdir / "audit.jsonl")),
             }
+        )
+        self.gates = (
+            f"{env['SHADOWLIMIT_GATE_WINDOW_S']}s window, {env['SHADOWLIMIT_GATE_MIN_SAMPLES']} compared decisions,"
+            f" {env['SHADOWLIMIT_GATE_MIN_DWELL_S']}s in each step (demo settings; production defaults 300s, 500, 600s)"
         )
         for i in range(self.n):
             port = self.base_port + i if self.base_port else _free_port()
@@ -286,6 +293,7 @@ class DemoStack:
         if self.limits_url:
             lines.append(f"  limits:     {self.limits_url}/limits   (examples/limits_service.py; route tenants)")
         lines += [
+            f"  gates:      {self.gates}",
             f"  admin token: {self.token}",
             f"  logs:       {self.workdir}   (audit trail: audit.jsonl; "
             + ("kept after the demo)" if self.keep_logs else "removed when the demo stops; --keep-logs keeps them)"),

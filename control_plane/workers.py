@@ -76,7 +76,7 @@ def exit_with_parent(parent_pid: int) -> None:
 
 def _worker_main(overrides: dict[str, Any], log_level: str, parent_pid: int) -> None:
     """A worker process: the settings again (the environment is inherited), then serve."""
-    from .cli import configure_logging
+    from .cli_serve import configure_logging
     from .settings import load_settings
 
     exit_with_parent(parent_pid)  # a supervisor killed outright leaves no worker holding the port
