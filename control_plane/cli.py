@@ -108,7 +108,7 @@ def cmd_routes(args: argparse.Namespace) -> int:
         table += [[""] * (len(row) - 1) + [line] for line in lines[1:]]
     print_table(table)
     age = data.get("figures_age_s")
-    print(f"\nfleet figures: {'never read' if age is None else f'{age:.1f}s old'}" + (" (STALE)" if stale else ""))
+    print(f"\nfleet figures: STALE, {stale}" if stale else f"\nfleet figures: {age:.1f}s old")
     if stale:
         print(f"shadowlimit routes: the fleet figures are stale: {stale}", file=sys.stderr)
         return EXIT_STALE
@@ -148,11 +148,14 @@ def _route_row(r: dict[str, Any]) -> list[str]:
 def _gate_cell(r: dict[str, Any]) -> str:
     """The runbook's next step and whether its gate passes now, with every reason it
     does not (empty for an enforced route: there is no next step)."""
-    step = r.get("next_step")
+    gate = r.get("gate")
+    if "next_step" in r:
+        step = r["next_step"]
+    else:  # a control plane from before next_step: its gate's target
+        step = {"mode": gate.get("target"), "canary_percent": 10} if gate else None
     if not step:
         return ""
     label = f"->{step['mode']}" + (f" {step['canary_percent']}%" if step["mode"] == "canary" else "")
-    gate = r.get("gate")
     if gate is None or not gate.get("required", True):
         return f"{label} (not gated)"
     if gate.get("passed"):

@@ -174,7 +174,8 @@ def test_a_redis_outage_stale_figures_exit_7_and_changes_exit_6(make_cp, own_red
     )
     code, out, err = run(capsys, *remote(cp, "routes"))
     assert code == 7, (out, err)
-    assert "(STALE)" in out.splitlines()[-1]
+    footer = out.splitlines()[-1]
+    assert footer.startswith("fleet figures: STALE, ") and "s old, the last refresh failed: " in footer, footer
     assert "the fleet figures are stale: " in err and "the last refresh failed: " in err
     code, out, err = run(capsys, *remote(cp, "routes", "--json"))
     assert code == 7
