@@ -508,9 +508,9 @@ def main(argv: list[str] | None = None) -> int:
         except SystemExit as exc:
             if exc.code in (0, None):
                 raise
-            message = errors.getvalue().strip().splitlines()[-1:] or ["bad usage"]
+            message = (errors.getvalue().strip().splitlines() or ["bad usage"])[-1]
             command = next((a for a in argv if a in parser.subcommands), "")
-            print_error(command, CliError(message[0], EXIT_USAGE), True)
+            print_error(command, CliError(message.split(": error: ", 1)[-1], EXIT_USAGE), True)
             return EXIT_USAGE
     else:
         args = parser.parse_args(argv)

@@ -45,7 +45,10 @@ EXIT_CODES: dict[int, tuple[str, str]] = {
     EXIT_UNREACHABLE: ("unreachable", "cannot reach the control plane"),
     EXIT_AUTH: ("auth", "not authorised (no token, a wrong one, or a role too low)"),
     EXIT_GATE: ("gate", "refused by a promotion gate (--force with a reason overrides it)"),
-    EXIT_UNAVAILABLE: ("unavailable", "the control plane cannot reach Redis (503): nothing was written, retry later"),
+    EXIT_UNAVAILABLE: (
+        "unavailable",
+        "the control plane is unavailable (503: Redis unreachable, or busy): nothing was written, retry later",
+    ),
     EXIT_STALE: ("stale", "routes: the fleet figures are stale (Redis unreachable); the last ones read are shown"),
     EXIT_INTERRUPTED: ("interrupted", "interrupted (Ctrl-C)"),
 }
