@@ -1,28 +1,58 @@
 """The ``shadowlimit`` command: serve, demo, dash, and admin commands against a running
-control plane (seed 002's CLI: stats, reset, adjust, top, clients).
+control plane (seed 002's CLI: stats, reset, adjust, top, clients), and its shell completion.
 
-Exit codes scripts can use: 0 ok, 1 refused by the server, 2 bad usage or configuration,
-3 cannot reach the control plane, 4 not authorised, 5 refused by a promotion gate.
+Every command takes ``--json`` (JSON on stdout, errors too). Exit codes scripts can use
+(:data:`control_plane.cli_output.EXIT_CODES`, listed in every ``--help``): 0 ok, 1 refused
+by the server, 2 bad usage or configuration, 3 cannot reach the control plane, 4 not
+authorised, 5 refused by a promotion gate, 6 the control plane cannot reach Redis (503,
+nothing written: retry later), 7 ``routes``: the fleet figures are stale.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
+import contextlib
+import io
 import os
+import shutil
 import sys
 from typing import Any
 from urllib.parse import quote
 
 from . import package_version
+from .cli_output import (
+    EXIT_AUTH,
+    EXIT_GATE,
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    EXIT_REFUSED,
+    EXIT_STALE,
+    EXIT_UNAVAILABLE,
+    EXIT_UNREACHABLE,
+    EXIT_USAGE,
+    CliError,
+    CliParser,
+    error_for_response,
+    print_error,
+    print_json,
+    print_table,
+    wants_json,
+    wrap,
+)
 
-EXIT_OK, EXIT_REFUSED, EXIT_USAGE, EXIT_UNREACHABLE, EXIT_AUTH, EXIT_GATE = 0, 1, 2, 3, 4, 5
-
-
-class CliError(Exception):
-    def __init__(self, message: str, code: int) -> None:
-        super().__init__(message)
-        self.code = code
+__all__ = [
+    "EXIT_AUTH",
+    "EXIT_GATE",
+    "EXIT_OK",
+    "EXIT_REFUSED",
+    "EXIT_STALE",
+    "EXIT_UNAVAILABLE",
+    "EXIT_UNREACHABLE",
+    "EXIT_USAGE",
+    "CliError",
+    "build_parser",
+    "main",
+]
 
 
 # -- talking to a control plane ----------------------------------------------------------
@@ -50,56 +80,87 @@ def _request(
         data = r.json()
     except ValueError:
         data = {"message": r.text}
-    if r.status_code in (401, 403):
-        raise CliError(
-            f"not authorised ({r.status_code}): {data.get('message')}"
-            + ("" if args.token else " (pass --token or set SHADOWLIMIT_TOKEN)"),
-            EXIT_AUTH,
-        )
-    if r.status_code == 409:
-        gate = data.get("gate") or {}
-        raise CliError(f"{data.get('message')}\n  gate figures: {json.dumps(gate)}", EXIT_GATE)
     if r.status_code >= 400:
-        raise CliError(f"the control plane refused ({r.status_code}): {data.get('message', data)}", EXIT_REFUSED)
+        raise error_for_response(r.status_code, data, has_token=bool(args.token))
     return data
 
 
 def _print(args: argparse.Namespace, data: Any, table: list[list[str]] | None = None) -> None:
-    if args.json or table is None:
-        print(json.dumps(data, indent=2, default=str))
-        return
-    widths = [max(len(str(row[i])) for row in table) for i in range(len(table[0]))]
-    for row in table:
-        print("  ".join(str(c).ljust(w) for c, w in zip(row, widths)).rstrip())
+    if wants_json(args) or table is None:
+        print_json(data)
+    else:
+        print_table(table)
 
 
 def cmd_routes(args: argparse.Namespace) -> int:
     data = _request(args, "GET", "/v1/routes")
-    rows = [["ROUTE", "MODE", "DEC/S", "COMPARED(5m)", "NEW REJ", "SAMPLED", "GATE"]]
-    for r in data["routes"]:
-        div = r.get("divergence_5m") or {}
-        mode = f"canary {r['canary_percent']}%" if r["mode"] == "canary" else r["mode"]
-        gate = r.get("gate") or {}
-        gate_s = "pass" if gate.get("passed") else "; ".join(gate.get("reasons", []))[:60]
-        share = div.get("sampled_share")
-        sampled = (
-            "-"
-            if share is None
-            else f"{share:.1%}" + (f" ({div.get('shadow_dropped', 0):,} dropped)" if share < 1 else "")
-        )
-        rows.append(
-            [
-                r["name"],
-                mode,
-                str(r["decisions_per_s"]),
-                str(div.get("compared", "-")),
-                f"{div.get('new_rejection_rate', 0):.2%}" if div else "-",
-                sampled,
-                f"->{gate.get('target')}: {gate_s}",
-            ]
-        )
-    _print(args, data, rows)
+    stale = _stale(data, args.stale_after)
+    if wants_json(args):
+        print_json(data)
+        return EXIT_STALE if stale else EXIT_OK
+    rows = [["ROUTE", "MODE", "DEC/S", "COMPARED(5m)", "NEW REJ", "SAMPLED", "GATE (next step)"]]
+    rows += [_route_row(r) for r in data["routes"]]
+    offset = sum(max(len(row[i]) for row in rows) + 2 for i in range(len(rows[0]) - 1))
+    table: list[list[str]] = []
+    for row in rows:
+        lines = wrap(row[-1], shutil.get_terminal_size((120, 24)).columns - offset, indent="  ")
+        table.append([*row[:-1], lines[0]])
+        table += [[""] * (len(row) - 1) + [line] for line in lines[1:]]
+    print_table(table)
+    age = data.get("figures_age_s")
+    print(f"\nfleet figures: STALE, {stale}" if stale else f"\nfleet figures: {age:.1f}s old")
+    if stale:
+        print(f"shadowlimit routes: the fleet figures are stale: {stale}", file=sys.stderr)
+        return EXIT_STALE
     return EXIT_OK
+
+
+def _stale(data: dict[str, Any], max_age_s: float) -> str | None:
+    """Why the fleet figures ``GET /v1/routes`` gave are stale, or None when they are fresh."""
+    age, error = data.get("figures_age_s"), data.get("figures_error")
+    if age is None:
+        return "no fleet figures read yet" + (f" (last refresh failed: {error})" if error else "")
+    if error:
+        return f"{age:.0f}s old, the last refresh failed: {error}"
+    if age > max_age_s:
+        return f"{age:.0f}s old (more than --stale-after {max_age_s:g}s)"
+    return None
+
+
+def _route_row(r: dict[str, Any]) -> list[str]:
+    div = r.get("divergence_5m") or {}
+    mode = f"canary {r['canary_percent']}%" if r["mode"] == "canary" else r["mode"]
+    share = div.get("sampled_share")
+    sampled = (
+        "-" if share is None else f"{share:.1%}" + (f" ({div.get('shadow_dropped', 0):,} dropped)" if share < 1 else "")
+    )
+    return [
+        r["name"],
+        mode,
+        str(r["decisions_per_s"]),
+        str(div.get("compared", "-")),
+        f"{div.get('new_rejection_rate', 0):.2%}" if div else "-",
+        sampled,
+        _gate_cell(r),
+    ]
+
+
+def _gate_cell(r: dict[str, Any]) -> str:
+    """The runbook's next step and whether its gate passes now, with every reason it
+    does not (empty for an enforced route: there is no next step)."""
+    gate = r.get("gate")
+    if "next_step" in r:
+        step = r["next_step"]
+    else:  # a control plane from before next_step: its gate's target
+        step = {"mode": gate.get("target"), "canary_percent": 10} if gate else None
+    if not step:
+        return ""
+    label = f"->{step['mode']}" + (f" {step['canary_percent']}%" if step["mode"] == "canary" else "")
+    if gate is None or not gate.get("required", True):
+        return f"{label} (not gated)"
+    if gate.get("passed"):
+        return f"{label}: pass"
+    return f"{label}: " + "; ".join(gate.get("reasons") or ["refused"])
 
 
 def cmd_mode(args: argparse.Namespace) -> int:
@@ -107,6 +168,9 @@ def cmd_mode(args: argparse.Namespace) -> int:
         raise CliError("canary needs --percent (1-100)", EXIT_USAGE)
     body = {"mode": args.mode, "canary_percent": args.percent or 0, "reason": args.reason, "force": args.force}
     data = _request(args, "PUT", f"/v1/routes/{quote(args.route, safe='')}/mode", body)
+    if wants_json(args):
+        print_json(data)
+        return EXIT_OK
     st = data["state"]
     print(
         f"{args.route}: {data['audit']['from']} -> {st['mode']}"
@@ -177,6 +241,9 @@ def cmd_reset(args: argparse.Namespace) -> int:
         f"/ratelimit/reset/{quote(args.id, safe='')}",
         params={"route": args.route} if args.route else None,
     )
+    if wants_json(args):
+        print_json(data)
+        return EXIT_OK
     print(f"reset {args.id}: {data['local_reset']} local and {data['distributed_reset']} distributed buckets")
     return EXIT_OK
 
@@ -247,93 +314,9 @@ def cmd_suggest(args: argparse.Namespace) -> int:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    from limiter.errors import BackendAuthError
+    from .cli_serve import serve
 
-    from .logs import configure_logging
-    from .rules import RulesError, load_rules
-    from .settings import SettingsError, load_settings
-    from .wiring import NO_REDIS_URL, check_redis_target
-
-    overrides: dict[str, Any] = {}
-    if args.host:
-        overrides["host"] = args.host
-    if args.port is not None:
-        overrides["port"] = args.port
-    if args.embedded_redis:
-        overrides["embedded_redis"] = True
-    if args.grpc_port is not None:
-        overrides["grpc_port"] = args.grpc_port
-    if args.workers is not None:
-        overrides["workers"] = args.workers
-    try:
-        settings = load_settings(**overrides)
-        if settings.redis_url is None and not settings.embedded_redis:
-            raise CliError(NO_REDIS_URL, EXIT_USAGE)
-        if settings.redis_url is not None:
-            problem = check_redis_target(settings.redis_target(settings.redis_url))  # TLS files, the login
-            if problem:
-                print(f"warning: Redis is not reachable now ({problem}); starting anyway", file=sys.stderr)
-        load_rules(settings.rules_path, settings)  # fail fast with file:line:field
-        _check_envoy(settings)
-    except SettingsError as exc:
-        raise CliError(str(exc), EXIT_USAGE) from None
-    except RulesError as exc:
-        raise CliError(f"invalid rules file: {exc}", EXIT_USAGE) from None
-    except BackendAuthError as exc:
-        raise CliError(f"RATE_LIMIT_REDIS_URL: {exc}", EXIT_USAGE) from None
-    except ValueError as exc:  # after RulesError (a ValueError too): a TLS file that cannot be used
-        raise CliError(
-            f"invalid configuration:\n  RATE_LIMIT_REDIS_URL / RATE_LIMIT_REDIS_TLS_*: {exc}", EXIT_USAGE
-        ) from None
-    if settings.admin_token is None and settings.tokens_file is None:
-        print(
-            "warning: neither SHADOWLIMIT_ADMIN_TOKEN nor SHADOWLIMIT_TOKENS_FILE is set:"
-            " mode changes and admin calls will be refused (403)",
-            file=sys.stderr,
-        )
-    configure_logging(args.log_level, settings.log_format)
-    return _run(settings, overrides, args.log_level)
-
-
-def _run(settings: Any, overrides: dict[str, Any], log_level: str) -> int:
-    """One process, or the supervisor of ``--workers N``."""
-    from .workers import run_server, serve_workers
-
-    if settings.workers > 1:
-        if settings.port == 0:
-            raise CliError("SHADOWLIMIT_PORT / --port: 0 (any free port) would give each worker its own", EXIT_USAGE)
-        _check_port(settings.host, settings.port, "SHADOWLIMIT_PORT / --port")  # the workers share it: nobody else
-        return serve_workers(settings, overrides, settings.workers, log_level)
-    run_server(settings, log_level)
-    return EXIT_OK
-
-
-def _check_envoy(settings: Any) -> None:
-    """The gRPC port can be listened on and the Envoy configuration is valid (file:line)."""
-    from .rules import RulesError
-
-    if settings.grpc_port:
-        _check_port(settings.host, settings.grpc_port, "SHADOWLIMIT_GRPC_PORT / --grpc-port")
-    if settings.envoy_config is not None:
-        from .envoy import load_envoy_config
-
-        try:
-            load_envoy_config(settings.envoy_config, settings)
-        except RulesError as exc:
-            raise CliError(f"invalid Envoy configuration (SHADOWLIMIT_ENVOY_CONFIG): {exc}", EXIT_USAGE) from None
-
-
-def _check_port(host: str, port: int, setting: str) -> None:
-    """A port this process cannot listen on is a startup error naming the setting."""
-    import socket
-
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    with socket.socket(family, socket.SOCK_STREAM) as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind((host, port))
-        except OSError as exc:
-            raise CliError(f"{setting}: cannot listen on {host}:{port}: {exc.strerror or exc}", EXIT_USAGE) from None
+    return serve(args)
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -348,8 +331,19 @@ def cmd_dash(args: argparse.Namespace) -> int:
     return run_dashboard(args.url, args.token)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+def cmd_completion(args: argparse.Namespace) -> int:
+    from .cli_completion import completion_script
+
+    script = completion_script(build_parser(), args.shell)
+    if wants_json(args):
+        print_json({"shell": args.shell, "script": script})
+    else:
+        sys.stdout.write(script)
+    return EXIT_OK
+
+
+def build_parser() -> CliParser:
+    p = CliParser(
         prog="shadowlimit",
         description="Move a fleet from per-replica rate limits to one global Redis-backed limit, safely.",
     )
@@ -360,12 +354,21 @@ def build_parser() -> argparse.ArgumentParser:
     from .cli_rules import add_rules_commands
 
     add_rules_commands(sub)
+    comp = _command(sub, "completion", "print a shell completion script (bash, zsh or fish)")
+    comp.add_argument("shell", choices=["bash", "zsh", "fish"])
+    comp.set_defaults(func=cmd_completion)
     return p
+
+
+def _command(sub: Any, name: str, help_: str) -> CliParser:
+    """A subcommand whose ``--help`` starts with what it does."""
+    parser: CliParser = sub.add_parser(name, help=help_, description=help_)
+    return parser
 
 
 def _add_local_commands(sub: Any) -> None:
     """``serve`` and ``demo``: the commands that run a control plane here."""
-    s = sub.add_parser("serve", help="run the control plane (production entry)")
+    s = _command(sub, "serve", "run the control plane (production entry)")
     s.add_argument("--host", default=None, help="listen address (default SHADOWLIMIT_HOST or 127.0.0.1)")
     s.add_argument("--port", type=int, default=None, help="listen port (default SHADOWLIMIT_PORT or 8080)")
     s.add_argument(
@@ -388,7 +391,7 @@ def _add_local_commands(sub: Any) -> None:
     )
     s.set_defaults(func=cmd_serve)
 
-    d = sub.add_parser("demo", help="the main job: embedded Redis, 3 replicas, demo traffic, dashboard")
+    d = _command(sub, "demo", "the main job: embedded Redis, 3 replicas, demo traffic, dashboard")
     d.add_argument("--no-dash", action="store_true", help="run headless; print where it listens and the admin token")
     d.add_argument("--replicas", type=int, default=3)
     d.add_argument("--keep-logs", action="store_true", help="keep the demo's logs and rules after it stops")
@@ -402,9 +405,9 @@ def _add_local_commands(sub: Any) -> None:
     d.set_defaults(func=cmd_demo)
 
 
-def _remote(sub: Any, name: str, help_: str) -> argparse.ArgumentParser:
-    """A command that talks to a control plane over HTTP: ``--url``, ``--token``, ``--timeout``, ``--json``."""
-    sp: argparse.ArgumentParser = sub.add_parser(name, help=help_)
+def _remote(sub: Any, name: str, help_: str) -> CliParser:
+    """A command that talks to a control plane over HTTP: ``--url``, ``--token``, ``--timeout``."""
+    sp = _command(sub, name, help_)
     sp.add_argument(
         "--url",
         default=os.environ.get("SHADOWLIMIT_URL", "http://127.0.0.1:8080"),
@@ -418,8 +421,7 @@ def _remote(sub: Any, name: str, help_: str) -> argparse.ArgumentParser:
             " operator to change modes, adjust and reset, admin for everything"
         ),
     )
-    sp.add_argument("--timeout", type=float, default=10.0)
-    sp.add_argument("--json", action="store_true", help="print raw JSON")
+    sp.add_argument("--timeout", type=float, default=10.0, help="seconds to wait for an answer (default 10)")
     return sp
 
 
@@ -428,7 +430,15 @@ def _add_remote_commands(sub: Any) -> None:
     dash = _remote(sub, "dash", "the terminal dashboard")
     dash.set_defaults(func=cmd_dash)
 
-    _remote(sub, "routes", "list routes, modes, divergence and gates").set_defaults(func=cmd_routes)
+    rt = _remote(sub, "routes", "list routes, modes, divergence and the gate of each route's next step")
+    rt.add_argument(
+        "--stale-after",
+        type=float,
+        default=10.0,
+        metavar="SECONDS",
+        help="fleet figures older than this (or whose last refresh failed) are stale: exit 7 (default 10)",
+    )
+    rt.set_defaults(func=cmd_routes)
     m = _remote(sub, "mode", "move a route to off, shadow, canary or enforce")
     m.add_argument("route")
     m.add_argument("mode", choices=["off", "shadow", "canary", "enforce"])
@@ -486,14 +496,30 @@ def _add_remote_commands(sub: Any) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    as_json = "--json" in argv
+    parser = build_parser()
+    if as_json:  # a usage error is a JSON object on stdout too
+        errors = io.StringIO()
+        try:
+            with contextlib.redirect_stderr(errors):
+                args = parser.parse_args(argv)
+        except SystemExit as exc:
+            if exc.code in (0, None):
+                raise
+            message = (errors.getvalue().strip().splitlines() or ["bad usage"])[-1]
+            command = next((a for a in argv if a in parser.subcommands), "")
+            print_error(command, CliError(message.split(": error: ", 1)[-1], EXIT_USAGE), True)
+            return EXIT_USAGE
+    else:
+        args = parser.parse_args(argv)
     try:
         return int(args.func(args) or 0)
     except CliError as exc:
-        print(f"shadowlimit {args.command}: {exc}", file=sys.stderr)
+        print_error(args.command, exc, wants_json(args))
         return exc.code
     except KeyboardInterrupt:
-        return 130
+        return EXIT_INTERRUPTED
 
 
 if __name__ == "__main__":

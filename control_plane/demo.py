@@ -18,6 +18,7 @@ import argparse
 import asyncio
 import contextlib
 import ctypes
+import json
 import os
 import secrets
 import shutil
@@ -98,6 +99,10 @@ def _die_with_parent() -> None:  # runs in the child before exec
     os.setsid()
 
 
+#: the promotion gate settings the demo sets for its replicas (unless the environment does)
+_GATE_SETTINGS = ("SHADOWLIMIT_GATE_WINDOW_S", "SHADOWLIMIT_GATE_MIN_SAMPLES", "SHADOWLIMIT_GATE_MIN_DWELL_S")
+
+
 class DemoStack:
     """Redis + the limits service + N replicas + traffic; ``stop()`` always leaves nothing behind."""
 
@@ -125,6 +130,8 @@ class DemoStack:
         self.rules_path = self.workdir / "rules.yaml"
         self.sent = 0
         self.errors = 0
+        self.gates = ""  # the promotion gate settings the replicas run with (said in the banner)
+        self.gate_settings: dict[str, str] = {}
 
     def start(self) -> None:
         if self.redis_url is None:
@@ -146,12 +153,19 @@ class DemoStack:
                 "SHADOWLIMIT_NAMESPACE": env.get("SHADOWLIMIT_NAMESPACE", "demo"),
                 "SHADOWLIMIT_GATE_WINDOW_S": env.get("SHADOWLIMIT_GATE_WINDOW_S", "60"),
                 "SHADOWLIMIT_GATE_MIN_SAMPLES": env.get("SHADOWLIMIT_GATE_MIN_SAMPLES", "200"),
+                # a demo steps through canary in minutes, not the production 10 per step
+                "SHADOWLIMIT_GATE_MIN_DWELL_S": env.get("SHADOWLIMIT_GATE_MIN_DWELL_S", "30"),
                 "SHADOWLIMIT_EXTERNAL_BACKEND_HOSTS": env.get(
                     "SHADOWLIMIT_EXTERNAL_BACKEND_HOSTS", "*.backend.internal"
                 ),
                 # the fleet's audit trail outside Redis: each replica appends the entries it writes
                 "SHADOWLIMIT_AUDIT_LOG": env.get("SHADOWLIMIT_AUDIT_LOG", str(self.workdir / "audit.jsonl")),
             }
+        )
+        self.gate_settings = {k: env[k] for k in _GATE_SETTINGS}
+        self.gates = (
+            f"{env['SHADOWLIMIT_GATE_WINDOW_S']}s window, {env['SHADOWLIMIT_GATE_MIN_SAMPLES']} compared decisions,"
+            f" {env['SHADOWLIMIT_GATE_MIN_DWELL_S']}s in each step (demo settings; production defaults 300s, 500, 600s)"
         )
         for i in range(self.n):
             port = self.base_port + i if self.base_port else _free_port()
@@ -184,7 +198,7 @@ class DemoStack:
         import httpx
 
         if not LIMITS_SERVICE.is_file():
-            print(f"{LIMITS_SERVICE} not found: the demo runs without the tenants route", flush=True)
+            print(f"{LIMITS_SERVICE} not found: the demo runs without the tenants route", flush=True, file=sys.stderr)
             return False
         port = _free_port()
         log = open(self.workdir / "limits-service.log", "wb")  # noqa: SIM115 - closed with the process
@@ -276,6 +290,20 @@ class DemoStack:
         if not self.keep_logs:  # the logs and rules go with the demo (--keep-logs keeps them)
             shutil.rmtree(self.workdir, ignore_errors=True)
 
+    def info(self) -> dict[str, Any]:
+        """What :meth:`banner` says, for ``demo --json``."""
+        return {
+            "event": "running",
+            "redis": self.redis_url,
+            "embedded_redis": self.redis is not None,
+            "replicas": list(self.urls),
+            "limits": f"{self.limits_url}/limits" if self.limits_url else None,
+            "gate_settings": dict(self.gate_settings),
+            "admin_token": self.token,
+            "logs": str(self.workdir),
+            "keep_logs": self.keep_logs,
+        }
+
     def banner(self) -> str:
         lines = [
             "shadowlimit demo is running",
@@ -286,6 +314,7 @@ class DemoStack:
         if self.limits_url:
             lines.append(f"  limits:     {self.limits_url}/limits   (examples/limits_service.py; route tenants)")
         lines += [
+            f"  gates:      {self.gates}",
             f"  admin token: {self.token}",
             f"  logs:       {self.workdir}   (audit trail: audit.jsonl; "
             + ("kept after the demo)" if self.keep_logs else "removed when the demo stops; --keep-logs keeps them)"),
@@ -304,21 +333,24 @@ class DemoStack:
 
 def run_demo(args: argparse.Namespace) -> int:
     stack = DemoStack(replicas=args.replicas, base_port=args.base_port, keep_logs=args.keep_logs)
+    as_json = bool(getattr(args, "json", False))
+    note = sys.stderr if as_json else sys.stdout
     stop = asyncio.Event()
 
     def on_signal(*_: Any) -> None:
         stop.set()
 
     try:
-        print("starting embedded Redis and control-plane replicas ...", flush=True)
+        # --json: stdout is JSON lines (headless: the running stack, then the totals); notes go to stderr
+        print("starting embedded Redis and control-plane replicas ...", flush=True, file=note)
         stack.start()
         try:
             from dashboard.app import ShadowlimitDashboard
         except ImportError as exc:  # a checkout without the dashboard: run headless
-            print(f"dashboard unavailable ({exc}); running headless", flush=True)
+            print(f"dashboard unavailable ({exc}); running headless", flush=True, file=note)
             args.no_dash = True
         if args.no_dash:
-            print(stack.banner(), flush=True)
+            print(json.dumps(stack.info()) if as_json else stack.banner(), flush=True)
 
             async def headless() -> None:
                 loop = asyncio.get_running_loop()
@@ -332,7 +364,10 @@ def run_demo(args: argparse.Namespace) -> int:
                 await task
 
             asyncio.run(headless())
-            print(f"stopped: {stack.sent} demo requests sent ({stack.errors} errors)")
+            stopped = {"event": "stopped", "sent": stack.sent, "errors": stack.errors}
+            print(
+                json.dumps(stopped) if as_json else f"stopped: {stack.sent} demo requests sent ({stack.errors} errors)"
+            )
             return 0
         app = ShadowlimitDashboard(stack.urls[0], stack.token, replicas=stack.urls, demo_banner=stack.banner())
 

@@ -20,6 +20,7 @@ from enum import Enum
 from typing import Any, Literal
 
 __all__ = [
+    "CANARY_STEPS",
     "AuditEntry",
     "Divergence",
     "GateConfig",
@@ -31,6 +32,7 @@ __all__ = [
     "classify",
     "enforced_by_distributed",
     "evaluate_gate",
+    "next_step",
 ]
 
 
@@ -46,6 +48,9 @@ class Mode(str, Enum):
 
 
 _RANK = {Mode.OFF: 0, Mode.SHADOW: 1, Mode.CANARY: 2, Mode.ENFORCE: 3}
+
+#: the runbook's canary percentages: shadow -> canary 10% -> 25% -> 50% -> enforce
+CANARY_STEPS = (10, 25, 50)
 
 
 class Divergence(str, Enum):
@@ -115,6 +120,19 @@ class RouteState:
         return f"canary {self.canary_percent}%" if self.mode is Mode.CANARY else self.mode.value
 
 
+def next_step(state: RouteState) -> tuple[Mode, int] | None:
+    """The runbook's next step from ``state``: off -> shadow -> canary 10% -> 25% -> 50%
+    -> enforce (a canary between two steps goes to the next larger one); None once enforced."""
+    if state.mode is Mode.OFF:
+        return Mode.SHADOW, 0
+    if state.mode is Mode.SHADOW:
+        return Mode.CANARY, CANARY_STEPS[0]
+    if state.mode is Mode.CANARY:
+        larger = [p for p in CANARY_STEPS if p > state.canary_percent]
+        return (Mode.CANARY, larger[0]) if larger else (Mode.ENFORCE, 0)
+    return None
+
+
 @dataclass(frozen=True, slots=True)
 class AuditEntry:
     """One rollout change: who, when, from, to, why, and the gate figures at the time."""
@@ -156,13 +174,15 @@ class GateConfig:
     """Promotion thresholds (defaults: >= 500 compared decisions in 5 minutes, new
     rejections <= 1%, backend errors <= 0.1%, and >= 90% of the decisions evaluated by
     the distributed limiter -- a shadow queue that dropped more makes the figures a
-    sample biased toward quiet moments, when nothing is rejected)."""
+    sample biased toward quiet moments, when nothing is rejected -- and at least
+    ``min_dwell_s`` (10 minutes) in the current step since it was set)."""
 
     window_s: int = 300
     min_samples: int = 500
     max_new_rejection_rate: float = 0.01
     max_backend_error_rate: float = 0.001
     min_sampled_share: float = 0.9
+    min_dwell_s: float = 600.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -198,6 +218,7 @@ class GateResult:
     reasons: tuple[str, ...]
     stats: GateStats
     config: GateConfig
+    in_step_s: float | None = None  # how long the route has been in its current step (None: unknown)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -216,24 +237,40 @@ class GateResult:
             "shadow_dropped": self.stats.shadow_dropped,
             "sampled_share": None if self.stats.sampled_share is None else round(self.stats.sampled_share, 6),
             "min_sampled_share": self.config.min_sampled_share,
+            "in_step_s": None if self.in_step_s is None else round(self.in_step_s, 1),
+            "min_dwell_s": self.config.min_dwell_s,
         }
 
 
 def evaluate_gate(
-    current: RouteState, target: Mode, target_percent: int, stats: GateStats, config: GateConfig
+    current: RouteState, target: Mode, target_percent: int, stats: GateStats, config: GateConfig, *, now: float
 ) -> GateResult:
-    """Does moving ``current`` to ``target`` need the gate, and does it pass?
+    """Does moving ``current`` to ``target`` need the gate, and does it pass at ``now``?
 
     Only promotions toward enforcement are gated: shadow -> canary, canary -> a larger
     share or enforce, and any jump into canary or enforce. Moving back (rollback) or to
-    off/shadow is always allowed.
+    off/shadow is always allowed. A promotion also waits until the route has been
+    ``config.min_dwell_s`` in its current step (since ``current.updated_at``; a state never
+    changed has no start and has waited long enough).
     """
+    in_step = max(0.0, now - current.updated_at) if current.updated_at > 0 else None
     promoting = target in (Mode.CANARY, Mode.ENFORCE) and (
         target.rank > current.mode.rank
         or (target is Mode.CANARY and current.mode is Mode.CANARY and target_percent > current.canary_percent)
     )
     if not promoting:
-        return GateResult(True, False, (), stats, config)
+        return GateResult(True, False, (), stats, config, in_step)
+    reasons = _figure_problems(stats, config)
+    if in_step is not None and in_step < config.min_dwell_s:
+        reasons.append(
+            f"in {current.label()} for {in_step:.0f}s, the minimum before the next step is"
+            f" {config.min_dwell_s:.0f}s (min_dwell; {config.min_dwell_s - in_step:.0f}s to go)"
+        )
+    return GateResult(not reasons, True, tuple(reasons), stats, config, in_step)
+
+
+def _figure_problems(stats: GateStats, config: GateConfig) -> list[str]:
+    """Why the window's figures do not allow a promotion (empty when they do)."""
     reasons: list[str] = []
     if stats.compared < config.min_samples:
         reasons.append(
@@ -250,4 +287,4 @@ def evaluate_gate(
             f" ({stats.shadow_dropped:,} shadow evaluations dropped, queue full); "
             f"need {config.min_sampled_share:.0%}"
         )
-    return GateResult(not reasons, True, tuple(reasons), stats, config)
+    return reasons

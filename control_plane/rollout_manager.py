@@ -86,6 +86,7 @@ class RolloutManager:
             max_new_rejection_rate=settings.gate_max_new_rejection_rate,
             max_backend_error_rate=settings.gate_max_backend_error_rate,
             min_sampled_share=settings.gate_min_sampled_share,
+            min_dwell_s=settings.gate_min_dwell_s,
         )
         self.pending_rollbacks: dict[str, tuple[RouteState, RouteState]] = {}  # route -> (rollback, from)
         self.restorations = 0
@@ -223,9 +224,17 @@ class RolloutManager:
 
     # -- changing a mode -----------------------------------------------------------------
 
+    def gate_config_for(self, route: str) -> GateConfig:
+        """The gate's thresholds for a route: the settings', with the rules' ``min_dwell``."""
+        rule = self._rules().get(route)
+        if rule is None or rule.min_dwell_s is None:
+            return self.gate_config
+        return replace(self.gate_config, min_dwell_s=rule.min_dwell_s)
+
     async def gate_for(self, route: str, target: Mode, percent: int) -> GateResult:
         stats = await self.divergence.window_stats(route, self.gate_config.window_s)
-        return evaluate_gate(self.state_for(route), target, percent, stats, self.gate_config)
+        config = self.gate_config_for(route)
+        return evaluate_gate(self.state_for(route), target, percent, stats, config, now=self.clock())
 
     async def _current(self, route: str) -> RouteState:
         """The route's stored state, written back first if the store lost it."""

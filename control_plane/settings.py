@@ -324,6 +324,15 @@ class Settings(BaseSettings):
             " (not dropped by a full shadow queue); 0 turns the check off."
         ),
     )
+    gate_min_dwell_s: float = Field(
+        600.0,
+        ge=0,
+        validation_alias=_env("SHADOWLIMIT_GATE_MIN_DWELL_S"),
+        description=(
+            "A promotion needs the route to have been this many seconds in its current step (shadow, each canary"
+            " percentage) since the step was set; a route's min_dwell in the rules file overrides it; 0 turns it off."
+        ),
+    )
     auto_rollback_after_s: float = Field(
         30.0,
         gt=0,

@@ -117,6 +117,7 @@ class GateView:
     required: bool
     reasons: tuple[str, ...]
     target: str | None = None
+    target_percent: int | None = None  # the canary step the gate is for (canary targets)
     compared: int | None = None
     min_samples: int | None = None
     new_rejections: int | None = None
@@ -129,6 +130,8 @@ class GateView:
     sampled_share: float | None = None
     min_sampled_share: float | None = None
     shadow_dropped: int | None = None
+    in_step_s: float | None = None  # time in the current step (None: unknown)
+    min_dwell_s: float | None = None  # the minimum before the next step
 
     @classmethod
     def parse(cls, d: Any) -> GateView | None:
@@ -143,6 +146,7 @@ class GateView:
             required=bool(d.get("required", True)),
             reasons=tuple(str(r) for r in d.get("reasons") or ()),
             target=opt_str(d.get("target")),
+            target_percent=opt_i("target_percent"),
             compared=opt_i("compared"),
             min_samples=opt_i("min_samples"),
             new_rejections=opt_i("new_rejections"),
@@ -155,11 +159,20 @@ class GateView:
             sampled_share=opt_float(d.get("sampled_share")),
             min_sampled_share=opt_float(d.get("min_sampled_share")),
             shadow_dropped=opt_i("shadow_dropped"),
+            in_step_s=opt_float(d.get("in_step_s")),
+            min_dwell_s=opt_float(d.get("min_dwell_s")),
         )
 
     @property
     def has_figures(self) -> bool:
         return self.compared is not None
+
+    @property
+    def target_label(self) -> str | None:
+        """``canary 25%`` for a canary step, else the target mode."""
+        if self.target == "canary" and self.target_percent:
+            return f"canary {self.target_percent}%"
+        return self.target
 
 
 @dataclass(frozen=True, slots=True)

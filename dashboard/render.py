@@ -124,9 +124,9 @@ def gate_text(gate: GateView | None) -> Text:
     if not gate.required:
         return Text("fully enforced" if gate.target == "enforce" else f"no gate → {gate.target}", style="dim")
     if gate.passed:
-        return Text(f"✔ pass → {gate.target}", style="bold #9ece6a")
+        return Text(f"✔ pass → {gate.target_label}", style="bold #9ece6a")
     problems = gate_problems(gate)
-    text = Text(f"✘ {gate.target}: {problems[0]}", style="#f7768e")
+    text = Text(f"✘ {gate.target_label}: {problems[0]}", style="#f7768e")
     if len(problems) > 1:
         text.append(f" (+{len(problems) - 1} more)", style="dim #f7768e")
     return text
@@ -158,6 +158,8 @@ def gate_problems(gate: GateView) -> list[str]:
         and gate.sampled_share < gate.min_sampled_share
     ):
         out.append(f"sampled {pct(gate.sampled_share)} < {pct(gate.min_sampled_share)}")
+    if gate.in_step_s is not None and gate.min_dwell_s is not None and gate.in_step_s < gate.min_dwell_s:
+        out.append(f"in step {gate.in_step_s:.0f}s/{gate.min_dwell_s:.0f}s")
     return out or list(gate.reasons) or ["refused"]
 
 

@@ -141,8 +141,10 @@ class ControlPlaneServer:
     ``overrides`` are :func:`load_settings` field names (``redis_url``, ``rules_path``,
     ``namespace``, ``admin_token``, ``gate_min_samples``, ...). Test defaults: the
     distributed limiter enabled (ENABLE_DISTRIBUTED_RATE_LIMITING), :data:`ADMIN_TOKEN`
-    as the admin token and a fresh :func:`unique_namespace`; everything else (the
-    promotion gate included) keeps the settings' own defaults unless overridden.
+    as the admin token, a fresh :func:`unique_namespace` and no minimum time in a rollout
+    step (``gate_min_dwell_s=0``: tests promote step after step at once; the default's own
+    refusal is tested with it set back); everything else (the rest of the promotion gate
+    included) keeps the settings' own defaults unless overridden.
     """
 
     def __init__(
@@ -152,6 +154,7 @@ class ControlPlaneServer:
             "enable_distributed_rate_limiting": True,
             "admin_token": ADMIN_TOKEN,
             "namespace": unique_namespace(),
+            "gate_min_dwell_s": 0.0,
         }
         defaults.update(overrides)
         self.overrides = defaults

@@ -5,7 +5,6 @@ takes the parts it reads, nothing more."""
 from __future__ import annotations
 
 import asyncio
-import time
 from typing import TYPE_CHECKING, Any
 
 from limiter import LocalLimiter, Policy, RedisLimiter
@@ -14,7 +13,7 @@ from limiter.resilience import BreakerState, CircuitBreaker
 
 from ..activity import Activity
 from ..adjustments import Adjustments
-from ..rollout import Mode, RouteState, evaluate_gate
+from ..rollout import Mode, RouteState, evaluate_gate, next_step
 from ..rollout_manager import RolloutManager
 from ..store import StoreUnavailable, gate_stats_of, totals_of
 from ..views import FleetViews
@@ -24,8 +23,6 @@ if TYPE_CHECKING:
     from ..rules import RouteRule, Rules
 
 __all__ = ["Buckets", "buckets_view", "divergence_view", "key_policies", "route_views"]
-
-_NEXT = {Mode.OFF: Mode.SHADOW, Mode.SHADOW: Mode.CANARY, Mode.CANARY: Mode.ENFORCE, Mode.ENFORCE: Mode.ENFORCE}
 
 
 async def route_views(
@@ -48,31 +45,39 @@ async def route_views(
             "rule": rule.to_dict(),
             "decisions_per_s": round(activity.rate(name), 2),
         }
-        view.update(_figures(st, await views.route(name), rollout, views))
+        view.update(_figures(name, st, await views.route(name), rollout, views))
         view["figures_age_s"] = views.age_s()
         out.append(view)
     return out
 
 
 def _figures(
-    st: RouteState, cached: dict[str, Any] | None, rollout: RolloutManager, views: FleetViews
+    name: str, st: RouteState, cached: dict[str, Any] | None, rollout: RolloutManager, views: FleetViews
 ) -> dict[str, Any]:
-    """The last 5 minutes' divergence and the gate of the route's next step."""
-    target = _NEXT[st.mode]
-    pct = max(st.canary_percent, 10) if target is Mode.CANARY else st.canary_percent
+    """The last 5 minutes' divergence, the runbook's next step for the route and the gate
+    of that step (None when the step is not gated: off -> shadow, or when enforced)."""
+    step = next_step(st)
+    out: dict[str, Any] = {
+        "next_step": None if step is None else {"mode": step[0].value, "canary_percent": step[1]},
+        "divergence_5m": None,
+        "gate": None,
+    }
+    if cached is not None:
+        out["divergence_5m"] = totals_of(cached["series"][-5:], 5)
+    if step is None or step[0] not in (Mode.CANARY, Mode.ENFORCE):
+        return out
+    target = {"target": step[0].value, "target_percent": step[1]}
     if cached is None:
         reason = f"fleet figures unavailable: {views.error or 'Redis unreachable'}"
-        return {
-            "divergence_5m": None,
-            "gate": {"target": target.value, "passed": False, "required": True, "reasons": [reason]},
-        }
-    series = cached["series"]
+        out["gate"] = {**target, "passed": False, "required": True, "reasons": [reason]}
+        return out
     # the same whole minutes DivergenceStore.window_stats sums for the real gate
-    config = rollout.gate_config
-    now = time.time()
+    config = rollout.gate_config_for(name)
+    now = rollout.clock()
     window_min = max(1, (int(now // 60) - int((now - config.window_s) // 60)) + 1)
-    gate = evaluate_gate(st, target, pct, gate_stats_of(series[-window_min:]), config)
-    return {"divergence_5m": totals_of(series[-5:], 5), "gate": {"target": target.value, **gate.to_dict()}}
+    gate = evaluate_gate(st, step[0], step[1], gate_stats_of(cached["series"][-window_min:]), config, now=now)
+    out["gate"] = {**target, **gate.to_dict()}
+    return out
 
 
 async def divergence_view(rules: Rules, views: FleetViews, minutes: int = 60) -> dict[str, Any]:

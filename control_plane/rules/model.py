@@ -91,6 +91,7 @@ class RouteRule:
     failure_code: int | None = None
     initial_mode: Mode | None = None
     initial_canary_percent: int = 0
+    min_dwell_s: float | None = None  # the gate's minimum time in a step; None: SHADOWLIMIT_GATE_MIN_DWELL_S
     line: int | None = None
     external: ExternalConfig | None = None
     http: bool = True
@@ -189,6 +190,7 @@ class RouteRule:
             "failure_code": self.failure_code,
             "mode": self.initial_mode.value if self.initial_mode is not None else None,
             "canary_percent": self.initial_canary_percent,
+            "min_dwell_s": self.min_dwell_s,
             "line": self.line,
             "external": self.external.to_dict() if self.external is not None else None,
             "http": self.http,

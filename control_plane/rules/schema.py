@@ -6,7 +6,7 @@
 :class:`~control_plane.rules.errors.RulesError` of the first problem (file, line, field).
 A route is read one field at a time, always in this order (so the first problem is the one
 reported): name, match, key, local and distributed policies, overrides, allow/deny lists,
-failure policy and code, mode, external block, canary percent.
+failure policy and code, mode, external block, canary percent, min dwell.
 """
 
 from __future__ import annotations
@@ -68,6 +68,7 @@ ROUTE_KEYS = (
     "failure_code",
     "mode",
     "canary_percent",
+    "min_dwell",
     "external",
 )
 """The keys of a route."""
@@ -192,6 +193,11 @@ class Validator(FieldReader):
         percent = (
             self.canary_percent(r["canary_percent"], (*path, "canary_percent"), mode) if "canary_percent" in r else 0
         )
+        dwell = (
+            self.duration(r["min_dwell"], (*path, "min_dwell"), 0, 7 * 86400, allow_zero=True)
+            if "min_dwell" in r
+            else None
+        )
         try:
             return RouteRule(
                 name=name,
@@ -208,6 +214,7 @@ class Validator(FieldReader):
                 failure_code=fc,
                 initial_mode=mode,
                 initial_canary_percent=percent,
+                min_dwell_s=dwell,
                 line=self.line(path),
                 external=external,
             )

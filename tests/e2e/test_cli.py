@@ -47,10 +47,16 @@ def test_routes(cp, capsys):
     code, out, err = run(capsys, *remote(cp, "routes", token=False))
     assert code == 0, err
     lines = out.splitlines()
-    assert lines[0].split() == ["ROUTE", "MODE", "DEC/S", "COMPARED(5m)", "NEW", "REJ", "SAMPLED", "GATE"]
-    names = [line.split()[0] for line in lines[1:]]
+    header = ["ROUTE", "MODE", "DEC/S", "COMPARED(5m)", "NEW", "REJ", "SAMPLED", "GATE", "(next", "step)"]
+    assert lines[0].split() == header
+    rows = [line for line in lines[1:] if line and not line.startswith(" ")]
+    names = [line.split()[0] for line in rows[:-1]]
     assert names == ["search", "login", "export", "default"]
-    assert "shadow" in lines[1]
+    assert "shadow" in rows[0]
+    # the next step of a route in shadow is canary 10%, with every reason its gate fails, whole
+    gate = out[out.index("->canary 10%: ") : out.index("login")]
+    assert " ".join(gate.split()) == "->canary 10%: only 0 compared decisions in the last 300s (need 1000)"
+    assert rows[-1].startswith("fleet figures: ") and rows[-1].endswith("s old"), rows[-1]
     code, out, _ = run(capsys, *remote(cp, "routes", "--json", token=False))
     assert code == 0
     assert [r["name"] for r in json.loads(out)["routes"]] == names

@@ -81,7 +81,8 @@ class ControlPlane:
             admin_token=TOKEN,
             rules_path=self.rules_path,
             namespace=self.namespace,
-            **{"gate_min_samples": 0, "stream_interval_s": 0.5, **self.overrides},
+            # gate_min_dwell_s=0: the tests step canary 10% -> 25% at once
+            **{"gate_min_samples": 0, "gate_min_dwell_s": 0, "stream_interval_s": 0.5, **self.overrides},
         )
         self.app = create_app(settings)
         config = uvicorn.Config(

@@ -144,3 +144,34 @@ def test_the_demo_removes_its_folder_unless_asked_to_keep_it(tmp_path):
             import shutil
 
             shutil.rmtree(stack.workdir)
+
+
+def test_demo_json_prints_the_stack_and_its_gate_settings_as_json_lines():
+    """``demo --no-dash --json``: stdout is JSON lines (the running stack, then the totals);
+    its replicas run with the demo's short gate settings, which the line gives."""
+    import json
+
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "control_plane.cli", "demo", "--no-dash", "--json", "--duration", "3"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={k: v for k, v in os.environ.items() if not k.startswith(("RATE_LIMIT_REDIS_URL", "SHADOWLIMIT_GATE_"))},
+    )
+    try:
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, err
+    events = [json.loads(line) for line in out.splitlines()]
+    assert [e["event"] for e in events] == ["running", "stopped"], out
+    running = events[0]
+    assert len(running["replicas"]) == 3 and running["admin_token"] and running["embedded_redis"] is True
+    assert running["gate_settings"] == {
+        "SHADOWLIMIT_GATE_WINDOW_S": "60",
+        "SHADOWLIMIT_GATE_MIN_SAMPLES": "200",
+        "SHADOWLIMIT_GATE_MIN_DWELL_S": "30",
+    }
+    assert events[1]["sent"] > 0
+    assert "starting embedded Redis" in err

@@ -27,13 +27,14 @@ def test_sampled_share_of_the_gate_figures():
 def test_gate_requires_a_minimum_sampled_share():
     shadow = RouteState(mode=Mode.SHADOW)
     stats = GateStats(compared=1000, new_rejections=0, backend_errors=0, distributed_attempts=1000, shadow_dropped=1000)
-    gate = evaluate_gate(shadow, Mode.ENFORCE, 0, stats, GateConfig(min_samples=10))
+    gate = evaluate_gate(shadow, Mode.ENFORCE, 0, stats, GateConfig(min_samples=10), now=1000.0)
     assert not gate.passed
     assert gate.reasons == (
         "only 50.0% of decisions were compared (1,000 shadow evaluations dropped, queue full); need 90%",
     )
     assert gate.to_dict()["sampled_share"] == 0.5 and gate.to_dict()["min_sampled_share"] == 0.9
-    assert evaluate_gate(shadow, Mode.ENFORCE, 0, stats, GateConfig(min_samples=10, min_sampled_share=0.0)).passed
+    no_share = GateConfig(min_samples=10, min_sampled_share=0.0)
+    assert evaluate_gate(shadow, Mode.ENFORCE, 0, stats, no_share, now=1000.0).passed
 
 
 def test_totals_carry_the_sampled_share():

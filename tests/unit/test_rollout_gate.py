@@ -1,0 +1,115 @@
+"""The pure rollout gate: the runbook's next step from each mode, and the minimum time in a
+step (min_dwell) before a promotion, with time passed in."""
+
+from __future__ import annotations
+
+import pytest
+
+from control_plane.rollout import GateConfig, GateStats, Mode, RouteState, evaluate_gate, next_step
+from control_plane.rules import RulesError, parse_rules
+from control_plane.settings import load_settings
+
+#: figures that pass every other check, so only the dwell decides
+CLEAN = GateStats(compared=1000, new_rejections=0, backend_errors=0, distributed_attempts=1000)
+CONFIG = GateConfig(min_samples=500, min_dwell_s=600)
+
+
+def st(mode: str, percent: int = 0, at: float = 0.0) -> RouteState:
+    return RouteState(mode=Mode(mode), canary_percent=percent, updated_at=at)
+
+
+def test_next_step_follows_the_runbook():
+    steps = []
+    state = st("off")
+    while (step := next_step(state)) is not None:
+        steps.append((step[0].value, step[1]))
+        state = st(step[0].value, step[1])
+    assert steps == [("shadow", 0), ("canary", 10), ("canary", 25), ("canary", 50), ("enforce", 0)]
+
+
+@pytest.mark.parametrize(
+    ("percent", "expected"),
+    [(1, ("canary", 10)), (10, ("canary", 25)), (30, ("canary", 50)), (50, ("enforce", 0)), (75, ("enforce", 0))],
+)
+def test_a_canary_between_steps_goes_to_the_next_larger_one(percent, expected):
+    step = next_step(st("canary", percent))
+    assert step is not None and (step[0].value, step[1]) == expected
+
+
+def test_dwell_not_met_refuses_and_says_how_long_is_left():
+    gate = evaluate_gate(st("canary", 10, at=1000.0), Mode.ENFORCE, 0, CLEAN, CONFIG, now=1001.0)
+    assert (gate.passed, gate.required) == (False, True)
+    assert gate.reasons == ("in canary 10% for 1s, the minimum before the next step is 600s (min_dwell; 599s to go)",)
+    d = gate.to_dict()
+    assert (d["in_step_s"], d["min_dwell_s"]) == (1.0, 600)
+
+
+def test_dwell_met_passes():
+    gate = evaluate_gate(st("canary", 10, at=1000.0), Mode.CANARY, 25, CLEAN, CONFIG, now=1600.0)
+    assert gate.passed and gate.required and gate.reasons == ()
+    assert gate.to_dict()["in_step_s"] == 600.0
+    # one second short is still refused
+    assert not evaluate_gate(st("canary", 10, at=1000.0), Mode.CANARY, 25, CLEAN, CONFIG, now=1599.0).passed
+
+
+def test_dwell_adds_to_the_other_reasons():
+    few = GateStats(compared=3, new_rejections=0, backend_errors=0, distributed_attempts=3)
+    gate = evaluate_gate(st("shadow", at=1000.0), Mode.CANARY, 10, few, CONFIG, now=1010.0)
+    assert len(gate.reasons) == 2
+    assert gate.reasons[0].startswith("only 3 compared decisions")
+    assert gate.reasons[1].startswith("in shadow for 10s")
+
+
+def test_a_state_never_changed_has_no_start_and_has_waited():
+    gate = evaluate_gate(st("shadow"), Mode.CANARY, 10, CLEAN, CONFIG, now=5.0)
+    assert gate.passed and gate.to_dict()["in_step_s"] is None
+
+
+def test_zero_dwell_turns_the_check_off():
+    config = GateConfig(min_samples=500, min_dwell_s=0)
+    assert evaluate_gate(st("canary", 10, at=1000.0), Mode.ENFORCE, 0, CLEAN, config, now=1000.0).passed
+
+
+def test_rollbacks_and_same_step_are_not_gated_by_the_dwell():
+    for target, pct in ((Mode.SHADOW, 0), (Mode.OFF, 0), (Mode.CANARY, 10), (Mode.CANARY, 5)):
+        gate = evaluate_gate(st("canary", 10, at=1000.0), target, pct, CLEAN, CONFIG, now=1000.0)
+        assert gate.passed and not gate.required, (target, pct)
+
+
+def test_a_clock_behind_the_state_counts_zero_not_negative():
+    gate = evaluate_gate(st("canary", 10, at=1000.0), Mode.ENFORCE, 0, CLEAN, CONFIG, now=990.0)
+    assert not gate.passed and gate.to_dict()["in_step_s"] == 0.0
+
+
+def test_settings_default_and_env(monkeypatch):
+    monkeypatch.delenv("SHADOWLIMIT_GATE_MIN_DWELL_S", raising=False)
+    assert load_settings().gate_min_dwell_s == 600.0
+    monkeypatch.setenv("SHADOWLIMIT_GATE_MIN_DWELL_S", "45")
+    assert load_settings().gate_min_dwell_s == 45.0
+
+
+ROUTE = """\
+version: 1
+routes:
+  - name: search
+    match: {path: /search}
+    local: {average: 10, period: 1s}
+    min_dwell: {dwell}
+"""
+
+
+def test_rules_min_dwell_per_route():
+    rules = parse_rules(ROUTE.replace("{dwell}", "5m"), load_settings(), source="rules.yaml")
+    rule = rules.get("search")
+    assert rule is not None and rule.min_dwell_s == 300.0 and rule.to_dict()["min_dwell_s"] == 300.0
+    assert parse_rules(ROUTE.replace("{dwell}", "0"), load_settings()).get("search").min_dwell_s == 0.0
+    plain = ROUTE.replace("    min_dwell: {dwell}\n", "")
+    assert parse_rules(plain, load_settings()).get("search").min_dwell_s is None
+
+
+def test_rules_bad_min_dwell_names_file_line_and_field():
+    with pytest.raises(RulesError) as exc:
+        parse_rules(ROUTE.replace("{dwell}", "soon"), load_settings(), source="rules.yaml")
+    assert str(exc.value).startswith("rules.yaml:6: routes[0].min_dwell:"), str(exc.value)
+    with pytest.raises(RulesError, match="min_dwell"):
+        parse_rules(ROUTE.replace("{dwell}", "30d"), load_settings(), source="rules.yaml")
