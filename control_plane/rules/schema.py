@@ -45,6 +45,7 @@ __all__ = [
     "HEADER_FILTER_KEYS",
     "MATCH_KEYS",
     "MAX_CONCURRENT",
+    "MIN_DWELL_MAX_S",
     "OVERRIDE_KEYS",
     "ROUTE_KEYS",
     "RouteDefaults",
@@ -79,6 +80,8 @@ HEADER_FILTER_KEYS = ("allow_list", "deny_list")
 _MAX_RAW_API_KEY_BYTES = 8192
 CANARY_PERCENT = (0, 100)
 """The range of a route's ``canary_percent`` (inclusive)."""
+MIN_DWELL_MAX_S = 7 * 86400
+"""The longest ``min_dwell`` a route may set (a week)."""
 MAX_CONCURRENT = (1, 10_000)
 """The range of ``external.max_concurrent_requests`` (inclusive)."""
 EXTERNAL_TIMEOUT_MAX_S = 60.0
@@ -194,7 +197,7 @@ class Validator(FieldReader):
             self.canary_percent(r["canary_percent"], (*path, "canary_percent"), mode) if "canary_percent" in r else 0
         )
         dwell = (
-            self.duration(r["min_dwell"], (*path, "min_dwell"), 0, 7 * 86400, allow_zero=True)
+            self.duration(r["min_dwell"], (*path, "min_dwell"), 0, MIN_DWELL_MAX_S, allow_zero=True)
             if "min_dwell" in r
             else None
         )
