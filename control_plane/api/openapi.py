@@ -29,6 +29,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from .. import incidents
 from ..auth import ACCESS, Access
 from .schemas import ErrorBody
 
@@ -136,7 +137,13 @@ _ERRORS: dict[int, tuple[str, dict[str, Any]]] = {
             "errors": [{"field": "minutes", "message": "Input should be less than or equal to 120"}],
         },
     ),
+    500: ("A bug: the log has the details under the incident id.", incidents.body("3f2a9c1e5b7d4f60")),
     503: ("Redis is unreachable; nothing was changed.", {"error": "backend_unavailable", "message": "..."}),
+}
+
+_CLIENT_401 = {
+    "error": "unauthorized",
+    "message": "the decide endpoints need Authorization: Bearer <client token>",
 }
 
 
@@ -188,6 +195,8 @@ def document(schema: dict[str, Any]) -> dict[str, Any]:
             _tidy_success(op)
             _hoist_defs(op, schemas)
             _secure(op, access)
+            if "500" not in op["responses"]:  # any endpoint (control_plane.incidents.CatchAll)
+                op["responses"]["500"] = _error(500)
     if missing:
         raise RuntimeError(
             "OpenAPI operations without an access level in control_plane.auth.ACCESS: " + ", ".join(missing)
@@ -274,6 +283,4 @@ def _secure(op: dict[str, Any], access: Access) -> None:
     responses = op.setdefault("responses", {})
     for status in (401, 403) if required else (401,):  # any valid token may read
         if str(status) not in responses:
-            entry = _error(status)
-            entry["content"]["application/json"]["schema"] = {"$ref": "#/components/schemas/ErrorBody"}
-            responses[str(status)] = entry
+            responses[str(status)] = _error(status, _CLIENT_401 if access is Access.DATA else None)
