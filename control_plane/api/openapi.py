@@ -16,7 +16,12 @@ it:
   ``x-shadowlimit-access`` and in its description, and gets the 401/403 answers it can give;
 * a 2xx schema is the declared model alone: an endpoint that returns a dict keeps its
   dict serializer at run time (so the bytes out are what they were), and FastAPI's
-  generic ``object`` schema of that dict is dropped beside the model's ``$ref``.
+  generic ``object`` schema of that dict is dropped beside the model's ``$ref``;
+* every operation declares the ``500 internal_error`` any endpoint may give
+  (:class:`control_plane.incidents.CatchAll`);
+* the examples get back the ``null`` values FastAPI drops (:func:`keep_example`); models
+  written out by hand for a request body move their ``$defs`` to the components; a
+  ``$ref`` to no schema is a ``RuntimeError``.
 
 Nothing here runs per request.
 """
