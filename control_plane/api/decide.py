@@ -66,7 +66,7 @@ def _decision(description: str, example: dict[str, Any], model: Any = DecideResp
     return {
         "model": model,
         "description": description,
-        "headers": {**RATE_LIMIT_HEADERS, **RETRY_AFTER},
+        "headers": RATE_LIMIT_HEADERS if example["allowed"] else {**RATE_LIMIT_HEADERS, **RETRY_AFTER},
         "content": {"application/json": {"example": keep_example(example)}},
     }
 

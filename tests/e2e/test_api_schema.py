@@ -156,7 +156,7 @@ def test_the_decision_endpoints_declare_the_rate_limit_headers(spec):
         responses = spec["paths"][path][method]["responses"]
         for status in ("200", "429", "403"):
             assert set(responses[status]["headers"]) >= RATE_LIMIT, (method, path, status)
-        assert "Retry-After" in responses["429"]["headers"]
+        assert "Retry-After" in responses["429"]["headers"] and "Retry-After" not in responses["200"]["headers"]
 
 
 def test_the_stream_is_declared_as_server_sent_events(spec):
