@@ -17,6 +17,8 @@ from starlette.types import Receive, Scope, Send
 from . import incidents
 from .api import admin, authz, decide, external, health, observe, routes, stream, whatif
 from .api.deps import ApiError
+from .api.docs_ui import install_docs
+from .api.openapi import document
 from .auth import Authenticator, AuthGate, TokensFile
 from .gctune import tune_gc
 from .hotpath import HOT_PATHS, HotPath
@@ -27,6 +29,19 @@ from .wiring import open_engine
 __all__ = ["ControlPlaneApp", "create_app"]
 
 log = logging.getLogger("shadowlimit.app")
+
+#: every API router, in the order of the OpenAPI document
+ROUTERS = (
+    decide.router,
+    authz.router,
+    routes.router,
+    observe.router,
+    external.router,
+    admin.router,
+    stream.router,
+    whatif.router,
+    health.router,
+)
 
 
 def _field_of(loc: tuple[Any, ...]) -> str:
@@ -47,6 +62,13 @@ class ControlPlaneApp(FastAPI):
             await hot(scope, receive, send, super().__call__)
             return
         await super().__call__(scope, receive, send)
+
+    def openapi(self) -> dict[str, Any]:
+        """The generated document, completed once by :func:`control_plane.api.openapi.document`
+        (security from the access table, the 2xx models)."""
+        if self.openapi_schema is None:
+            self.openapi_schema = document(super().openapi())
+        return self.openapi_schema
 
 
 def create_app(settings: Settings | None = None) -> ControlPlaneApp:
@@ -94,6 +116,9 @@ def create_app(settings: Settings | None = None) -> ControlPlaneApp:
             " and rolls routes out (off, shadow, canary, enforce)."
         ),
         lifespan=lifespan,
+        # /docs and /redoc with their assets served from a package (api/docs_ui.py), not a CDN
+        docs_url=None,
+        redoc_url=None,
         # FastAPI's OpenTelemetry hook looks for a configured provider on every request
         # (about 5 us, nearly 2% of a decide request) even when there is none; the control
         # plane's own metrics are Prometheus. SHADOWLIMIT_OTEL=true turns it back on.
@@ -109,18 +134,9 @@ def create_app(settings: Settings | None = None) -> ControlPlaneApp:
     )
 
     _install_error_handlers(app)
-    for r in (
-        decide.router,
-        authz.router,
-        routes.router,
-        observe.router,
-        external.router,
-        admin.router,
-        stream.router,
-        whatif.router,
-        health.router,
-    ):
+    for r in ROUTERS:
         app.include_router(r)
+    install_docs(app)
     # innermost first: the access check (before any body is read), then the size limits
     # (431/413 from the head, before the token is even looked at), then the last resort
     app.add_middleware(AuthGate, auth=auth, endpoints=endpoints_of(app))

@@ -118,6 +118,7 @@ ACCESS: dict[tuple[str, str], Access] = {
     ("GET", "/docs"): Access.OPEN,
     ("GET", "/docs/oauth2-redirect"): Access.OPEN,
     ("GET", "/redoc"): Access.OPEN,
+    ("GET", "/docs/assets/{name}"): Access.OPEN,  # the docs' JavaScript, CSS and icon (api/docs_ui.py)
 }
 
 _NEEDS = {Access.READ: Role.VIEWER, Access.OPERATOR: Role.OPERATOR, Access.ADMIN: Role.ADMIN}

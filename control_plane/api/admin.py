@@ -15,19 +15,21 @@ from limiter.keys import InvalidKeyError, validate_key
 from ..decision import UnknownRoute
 from ..rollout import AuditEntry
 from ..store import StoreUnavailable
+from . import examples
 from .deps import AdjustmentsDep, AdminDep, ApiError, EngineDep, OperatorDep, RulesDep, actor_of
+from .openapi import body_example, errors, ok
 from .readmodels import key_policies
-from .schemas import ADJUST_MAX_PERIOD_S, ConfigAdjust, ErrorBody
+from .responses import ClientsList, ConfigResult, ResetResult, RulesReloaded, Stats
+from .schemas import ADJUST_MAX_PERIOD_S, ConfigAdjust
+
+_BAD_RULES = {
+    "error": "invalid_rules",
+    "message": "/etc/shadowlimit/rules.yaml:7: routes[1].local.average: must be >= 0",
+    "field": "routes[1].local.average",
+    "line": 7,
+}
 
 router = APIRouter(prefix="/ratelimit", tags=["admin"])
-
-_ERRORS: dict[int | str, dict[str, Any]] = {
-    401: {"model": ErrorBody},
-    403: {"model": ErrorBody},
-    404: {"model": ErrorBody},
-    422: {"model": ErrorBody},
-    503: {"model": ErrorBody},
-}
 
 
 def _counter_total(counter: Any, **labels: str) -> float:
@@ -39,7 +41,7 @@ def _counter_total(counter: Any, **labels: str) -> float:
     return total
 
 
-@router.get("/stats")
+@router.get("/stats", responses=ok(Stats, examples.STATS))
 async def stats(engine: EngineDep) -> dict[str, Any]:
     """Totals since start: checks allowed/denied per limiter, active clients, modes, backend."""
     m = engine.metrics
@@ -72,7 +74,7 @@ async def stats(engine: EngineDep) -> dict[str, Any]:
     }
 
 
-@router.get("/clients")
+@router.get("/clients", responses={**ok(ClientsList, examples.CLIENTS), **errors(422)})
 async def clients(
     engine: EngineDep, route: str | None = Query(None, max_length=256), limit: int = Query(50, ge=1, le=1000)
 ) -> dict[str, Any]:
@@ -103,7 +105,7 @@ async def clients(
     return {"clients": out, "total": len(engine.local)}
 
 
-@router.post("/reset/{client_id:path}", responses=_ERRORS)
+@router.post("/reset/{client_id:path}", responses={**ok(ResetResult, examples.RESET), **errors(404, 422, 503)})
 async def reset(
     client_id: str, request: Request, engine: EngineDep, _: OperatorDep, route: str | None = Query(None, max_length=256)
 ) -> dict[str, Any]:
@@ -160,7 +162,11 @@ def _adjusted_policy(change: ConfigAdjust) -> Policy:
         raise ApiError(422, "invalid_request", str(exc), field=str(exc).split(":", 1)[0]) from exc
 
 
-@router.put("/config", responses=_ERRORS)
+@router.put(
+    "/config",
+    responses={**ok(ConfigResult, examples.CONFIG), **errors(404, 413, 422, 503)},
+    openapi_extra=body_example(examples.CONFIG_REQUEST),
+)
 async def config(change: ConfigAdjust, request: Request, adjustments: AdjustmentsDep, _: OperatorDep) -> dict[str, Any]:
     """Adjust a route's (or one client's) limit at runtime, fleet-wide and audited."""
     policy = None
@@ -193,7 +199,10 @@ async def config(change: ConfigAdjust, request: Request, adjustments: Adjustment
     return {"adjustments": adjustments.listing(), "audit": entry.to_dict()}
 
 
-@router.post("/rules/reload", responses=_ERRORS)
+@router.post(
+    "/rules/reload",
+    responses={**ok(RulesReloaded, examples.RULES_RELOADED), **errors(422, e422=_BAD_RULES)},
+)
 async def reload_rules(live: RulesDep, _: AdminDep) -> dict[str, Any]:
     """Re-read the rules file now; a bad file keeps the last good rules and is reported."""
     from ..rules import RulesError

@@ -20,6 +20,7 @@ for every route's ``clientIP`` key.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Any
 
 import orjson
 from fastapi import APIRouter, Query, Request
@@ -28,8 +29,9 @@ from fastapi.responses import Response
 from limiter.keys import InvalidKeyError
 
 from ..decision import DecideInput, Decider, UnknownRoute
-from .decide import body_of, translate
+from .decide import DECISION_RESPONSES, body_of, translate
 from .deps import ApiError
+from .openapi import RATE_LIMIT_HEADERS, errors
 
 router = APIRouter(prefix="/v1", tags=["decide"])
 
@@ -38,6 +40,11 @@ AUTHZ_METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"]
 _METHOD_HEADERS = ("x-forwarded-method", "x-original-method")
 _URI_HEADERS = ("x-forwarded-uri", "x-original-uri")
 _MAX_URI = 8192
+_NO_METHOD = {
+    "error": "invalid_request",
+    "message": "the proxy must send X-Forwarded-Method (or X-Original-Method)",
+    "field": "header:X-Forwarded-Method",
+}
 
 
 def described(h: Mapping[str, str]) -> tuple[str, str]:
@@ -80,5 +87,35 @@ async def authz(
     )
 
 
+#: allowed: 200 with the headers and no body; rejected: the decision's status and body
+_RESPONSES: dict[int | str, dict[str, Any]] = {
+    200: {
+        "description": "Allowed: no body; the rate-limit headers, which the proxy may copy to its response.",
+        "headers": RATE_LIMIT_HEADERS,
+    },
+    **{status: DECISION_RESPONSES[status] for status in (429, 403, 500, 503)},
+    **errors(404, 422),
+    400: errors(400, e400=_NO_METHOD)[400],
+}
+
+#: the proxy's description of the request (read from the headers by :func:`described`)
+_PARAMETERS = [
+    {"name": "X-Forwarded-Method", "in": "header", "required": False, "schema": {"type": "string"},
+     "description": "The original method (Caddy, Traefik); nginx: X-Original-Method.", "example": "GET"},
+    {"name": "X-Forwarded-Uri", "in": "header", "required": False, "schema": {"type": "string"},
+     "description": "The original path and query (Caddy, Traefik); nginx: X-Original-URI.",
+     "example": "/api/search/books?q=x"},
+]  # fmt: skip
+
 for _m in AUTHZ_METHODS:  # one operation per method (distinct OpenAPI operation ids)
-    router.add_api_route("/authz", authz, methods=[_m], response_model=None, operation_id=f"authz_{_m.lower()}")
+    # response_class=Response: the 200 has no body (nothing to declare for it)
+    router.add_api_route(
+        "/authz",
+        authz,
+        methods=[_m],
+        response_model=None,
+        response_class=Response,
+        responses=_RESPONSES,
+        openapi_extra={"parameters": _PARAMETERS},
+        operation_id=f"authz_{_m.lower()}",
+    )

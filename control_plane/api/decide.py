@@ -12,11 +12,20 @@ from limiter.keys import InvalidKeyError
 
 from .. import incidents
 from ..decision import Decider, DecideResult, UnknownRoute
+from . import examples
 from .deps import ApiError
+from .openapi import RATE_LIMIT_HEADERS, RETRY_AFTER, errors, keep_example, ok
 from .requests import parse_batch, to_input, validate_body
 from .schemas import BatchRequest, BatchResponse, DecideRequest, DecideResponse, ErrorBody
 
 router = APIRouter(prefix="/v1", tags=["decide"])
+
+_COST_422 = {
+    "error": "invalid_request",
+    "message": "cost: Input should be greater than or equal to 1",
+    "field": "cost",
+    "errors": [{"field": "cost", "message": "Input should be greater than or equal to 1"}],
+}
 
 REJECTION = {"error": "rate limit exceeded", "message": "Too many requests. Please try again later."}
 
@@ -53,28 +62,69 @@ def translate(exc: Exception) -> ApiError:
     return ApiError(500, "internal_error", incidents.MESSAGE, incident=incidents.report(exc, "a /v1/decide/batch item"))
 
 
-_RESPONSES: dict[int | str, dict[str, Any]] = {
-    429: {
-        "model": DecideResponse,
-        "description": "Rejected by the limiter (seed 002 body, Retry-After, rate-limit headers).",
-    },
-    403: {"model": DecideResponse, "description": "Rejected by the route's deny list."},
-    401: {"model": ErrorBody},
-    404: {"model": ErrorBody},
-    422: {"model": ErrorBody},
-    500: {"model": DecideResponse, "description": "failClosed with RATE_LIMIT_FAILURE_CODE in 5xx"},
-    503: {"model": DecideResponse, "description": "failClosed with RATE_LIMIT_FAILURE_CODE=503"},
+def _decision(description: str, example: dict[str, Any], model: Any = DecideResponse) -> dict[str, Any]:
+    return {
+        "model": model,
+        "description": description,
+        "headers": RATE_LIMIT_HEADERS if example["allowed"] else {**RATE_LIMIT_HEADERS, **RETRY_AFTER},
+        "content": {"application/json": {"example": keep_example(example)}},
+    }
+
+
+#: a decision's answers (the same body for every status, with the rate-limit headers;
+#: Retry-After on rejections); declared only: the handler's bytes go out as they are
+DECISION_RESPONSES: dict[int | str, dict[str, Any]] = {
+    200: _decision("Allowed.", examples.DECISION),
+    429: _decision("Rejected by the limiter (seed 002's body, Retry-After).", examples.REJECTION),
+    403: _decision(
+        "Rejected by the route's deny list.",
+        {
+            **examples.REJECTION,
+            "list_match": "deny",
+            "status_code": 403,
+            "error": "denied",
+            "message": "This client is on the route's deny list.",
+        },
+    ),  # fmt: skip
+    500: _decision(
+        "failClosed while Redis fails, with the route's failure_code in 5xx; or internal_error (an incident id).",
+        {
+            **examples.REJECTION,
+            "enforced_by": "failure_policy",
+            "status_code": 500,
+            "message": "The rate-limit backend is unavailable and this route fails closed.",
+        },
+        DecideResponse | ErrorBody,
+    ),  # fmt: skip
+    503: _decision(
+        "failClosed while Redis fails, with RATE_LIMIT_FAILURE_CODE=503.",
+        {
+            **examples.REJECTION,
+            "enforced_by": "failure_policy",
+            "status_code": 503,
+            "message": "The rate-limit backend is unavailable and this route fails closed.",
+        },
+    ),  # fmt: skip
+    **errors(404, 413, 422, e422=_COST_422),
 }
 
 
 _DECIDE_BODY = {
     "required": True,
-    "content": {"application/json": {"schema": {"$ref": "#/components/schemas/DecideRequest"}}},
+    "content": {
+        "application/json": {
+            "schema": {"$ref": "#/components/schemas/DecideRequest"},
+            "example": keep_example(examples.DECIDE_REQUEST),
+        }
+    },
 }
 
 
 @router.post(
-    "/decide", response_model=DecideResponse, responses=_RESPONSES, openapi_extra={"requestBody": _DECIDE_BODY}
+    "/decide",
+    response_model=DecideResponse,
+    responses=DECISION_RESPONSES,
+    openapi_extra={"requestBody": _DECIDE_BODY},
 )
 async def decide(request: Request) -> Response:
     """Decide one request under its route's mode; the response says who enforced it."""
@@ -95,7 +145,10 @@ async def decide(request: Request) -> Response:
 _BATCH_BODY = {
     "required": True,
     "content": {
-        "application/json": {"schema": BatchRequest.model_json_schema(ref_template="#/components/schemas/{model}")}
+        "application/json": {
+            "schema": BatchRequest.model_json_schema(ref_template="#/components/schemas/{model}"),
+            "example": keep_example(examples.BATCH_REQUEST),
+        }
     },
 }
 
@@ -103,7 +156,7 @@ _BATCH_BODY = {
 @router.post(
     "/decide/batch",
     response_model=BatchResponse,
-    responses={401: {"model": ErrorBody}, 422: {"model": ErrorBody}},
+    responses={**ok(BatchResponse, examples.BATCH), **errors(413, 422)},
     openapi_extra={"requestBody": _BATCH_BODY},
 )
 async def decide_batch(request: Request) -> Response:

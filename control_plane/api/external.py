@@ -6,13 +6,15 @@ from typing import Any
 
 from fastapi import APIRouter, Query
 
+from . import examples
 from .deps import ApiError, ExternalDep, RulesDep
-from .schemas import ErrorBody
+from .openapi import errors, ok
+from .responses import ExternalReport
 
 router = APIRouter(prefix="/v1", tags=["observe"])
 
 
-@router.get("/external", responses={404: {"model": ErrorBody}})
+@router.get("/external", responses={**ok(ExternalReport, examples.EXTERNAL), **errors(404, 422)})
 async def external(
     rules: RulesDep,
     external: ExternalDep,

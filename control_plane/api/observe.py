@@ -9,9 +9,11 @@ from fastapi import APIRouter, Depends, Query, Request
 from limiter.errors import BackendError
 
 from ..store import StoreUnavailable
+from . import examples
 from .deps import ApiError, EngineDep, RulesDep, ViewsDep
+from .openapi import errors, ok
 from .readmodels import Buckets, buckets_view, divergence_view
-from .schemas import ErrorBody
+from .responses import BackendReport, BucketsList, DivergenceReport
 
 router = APIRouter(prefix="/v1", tags=["observe"])
 
@@ -24,7 +26,7 @@ async def get_buckets(request: Request) -> Buckets:
 BucketsDep = Annotated[Buckets, Depends(get_buckets)]
 
 
-@router.get("/divergence", responses={503: {"model": ErrorBody}})
+@router.get("/divergence", responses={**ok(DivergenceReport, examples.DIVERGENCE), **errors(422, 503)})
 async def divergence(rules: RulesDep, views: ViewsDep, minutes: int = Query(60, ge=1, le=120)) -> dict[str, Any]:
     """Per route: fleet-wide agree / new rejections / reverse counts, rates, a per-minute series
     and the keys that enforcement would block (who would be blocked)."""
@@ -34,7 +36,7 @@ async def divergence(rules: RulesDep, views: ViewsDep, minutes: int = Query(60, 
         raise ApiError(503, "backend_unavailable", f"Redis is unreachable: {exc}") from exc
 
 
-@router.get("/buckets", responses={404: {"model": ErrorBody}})
+@router.get("/buckets", responses={**ok(BucketsList, examples.BUCKETS), **errors(404, 422)})
 async def buckets(
     rules: RulesDep,
     buckets: BucketsDep,
@@ -45,7 +47,7 @@ async def buckets(
     return await buckets_view(rules.current, buckets, route, limit)
 
 
-@router.get("/backend")
+@router.get("/backend", responses=ok(BackendReport, examples.BACKEND))
 async def backend(engine: EngineDep) -> dict[str, Any]:
     """Circuit breaker and recovery state, failure policy, fleet."""
     return engine.backend_snapshot()

@@ -10,23 +10,24 @@ from ..decision import UnknownRoute
 from ..rollout import Mode
 from ..rollout_manager import GateRefused
 from ..store import StoreUnavailable, VersionConflict
+from . import examples
 from .deps import ActivityDep, ApiError, OperatorDep, RolloutDep, RulesDep, StoreDep, ViewsDep, actor_of
+from .openapi import body_example, errors, ok
 from .readmodels import route_views
-from .schemas import ErrorBody, ModeChange
+from .responses import AuditTrail, ModeChanged, RoutesList
+from .schemas import ModeChange
 
 router = APIRouter(prefix="/v1", tags=["rollout"])
 
-_ERRORS: dict[int | str, dict[str, Any]] = {
-    401: {"model": ErrorBody},
-    403: {"model": ErrorBody},
-    404: {"model": ErrorBody},
-    409: {"model": ErrorBody},
-    422: {"model": ErrorBody},
-    503: {"model": ErrorBody},
+_GATE_FAILED = {
+    "error": "gate_failed",
+    "message": "promotion refused by the gate: only 120 compared decisions in the last 300s (need 500)"
+    " (use force with a reason to override)",
+    "gate": {"passed": False, "required": True, "reasons": ["only 120 compared decisions in the last 300s (need 500)"]},
 }
 
 
-@router.get("/routes")
+@router.get("/routes", responses=ok(RoutesList, examples.ROUTES))
 async def list_routes(rules: RulesDep, rollout: RolloutDep, activity: ActivityDep, views: ViewsDep) -> dict[str, Any]:
     """Routes, their mode (canary with its percent), rates, divergence and gate status."""
     return {
@@ -39,7 +40,11 @@ async def list_routes(rules: RulesDep, rollout: RolloutDep, activity: ActivityDe
     }
 
 
-@router.put("/routes/{route:path}/mode", responses=_ERRORS)
+@router.put(
+    "/routes/{route:path}/mode",
+    responses={**ok(ModeChanged, examples.MODE_CHANGED), **errors(404, 409, 413, 422, 503, e409=_GATE_FAILED)},
+    openapi_extra=body_example(examples.MODE_REQUEST),
+)
 async def set_mode(
     route: str, change: ModeChange, request: Request, rollout: RolloutDep, _: OperatorDep
 ) -> dict[str, Any]:
@@ -81,7 +86,7 @@ async def set_mode(
     return {"route": route, "state": state.to_dict(), "audit": entry.to_dict(), "gate": gate.to_dict()}
 
 
-@router.get("/rollout/audit", responses=_ERRORS)
+@router.get("/rollout/audit", responses={**ok(AuditTrail, examples.AUDIT), **errors(422, 503)})
 async def audit(
     store: StoreDep, limit: int = Query(100, ge=1, le=1000), route: str | None = Query(None, max_length=256)
 ) -> dict[str, Any]:

@@ -14,6 +14,9 @@ from pydantic import BaseModel, ConfigDict, Field
 
 
 class ErrorBody(BaseModel):
+    """Every error answer: a code, a text, and details such as ``field`` (the bad field),
+    ``errors`` (every bad field of a body), ``needs`` (the role), ``limit``, ``incident``."""
+
     error: str
     message: str
     model_config = ConfigDict(extra="allow")

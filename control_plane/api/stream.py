@@ -25,7 +25,9 @@ from ..engine import Engine
 from ..settings import env_name
 from ..snapshots import SnapshotCache, StreamSlots
 from ..store import StoreUnavailable
+from . import examples
 from .deps import EngineDep
+from .openapi import RETRY_AFTER, errors
 from .readmodels import Buckets, buckets_view, divergence_view, route_views
 
 __all__ = ["Streams", "router", "snapshot"]
@@ -139,7 +141,39 @@ def _too_many(limit: int) -> JSONResponse:
     return JSONResponse(body, status_code=503, headers={"Retry-After": str(RETRY_AFTER_S)})
 
 
-@router.get("/stream", response_model=None)
+class EventStream(StreamingResponse):
+    """For OpenAPI: the stream's media type (the handler builds its own response)."""
+
+    media_type = "text/event-stream"
+
+
+_RESPONSES: dict[int | str, Any] = {
+    200: {
+        "description": "Server-Sent Events: `snapshot` (no id) every interval, `event` (with an id) as things"
+        " happen, `gap` when Last-Event-ID cannot be placed. Each `data:` line is one JSON object.",
+        "content": {"text/event-stream": {"schema": {"type": "string"}, "example": examples.STREAM}},
+    },
+    **errors(422),
+    503: {
+        **errors(503)[503],
+        "description": "too_many_streams: the replica already serves SHADOWLIMIT_MAX_STREAMS streams.",
+        "headers": RETRY_AFTER,
+        "content": {
+            "application/json": {
+                "schema": {"$ref": "#/components/schemas/ErrorBody"},
+                "example": {
+                    "error": "too_many_streams",
+                    "message": "this replica already serves 64 event streams (SHADOWLIMIT_MAX_STREAMS);"
+                    " retry later or use another replica",
+                    "limit": 64,
+                },
+            }
+        },
+    },
+}
+
+
+@router.get("/stream", response_model=None, response_class=EventStream, responses=_RESPONSES)
 async def stream(
     request: Request,
     engine: EngineDep,

@@ -23,7 +23,10 @@ from limiter.policy import Policy
 
 from ..whatif.recorder import TooManyEvents, decode
 from ..whatif.replay import ReplayResult, replay
+from . import examples
 from .deps import ApiError
+from .openapi import body_example, errors, ok
+from .responses import Suggestion, WhatIfResult
 
 router = APIRouter(prefix="/v1", tags=["whatif"])
 
@@ -33,6 +36,11 @@ Algorithm = Literal["token_bucket", "gcra", "fixed_window", "sliding_window", "s
 MAX_EVENTS = 2_000_000
 #: the highest average the suggestion searches
 MAX_AVERAGE = 1e9
+_RECORDING_OFF = {
+    "error": "recording_off",
+    "message": "recording is turned off (SHADOWLIMIT_RECORD=false)",
+    "field": "route",
+}
 _EXECUTOR = ThreadPoolExecutor(max_workers=1, thread_name_prefix="whatif")
 _BUSY = asyncio.Lock()
 
@@ -118,7 +126,11 @@ def _policy(p: PolicyIn) -> Policy:
         raise ApiError(422, "invalid_request", f"policy.{exc}", field=f"policy.{field}") from exc
 
 
-@router.post("/whatif")
+@router.post(
+    "/whatif",
+    responses={**ok(WhatIfResult, examples.WHATIF), **errors(404, 409, 413, 422, 503, e409=_RECORDING_OFF)},
+    openapi_extra=body_example(examples.WHATIF_REQUEST),
+)
 async def whatif(body: WhatIfRequest, request: Request) -> dict[str, Any]:
     """Replay the route's recorded requests of the last ``minutes`` against ``policy``
     and against the route's current global policy."""
@@ -140,7 +152,11 @@ def _both(by_key: dict[str, Any], a: Policy, b: Policy, share: float) -> tuple[R
     return replay(by_key, a, recorded_share=share), replay(by_key, b, recorded_share=share)
 
 
-@router.post("/whatif/suggest")
+@router.post(
+    "/whatif/suggest",
+    responses={**ok(Suggestion, examples.SUGGEST), **errors(404, 409, 413, 422, 503, e409=_RECORDING_OFF)},
+    openapi_extra=body_example(examples.SUGGEST_REQUEST),
+)
 async def suggest(body: SuggestRequest, request: Request) -> dict[str, Any]:
     """The smallest average (burst in the current policy's proportion) whose replay rejects
     at most ``max_reject_share`` of the recorded requests."""

@@ -125,7 +125,7 @@ def test_check_table(tmp_path):
 # every role on every endpoint, over real HTTP
 # --------------------------------------------------------------------------- #
 
-PATH_PARAMS = {"route": "search", "client_id": "someone"}
+PATH_PARAMS = {"route": "search", "client_id": "someone", "name": "swagger-ui.css"}
 BODIES = {
     ("POST", "/v1/decide"): {"route": "search", "key": "k"},
     ("POST", "/v1/decide/batch"): {"requests": [{"route": "search", "key": "k"}]},
@@ -173,7 +173,8 @@ def role_servers(redis_server, tmp_path_factory):
 def _operations(cp: ControlPlaneServer) -> list[tuple[str, str]]:
     spec = httpx.get(cp.url + "/openapi.json", timeout=5).json()
     ops = [(m.upper(), path) for path, item in spec["paths"].items() for m in item]
-    return ops + [("GET", "/openapi.json"), ("GET", "/docs"), ("GET", "/redoc")]
+    docs = [("GET", "/openapi.json"), ("GET", "/docs"), ("GET", "/redoc"), ("GET", "/docs/assets/{name}")]
+    return ops + docs
 
 
 def test_every_endpoint_is_classified(role_servers):

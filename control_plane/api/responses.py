@@ -1,0 +1,411 @@
+"""The response models of the read and admin endpoints, for OpenAPI.
+
+The endpoints build their answers as dicts (the read models in :mod:`.readmodels`, the
+engine's snapshots) and return them as they are: these models only declare their shape in
+``/openapi.json`` (see :func:`control_plane.api.openapi.ok`), they never filter, reorder
+or convert a field on the way out. Parts owned by other modules (a rule's summary, the
+gate's figures, the external limits' routes) allow extra fields, so a new field there is
+documented by its module without breaking the schema. ``tests/e2e/test_api_schema.py``
+checks real answers against these models.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+Mode = Literal["off", "shadow", "canary", "enforce"]
+BreakerStateName = Literal["closed", "open", "half_open"]
+
+
+class _Open(BaseModel):
+    """A part whose producer may add fields."""
+
+    model_config = ConfigDict(extra="allow")
+
+
+# -- shared parts -------------------------------------------------------------------------
+
+
+class PolicyView(_Open):
+    algorithm: str = Field(description="token_bucket, gcra, fixed_window, sliding_window or sliding_log")
+    average: float = Field(description="Tokens per period; 0 = unlimited.")
+    period: float = Field(description="Seconds.")
+    burst: int
+
+
+class RouteStateView(BaseModel):
+    mode: Mode
+    canary_percent: int
+    updated_at: float = Field(description="Unix seconds; 0 for a route never changed.")
+    updated_by: str
+    reason: str
+    version: int
+
+
+class GateView(_Open):
+    """The promotion gate's verdict and the figures it used."""
+
+    target: Mode | None = Field(None, description="The next step's mode (route listings only).")
+    passed: bool
+    required: bool = Field(description="False when the change is not a promotion (no gate).")
+    reasons: list[str] = Field(description="Why it did not pass.")
+    window_s: int | None = None
+    compared: int | None = None
+    min_samples: int | None = None
+    new_rejections: int | None = None
+    new_rejection_rate: float | None = None
+    max_new_rejection_rate: float | None = None
+    backend_errors: int | None = None
+    backend_error_rate: float | None = None
+    max_backend_error_rate: float | None = None
+    shadow_dropped: int | None = None
+    sampled_share: float | None = None
+    min_sampled_share: float | None = None
+
+
+class AuditEntryView(_Open):
+    model_config = ConfigDict(extra="allow", populate_by_name=True)
+    id: str
+    kind: Literal["mode_change", "rules_reload", "config_change", "reset", "restore"]
+    route: str
+    actor: str = Field(description="The token's name and the caller's address, e.g. alice@10.0.0.7.")
+    at: float = Field(description="Unix seconds.")
+    from_: str = Field(alias="from")
+    to: str
+    from_percent: int
+    to_percent: int
+    reason: str
+    forced: bool
+    automatic: bool
+    gate: GateView | None
+
+
+class DivergenceCounts(_Open):
+    agree: int
+    local_allow_distributed_deny: int
+    local_deny_distributed_allow: int
+    compared: int
+    backend_errors: int
+    distributed_attempts: int
+    shadow_dropped: int
+
+
+class DivergenceTotals(DivergenceCounts):
+    minutes: int
+    new_rejection_rate: float
+    reverse_rate: float
+    backend_error_rate: float
+    sampled_share: float | None = Field(description="Share of decisions the distributed limiter evaluated.")
+
+
+class MinuteCounts(DivergenceCounts):
+    minute: int = Field(description="The minute's start, Unix seconds.")
+
+
+class BlockedKey(_Open):
+    key: str
+    count: int
+    last_request_id: str | None = None
+
+
+class Adjustment(_Open):
+    route: str
+    key: str | None
+    local: PolicyView | None = None
+    distributed: PolicyView | None = None
+
+
+# -- /v1/routes and the rollout ------------------------------------------------------------
+
+
+class RuleView(_Open):
+    """A route's rule as the rules file (or the Envoy configuration) gives it."""
+
+    name: str
+    methods: list[str] | None = None
+    path: str | None = None
+    key: dict[str, Any]
+    local: PolicyView
+    distributed: PolicyView
+
+
+class RouteView(_Open):
+    name: str
+    mode: Mode = Field(description="The effective mode (off while the kill switch is off).")
+    stored_mode: Mode
+    canary_percent: int
+    state: RouteStateView
+    rule: RuleView
+    decisions_per_s: float
+    divergence_5m: DivergenceTotals | None
+    gate: GateView = Field(description="The gate of the route's next step.")
+    figures_age_s: float | None
+
+
+class RoutesList(BaseModel):
+    routes: list[RouteView]
+    distributed_enabled: bool
+    rules_source: str | None
+    rules_error: str | None
+    figures_age_s: float | None
+    figures_error: str | None
+
+
+class ModeChanged(BaseModel):
+    route: str
+    state: RouteStateView
+    audit: AuditEntryView
+    gate: GateView
+
+
+class AuditTrail(BaseModel):
+    entries: list[AuditEntryView]
+
+
+# -- observe -------------------------------------------------------------------------------
+
+
+class RouteDivergence(BaseModel):
+    totals: DivergenceTotals
+    series: list[MinuteCounts]
+    would_be_blocked: list[BlockedKey]
+
+
+class DivergenceReport(BaseModel):
+    minutes: int
+    routes: dict[str, RouteDivergence]
+    as_of: float | None
+    age_s: float | None
+    error: str | None
+
+
+class BucketState(_Open):
+    tokens: float
+    limit: int
+    exists: bool
+    reset_after_us: int
+
+
+class LimiterBucket(BucketState):
+    burst: int
+    policy: PolicyView
+
+
+class LastDecision(BaseModel):
+    at: float
+    allowed: bool
+    enforced_by: str
+
+
+class BucketEntry(BaseModel):
+    route: str
+    key: str
+    recent_requests: int
+    local: LimiterBucket
+    distributed: LimiterBucket | None
+    last_decision: LastDecision | None
+
+
+class BucketsList(BaseModel):
+    buckets: list[BucketEntry]
+
+
+class BackendReport(_Open):
+    state: BreakerStateName
+    consecutive_failures: int
+    last_error: str | None
+    last_failure_at: float | None
+    opened_at: float | None
+    next_probe_in_s: float | None
+    probe_attempt: int
+    total_failures: int
+    transitions: int
+    failure_policy: str
+    failure_code: int
+    redis: str
+    redis_topology: dict[str, Any]
+    time_source: str
+    live_instances: int
+    fleet: list[str]
+    instance_id: str
+    fallback_decisions: int
+    backend_errors: int
+    shadow_queue: int
+    shadow_queue_capacity: int
+    shadow_dropped: int
+    shadow_evaluated: int
+    auto_rollback_after_s: float | None
+    pending_rollbacks: list[str]
+    distributed_enabled: bool
+
+
+class ExternalCache(_Open):
+    enabled: bool
+    available: bool
+    hit: int
+    miss: int
+    stale: int
+    hit_ratio: float | None
+    errors: int
+
+
+class ExternalRoute(_Open):
+    route: str
+
+
+class ExternalBreaker(_Open):
+    route: str
+    key: str
+    state: BreakerStateName
+    failures: int
+    next_probe_in_s: float | None
+    last_error: str | None
+
+
+class ExternalReport(_Open):
+    instance_id: str
+    routes: list[ExternalRoute]
+    breakers: list[ExternalBreaker]
+    breakers_total: int
+    breakers_open: int
+    breakers_half_open: int
+    cache: ExternalCache
+    calls: dict[str, int]
+    errors: dict[str, int]
+    sources: dict[str, int]
+    shared_calls: int
+    breaker_transitions: dict[str, int]
+    backend_hosts: list[str]
+    backend_url_rejected: int
+
+
+# -- seed 002's admin API ------------------------------------------------------------------
+
+
+class AllowedDenied(BaseModel):
+    allowed: int
+    denied: int
+
+
+class Stats(_Open):
+    instance_id: str
+    uptime_s: float
+    requests: dict[str, AllowedDenied] = Field(description="Per limiter: local, distributed.")
+    exceeded: dict[str, int] = Field(description="Per limiter: local, distributed, failure_policy.")
+    active_clients: dict[str, int]
+    routes: dict[str, str] = Field(description="Each route's mode (canary with its percent).")
+    shadow: dict[str, int]
+    backend: dict[str, Any]
+    adjustments: list[Adjustment]
+
+
+class ClientEntry(BaseModel):
+    route: str
+    key: str
+    algorithm: str
+    last_seen_us: int
+    local: BucketState | None
+
+
+class ClientsList(BaseModel):
+    clients: list[ClientEntry]
+    total: int
+
+
+class ResetResult(BaseModel):
+    id: str
+    routes: list[str]
+    local_reset: int
+    distributed_reset: int
+
+
+class ConfigResult(BaseModel):
+    adjustments: list[Adjustment]
+    audit: AuditEntryView
+
+
+class RulesReloaded(BaseModel):
+    routes: list[str]
+    digest: str
+    source: str | None
+
+
+# -- what-if -------------------------------------------------------------------------------
+
+
+class KeyFigures(BaseModel):
+    key: str
+    requests: float
+    rejections: float
+
+
+class MinuteFigures(BaseModel):
+    minute: int
+    requests: float
+    rejections: float
+
+
+class Replay(_Open):
+    policy: PolicyView
+    policy_describe: str
+    events: int
+    keys: int
+    requests: float
+    rejections: float
+    reject_share: float
+    top_keys: list[KeyFigures]
+    per_minute: list[MinuteFigures]
+    recorded_share: float
+
+
+class WhatIfResult(BaseModel):
+    route: str
+    minutes: int
+    minutes_recorded: int
+    recorded_share: float
+    candidate: Replay
+    current: Replay
+
+
+class Suggestion(BaseModel):
+    route: str
+    minutes: int
+    minutes_recorded: int
+    recorded_share: float
+    max_reject_share: float
+    policy: PolicyView
+    policy_describe: str
+    replay: Replay
+
+
+# -- health --------------------------------------------------------------------------------
+
+
+class Health(BaseModel):
+    status: Literal["ok"]
+    instance_id: str
+
+
+class RedisHealth(_Open):
+    reachable: bool
+    scripts: bool
+    error: str | None = None
+
+
+class RulesHealth(BaseModel):
+    source: str | None
+    error: str | None
+
+
+class Readiness(_Open):
+    status: Literal["ready", "not_ready"]
+    can_decide: bool
+    reasons: list[str]
+    requires_redis: bool
+    redis: RedisHealth
+    breaker: BreakerStateName
+    failure_policy: str
+    rules: RulesHealth
+    instance_id: str
