@@ -433,7 +433,7 @@ async def test_a_sampled_divergence_says_how_much_it_covers(control_plane: Calla
         header = next(
             line
             for line in str(dash(app).query_one(DivergenceChart).render()).splitlines()
-            if line.startswith("search")
+            if line.lstrip("▶ ").startswith("search ")  # the selected route is marked ▶
         )
         share = float(header.split(" sampled")[0].rsplit("· ", 1)[1].rstrip("%"))
         assert 0 < share < 30
