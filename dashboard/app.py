@@ -106,13 +106,13 @@ class ShadowlimitDashboard(App[int]):
         if self.start_theme:
             self.theme = self.start_theme
         self.theme_changed_signal.subscribe(self, self._restyle)
-        if self.theme_problem:
-            self.notify(self.theme_problem, title="Theme", severity="warning", timeout=10)
         self.push_screen(
             DashboardScreen(
                 self.replicas, self.token, hint=DEMO_HINT if self.demo_banner else None, snapshot=self.fixed_snapshot
             )
         )
+        if self.theme_problem:  # on the dashboard's screen, once it is there
+            self.call_after_refresh(self.notify, self.theme_problem, title="Theme", severity="warning", timeout=10)
         if self.call_later_after:
             self.set_timer(self.call_later_after, self.exit)
 

@@ -178,9 +178,10 @@ HELP = """\
   ↑/↓        select a route (marked ▶; the buckets and divergence panels follow it)
   tab        move between panels; ↑/↓ pgup/pgdn then scroll the focused one
   o s c e    move the selected route to off / shadow / canary (asks the percent) / enforce
-  w          what-if: replay the route's recorded traffic against a candidate limit, then adjust
+  w          what-if: replay recorded traffic against a candidate limit, then adjust
   r          reconnect now          n   next replica (when several are known)
-  ?          this help              q   quit            ctrl+p   command palette (Theme: light/dark)
+  ?          this help              q   quit
+  ctrl+p     command palette; its Theme command switches dark and light themes
 
 [b]Rollout[/b]
   Every change asks for a reason and shows the gate figures. A promotion the gate refuses

@@ -115,10 +115,14 @@ MIN_CONTRAST = 4.5
 
 def resolve(variables: Mapping[str, str], name: str) -> Color:
     """One theme variable as an opaque colour (a translucent one laid over the surface);
-    ``track`` is the surface mixed a little towards the foreground."""
+    ``track`` is the surface mixed a little towards the foreground (in a theme of the
+    terminal's own ANSI colours, whose surface is transparent: the terminal's foreground)."""
     surface = _colour(variables, "surface", None)
     if name == "track":
-        return surface.blend(_colour(variables, "foreground", surface), TRACK_MIX)
+        foreground = _colour(variables, "foreground", surface)
+        if foreground.ansi is not None or Color.parse(variables.get("surface", "")).a == 0:
+            return foreground
+        return surface.blend(foreground, TRACK_MIX)
     return _colour(variables, name, surface)
 
 
@@ -128,6 +132,8 @@ def _colour(variables: Mapping[str, str], name: str, under: Color | None) -> Col
         colour = Color.parse(raw)
     except Exception as exc:  # a theme without it, or "auto 87%": a theme bug, say which
         raise ValueError(f"theme variable ${name} is not a colour: {raw!r}") from exc
+    if colour.ansi is not None:  # the terminal's own colour: left to the terminal
+        return colour
     if colour.a < 1 and under is not None:
         colour = under + colour
     return colour.with_alpha(1.0)
@@ -172,11 +178,13 @@ def rich_theme(variables: Mapping[str, str]) -> Theme:
             fg = bg + bg.get_contrast_text(0.9)
         elif fg is not None and bg is None and role.fg != "track":
             fg = legible(fg, panels)
+        if bg is not None and bg.ansi is not None and role.bg == "track":
+            bg = None  # the terminal's own background: an empty bar is just empty
         styles[name] = Style(
             color=fg.rich_color if fg else None,
             bgcolor=bg.rich_color if bg else None,
             bold=role.bold or None,
-            dim=role.dim or None,
+            dim=role.dim or (role.fg == "track" and fg is not None and fg.ansi is not None) or None,
             italic=role.italic or None,
         )
     return Theme(styles, inherit=False)
