@@ -47,6 +47,8 @@ class ShadowlimitDashboard(App[int]):
 
     #: ``shadowlimit demo --duration N`` sets this: quit after N seconds.
     call_later_after: float | None = None
+    #: the dashboard's styles are on the console (from the first computed CSS variables on)
+    _styled = False
 
     def __init__(
         self,
@@ -92,8 +94,6 @@ class ShadowlimitDashboard(App[int]):
         use_theme(self.console, variables, replace=self._styled)
         self._styled = True
         return variables
-
-    _styled = False  # the dashboard's styles are on the console (set from the first CSS variables on)
 
     def _restyle(self, _theme: Theme) -> None:
         """After a theme change: Rich text already converted for display is converted again."""

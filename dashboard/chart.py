@@ -67,7 +67,7 @@ class DivergenceChart(Widget):
     def reveal_selected(self) -> None:
         """Scroll the parent container so the selected route's block is in view."""
         where = self.block(self._selected) if self._selected else None
-        if where is None or self.parent is None or not isinstance(self.parent, Widget):
+        if where is None or not isinstance(self.parent, Widget):
             return
         top, height = where
         region = Region(0, self.virtual_region.y + top, 1, height)
