@@ -1,4 +1,5 @@
-"""``python -m dashboard --url URL [--token T]`` (defaults: SHADOWLIMIT_URL, SHADOWLIMIT_ADMIN_TOKEN)."""
+"""``python -m dashboard --url URL [--token T] [--theme NAME]`` (defaults: SHADOWLIMIT_URL,
+SHADOWLIMIT_ADMIN_TOKEN, SHADOWLIMIT_DASHBOARD_THEME)."""
 
 from __future__ import annotations
 
@@ -6,7 +7,9 @@ import argparse
 import os
 import sys
 
-from .app import run_dashboard
+from textual.theme import BUILTIN_THEMES
+
+from .app import THEME_ENV, run_dashboard
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -30,8 +33,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--replica", action="append", default=[], metavar="URL", help="another replica to switch to with n (repeatable)"
     )
+    parser.add_argument(
+        "--theme",
+        metavar="NAME",
+        help=(
+            f"Textual theme to start with, e.g. textual-dark, textual-light, solarized-light (env {THEME_ENV});"
+            " switch while running with ctrl+p, Theme"
+        ),
+    )
     args = parser.parse_args(argv)
-    return run_dashboard(args.url, args.token, replicas=[args.url, *args.replica] if args.replica else None)
+    source, theme = ("--theme", args.theme) if args.theme is not None else (THEME_ENV, os.environ.get(THEME_ENV))
+    theme = (theme or "").strip() or None
+    if theme is not None and theme not in BUILTIN_THEMES:
+        parser.error(f"{source}: unknown theme {theme!r} (known: {', '.join(sorted(BUILTIN_THEMES))})")
+    replicas = [args.url, *args.replica] if args.replica else None
+    return run_dashboard(args.url, args.token, replicas=replicas, theme=theme)
 
 
 if __name__ == "__main__":

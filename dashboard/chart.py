@@ -6,23 +6,27 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from rich.text import Text
+from textual.geometry import Region
 from textual.widget import Widget
 
 from .models import DivergenceView
 from .render import pct, spark_text
+from .theme import BAD, BAD_BOLD, OK, SELECTED_MARK, WARN, WARN_BOLD
 
 __all__ = ["DivergenceChart"]
 
 LABEL = 14
 SERIES = (
-    ("agree", "agree", "#9ece6a"),
-    ("new rej", "local_allow_distributed_deny", "#f7768e"),
-    ("reverse", "local_deny_distributed_allow", "#e0af68"),
+    ("agree", "agree", OK),
+    ("new rej", "local_allow_distributed_deny", BAD),
+    ("reverse", "local_deny_distributed_allow", WARN),
 )
 
 
 class DivergenceChart(Widget):
-    """Render-only: ``show()`` hands it the divergence view; it draws what fits."""
+    """Render-only: ``show()`` hands it the divergence view; it draws every route (its
+    scrolling parent shows what does not fit) and, when the selection changes, scrolls that
+    parent to the selected route's block, which is marked ``▶``."""
 
     def __init__(self, **kwargs: object) -> None:
         super().__init__(**kwargs)  # type: ignore[arg-type]
@@ -31,20 +35,43 @@ class DivergenceChart(Widget):
         self._selected: str | None = None
 
     def show(self, view: DivergenceView | None, order: Sequence[str], selected: str | None) -> None:
+        reveal = selected != self._selected or (self._view is None and view is not None)
         self._view, self._order, self._selected = view, list(order), selected
         self.refresh(layout=True)
+        if reveal and selected is not None:
+            self.call_after_refresh(self.reveal_selected)
 
     def get_content_height(self, container: object, viewport: object, width: int) -> int:
         if self._view is None:
             return 1
+        return sum(self._block_height(n) for n in self._names()) + 1
+
+    def _block_height(self, name: str) -> int:
         assert self._view is not None
-        return sum(4 + bool(self._view.routes[n].would_be_blocked) for n in self._names()) + 1
+        return 4 + bool(self._view.routes[name].would_be_blocked)
 
     def _names(self) -> list[str]:
         if self._view is None:
             return []
         names = [n for n in self._order if n in self._view.routes]
         return names + [n for n in self._view.routes if n not in names]
+
+    def block(self, name: str) -> tuple[int, int] | None:
+        """The first line and the height of ``name``'s block (the last one includes the time axis)."""
+        names = self._names()
+        if name not in names:
+            return None
+        top = sum(self._block_height(n) for n in names[: names.index(name)])
+        return top, self._block_height(name) + (name == names[-1])
+
+    def reveal_selected(self) -> None:
+        """Scroll the parent container so the selected route's block is in view."""
+        where = self.block(self._selected) if self._selected else None
+        if where is None or not isinstance(self.parent, Widget):
+            return
+        top, height = where
+        region = Region(0, self.virtual_region.y + top, 1, height)
+        self.parent.scroll_to_region(region, animate=False, immediate=True, x_axis=False)
 
     def render(self) -> Text:
         if self._view is None:
@@ -56,19 +83,22 @@ class DivergenceChart(Widget):
             rd = self._view.routes[name]
             series = list(rd.series)[-minutes:]
             tot = rd.totals
-            out.append(f"{name:<{LABEL}}", style="bold reverse" if name == self._selected else "bold")
+            if name == self._selected:
+                out.append(f"{SELECTED_MARK} {name:<{LABEL - 2}}", style="bold reverse")
+            else:
+                out.append(f"  {name:<{LABEL - 2}}", style="bold")
             out.append(f" {tot.compared:,} compared · ", style="dim")
             out.append(
                 f"{pct(tot.new_rejection_rate, 2)} new rej.",
-                style="#f7768e" if tot.local_allow_distributed_deny else "dim",
+                style=BAD if tot.local_allow_distributed_deny else "dim",
             )
             out.append(
-                f" · {pct(tot.reverse_rate, 2)} reverse", style="#e0af68" if tot.local_deny_distributed_allow else "dim"
+                f" · {pct(tot.reverse_rate, 2)} reverse", style=WARN if tot.local_deny_distributed_allow else "dim"
             )
             if tot.backend_errors:
-                out.append(f" · {tot.backend_errors:,} backend errors", style="bold #f7768e")
+                out.append(f" · {tot.backend_errors:,} backend errors", style=BAD_BOLD)
             if tot.sampled_share is not None:
-                out.append(f" · {pct(tot.sampled_share)} sampled", style="bold #e0af68" if tot.sampled else "dim")
+                out.append(f" · {pct(tot.sampled_share)} sampled", style=WARN_BOLD if tot.sampled else "dim")
             out.append("\n")
             # the two directions share one scale so they compare; agree has its own
             both = max((max(p.local_allow_distributed_deny, p.local_deny_distributed_allow) for p in series), default=0)
@@ -80,7 +110,7 @@ class DivergenceChart(Widget):
                 out.append(f" {_short(total):>7}\n", style=colour if total else "dim")
             if rd.would_be_blocked:
                 out.append(f"  {'would block':<{LABEL - 3}} ", style="dim")
-                out.append(" · ".join(f"{b.key} ×{b.count:,}" for b in rd.would_be_blocked[:4]) + "\n", style="#f7768e")
+                out.append(" · ".join(f"{b.key} ×{b.count:,}" for b in rd.would_be_blocked[:4]) + "\n", style=BAD)
         out.append(_axis(minutes), style="dim")
         return out
 

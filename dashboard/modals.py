@@ -13,6 +13,7 @@ from textual.widgets import Button, Input, Label, Static
 
 from .models import GateView, RouteView
 from .render import gate_figures, gate_problems, mode_text
+from .theme import BAD, BAD_BOLD
 
 __all__ = ["ConfirmModeScreen", "GateRefusedScreen", "HelpScreen", "PercentScreen", "ReasonDialog", "is_promotion"]
 
@@ -136,7 +137,7 @@ class ConfirmModeScreen(_ReasonDialog):
                 yield Static(verdict, id="gate-verdict")
                 yield Static(gate_figures(gate), id="gate-figures")
                 if gate is not None and gate.has_figures and gate.required and not gate.passed:
-                    yield Static(Text("Likely refused: " + "; ".join(gate_problems(gate)), style="#f7768e"))
+                    yield Static(Text("Likely refused: " + "; ".join(gate_problems(gate)), style=BAD))
             else:
                 yield Static(Text("Not a promotion: no gate applies.", style="dim"), id="gate-verdict")
             yield self._reason_label()
@@ -159,11 +160,11 @@ class GateRefusedScreen(_ReasonDialog):
 
     def compose(self) -> ComposeResult:
         with Vertical(classes="dialog -refused"):
-            yield Label(Text("The gate refused this promotion", style="bold #f7768e"), classes="dialog-title")
+            yield Label(Text("The gate refused this promotion", style=BAD_BOLD), classes="dialog-title")
             yield Static(_change(self.route, self.mode, self.percent))
             reasons = Text()
             for r in self.gate.reasons or ("refused",):
-                reasons.append(f"  ✘ {r}\n", style="#f7768e")
+                reasons.append(f"  ✘ {r}\n", style=BAD)
             reasons.rstrip()  # in place
             yield Static(reasons, id="gate-reasons")
             yield Static(gate_figures(self.gate), id="gate-figures")
@@ -174,11 +175,13 @@ class GateRefusedScreen(_ReasonDialog):
 
 HELP = """\
 [b]Keys[/b]
-  ↑/↓        select a route (the buckets panel follows it)
+  ↑/↓        select a route (marked ▶; the buckets and divergence panels follow it)
+  tab        move between panels; ↑/↓ pgup/pgdn then scroll the focused one
   o s c e    move the selected route to off / shadow / canary (asks the percent) / enforce
-  w          what-if: replay the route's recorded traffic against a candidate limit, then adjust
+  w          what-if: replay recorded traffic against a candidate limit, then adjust
   r          reconnect now          n   next replica (when several are known)
-  ?          this help              q   quit            ctrl+p   command palette
+  ?          this help              q   quit
+  ctrl+p     command palette; its Theme command switches dark and light themes
 
 [b]Rollout[/b]
   Every change asks for a reason and shows the gate figures. A promotion the gate refuses
@@ -187,11 +190,12 @@ HELP = """\
   dashboard is read-only.
 
 [b]Panels[/b]
-  Routes      effective mode, decisions/s, divergence (5 min) with the last 15 minutes,
+  Routes      effective mode, decisions/s, divergence (5 min) with the last 12 minutes,
               new rejections (local allowed, distributed would deny), backend errors, gate
   Buckets     the selected route's most active keys: tokens left locally and globally
   Backend     the Redis circuit breaker, the failure policy in force, the live fleet
-  Divergence  the last hour per route: agree, new rejections, reverse (one column a minute)
+  Divergence  the last hour per route: agree, new rejections, reverse (one column a minute);
+              scrolls when the routes do not fit, and to the selected route
   Audit       mode changes, rules reloads, breaker transitions, as they happen
 
 [b]Connection[/b]

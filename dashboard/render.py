@@ -8,6 +8,22 @@ from collections.abc import Sequence
 from rich.text import Text
 
 from .models import GateView
+from .theme import (
+    BAD,
+    BAD_BOLD,
+    BAD_DIM,
+    BADGE_BAD,
+    BADGE_OK,
+    BADGE_WARN,
+    INFO,
+    INFO_BOLD,
+    OK,
+    OK_BOLD,
+    TRACK,
+    TRACK_FG,
+    WARN,
+    WARN_BOLD,
+)
 
 __all__ = [
     "BREAKER_STYLE",
@@ -26,12 +42,8 @@ __all__ = [
 
 BLOCKS = " ▁▂▃▄▅▆▇█"
 
-MODE_STYLE = {"off": "dim", "shadow": "bold #7aa2f7", "canary": "bold #e0af68", "enforce": "bold #9ece6a"}
-BREAKER_STYLE = {
-    "closed": "bold #1e1e1e on #9ece6a",
-    "open": "bold #1e1e1e on #f7768e",
-    "half_open": "bold #1e1e1e on #e0af68",
-}
+MODE_STYLE = {"off": "dim", "shadow": INFO_BOLD, "canary": WARN_BOLD, "enforce": OK_BOLD}
+BREAKER_STYLE = {"closed": BADGE_OK, "open": BADGE_BAD, "half_open": BADGE_WARN}
 
 
 def sparkline(values: Sequence[float], width: int | None = None, *, top: float | None = None) -> str:
@@ -53,7 +65,7 @@ def sparkline(values: Sequence[float], width: int | None = None, *, top: float |
 
 
 def spark_text(
-    values: Sequence[float], width: int, colour: str, *, top: float | None = None, zero: str = "#3b4261"
+    values: Sequence[float], width: int, colour: str, *, top: float | None = None, zero: str = TRACK_FG
 ) -> Text:
     """:func:`sparkline` as Text: minutes with data in ``colour``, empty minutes dim."""
     vals = list(values)[-width:]
@@ -64,19 +76,21 @@ def spark_text(
     return text
 
 
-def bar(value: float, maximum: float, width: int, *, style: str = "#7aa2f7", empty: str = "#3b4261") -> Text:
-    """A horizontal bar ``value / maximum`` in ``width`` cells with eighth-cell precision."""
+def bar(value: float, maximum: float, width: int, *, style: str = INFO, empty: str = TRACK) -> Text:
+    """A horizontal bar ``value / maximum`` in ``width`` cells with eighth-cell precision;
+    ``style`` colours the filled part, ``empty`` is the background of the rest."""
     text = Text()
     if maximum <= 0 or width <= 0:
-        return Text("·" * max(0, width), style=empty)
+        return Text("·" * max(0, width), style=TRACK_FG)
     frac = max(0.0, min(1.0, value / maximum))
     eighths = round(frac * width * 8)
     full, part = divmod(eighths, 8)
     text.append("█" * full, style=style)
     if part and full < width:
-        text.append(" ▏▎▍▌▋▊▉"[part], style=f"{style} on {empty}")
+        text.append(" ▏▎▍▌▋▊▉"[part], style=empty)
+        text.stylize(style, full, full + 1)  # the partial block's colour over the track
         full += 1
-    text.append(" " * (width - full), style=f"on {empty}")
+    text.append(" " * (width - full), style=empty)
     return text
 
 
@@ -120,15 +134,15 @@ def gate_text(gate: GateView | None) -> Text:
     if gate is None:
         return Text("—", style="dim")
     if gate.target is None:
-        return Text("? " + (gate.reasons[0] if gate.reasons else "unknown"), style="#e0af68")
+        return Text("? " + (gate.reasons[0] if gate.reasons else "unknown"), style=WARN)
     if not gate.required:
         return Text("fully enforced" if gate.target == "enforce" else f"no gate → {gate.target}", style="dim")
     if gate.passed:
-        return Text(f"✔ pass → {gate.target_label}", style="bold #9ece6a")
+        return Text(f"✔ pass → {gate.target_label}", style=OK_BOLD)
     problems = gate_problems(gate)
-    text = Text(f"✘ {gate.target_label}: {problems[0]}", style="#f7768e")
+    text = Text(f"✘ {gate.target_label}: {problems[0]}", style=BAD)
     if len(problems) > 1:
-        text.append(f" (+{len(problems) - 1} more)", style="dim #f7768e")
+        text.append(f" (+{len(problems) - 1} more)", style=BAD_DIM)
     return text
 
 
@@ -173,7 +187,7 @@ def gate_figures(gate: GateView | None) -> Text:
 
     def row(label: str, value: str, limit: str, ok: bool) -> None:
         t.append(f"  {label:<18}", style="bold")
-        t.append(f"{value:<12}", style="#9ece6a" if ok else "bold #f7768e")
+        t.append(f"{value:<12}", style=OK if ok else BAD_BOLD)
         t.append(f"{limit}\n", style="dim")
 
     row(

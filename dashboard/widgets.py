@@ -24,14 +24,30 @@ from .models import (
     RouteView,
 )
 from .render import BREAKER_STYLE, ago, bar, clock, gate_text, mode_text, pct, spark_text
+from .theme import (
+    BAD,
+    BAD_BOLD,
+    BADGE_INFO,
+    BADGE_NOTE,
+    BADGE_OK,
+    BADGE_WARN,
+    HINT,
+    INFO,
+    OK,
+    SELECTED_MARK,
+    WARN,
+    WARN_BOLD,
+)
 
 __all__ = ["AuditPanel", "BackendPanel", "BucketsTable", "ConnectionBar", "RoutesTable"]
 
 SPARK_MINUTES = 12
+_TRANSITION_STYLE = {"closed": OK, "open": BAD_BOLD}  # a breaker's new state; anything else is a probe
 
 
 class RoutesTable(DataTable[Text | str]):
-    """Every route: mode, rate, divergence (with a sparkline of recent minutes), gate."""
+    """Every route: mode, rate, divergence (with a sparkline of recent minutes), gate. The
+    selected route (the cursor row) is marked ``▶`` in the first column, not by colour alone."""
 
     class Selected(Message):
         """The user moved to another route."""
@@ -41,6 +57,7 @@ class RoutesTable(DataTable[Text | str]):
             self.route = route
 
     COLUMNS = (
+        ("sel", " "),
         ("route", "Route"),
         ("mode", "Mode"),
         ("rate", "Dec/s"),
@@ -53,6 +70,7 @@ class RoutesTable(DataTable[Text | str]):
     def __init__(self, **kwargs: object) -> None:
         super().__init__(cursor_type="row", zebra_stripes=True, **kwargs)  # type: ignore[arg-type]
         self._names: list[str] = []
+        self._marked: str | None = None
 
     def on_mount(self) -> None:
         for key, label in self.COLUMNS:
@@ -62,15 +80,31 @@ class RoutesTable(DataTable[Text | str]):
         names = [r.name for r in routes]
         if names != self._names:
             self.clear()
+            self._marked = None
             for r in routes:
-                self.add_row(*self._cells(r, divergence), key=r.name)
+                self.add_row(self._mark(r.name == selected), *self._cells(r, divergence), key=r.name)
             self._names = names
             if selected in names:
+                self._marked = selected
                 self.move_cursor(row=names.index(selected), animate=False)
             return
         for r in routes:
-            for (col, _), cell in zip(self.COLUMNS, self._cells(r, divergence)):
+            for (col, _), cell in zip(self.COLUMNS[1:], self._cells(r, divergence)):
                 self.update_cell(r.name, col, cell, update_width=True)
+        self.mark(selected)
+
+    def mark(self, route: str | None) -> None:
+        """Move the ``▶`` marker to ``route``'s row."""
+        if route == self._marked:
+            return
+        for name, on in ((self._marked, False), (route, True)):
+            if name is not None and name in self._names:
+                self.update_cell(name, "sel", self._mark(on))
+        self._marked = route
+
+    @staticmethod
+    def _mark(on: bool) -> Text:
+        return Text(SELECTED_MARK if on else " ", style="bold")
 
     @staticmethod
     def _cells(r: RouteView, divergence: DivergenceView | None) -> list[Text | str]:
@@ -84,23 +118,24 @@ class RoutesTable(DataTable[Text | str]):
             for p in series
         ]
         div = Text(f"{pct(d.divergence_rate) if d else '—':>6} ", style="bold" if d and d.divergence_rate else "")
-        div.append_text(spark_text(rates, SPARK_MINUTES, "#f7768e"))
+        div.append_text(spark_text(rates, SPARK_MINUTES, BAD))
         if d is None:
-            newrej, errors = Text("Redis unavailable", style="#e0af68"), Text("—")
+            newrej, errors = Text("Redis unavailable", style=WARN), Text("—")
         else:
             newrej = Text(
-                f"{d.local_allow_distributed_deny:,}", style="bold #f7768e" if d.local_allow_distributed_deny else ""
+                f"{d.local_allow_distributed_deny:,}", style=BAD_BOLD if d.local_allow_distributed_deny else ""
             )
             newrej.append(f" ({pct(d.new_rejection_rate)})", style="dim")
             if d.sampled:  # a sample: say how much of the traffic it covers
-                newrej.append(f" of {pct(d.sampled_share)}", style="bold #e0af68")
-            errors = Text(f"{d.backend_errors:,}", style="bold #f7768e" if d.backend_errors else "")
+                newrej.append(f" of {pct(d.sampled_share)}", style=WARN_BOLD)
+            errors = Text(f"{d.backend_errors:,}", style=BAD_BOLD if d.backend_errors else "")
             errors.append(f" ({pct(d.backend_error_rate, 2)})", style="dim")
         return [Text(r.name, style="bold"), mode, f"{r.decisions_per_s:,.1f}", div, newrej, errors, gate_text(r.gate)]
 
     def on_data_table_row_highlighted(self, event: DataTable.RowHighlighted) -> None:
         event.stop()
         if event.row_key.value is not None:
+            self.mark(event.row_key.value)
             self.post_message(self.Selected(event.row_key.value))
 
 
@@ -109,8 +144,8 @@ def _side(side: BucketSide | None, width: int) -> Text:
         return Text("— (not read)", style="dim")
     cap = side.burst or side.limit
     low = cap > 0 and side.tokens < cap * 0.2
-    t = bar(side.tokens, cap, width, style="#f7768e" if low else "#7aa2f7")
-    t.append(f" {side.tokens:.1f}/{cap}", style="bold #f7768e" if low else "")
+    t = bar(side.tokens, cap, width, style=BAD if low else INFO)
+    t.append(f" {side.tokens:.1f}/{cap}", style=BAD_BOLD if low else "")
     return t
 
 
@@ -136,10 +171,8 @@ class BucketsTable(DataTable[Text | str]):
             last = Text("—", style="dim")
             if b.last_decision is not None:
                 ld = b.last_decision
-                last = Text("✔ " if ld.allowed else "✘ ", style="#9ece6a" if ld.allowed else "bold #f7768e")
-                last.append(
-                    self.BY.get(ld.enforced_by, ld.enforced_by), style="#9ece6a" if ld.allowed else "bold #f7768e"
-                )
+                last = Text("✔ " if ld.allowed else "✘ ", style=OK if ld.allowed else BAD_BOLD)
+                last.append(self.BY.get(ld.enforced_by, ld.enforced_by), style=OK if ld.allowed else BAD_BOLD)
                 last.append(f" {ago(ld.at, now)}", style="dim")
             self.add_row(
                 Text(b.key, style="bold"),
@@ -178,14 +211,14 @@ class BackendPanel(Static):
         row(
             "failures",
             f"{b.consecutive_failures} in a row · {b.total_failures} total",
-            "bold #f7768e" if b.consecutive_failures else "",
+            BAD_BOLD if b.consecutive_failures else "",
         )
-        row("last error", b.last_error or "—", "#f7768e" if b.last_error and b.state != "closed" else "dim")
+        row("last error", b.last_error or "—", BAD if b.last_error and b.state != "closed" else "dim")
         if b.state == "open":
             probe = f"in {b.next_probe_in_s:.1f}s" if b.next_probe_in_s is not None else "due"
-            row("next probe", f"{probe} (attempt {b.probe_attempt + 1})", "bold #e0af68")
+            row("next probe", f"{probe} (attempt {b.probe_attempt + 1})", WARN_BOLD)
         elif b.state == "half_open":
-            row("next probe", "probing now", "bold #e0af68")
+            row("next probe", "probing now", WARN_BOLD)
         closed = b.failure_policy.replace("_", "").lower() == "failclosed"
         row("on failure", f"{b.failure_policy or '?'}" + (f" (answers {b.failure_code})" if closed else ""), "bold")
         row("instances", f"{b.live_instances} live: " + (", ".join(b.fleet) if b.fleet else b.instance_id))
@@ -193,17 +226,17 @@ class BackendPanel(Static):
         row("redis", b.redis or "?", "dim")
         if b.redis_kind:
             where = f" · master {b.redis_master}" if b.redis_master else " · master not known yet"
-            row("topology", f"{b.redis_kind}{where} · TLS {b.redis_tls}", "" if b.redis_master else "#e0af68")
+            row("topology", f"{b.redis_kind}{where} · TLS {b.redis_tls}", "" if b.redis_master else WARN)
         cap = f"/{b.shadow_queue_capacity:,}" if b.shadow_queue_capacity else ""
         row(
             "shadow",
             f"queue {b.shadow_queue:,}{cap} · dropped {b.shadow_dropped:,} · {b.shadow_evaluated:,} evaluated",
-            "bold #f7768e" if b.shadow_dropped else "",
+            BAD_BOLD if b.shadow_dropped else "",
         )
         if b.pending_rollbacks:
-            row("rollback", "pending: " + ", ".join(b.pending_rollbacks), "bold #f7768e")
+            row("rollback", "pending: " + ", ".join(b.pending_rollbacks), BAD_BOLD)
         if not b.distributed_enabled:
-            row("kill switch", "distributed limiting is DISABLED: every route runs as off", "bold #e0af68")
+            row("kill switch", "distributed limiting is DISABLED: every route runs as off", WARN_BOLD)
         if external is not None and external.routes:
             _external_rows(row, external)
         return grid
@@ -212,15 +245,15 @@ class BackendPanel(Static):
 def _external_rows(row: Any, x: ExternalView) -> None:
     """Three or four short lines: per-key breakers, cache, calls, and which keys are open."""
     t = Text()
-    t.append(f"{x.breakers_open} open", style="bold #f7768e" if x.breakers_open else "#9ece6a")
+    t.append(f"{x.breakers_open} open", style=BAD_BOLD if x.breakers_open else OK)
     if x.breakers_half_open:
-        t.append(f" · {x.breakers_half_open} probing", style="bold #e0af68")
+        t.append(f" · {x.breakers_half_open} probing", style=WARN_BOLD)
     t.append(f" / {x.breakers_total:,} breakers")
     if len(x.routes) > 1:
         t.append(f" ({len(x.routes)} routes)", style="dim")
     row("ext limits", t)
     if not x.cache_enabled:
-        row("ext cache", "off (no Redis): every lookup calls the service", "#e0af68")
+        row("ext cache", "off (no Redis): every lookup calls the service", WARN)
     else:
         c = Text(
             f"hit {pct(x.hit_ratio) if x.hit_ratio is not None else '—'}", style="bold" if x.cache_available else "dim"
@@ -230,12 +263,12 @@ def _external_rows(row: Any, x: ExternalView) -> None:
             style="" if x.cache_available else "dim",
         )
         if not x.cache_available:
-            c.append(" · skipped: Redis down", style="bold #e0af68")
+            c.append(" · skipped: Redis down", style=WARN_BOLD)
         row("ext cache", c)
     calls = Text(f"{x.calls_ok:,} ok · ")
-    calls.append(f"{x.calls_failed:,} failed", style="bold #f7768e" if x.calls_failed else "")
+    calls.append(f"{x.calls_failed:,} failed", style=BAD_BOLD if x.calls_failed else "")
     calls.append(" · ")
-    calls.append(f"{x.static_fallbacks:,} static", style="#e0af68" if x.static_fallbacks else "dim")
+    calls.append(f"{x.static_fallbacks:,} static", style=WARN if x.static_fallbacks else "dim")
     row("ext calls", calls)
     open_ = [br for br in x.breakers if br.state != "closed"][:3]
     if open_:
@@ -243,7 +276,7 @@ def _external_rows(row: Any, x: ExternalView) -> None:
         for i, br in enumerate(open_):
             if i:
                 keys.append(", ")
-            keys.append(f"{br.route}/{br.key}", style="bold #f7768e" if br.state == "open" else "bold #e0af68")
+            keys.append(f"{br.route}/{br.key}", style=BAD_BOLD if br.state == "open" else WARN_BOLD)
             probe = (
                 "probing"
                 if br.state == "half_open"
@@ -263,17 +296,17 @@ def _audit_entry(e: AuditEntryView) -> Text:
         t.append(" → ")
         t.append_text(mode_text(e.to_mode, e.to_percent))
         if e.forced:
-            t.append(" FORCED", style="bold #f7768e")
+            t.append(" FORCED", style=BAD_BOLD)
         if e.automatic:
-            t.append(" AUTO", style="bold #e0af68")
+            t.append(" AUTO", style=WARN_BOLD)
     elif e.kind == "restore":  # the store lost its data; a replica wrote the state back
         t.append(f"{e.route} ", style="bold")
-        t.append("RESTORED ", style="bold #e0af68")
+        t.append("RESTORED ", style=WARN_BOLD)
         if e.to_mode:
             t.append_text(mode_text(e.to_mode, e.to_percent))
     elif e.kind == "rules_reload":
         t.append("rules reload ", style="bold")
-        t.append(e.to_mode, style="#9ece6a" if e.to_mode == "ok" else "bold #f7768e")
+        t.append(e.to_mode, style=OK if e.to_mode == "ok" else BAD_BOLD)
     else:
         t.append(f"{e.kind.replace('_', ' ')} {e.route} ", style="bold")
         t.append(e.to_mode)
@@ -290,16 +323,16 @@ def _event_entry(e: EventView) -> Text:
         t.append("breaker ", style="bold")
         t.append(f"{d.get('from', '?')} → ")
         to = str(d.get("to", "?"))
-        t.append(to, style={"closed": "#9ece6a", "open": "bold #f7768e"}.get(to, "#e0af68"))
+        t.append(to, style=_TRANSITION_STYLE.get(to, WARN))
         detail = " · ".join(str(x) for x in (d.get("instance"), d.get("reason")) if x)
     elif e.type == "external_breaker":
         t.append(f"ext limits {d.get('route', '?')}/{d.get('key', '?')} ", style="bold")
         t.append(f"{d.get('from', '?')} → ")
         to = str(d.get("to", "?"))
-        t.append(to, style={"closed": "#9ece6a", "open": "bold #f7768e"}.get(to, "#e0af68"))
+        t.append(to, style=_TRANSITION_STYLE.get(to, WARN))
         detail = " · ".join(str(x) for x in (d.get("instance"), d.get("reason")) if x)
     elif e.type == "auto_rollback":
-        t.append(f"{e.route} auto-rollback ", style="bold #f7768e")
+        t.append(f"{e.route} auto-rollback ", style=BAD_BOLD)
         t.append(f"{d.get('from', '?')} → {d.get('to', 'shadow')}")
         detail = str(d.get("reason") or "")
     else:
@@ -332,10 +365,10 @@ class ConnectionBar(Static):
         self.set_classes(f"-{c.status}")
         t = Text()
         badge = {
-            "live": (" ● LIVE ", "bold #1e1e1e on #9ece6a"),
-            "stale": (" ◌ STALE ", "bold #1e1e1e on #e0af68"),
-            "connecting": (" … CONNECTING ", "bold #1e1e1e on #7aa2f7"),
-            "fixed": (" ■ FIXED SNAPSHOT ", "bold #1e1e1e on #bb9af7"),
+            "live": (" ● LIVE ", BADGE_OK),
+            "stale": (" ◌ STALE ", BADGE_WARN),
+            "connecting": (" … CONNECTING ", BADGE_INFO),
+            "fixed": (" ■ FIXED SNAPSHOT ", BADGE_NOTE),
         }[c.status]
         t.append(*badge)
         stale = c.status == "stale"
@@ -344,18 +377,18 @@ class ConnectionBar(Static):
                 f" reconnecting in {c.retry_in_s:.0f}s"
                 if c.retry_in_s and c.retry_in_s >= 0.5
                 else " reconnecting now",
-                style="bold #e0af68",
+                style=WARN_BOLD,
             )
             if c.data_at:
-                t.append(f" · showing data from {clock(c.data_at)}", style="bold #e0af68")
+                t.append(f" · showing data from {clock(c.data_at)}", style=WARN_BOLD)
         t.append(f"  {c.url}", style="bold")
         if c.instance_id:
             t.append(f" · {c.instance_id}", style="dim")
         if c.data_at and not stale:
             t.append(f" · data as of {clock(c.data_at)}", style="dim")
-        t.append(" · token ✔" if c.has_token else " · read-only (no token)", style="dim" if c.has_token else "#e0af68")
+        t.append(" · token ✔" if c.has_token else " · read-only (no token)", style="dim" if c.has_token else WARN)
         if stale and c.error:
-            t.append(f" · {c.error}", style="#e0af68")
+            t.append(f" · {c.error}", style=WARN)
         if c.hint:
-            t.append(f" · {c.hint}", style="italic #bb9af7")
+            t.append(f" · {c.hint}", style=HINT)
         self.update(t)

@@ -272,6 +272,46 @@ async def test_routes_and_buckets_show_the_servers_figures(
             shutil.copy(svg, Path(keep) / "dashboard-real-server-160x50.svg")
 
 
+def chart_header(app: ShadowlimitDashboard, route: str) -> str:
+    """``route``'s header line in the divergence panel (``▶ `` in front when it is selected)."""
+    from dashboard.chart import DivergenceChart
+
+    lines = str(dash(app).query_one(DivergenceChart).render()).splitlines()
+    return next((line for line in lines if line.lstrip("▶ ").startswith(f"{route} ")), "")
+
+
+async def test_the_selected_route_is_marked_not_only_coloured(control_plane: Callable[..., ControlPlane]) -> None:
+    """The cursor row carries a ▶ in the routes table's first column and in the divergence
+    panel, so the selection shows without colour; it follows the keys, stays through live
+    updates, and the mode keys act on the marked route."""
+    cp = control_plane()
+    await traffic(cp.url, 6)
+    await traffic(cp.url, 3, route="checkout", key="carol")
+    await cp.settle()
+    app = ShadowlimitDashboard(cp.url, TOKEN)
+    async with app.run_test(size=SIZE) as pilot:
+        await until_live(pilot, app)
+        marks = lambda: [cell(app, RoutesTable, r, "sel") for r in ("search", "checkout")]  # noqa: E731
+        assert marks() == ["▶", " "]
+        await wait_for(pilot, lambda: chart_header(app, "search").startswith("▶ search"), what="▶ in the chart")
+        assert chart_header(app, "checkout").startswith("  checkout")
+
+        await pilot.press("down")
+        await wait_for(pilot, lambda: marks() == [" ", "▶"], what="the marker to follow the cursor")
+        await wait_for(pilot, lambda: chart_header(app, "checkout").startswith("▶ checkout"), what="the chart marker")
+        assert not chart_header(app, "search").startswith("▶")
+
+        # live snapshots re-render the table: the marker stays on the cursor row
+        before = dash(app).snapshot
+        await traffic(cp.url, 3, route="checkout", key="erin")
+        await wait_for(pilot, lambda: dash(app).snapshot is not before, what="a newer snapshot")
+        assert marks() == [" ", "▶"]
+
+        await pilot.press("o")
+        await wait_for(pilot, lambda: isinstance(app.screen, ConfirmModeScreen), what="the confirmation")
+        assert "Move checkout:" in str(app.screen.query_one(".dialog-title").render())
+
+
 async def test_toggle_with_a_reason_changes_the_mode_on_the_server(control_plane: Callable[..., ControlPlane]) -> None:
     cp = control_plane()
     await traffic(cp.url, 3)
@@ -434,7 +474,7 @@ async def test_a_sampled_divergence_says_how_much_it_covers(control_plane: Calla
         header = next(
             line
             for line in str(dash(app).query_one(DivergenceChart).render()).splitlines()
-            if line.startswith("search")
+            if line.lstrip("▶ ").startswith("search ")  # the selected route is marked ▶
         )
         share = float(header.split(" sampled")[0].rsplit("· ", 1)[1].rstrip("%"))
         assert 0 < share < 30
@@ -826,8 +866,11 @@ def utc() -> Iterator[None]:
 
 
 def fixed_app(token: str | None = TOKEN, **kwargs: Any) -> ShadowlimitDashboard:
+    """The fixed snapshot, in textual-dark unless ``theme=`` says otherwise (never the
+    environment's SHADOWLIMIT_DASHBOARD_THEME: a snapshot test must not depend on it)."""
     from dashboard.models import Snapshot
 
+    kwargs.setdefault("theme", "textual-dark")
     return ShadowlimitDashboard(
         "http://control-plane.test:8080", token, snapshot=Snapshot.parse(fixed_snapshot()), **kwargs
     )
@@ -983,7 +1026,9 @@ def test_snapshot_backend_with_external_limits(snap_compare: Any, utc: None) -> 
             "instance": "replica-1",
         }
     )
-    app = ShadowlimitDashboard("http://control-plane.test:8080", TOKEN, snapshot=Snapshot.parse(data))
+    app = ShadowlimitDashboard(
+        "http://control-plane.test:8080", TOKEN, snapshot=Snapshot.parse(data), theme="textual-dark"
+    )
     assert snap_compare(app, terminal_size=(160, 60))
 
 
