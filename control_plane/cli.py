@@ -328,7 +328,13 @@ def cmd_demo(args: argparse.Namespace) -> int:
 def cmd_dash(args: argparse.Namespace) -> int:
     from dashboard.app import run_dashboard
 
-    return run_dashboard(args.url, args.token)
+    if args.theme is not None:
+        from textual.theme import BUILTIN_THEMES
+
+        if args.theme not in BUILTIN_THEMES:
+            known = ", ".join(sorted(BUILTIN_THEMES))
+            raise CliError(f"--theme: unknown theme {args.theme!r} (known: {known})", EXIT_USAGE)
+    return run_dashboard(args.url, args.token, theme=args.theme)
 
 
 def cmd_completion(args: argparse.Namespace) -> int:
@@ -428,6 +434,9 @@ def _remote(sub: Any, name: str, help_: str) -> CliParser:
 def _add_remote_commands(sub: Any) -> None:
     """The dashboard and the commands that read or change a running control plane."""
     dash = _remote(sub, "dash", "the terminal dashboard")
+    dash.add_argument(
+        "--theme", default=None, help="a Textual theme, e.g. textual-light (default: $SHADOWLIMIT_DASHBOARD_THEME)"
+    )
     dash.set_defaults(func=cmd_dash)
 
     rt = _remote(sub, "routes", "list routes, modes, divergence and the gate of each route's next step")

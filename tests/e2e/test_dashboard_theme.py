@@ -212,3 +212,17 @@ async def test_the_last_of_many_routes_is_reachable_in_the_divergence_panel() ->
         dash(app).show_snapshot(snap)
         await pilot.pause()
         assert box.scroll_y == box.max_scroll_y
+
+
+def test_shadowlimit_dash_refuses_an_unknown_theme() -> None:
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    cli = Path(sys.executable).parent / "shadowlimit"
+    proc = subprocess.run(
+        [str(cli), "dash", "--url", "http://127.0.0.1:9", "--theme", "nope"], capture_output=True, text=True, timeout=60
+    )
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert "--theme: unknown theme 'nope'" in proc.stderr and "textual-light" in proc.stderr
+    assert "Traceback" not in proc.stderr
