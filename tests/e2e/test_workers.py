@@ -47,6 +47,7 @@ def test_two_workers_share_the_port_are_two_instances_and_stop_cleanly(redis_url
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SHADOWLIMIT_", "RATE_LIMIT_", "ENABLE_"))}
     env.update(RATE_LIMIT_REDIS_URL=redis_url, SHADOWLIMIT_PORT=str(port), SHADOWLIMIT_INSTANCE_ID="wk")
     env["SHADOWLIMIT_NAMESPACE"] = f"workers-{port}"
+    env["ENABLE_DISTRIBUTED_RATE_LIMITING"] = "true"  # a kill-switched replica reads the fleet without joining it
     proc = subprocess.Popen(
         [str(SHADOWLIMIT), "serve", "--workers", "2", "--log-level", "warning"],
         env=env,
