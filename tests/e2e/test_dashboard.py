@@ -202,7 +202,18 @@ async def until_live(pilot: Pilot[Any], app: ShadowlimitDashboard) -> None:
     )
 
 
+async def reason_focused(pilot: Pilot[Any]) -> None:
+    """Wait until the dialog on top has mounted and focused its reason input (a key pressed
+    before that, on a loaded machine, goes nowhere)."""
+    await wait_for(
+        pilot,
+        lambda: getattr(pilot.app.focused, "id", None) == "reason" and pilot.app.focused.screen is pilot.app.screen,
+        what="the reason input focused",
+    )
+
+
 async def type_reason(pilot: Pilot[Any], reason: str) -> None:
+    await reason_focused(pilot)
     await pilot.press(*["space" if ch == " " else ch for ch in reason])
 
 
@@ -382,6 +393,7 @@ async def test_a_refused_gate_shows_why_and_force_works(control_plane: Callable[
         assert cell(app, RoutesTable, "search", "mode") == "shadow"
         # the reason is carried over; forcing sends force=true with it
         assert app.screen.query_one("#reason", Input).value == "go global"
+        await reason_focused(pilot)
         await pilot.press("enter")
         await wait_for(
             pilot, lambda: server_routes(cp.url)["search"]["stored_mode"] == "enforce", what="the forced change"
