@@ -11,7 +11,7 @@ traffic and admits it all, while the global limit would reject a part of it. In 
 that shows up as divergence (``local_allow_distributed_deny``); flip the route to enforce
 and the global limit takes over. ``mallory`` guesses passwords on ``login`` (5 a minute per
 client IP) on every replica; the ``tenants`` route takes each tenant's limits from the
-limits service (acme 50/s, globex 5/s), cached in Redis; stop the service and decisions
+limits service (hooli 2/s on the free plan, globex 5/s), cached in Redis; stop the service and decisions
 fall back to the stale copy, then to the rules file's limits. Quitting the dashboard stops
 everything.
 """
@@ -80,8 +80,9 @@ TRAFFIC: list[tuple[str, str, str, float, bool, str, dict[str, str]]] = [
     ("mallory", "POST", "/auth/login", 1.0, True, "198.51.100.66", {}),
     # internal, keyed by API key, a 10% canary
     ("reports", "GET", "/internal/reports", 3.0, False, "10.1.2.3", {"X-API-Key": "sk-demo-reports"}),
-    # tenants, limits from the limits service: acme 50/s, globex 5/s (rejected in bursts)
-    ("acme", "GET", "/api/v1/tenants/orders", 15.0, True, "198.51.100.80", {"X-Tenant-Id": "acme"}),
+    # tenants, limits from the limits service: hooli on the free plan (2/s), globex 5/s (rejected
+    # in bursts); docs/api.md's examples use acme and umbrella, which the demo leaves alone
+    ("hooli", "GET", "/api/v1/tenants/orders", 1.5, False, "198.51.100.80", {"X-Tenant-Id": "hooli"}),
     ("globex", "GET", "/api/v1/tenants/orders", 8.0, True, "198.51.100.81", {"X-Tenant-Id": "globex"}),
 ]
 
