@@ -2,14 +2,18 @@
 the example limits service (``examples/limits_service.py``), a traffic generator, and the
 dashboard attached to the first replica.
 
-One client (``bob``) spreads bursts over every replica, as seed 004 describes: each
-replica's local bucket sees a third of his traffic and admits it all, while the global
-limit would reject most of it. In shadow mode that shows up as divergence
-(``local_allow_distributed_deny``); flip the route to enforce from the dashboard and the
-global limit takes over. The ``tenants`` route takes each tenant's limits from the
-limits service (acme 50/s, globex 5/s), cached in Redis; stop the service and decisions
-fall back to the stale copy, then to the rules file's limits. Quitting the dashboard
-stops everything.
+The replicas run the one example rules file, ``examples/rules.yaml`` (the rules
+docs/api.md's examples were produced with), copied into the demo's folder with only the
+``tenants`` route's ``external.url`` pointed at the demo's limits service. The traffic
+(:data:`TRAFFIC`) tells seed 004's story on those routes: one client (``bob``) spreads
+bursts on ``search`` over every replica; each replica's local bucket sees a third of his
+traffic and admits it all, while the global limit would reject a part of it. In shadow mode
+that shows up as divergence (``local_allow_distributed_deny``); flip the route to enforce
+and the global limit takes over. ``mallory`` guesses passwords on ``login`` (5 a minute per
+client IP) on every replica; the ``tenants`` route takes each tenant's limits from the
+limits service (hooli 2/s on the free plan, globex 5/s), cached in Redis; stop the service and decisions
+fall back to the stale copy, then to the rules file's limits. Quitting the dashboard stops
+everything.
 """
 
 from __future__ import annotations
@@ -32,55 +36,54 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-DEMO_RULES = """\
-# Rules used by `shadowlimit demo`. The local policy is what every replica enforces on its
-# own today; the distributed policy is the global limit being tried.
-version: 1
-routes:
-  - name: search
-    match: {methods: [GET], path: /api/search/**}
-    key: {strategy: header, header: X-Client-Id}
-    local: {average: 10, period: 1s, burst: 10}
-    distributed: {average: 10, period: 1s, burst: 10}
-  - name: checkout
-    match: {methods: [POST], path: /api/checkout/**}
-    key: {strategy: header, header: X-Client-Id}
-    local: {average: 5, period: 1s, burst: 5}
-    distributed: {average: 8, period: 1s, burst: 8}
-  - name: login
-    match: {methods: [POST], path: /api/login}
-    key: {strategy: header, header: X-Client-Id}
-    local: {algorithm: sliding_window, average: 20, period: 10s}
-    distributed: {algorithm: sliding_window, average: 20, period: 10s}
-    failure_policy: failClosed
-"""
+ROOT = Path(__file__).resolve().parent.parent
+#: the one example rules file: the demo runs it, and docs/api.md's examples were produced with it
+EXAMPLE_RULES = ROOT / "examples" / "rules.yaml"
+#: the limits service the example file's ``tenants`` route names; the demo points it at its own
+EXAMPLE_LIMITS_URL = "http://127.0.0.1:9100/limits"
+LIMITS_SERVICE = ROOT / "examples" / "limits_service.py"
 
-# Per-tenant limits from the example limits service; the policies here are the fallback.
-DEMO_TENANTS_ROUTE = """\
-  - name: tenants
-    match: {methods: [GET], path: /api/tenants/**}
-    key: {strategy: header, header: X-Tenant-Id}
-    local: {average: 3, period: 1s, burst: 3}
-    distributed: {average: 3, period: 1s, burst: 3}
-    external:
-      url: @LIMITS_URL@
-      timeout: 500ms
-      cache_ttl: 30s
-      header_filter: {allow_list: [X-Tenant-Id, X-Plan]}
-"""
 
-LIMITS_SERVICE = Path(__file__).resolve().parent.parent / "examples" / "limits_service.py"
+def demo_rules(limits_url: str, example: Path = EXAMPLE_RULES) -> str:
+    """examples/rules.yaml with only the ``tenants`` route's ``external.url`` replaced by
+    ``limits_url`` (the demo's own limits service, on a free port), said in a comment on that
+    line; every other line (and so every line number) is the example file's."""
+    text = example.read_text()
+    lines = text.splitlines(keepends=True)
+    hits = [i for i, line in enumerate(lines) if line.strip() == f"url: {EXAMPLE_LIMITS_URL}"]
+    if len(hits) != 1:
+        raise ValueError(
+            f"{example}: expected one line 'url: {EXAMPLE_LIMITS_URL}' (the tenants route), found {len(hits)}"
+        )
+    i = hits[0]
+    indent = lines[i][: len(lines[i]) - len(lines[i].lstrip())]
+    note = f"shadowlimit demo: its limits service ({example.name} says {EXAMPLE_LIMITS_URL})"
+    lines[i] = f"{indent}url: {limits_url}   # {note}\n"
+    return "".join(lines)
 
-# (client, route path, method, requests per second, spread over all replicas?)
-TRAFFIC = [
-    ("alice", "/api/search/books", "GET", 4.0, False),
-    ("bob", "/api/search/all", "GET", 21.0, True),  # the client who multiplies his limit
-    ("carol", "/api/checkout/cart", "POST", 3.0, False),
-    ("dave", "/api/checkout/cart", "POST", 12.0, True),
-    ("erin", "/api/login", "POST", 1.0, False),
-    ("mallory", "/api/login", "POST", 4.0, True),
-    ("acme", "/api/tenants/orders", "GET", 20.0, True),  # 50/s from the limits service
-    ("globex", "/api/tenants/orders", "GET", 8.0, True),  # 5/s: rejected in bursts
+
+# Addresses from the documentation ranges (RFC 5737): 198.51.100.x are ordinary clients,
+# 203.0.113.x is on search's deny list. docs/api.md's examples use 198.51.100.7 and other
+# keys the demo does not send, so they give the documented answers against a running demo.
+# (client, method, path, requests per second, spread over all replicas?, client IP, headers)
+TRAFFIC: list[tuple[str, str, str, float, bool, str, dict[str, str]]] = [
+    # search, 20/s per replica today, 30/s global: bob spreads 45/s over the replicas, each
+    # admits its third, the global limit would reject a third of it (shadow divergence)
+    ("alice", "GET", "/api/v1/search/books", 5.0, False, "198.51.100.10", {}),
+    ("bob", "GET", "/api/v1/search/all", 45.0, True, "198.51.100.20", {}),  # multiplies his limit
+    ("scraper", "GET", "/api/v1/search/all", 0.5, False, "203.0.113.50", {}),  # deny list: 403
+    # checkout, per tenant and API family ("globex:checkout")
+    ("carol", "POST", "/checkout/c-1001/pay", 4.0, False, "198.51.100.30", {"X-Tenant-Id": "globex"}),
+    # login, 5 per minute per client IP: erin logs in now and then, mallory guesses passwords
+    # on every replica (each admits 5 a minute: 15 in all, where the global limit admits 5)
+    ("erin", "POST", "/auth/login", 0.05, False, "198.51.100.40", {}),
+    ("mallory", "POST", "/auth/login", 1.0, True, "198.51.100.66", {}),
+    # internal, keyed by API key, a 10% canary
+    ("reports", "GET", "/internal/reports", 3.0, False, "10.1.2.3", {"X-API-Key": "sk-demo-reports"}),
+    # tenants, limits from the limits service: hooli on the free plan (2/s), globex 5/s (rejected
+    # in bursts); docs/api.md's examples use acme and umbrella, which the demo leaves alone
+    ("hooli", "GET", "/api/v1/tenants/orders", 1.5, False, "198.51.100.80", {"X-Tenant-Id": "hooli"}),
+    ("globex", "GET", "/api/v1/tenants/orders", 8.0, True, "198.51.100.81", {"X-Tenant-Id": "globex"}),
 ]
 
 
@@ -139,10 +142,8 @@ class DemoStack:
 
             self.redis = EmbeddedRedis().start()
             self.redis_url = self.redis.url
-        rules = DEMO_RULES
-        if self._start_limits_service():
-            rules += DEMO_TENANTS_ROUTE.replace("@LIMITS_URL@", f"{self.limits_url}/limits")
-        self.rules_path.write_text(rules)
+        self._start_limits_service()
+        self.rules_path.write_text(demo_rules(f"{self.limits_url}/limits"))
         env = dict(os.environ)
         env.update(
             {
@@ -193,13 +194,10 @@ class DemoStack:
             self.urls.append(f"http://127.0.0.1:{port}")
         self._wait_ready()
 
-    def _start_limits_service(self, timeout: float = 15.0) -> bool:
-        """The example limits service as its own process (False when the checkout has none)."""
+    def _start_limits_service(self, timeout: float = 15.0) -> None:
+        """The example limits service as its own process, on a free port."""
         import httpx
 
-        if not LIMITS_SERVICE.is_file():
-            print(f"{LIMITS_SERVICE} not found: the demo runs without the tenants route", flush=True, file=sys.stderr)
-            return False
         port = _free_port()
         log = open(self.workdir / "limits-service.log", "wb")  # noqa: SIM115 - closed with the process
         self.limits_proc = subprocess.Popen(
@@ -216,7 +214,7 @@ class DemoStack:
                 raise RuntimeError(f"the limits service exited with {self.limits_proc.returncode}:\n{tail}")
             with contextlib.suppress(httpx.HTTPError):
                 if httpx.get(self.limits_url + "/healthz", timeout=1.0).status_code == 200:
-                    return True
+                    return
             time.sleep(0.1)
         raise RuntimeError(f"the limits service was not up after {timeout:.0f}s")
 
@@ -244,18 +242,17 @@ class DemoStack:
 
         async with httpx.AsyncClient(timeout=2.0) as http:
 
-            async def client(name: str, path: str, method: str, rps: float, spread: bool) -> None:
+            async def client(
+                name: str, method: str, path: str, rps: float, spread: bool, ip: str, headers: dict[str, str]
+            ) -> None:
                 i = 0
-                home = hash(name) % len(self.urls)
+                home = sum(name.encode()) % len(self.urls)
+                body = {"method": method, "path": path, "headers": headers, "client_ip": ip}
+                loop = asyncio.get_running_loop()
+                due = loop.time()  # paced by a schedule, so a slow answer does not lower the rate
                 while not stop.is_set():
                     url = self.urls[i % len(self.urls)] if spread else self.urls[home]
                     i += 1
-                    body = {
-                        "method": method,
-                        "path": path,
-                        "headers": {"X-Client-Id": name, "X-Tenant-Id": name},
-                        "client_ip": "127.0.0.1",
-                    }
                     try:
                         await http.post(url + "/v1/decide", json=body)
                         self.sent += 1
@@ -267,8 +264,9 @@ class DemoStack:
                         delay *= 4
                     elif spread:
                         delay *= 0.25
+                    due = max(due + delay, loop.time() - 1.0)  # at most 1 s of catching up
                     with contextlib.suppress(asyncio.TimeoutError):
-                        await asyncio.wait_for(stop.wait(), delay)
+                        await asyncio.wait_for(stop.wait(), max(0.0, due - loop.time()))
 
             await asyncio.gather(*[client(*t) for t in TRAFFIC])
 
@@ -298,6 +296,7 @@ class DemoStack:
             "embedded_redis": self.redis is not None,
             "replicas": list(self.urls),
             "limits": f"{self.limits_url}/limits" if self.limits_url else None,
+            "rules": str(self.rules_path),
             "gate_settings": dict(self.gate_settings),
             "admin_token": self.token,
             "logs": str(self.workdir),
@@ -314,14 +313,17 @@ class DemoStack:
         if self.limits_url:
             lines.append(f"  limits:     {self.limits_url}/limits   (examples/limits_service.py; route tenants)")
         lines += [
+            f"  rules:      {self.rules_path}   (examples/rules.yaml; only the tenants route's"
+            " external.url changed, to the limits service above)",
             f"  gates:      {self.gates}",
             f"  admin token: {self.token}",
             f"  logs:       {self.workdir}   (audit trail: audit.jsonl; "
             + ("kept after the demo)" if self.keep_logs else "removed when the demo stops; --keep-logs keeps them)"),
             "",
             "try:",
+            f"  B={self.urls[0]} T={self.token}   (docs/api.md's examples use $B and $T)",
             f"  curl -s {self.urls[0]}/v1/routes | python3 -m json.tool",
-            *([f"  curl -s {self.urls[0]}/v1/external | python3 -m json.tool"] if self.limits_url else []),
+            f"  curl -s {self.urls[0]}/v1/external | python3 -m json.tool",
             f"  SHADOWLIMIT_ADMIN_TOKEN={self.token} ./dev shadowlimit mode search enforce --url {self.urls[0]}"
             " --reason 'try the global limit' --force",
             f"  ./dev shadowlimit whatif search --rate 20/1s --url {self.urls[0]}",
@@ -343,7 +345,11 @@ def run_demo(args: argparse.Namespace) -> int:
     try:
         # --json: stdout is JSON lines (headless: the running stack, then the totals); notes go to stderr
         print("starting embedded Redis and control-plane replicas ...", flush=True, file=note)
-        stack.start()
+        try:
+            stack.start()
+        except (OSError, ValueError, RuntimeError) as exc:  # a missing example file, a process that died
+            print(f"shadowlimit demo: {exc}", flush=True, file=sys.stderr)
+            return 1
         try:
             from dashboard.app import ShadowlimitDashboard
         except ImportError as exc:  # a checkout without the dashboard: run headless

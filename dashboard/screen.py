@@ -287,8 +287,14 @@ class DashboardScreen(Screen[None]):
 
     # -- what-if ------------------------------------------------------------------------------
 
+    def route_at_cursor(self) -> RouteView | None:
+        """The route an action applies to: the one under the cursor now. A key typed right after an
+        arrow key arrives before the table's highlight message has moved ``selected``."""
+        name = self.query_one(RoutesTable).cursor_route() or self.selected
+        return self.snapshot.route(name) if self.snapshot is not None and name else None
+
     def action_whatif(self) -> None:
-        route = self.snapshot.route(self.selected) if self.snapshot else None
+        route = self.route_at_cursor()
         if route is None:
             self.notify("No route selected yet (waiting for data).", severity="warning")
             return
@@ -333,7 +339,7 @@ class DashboardScreen(Screen[None]):
                 severity="warning",
             )
             return
-        route = self.snapshot.route(self.selected) if self.snapshot else None
+        route = self.route_at_cursor()
         if route is None:
             self.notify("No route selected yet (waiting for data).", severity="warning")
             return

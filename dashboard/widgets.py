@@ -76,6 +76,12 @@ class RoutesTable(DataTable[Text | str]):
         for key, label in self.COLUMNS:
             self.add_column(label, key=key)
 
+    def cursor_route(self) -> str | None:
+        """The route under the cursor now (the :class:`Selected` message follows a move later)."""
+        if not self.row_count:
+            return None
+        return self.coordinate_to_cell_key(self.cursor_coordinate).row_key.value
+
     def show(self, routes: Sequence[RouteView], divergence: DivergenceView | None, selected: str | None) -> None:
         names = [r.name for r in routes]
         if names != self._names:

@@ -79,7 +79,7 @@ _HEADERS = {
     "X-RateLimit-Limit": "10",
     "X-RateLimit-Remaining": "9",
     "X-RateLimit-Reset": "1795710209",
-    "RateLimit-Policy": '"search";q=10;w=1, "search-global";q=10;w=1;sl-shadow',
+    "RateLimit-Policy": '"search";q=10;w=1',
     "RateLimit": '"search";r=9;t=1',
 }
 

@@ -87,10 +87,11 @@ RATE_LIMIT_HEADERS: dict[str, dict[str, Any]] = {
         "example": 1795710209,
     },
     "RateLimit-Policy": {
-        "description": "draft-ietf-httpapi-ratelimit-headers: the quota (q) and window (w, seconds); in shadow"
-        " and canary also the distributed limit to come, marked `sl-shadow`.",
+        "description": "draft-ietf-httpapi-ratelimit-headers: the quota (q) and window (w, seconds), a bucket's"
+        " burst as `sl-burst` when it differs from q; with SHADOWLIMIT_ANNOUNCE_SHADOW=true, in shadow and"
+        " canary also the distributed limit to come, marked `sl-shadow`.",
         "schema": _STR,
-        "example": '"search";q=10;w=1, "search-global";q=10;w=1;sl-shadow',
+        "example": '"search";q=10;w=1',
     },
     "RateLimit": {
         "description": "draft-ietf-httpapi-ratelimit-headers: remaining (r) and seconds to reset (t).",

@@ -19,6 +19,7 @@ import httpx
 import pytest
 import uvicorn
 from support import settle
+from textual import events
 from textual.pilot import Pilot
 from textual.widgets import Input
 
@@ -1200,3 +1201,20 @@ def test_snapshot_whatif_dialog(snap_compare: Any, utc: None) -> None:
         await _steady_cursor(pilot)
 
     assert snap_compare(fixed_app(), run_before=open_dialog, terminal_size=SIZE)
+
+
+async def test_a_key_right_after_an_arrow_acts_on_the_route_under_the_cursor() -> None:
+    """Typed fast (the arrow and the action in one burst), the action must not reach the
+    route that was selected before the arrow: the ▶ row is the one changed."""
+    app = fixed_app()
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.pause()
+        first = str(app.screen.query_one(RoutesTable).get_row_at(0)[1])
+        second = str(app.screen.query_one(RoutesTable).get_row_at(1)[1])
+        for key, char in (("down", None), ("e", "e")):  # one burst, as a terminal delivers fast typing
+            event = events.Key(key, char)
+            event.set_sender(app)
+            app.post_message(event)
+        await wait_for(pilot, lambda: isinstance(app.screen, ConfirmModeScreen), what="the confirmation")
+        title = str(app.screen.query_one(".dialog-title").render())
+        assert f"Move {second}:" in title and first != second, title

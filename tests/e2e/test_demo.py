@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import httpx
+import pytest
 
 
 def _pids_with(pattern: str) -> list[int]:
@@ -30,6 +31,8 @@ def _pids_with(pattern: str) -> list[int]:
 
 
 LOGS: list[str] = []  # the logs folder the last demo printed
+RULES: list[str] = []  # the rules file the last demo printed
+EXAMPLE_RULES = Path(__file__).resolve().parents[2] / "examples" / "rules.yaml"
 
 
 def _start_demo(extra: list[str]) -> tuple[subprocess.Popen[str], list[str], str, str]:
@@ -55,6 +58,8 @@ def _start_demo(extra: list[str]) -> tuple[subprocess.Popen[str], list[str], str
             token = m.group(1)
         if m := re.search(r"limits:\s+(http://127\.0\.0\.1:\d+)/limits", line):
             limits = m.group(1)
+        if m := re.search(r"rules:\s+(\S+)", line):
+            RULES.append(m.group(1))
         if m := re.search(r"logs:\s+(\S+)", line):
             LOGS.append(m.group(1))
         if line.startswith("try:"):
@@ -74,6 +79,60 @@ def _wait_gone(pattern: str, timeout: float = 10.0) -> list[int]:
     return _pids_with(pattern)
 
 
+def test_the_demo_runs_the_example_rules_file_with_only_the_limits_url_changed():
+    """One set of example rules: the demo's file is examples/rules.yaml line for line (so
+    docs/api.md's examples, produced with it, give the same answers against the demo),
+    except the tenants route's external.url, which names the demo's own limits service."""
+    proc, urls, _, limits = _start_demo(["--duration", "20"])
+    try:
+        assert RULES, "the demo did not print its rules file"
+        demo_lines = Path(RULES[-1]).read_text().splitlines()
+        example_lines = EXAMPLE_RULES.read_text().splitlines()
+        assert len(demo_lines) == len(example_lines)
+        changed = [(a, b) for a, b in zip(example_lines, demo_lines, strict=True) if a != b]
+        assert len(changed) == 1, changed
+        example_line, demo_line = changed[0]
+        assert example_line.strip() == "url: http://127.0.0.1:9100/limits"
+        assert demo_line.split("#")[0].strip() == f"url: {limits}/limits"
+        routes = httpx.get(urls[0] + "/v1/routes", timeout=5).json()
+        assert routes["rules_source"] == RULES[-1] and routes["rules_error"] is None
+        names = [r["name"] for r in routes["routes"]]
+        assert names == ["search", "checkout", "login", "internal", "tenants", "default"]
+        # the demo's story on those routes: bob spreads search bursts over the replicas, each
+        # admits him, the global limit would not (divergence); mallory brute-forces login
+        deadline = time.monotonic() + 15
+        blocked: dict[str, set[str]] = {}
+        while time.monotonic() < deadline and not {"search", "login", "tenants"} <= blocked.keys():
+            div = httpx.get(urls[0] + "/v1/divergence?minutes=2", timeout=5).json()["routes"]
+            blocked = {r: {w["key"] for w in v["would_be_blocked"]} for r, v in div.items() if v["would_be_blocked"]}
+            time.sleep(0.5)
+        assert "198.51.100.20" in blocked.get("search", set()), blocked
+        assert "198.51.100.66" in blocked.get("login", set()), blocked
+        assert "globex" in blocked.get("tenants", set()), blocked
+        assert "198.51.100.10" not in blocked.get("search", set()), "alice (5/s) is well-behaved"
+    finally:
+        proc.send_signal(signal.SIGTERM)  # stops cleanly, removing its folder
+        try:
+            proc.wait(timeout=30)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+    assert proc.returncode == 0
+
+
+def test_demo_rules_refuse_an_example_file_without_the_limits_url(tmp_path):
+    from control_plane.demo import demo_rules
+
+    text = demo_rules("http://127.0.0.1:1234/limits")
+    assert "url: http://127.0.0.1:1234/limits   # shadowlimit demo" in text
+    assert "url: http://127.0.0.1:9100" not in text
+    other = tmp_path / "rules.yaml"
+    other.write_text(EXAMPLE_RULES.read_text().replace("127.0.0.1:9100", "limits.internal:80"))
+    with pytest.raises(ValueError, match=r"expected one line 'url: http://127\.0\.0\.1:9100/limits'") as exc:
+        demo_rules("http://127.0.0.1:1234/limits", other)
+    assert str(other) in str(exc.value)
+
+
 def test_demo_serves_on_every_replica_and_stops_cleanly():
     proc, urls, token, limits = _start_demo(["--duration", "6"])
     ports = [u.rsplit(":", 1)[1] for u in urls]
@@ -86,7 +145,7 @@ def test_demo_serves_on_every_replica_and_stops_cleanly():
             # the tenants route takes each tenant's limits from the limits service
             r = httpx.post(
                 url + "/v1/decide",
-                json={"method": "GET", "path": "/api/tenants/x", "headers": {"X-Tenant-Id": "initech"}},
+                json={"method": "GET", "path": "/api/v1/tenants/x", "headers": {"X-Tenant-Id": "initech"}},
                 timeout=5,
             )
             assert r.status_code in (200, 429), r.text
