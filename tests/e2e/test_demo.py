@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -189,6 +190,9 @@ def test_killing_the_demo_leaves_no_orphans():
     for port in ports:
         assert _wait_gone(f"--port {port}") == [], f"process on port {port} orphaned"
     assert _wait_gone(f"redis-server 127.0.0.1:{redis_port}") == [], "embedded redis-server orphaned"
+    # a SIGKILLed demo cannot remove its folder: the test removes what it made
+    if LOGS and Path(LOGS[-1]).is_dir():
+        shutil.rmtree(LOGS[-1])
 
 
 def test_the_demo_removes_its_folder_unless_asked_to_keep_it(tmp_path):
