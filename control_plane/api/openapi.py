@@ -87,14 +87,16 @@ RATE_LIMIT_HEADERS: dict[str, dict[str, Any]] = {
         "example": 1795710209,
     },
     "RateLimit-Policy": {
-        "description": "draft-ietf-httpapi-ratelimit-headers: the quota (q) and window (w, seconds), a bucket's"
+        "description": "draft-ietf-httpapi-ratelimit-headers-11 (May 2026): the quota (q) a client pacing"
+        " itself is admitted per window (w, seconds), a bucket's"
         " burst as `sl-burst` when it differs from q; with SHADOWLIMIT_ANNOUNCE_SHADOW=true, in shadow and"
         " canary also the distributed limit to come, marked `sl-shadow`.",
         "schema": _STR,
         "example": '"search";q=10;w=1',
     },
     "RateLimit": {
-        "description": "draft-ietf-httpapi-ratelimit-headers: remaining (r) and seconds to reset (t).",
+        "description": "draft-ietf-httpapi-ratelimit-headers-11 (May 2026): remaining (r) and the seconds"
+        " until more quota is made available (t, at most w).",
         "schema": _STR,
         "example": '"search";r=9;t=1',
     },
