@@ -12,6 +12,7 @@ Every wait here is bounded; a server that does not come up raises with the reaso
 
 from __future__ import annotations
 
+import os
 import re
 import socket
 import sys
@@ -88,6 +89,14 @@ def write_rules(directory: Path, text: str = RULES_YAML, name: str = "rules.yaml
     path = Path(directory) / name
     path.write_text(text)
     return path
+
+
+def clean_env(**extra: str) -> dict[str, str]:
+    """This process's environment without any shadowlimit setting (``SHADOWLIMIT_*``,
+    ``RATE_LIMIT_*``, ``ENABLE_*``), plus ``extra``: for a ``shadowlimit`` subprocess."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SHADOWLIMIT_", "RATE_LIMIT_", "ENABLE_"))}
+    env.update(extra)
+    return env
 
 
 def admin_headers(token: str = ADMIN_TOKEN) -> dict[str, str]:

@@ -13,7 +13,7 @@ from typing import Any
 import grpc
 import httpx
 import pytest
-from cp_server import ControlPlaneServer, admin_headers, free_port, metric_value, wait_until
+from cp_server import ControlPlaneServer, admin_headers, clean_env, free_port, metric_value, wait_until
 from envoy.extensions.common.ratelimit.v3 import ratelimit_pb2
 from envoy.service.ratelimit.v3 import rls_pb2, rls_pb2_grpc
 from google.protobuf.wrappers_pb2 import UInt64Value
@@ -333,9 +333,8 @@ def test_redis_down_the_failure_policy_answers(envoy_file, policy, expected) -> 
 
 
 def _serve_env(redis_url: str, **extra: str) -> dict[str, str]:
-    import os
 
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("SHADOWLIMIT_", "RATE_LIMIT_", "ENABLE_"))}
+    env = clean_env()
     env.update({"RATE_LIMIT_REDIS_URL": redis_url, "SHADOWLIMIT_PORT": str(free_port())}, **extra)
     return env
 

@@ -5,7 +5,6 @@ audit entry, a rules reload and a rejected rules file, a breaker transition."""
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -13,7 +12,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from cp_server import ADMIN_TOKEN, admin_headers, free_port, metric_value, wait_until, write_rules
+from cp_server import ADMIN_TOKEN, admin_headers, clean_env, free_port, metric_value, wait_until, write_rules
 
 from limiter.embedded import EmbeddedRedis
 
@@ -43,7 +42,7 @@ def test_json_logs_carry_the_events(tmp_path: Path) -> None:
     redis = EmbeddedRedis().start()
     rules = write_rules(tmp_path, RULES)
     port = free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("SHADOWLIMIT_", "RATE_LIMIT_", "ENABLE_"))}
+    env = clean_env()
     env.update(
         RATE_LIMIT_REDIS_URL=redis.url,
         RATE_LIMIT_RULES_PATH=str(rules),

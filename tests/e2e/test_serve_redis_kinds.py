@@ -6,7 +6,6 @@ naming the setting and not the password."""
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -15,7 +14,7 @@ from urllib.parse import quote
 import httpx
 import pytest
 from conftest import MANAGED_PASSWORD
-from cp_server import ADMIN_TOKEN, admin_headers, free_port, wait_until, write_rules
+from cp_server import ADMIN_TOKEN, admin_headers, clean_env, free_port, wait_until, write_rules
 
 SHADOWLIMIT = Path(sys.executable).parent / "shadowlimit"
 RULES = """\
@@ -32,7 +31,7 @@ pytestmark = pytest.mark.timeout(120)
 
 
 def env_for(url: str, **extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("SHADOWLIMIT_", "RATE_LIMIT_", "ENABLE_"))}
+    env = clean_env()
     env.update(
         RATE_LIMIT_REDIS_URL=url,
         SHADOWLIMIT_PORT=str(free_port()),

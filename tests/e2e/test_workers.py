@@ -12,7 +12,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from cp_server import free_port, wait_until
+from cp_server import clean_env, free_port, wait_until
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -44,7 +44,7 @@ def _instances(url: str, n: int = 60) -> set[str]:
 
 def test_two_workers_share_the_port_are_two_instances_and_stop_cleanly(redis_url) -> None:
     port = free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("SHADOWLIMIT_", "RATE_LIMIT_", "ENABLE_"))}
+    env = clean_env()
     env.update(RATE_LIMIT_REDIS_URL=redis_url, SHADOWLIMIT_PORT=str(port), SHADOWLIMIT_INSTANCE_ID="wk")
     env["SHADOWLIMIT_NAMESPACE"] = f"workers-{port}"
     env["ENABLE_DISTRIBUTED_RATE_LIMITING"] = "true"  # a kill-switched replica reads the fleet without joining it
@@ -85,7 +85,7 @@ def test_two_workers_share_the_port_are_two_instances_and_stop_cleanly(redis_url
 def test_workers_refuse_a_port_someone_holds(redis_url) -> None:
     import socket
 
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("SHADOWLIMIT_", "RATE_LIMIT_", "ENABLE_"))}
+    env = clean_env()
     with socket.socket() as busy:
         busy.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         busy.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)  # workers would join it silently
