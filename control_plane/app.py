@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 from collections.abc import AsyncIterator
 from typing import Any
@@ -12,7 +13,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Route
-from starlette.types import Receive, Scope, Send
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from . import incidents
 from .api import admin, authz, decide, external, health, observe, routes, stream, whatif
@@ -56,12 +57,20 @@ def _field_of(loc: tuple[Any, ...]) -> str:
 class ControlPlaneApp(FastAPI):
     """FastAPI with the decision endpoints' hot path in front (:mod:`control_plane.hotpath`)."""
 
+    #: the hot path (``app.state.hot`` too), read here without State's ``__getattr__``
+    hot_path: HotPath | None = None
+
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        hot = self.state.hot
+        hot = self.hot_path
         if hot is not None and scope["type"] == "http" and scope["path"] in HOT_PATHS:
-            await hot(scope, receive, send, super().__call__)
+            await hot(scope, receive, send, self._framework)
             return
         await super().__call__(scope, receive, send)
+
+    @functools.cached_property
+    def _framework(self) -> ASGIApp:
+        """FastAPI's own ``__call__``, bound once (for the hot path to hand requests to)."""
+        return super().__call__
 
     def openapi(self) -> dict[str, Any]:
         """The generated document, completed once by :func:`control_plane.api.openapi.document`
@@ -80,6 +89,8 @@ def create_app(settings: Settings | None = None) -> ControlPlaneApp:
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         handle = await open_engine(settings)
         app.state.engine = handle.engine
+        if app.state.hot is not None:
+            app.state.hot.engine = handle.engine
         app.state.redis_url = handle.url
         app.state.embedded = handle.embedded
         app.state.streams = streams = stream.Streams(handle.engine)
@@ -127,10 +138,8 @@ def create_app(settings: Settings | None = None) -> ControlPlaneApp:
     )
     app.state.settings = settings
     app.state.auth = auth = authenticator(settings)  # one for the gate, the hot path and gRPC
-    app.state.hot = (
-        HotPath(settings.request_limits, auth, app.state, deny_status=settings.authz_deny_status)
-        if settings.hot_path
-        else None
+    app.state.hot = app.hot_path = (
+        HotPath(settings.request_limits, auth, deny_status=settings.authz_deny_status) if settings.hot_path else None
     )
 
     _install_error_handlers(app)

@@ -40,7 +40,7 @@ from . import incidents
 from .api.authz import AUTHZ_METHODS, described
 from .api.decide import batch_body, body_of, translate
 from .api.deps import ApiError
-from .api.requests import _item, parse_batch
+from .api.requests import parse_batch, plain_item
 from .auth import Access, Authenticator, Denied, bearer_token, check
 from .decision import DecideInput, DecideResult, UnknownRoute
 from .limits import RequestLimits
@@ -62,15 +62,16 @@ _DECIDE_ERRORS = (UnknownRoute, InvalidKeyError, ValueError)
 _names: dict[str, bytes] = {}
 
 
+def _name(k: str) -> bytes:
+    name = _names[k] = k.lower().encode("latin-1")
+    return name
+
+
 def _raw_headers(headers: dict[str, str], body: bytes, media: bool) -> list[tuple[bytes, bytes]]:
     """What Starlette's ``Response(body, headers=headers, media_type=...)`` sends: the
     headers lower-cased, then ``content-length``, then ``content-type``."""
-    out = []
-    for k, v in headers.items():
-        name = _names.get(k)
-        if name is None:
-            name = _names[k] = k.lower().encode("latin-1")
-        out.append((name, v.encode("latin-1")))
+    names = _names
+    out = [(names.get(k) or _name(k), v.encode("latin-1")) for k, v in headers.items()]
     out.append((b"content-length", str(len(body)).encode()))
     if media:
         out.append(_JSON)
@@ -101,14 +102,15 @@ def _result(result: DecideResult, status: int) -> Answer:
 
 
 class HotPath:
-    """See the module docstring. ``engine`` is read from ``state`` (the app's) per call."""
+    """See the module docstring. ``engine`` is set by the app's lifespan once the engine
+    is open; until then every request goes to FastAPI (which says the service is not ready)."""
 
-    def __init__(self, limits: RequestLimits, auth: Authenticator, state: Any, *, deny_status: int | None) -> None:
+    def __init__(self, limits: RequestLimits, auth: Authenticator, *, deny_status: int | None) -> None:
         self.max_headers = limits.max_headers
         self.max_header_bytes = limits.max_header_bytes
         self.max_body = limits.max_body_bytes
         self.auth = auth
-        self.state = state
+        self.engine: Any = None
         self.deny_status = deny_status
         self.answered = 0  # requests answered here
         self.handed_over = 0  # requests given to FastAPI
@@ -170,8 +172,8 @@ class HotPath:
 
     async def _answer(self, path: str, scope: Scope, body: bytes) -> Answer | None:
         """The answer, or None for FastAPI to give it."""
-        engine = getattr(self.state, "engine", None)
-        if engine is None:  # not started (or stopped): the framework says so
+        engine = self.engine
+        if engine is None:  # not started: the framework says so
             return None
         decider = engine.decider
         if path == DECIDE:
@@ -208,12 +210,11 @@ async def _decide(decider: Any, body: bytes) -> Answer | None:
         data = orjson.loads(body)
     except orjson.JSONDecodeError:
         return None
-    item = _item(data)
+    item = plain_item(data)
     if item.__class__ is not tuple:
         return None
-    route, key, cost, request_id = item
     try:
-        result = await decider.decide(DecideInput(route=route, key=key, cost=cost, request_id=request_id))
+        result = await decider.decide(item)  # the PlainInput tuple: no DecideInput built
     except _DECIDE_ERRORS as exc:
         return _error(translate(exc))
     return _result(result, result.status_code)

@@ -94,24 +94,32 @@ def parse_batch(raw: bytes) -> list[BatchItem] | None:
         return None
     out: list[BatchItem] = []
     append = out.append
-    plain, (kmin, kmax), (rmin, rmax) = _PLAIN_FIELDS, KEY_LEN, ROUTE_LEN
     for it in items:
-        # the usual item, {"route": ..., "key": ...}, checked inline; anything else by _item
-        if it.__class__ is dict and len(it) == 2 and it.keys() <= plain:
-            route, key = it.get("route"), it.get("key")
-            if (
-                route.__class__ is str
-                and key.__class__ is str
-                and rmin <= len(route) <= rmax
-                and kmin <= len(key) <= kmax
-            ):
-                append((route, key, 1, None))
-                continue
-        item = _item(it)
+        item = plain_item(it)
         if item is None:
             return None
         append(item)
     return out
+
+
+_RMIN, _RMAX = ROUTE_LEN
+_KMIN, _KMAX = KEY_LEN
+
+
+def plain_item(it: Any) -> BatchItem | None:
+    """One decide request's JSON (a batch item, or ``POST /v1/decide``'s body) as
+    :func:`parse_batch` reads it: the usual ``{"route": ..., "key": ...}`` checked inline
+    (a dict of two entries with both is exactly that), anything else by :func:`_item`."""
+    if it.__class__ is dict and len(it) == 2:
+        route, key = it.get("route"), it.get("key")
+        if (
+            route.__class__ is str
+            and key.__class__ is str
+            and _RMIN <= len(route) <= _RMAX
+            and _KMIN <= len(key) <= _KMAX
+        ):
+            return (route, key, 1, None)
+    return _item(it)
 
 
 def _item(it: Any) -> BatchItem | None:

@@ -133,18 +133,23 @@ class Decider:
         self._note = activity.note  # bound once: no attribute lookups per request
         self._record = recorder.offer if recorder is not None and recorder.enabled else None
         self._plans: dict[str, RoutePlan] = {}
+        self._latency: dict[str, Any] = {}  # mode -> its child of the latency histogram
         self._seq = 0
 
     # -- the API -------------------------------------------------------------------------
 
-    async def decide(self, inp: DecideInput) -> DecideResult:
-        """Decide one request: :meth:`decide_many` with one item (its error is raised)."""
+    async def decide(self, inp: DecideInput | PlainInput) -> DecideResult:
+        """Decide one request (a :class:`DecideInput` or a :data:`PlainInput` tuple):
+        :meth:`decide_many` with one item (its error is raised)."""
         t0 = time.perf_counter()
-        res = (await self._run([inp], False))[0]
-        if isinstance(res, BaseException):
+        res = (await self._run((inp,), False))[0]
+        if res.__class__ is not DecideResult:
             raise res
-        self.metrics.child(self.metrics.latency, res.mode).observe(time.perf_counter() - t0)
-        return res  # type: ignore[no-any-return]
+        latency = self._latency.get(res.mode)
+        if latency is None:
+            latency = self._latency[res.mode] = self.metrics.child(self.metrics.latency, res.mode)
+        latency.observe(time.perf_counter() - t0)
+        return res
 
     async def decide_many(self, inputs: Sequence[DecideInput | PlainInput], *, as_dicts: bool = False) -> list[Any]:
         """Decide many requests, in order: each answer is a :class:`DecideResult` (its
@@ -176,11 +181,15 @@ class Decider:
 
     def plan(self, rule: RouteRule) -> RoutePlan:
         """The route's plan, rebuilt when its rules, mode or adjustments changed."""
-        stamp = (self.modes.generation, self.adjustments.generation)
+        modes, adjustments = self.modes, self.adjustments
         p = self._plans.get(rule.name)
-        if p is None or p.rule is not rule or p.stamp != stamp:
-            mode, percent = self.modes.effective_mode(rule.name)
-            p = self._plans[rule.name] = RoutePlan(rule, mode, percent, self.adjustments, stamp, self.headers)
+        if p is not None and p.rule is rule:
+            stamp = p.stamp
+            if stamp[0] == modes.generation and stamp[1] == adjustments.generation:
+                return p
+        stamp = (modes.generation, adjustments.generation)
+        mode, percent = modes.effective_mode(rule.name)
+        p = self._plans[rule.name] = RoutePlan(rule, mode, percent, adjustments, stamp, self.headers)
         return p
 
     # -- the steps -----------------------------------------------------------------------

@@ -57,7 +57,7 @@ class RoutePlan:
         "failure", "cost_max", "adjust", "stamp", "l_shadow",
         "req", "fin", "dreq", "div", "remaining", "dropped",
         "style", "l_hdr", "d_hdr",
-        "_children_of", "_local_children",
+        "_children_of", "_local_children", "_gauge", "_gauge_of",
     )  # fmt: skip
 
     def __init__(
@@ -66,7 +66,7 @@ class RoutePlan:
         mode: Mode,
         percent: int,
         adjust: Adjustments,
-        stamp: object,
+        stamp: tuple[int, int],
         style: HeaderStyle = HeaderStyle(),
     ) -> None:
         self.rule = rule
@@ -103,6 +103,8 @@ class RoutePlan:
         self.d_hdr: PolicyHeaders | None = None
         self._children_of: Metrics | None = None
         self._local_children: tuple[Any, Any] = (None, None)
+        self._gauge: Any = None
+        self._gauge_of: Metrics | None = None
 
     # -- what a request needs ------------------------------------------------------------
 
@@ -208,10 +210,20 @@ class RoutePlan:
             for div, n in self.div.items():
                 m.child(m.divergence, name, div.value).inc(n)
             self.div.clear()
-        self._flush_distributed(m, name, mode)
+        dreq = self.dreq
+        if dreq[0] or dreq[1]:
+            self._flush_distributed(m, name, mode)
         if self.remaining is not None:
-            m.child(m.tokens_remaining, "route", name).set(self.remaining)
+            g = self._gauge if self._gauge_of is m else self._resolve_gauge(m)
+            g.value = self.remaining
             self.remaining = None
+
+    def _resolve_gauge(self, m: Metrics) -> Any:
+        """rate_limit_tokens_remaining{route}, looked up once per plan and registry (when
+        first set: a route that never counted a bucket has no such series)."""
+        self._gauge = m.child(m.tokens_remaining, "route", self.name)
+        self._gauge_of = m
+        return self._gauge
 
     def _resolve_children(self, m: Metrics) -> tuple[Any, Any]:
         """The counters of an allowed local answer, looked up once per plan and registry."""

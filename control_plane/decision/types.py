@@ -43,9 +43,12 @@ class DecideInput:
 PlainInput = tuple[str, str, int, "str | None"]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class DecideResult:
-    """One decision: who enforced it, both limiters' answers, the status and headers."""
+    """One decision: who enforced it, both limiters' answers, the status and headers.
+
+    Not frozen: one is built per request, and a frozen dataclass's ``__init__`` sets each
+    of these 17 fields through ``object.__setattr__`` (about 3 us a result, 10x a plain one)."""
 
     allowed: bool
     route: str
