@@ -14,7 +14,8 @@ it, with the same code for the decision and the same bytes out:
 * the body is parsed by the same hand-checked parser the batch endpoint uses
   (:func:`~control_plane.api.requests.parse_batch`'s items): a decide body of ``route``,
   ``key`` and maybe ``cost`` and ``request_id``;
-* the answer is built as the FastAPI handler builds it (:func:`body_of`,
+* the answer is built as the FastAPI handler builds it (the decision's ``to_dict()`` form
+  straight from :meth:`~control_plane.decision.Decider.decide_dict`, :func:`rejected`,
   :func:`batch_body`, the same header order Starlette's ``Response`` gives);
 * an unexpected error is a 500 with an incident id, as :class:`~control_plane.incidents.CatchAll`.
 
@@ -38,11 +39,11 @@ from limiter.keys import InvalidKeyError
 
 from . import incidents
 from .api.authz import AUTHZ_METHODS, described
-from .api.decide import batch_body, body_of, translate
+from .api.decide import batch_body, rejected, translate
 from .api.deps import ApiError
 from .api.requests import parse_batch, plain_item
 from .auth import Access, Authenticator, Denied, bearer_token, check
-from .decision import DecideInput, DecideResult, UnknownRoute
+from .decision import DecideInput, UnknownRoute
 from .limits import RequestLimits
 
 __all__ = ["HOT_PATHS", "HotPath"]
@@ -96,9 +97,10 @@ def _error(exc: ApiError) -> Answer:
     return _json_answer(exc.status, _error_body(exc))
 
 
-def _result(result: DecideResult, status: int) -> Answer:
-    payload = orjson.dumps(body_of(result))
-    return status, _raw_headers(result.headers, payload, True), payload
+def _result(body: dict[str, Any], status: int) -> Answer:
+    """A decision (its ``to_dict()`` form) as the FastAPI handler answers it."""
+    payload = orjson.dumps(body if body["allowed"] else rejected(body))
+    return status, _raw_headers(body["headers"], payload, True), payload
 
 
 class HotPath:
@@ -197,12 +199,12 @@ class HotPath:
         client = scope.get("client")
         inp = DecideInput(method=method, path=path, client_ip=client[0] if client else None, headers=headers)
         try:
-            result = await decider.decide(inp)
+            result = await decider.decide_dict(inp)
         except _DECIDE_ERRORS as exc:
             return _error(translate(exc))
-        if result.allowed:
-            return 200, _raw_headers(result.headers, b"", False), b""
-        return _result(result, deny_status or self.deny_status or result.status_code)
+        if result["allowed"]:
+            return 200, _raw_headers(result["headers"], b"", False), b""
+        return _result(result, deny_status or self.deny_status or result["status_code"])
 
 
 async def _decide(decider: Any, body: bytes) -> Answer | None:
@@ -214,10 +216,10 @@ async def _decide(decider: Any, body: bytes) -> Answer | None:
     if item.__class__ is not tuple:
         return None
     try:
-        result = await decider.decide(item)  # the PlainInput tuple: no DecideInput built
+        result = await decider.decide_dict(item)  # the PlainInput tuple: no DecideInput built
     except _DECIDE_ERRORS as exc:
         return _error(translate(exc))
-    return _result(result, result.status_code)
+    return _result(result, result["status_code"])
 
 
 def _batch_items(body: bytes) -> list[Any] | None:

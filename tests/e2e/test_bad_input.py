@@ -107,7 +107,7 @@ def test_unexpected_error_is_a_generic_500_with_an_incident_id(cp, http, caplog)
     async def broken(_inp):
         raise RuntimeError("secret internals /var/lib/thing")
 
-    cp.engine.decider.decide = broken
+    cp.engine.decider.decide = cp.engine.decider.decide_dict = broken  # FastAPI's handler, the hot path
     with caplog.at_level(logging.ERROR, logger="shadowlimit.incident"):
         r = http.post("/v1/decide", json={"route": "search", "key": "k"})
     assert r.status_code == 500
