@@ -224,7 +224,7 @@ def main(argv: list[str] | None = None) -> int:
 
         quick = settings.quick
         results["service"] = _timed(
-            "service", cpu, env, lambda: measure_service(1.0 if quick else 3.0, 1 if quick else 3)
+            "service", cpu, env, lambda: measure_service(1.0 if quick else 3.0, 1 if quick else 5)
         )
         _write_atomic(ROOT / "bench" / "results" / "service.json", json.dumps(results["service"], indent=1) + "\n")
 

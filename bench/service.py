@@ -13,7 +13,7 @@ One run, on this machine, in interleaved rounds so the machine's drift hits ever
 * **workers**: ``serve --workers 2`` against 1, ``/v1/decide`` in shadow;
 * **middleware**: a Starlette app with ``ShadowLimitMiddleware`` against the same app without.
 
-Run: ``python -m bench.service [--seconds 3] [--rounds 3]`` (``python -m bench`` runs it as its
+Run: ``python -m bench.service [--seconds 3] [--rounds 5]`` (``python -m bench`` runs it as its
 ``service`` section); wrk and the servers are separate processes on loopback.
 """
 
@@ -32,6 +32,7 @@ from typing import Any
 
 import httpx
 
+from . import hotpath_profile
 from .control_plane import WRK_AUTHZ_LUA, WRK_LUA, Server, ensure_wrk, free_port, run_batch, run_wrk
 from .grpc_rls import ROUTE, run_client, start_server
 
@@ -186,7 +187,7 @@ def _answer_file(url: str, work: Path) -> Path:
     return path
 
 
-def measure(seconds: float = 3.0, rounds: int = 3) -> dict[str, Any]:
+def measure(seconds: float = 3.0, rounds: int = 5) -> dict[str, Any]:
     wrk = ensure_wrk()
     work = Path(tempfile.mkdtemp(prefix="shadowlimit-bench-service-"))
     decide_lua, authz_lua, get_lua = work / "decide.lua", work / "authz.lua", work / "get.lua"
@@ -233,6 +234,7 @@ def measure(seconds: float = 3.0, rounds: int = 3) -> dict[str, Any]:
     }
     out["workers"] = _measure_workers(wrk, work, decide_lua, seconds, rounds)
     out["middleware"] = _measure_middleware(wrk, work, get_lua, seconds, rounds)
+    out["hotpath"] = hotpath_profile.measure()
     out["meta"] = {
         "date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
         "seconds_per_run": seconds,
@@ -358,7 +360,71 @@ def render(results: dict[str, Any]) -> str:
         f"| < 1% shadow comparisons dropped at 30,000/s | {d['dropped_share']:.1%} at {d['offered_per_s']:,.0f}/s | "
         f"{_target(d['dropped_share'] < 0.01 and d['offered_per_s'] >= 0.95 * DROP_RATE)} |",
     ]
+    if "hotpath" in results:
+        lines += _render_hotpath(results["hotpath"], cpu)
     return "\n".join(lines) + "\n"
+
+
+def _render_hotpath(h: dict[str, Any], cpu: dict[str, float]) -> list[str]:
+    """Where a decision's CPU goes (``bench.hotpath_profile``), next to the server's figures."""
+    lines = [
+        "",
+        "### Where a decision's CPU goes",
+        "",
+        "In-process (`python -m bench.hotpath_profile`): the app built as `serve` builds it, its ASGI call made "
+        f"directly by {hotpath_profile.CALLERS} concurrent callers that yield to the event loop after each request; "
+        "CPU per request of each stage added (the shadow worker's evaluation and the Redis client count in "
+        "*decide*). The last rows put it next to the server: what a request costs under wrk beyond the ceiling "
+        "app's own cost (uvicorn's parsing, the ASGI task, the two writes) is this Python work as it runs in a "
+        "loaded server, between network reads and writes.",
+        "",
+        "| CPU per request | off | shadow | enforce |",
+        "|---|--:|--:|--:|",
+    ]
+    names = {"parse": "parse the body", "decide": "decide (`Decider.decide_dict`)", "answer": "answer bytes",
+             "glue": "hot-path glue (bounds, body, sends)"}  # fmt: skip
+    for stage, label in names.items():
+        lines.append(f"| {label} | " + " | ".join(f"{h[m]['stages_us'][stage]:.1f} µs" for m in MODES) + " |")
+    lines.append("| **in-process total** | " + " | ".join(f"**{h[m]['total_us']:.1f} µs**" for m in MODES) + " |")
+    if "ceiling" in cpu and all(f"decide {m}" in cpu for m in MODES):
+        lines.append(
+            "| server under wrk, minus the ceiling's CPU/request | "
+            + " | ".join(f"{cpu[f'decide {m}'] - cpu['ceiling']:.0f} µs" for m in MODES)
+            + " |"
+        )
+        lines.append(
+            "| what 50% / 40% of the ceiling allow beyond it | "
+            f"{cpu['ceiling']:.0f} µs | {cpu['ceiling']:.0f} µs | {cpu['ceiling'] * 1.5:.0f} µs |"
+        )
+    b = h["batch"]
+    lines += [
+        "",
+        "`POST /v1/decide/batch` (batches of 1,000), CPU per decision, same process; the shadow worker's "
+        "evaluation is timed on its own (batches of up to 4x256); Redis = the redis-server's own CPU "
+        "(`INFO cpu`) per decision of the run (in shadow, only what the 10,000-item queue let through was "
+        "evaluated):",
+        "",
+        "| CPU per decision | off | shadow | enforce |",
+        "|---|--:|--:|--:|",
+        "| `parse_batch` | " + " | ".join(f"{b[m]['parse_us']:.1f} µs" for m in MODES) + " |",
+        "| decide + `orjson.dumps` (`batch_body`) | "
+        + " | ".join(f"{b[m]['decide_and_dump_us']:.1f} µs" for m in MODES)
+        + " |",
+        f"| shadow evaluation, per evaluated decision | - | {b['shadow'].get('shadow_evaluation_us', 0):.1f} µs | - |",
+        "| redis-server | " + " | ".join(f"{b[m]['redis_cpu_us']:.1f} µs" for m in MODES) + " |",
+    ]
+    sh, en = b["shadow"], b["enforce"]
+    shadow_server = sh["parse_us"] + sh["decide_and_dump_us"] + sh.get("shadow_evaluation_us", 0)
+    enforce_server = en["parse_us"] + en["decide_and_dump_us"]
+    lines += [
+        "",
+        f"At 100,000 decisions/s in shadow, every one evaluated, the server process alone needs "
+        f"{shadow_server * 0.1:.2f} cores (one event loop has 1) and Redis another "
+        f"{b['enforce']['redis_cpu_us'] * 0.1:.2f}; at 50,000/s in enforce, {enforce_server * 0.05:.2f} + "
+        f"{en['redis_cpu_us'] * 0.05:.2f} cores, before the HTTP transfer and the client, on a machine of "
+        f"{os.cpu_count()} cores.",
+    ]
+    return lines
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -371,7 +437,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seconds", type=float, default=3.0)
-    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--out", default="bench/results/service.json")
     args = ap.parse_args(argv)
     results = measure(args.seconds, args.rounds)
