@@ -12,7 +12,7 @@ Install (see docs/cli.md)::
 from __future__ import annotations
 
 import argparse
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from .cli_output import CliParser
@@ -77,6 +77,18 @@ def _path_cases(cmds: list[_Command], shell: str) -> str:
     )
 
 
+def _case_arm(c: _Command, reply: Callable[[tuple[str, ...]], str], ret: str, cands: str) -> list[str]:
+    """One command's arm of the bash/zsh ``case "$cmdpath"``: an option's values after the
+    option (``reply(choices)``, then ``ret``), else the command's candidates (``cands``)."""
+    lines = [f"        {_q(' '.join(('', *c.path)))})"]
+    if c.value_options:
+        lines.append('            case "$prev" in')
+        lines += [f"                {_q(opt)}) {reply(choices)}; {ret} ;;" for opt, choices in c.value_options.items()]
+        lines.append("            esac")
+    lines.append(f"            {cands} ;;")
+    return lines
+
+
 def _bash(cmds: list[_Command]) -> str:
     out = [
         "# bash completion for shadowlimit (shadowlimit completion bash)",
@@ -87,15 +99,13 @@ def _bash(cmds: list[_Command]) -> str:
         '    case "$cmdpath" in',
     ]
     for c in cmds:
-        out.append(f"        {_q(' '.join(('', *c.path)))})")
-        if c.value_options:
-            out.append('            case "$prev" in')
-            for opt, choices in c.value_options.items():
-                reply = f'COMPREPLY=($(compgen -W {_q(" ".join(choices))} -- "$cur"))' if choices else ":"
-                out.append(f"                {_q(opt)}) {reply}; return 0 ;;")
-            out.append("            esac")
         cands = " ".join([*c.subcommands, *c.words, *(o for opts in c.options for o in opts)])
-        out.append(f"            cands={_q(cands)} ;;")
+        out += _case_arm(
+            c,
+            lambda choices: f'COMPREPLY=($(compgen -W {_q(" ".join(choices))} -- "$cur"))' if choices else ":",
+            "return 0",
+            f"cands={_q(cands)}",
+        )
     out += [
         "    esac",
         '    COMPREPLY=($(compgen -W "$cands" -- "$cur"))',
@@ -117,16 +127,14 @@ def _zsh(cmds: list[_Command]) -> str:
         '    case "$cmdpath" in',
     ]
     for c in cmds:
-        out.append(f"        {_q(' '.join(('', *c.path)))})")
-        if c.value_options:
-            out.append('            case "$prev" in')
-            for opt, choices in c.value_options.items():
-                reply = f"compadd -- {' '.join(_q(x) for x in choices)}" if choices else "_default"
-                out.append(f"                {_q(opt)}) {reply}; return ;;")
-            out.append("            esac")
         subs = " ".join(_q(n.replace(":", r"\:") + ":" + h) for n, h in c.subcommands.items())
         words = " ".join(_q(w) for w in (*c.words, *(o for opts in c.options for o in opts)))
-        out.append(f"            subs=({subs}); cands=({words}) ;;")
+        out += _case_arm(
+            c,
+            lambda choices: f"compadd -- {' '.join(_q(x) for x in choices)}" if choices else "_default",
+            "return",
+            f"subs=({subs}); cands=({words})",
+        )
     out += [
         "    esac",
         "    (( ${#subs} )) && _describe -t commands command subs",

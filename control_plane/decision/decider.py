@@ -141,29 +141,28 @@ class Decider:
     async def decide(self, inp: DecideInput | PlainInput) -> DecideResult:
         """Decide one request (a :class:`DecideInput` or a :data:`PlainInput` tuple):
         :meth:`decide_many` with one item (its error is raised)."""
-        t0 = time.perf_counter()
-        res = (await self._run((inp,), False))[0]
-        if res.__class__ is not DecideResult:
-            raise res
-        self._observe(res.mode, t0)
+        res: DecideResult = await self._one(inp, False)
         return res
 
     async def decide_dict(self, inp: DecideInput | PlainInput) -> dict[str, Any]:
         """:meth:`decide` in the result's ``to_dict()`` form, built without the object
         (the hot path sends it as it is)."""
-        t0 = time.perf_counter()
-        res = (await self._run((inp,), True))[0]
-        if res.__class__ is not dict:
-            raise res
-        self._observe(res["mode"], t0)
+        res: dict[str, Any] = await self._one(inp, True)
         return res
 
-    def _observe(self, mode: str, t0: float) -> None:
-        """One decision's latency, in its mode's child of the histogram (looked up once)."""
+    async def _one(self, inp: DecideInput | PlainInput, as_dict: bool) -> Any:
+        """One item through :meth:`_run` (its error raised), its latency observed in its
+        mode's child of the histogram (looked up once per mode)."""
+        t0 = time.perf_counter()
+        res = (await self._run((inp,), as_dict))[0]
+        if isinstance(res, BaseException):
+            raise res
+        mode = res["mode"] if as_dict else res.mode
         latency = self._latency.get(mode)
         if latency is None:
             latency = self._latency[mode] = self.metrics.child(self.metrics.latency, mode)
         latency.observe(time.perf_counter() - t0)
+        return res
 
     async def decide_many(self, inputs: Sequence[DecideInput | PlainInput], *, as_dicts: bool = False) -> list[Any]:
         """Decide many requests, in order: each answer is a :class:`DecideResult` (its
