@@ -10,6 +10,11 @@ same IEEE-754 double operations in the same order, so the two give bit-identical
 answers (``tests/test_differential.py`` holds them to it). That is why some
 expressions below are written the way Lua writes them.
 
+Peeks (a cost of 0, envoyproxy/ratelimit's ``hits_addend: 0``): ``peek_<algorithm>(state,
+now, policy) -> Decision`` (and :func:`peek`) answer what a request of cost 1 would get now,
+writing nothing; ``lua/peek_<algorithm>.lua`` mirrors each. A :meth:`Policy.blocking` policy
+(limit 0) is denied by :func:`blocked_decision` without any state.
+
 Out-of-order requests: callers' clocks differ and requests reach the store out of
 timestamp order. A request older than the stored state is evaluated at the stored
 time (token bucket, windows, log), so stored time never moves backwards and no
@@ -40,9 +45,17 @@ from .policy import Algorithm, Decision, Policy, make_decision
 __all__ = [
     "ALGORITHMS",
     "EPSILON",
+    "PEEKS",
+    "blocked_decision",
     "decide",
     "fixed_window",
     "gcra",
+    "peek",
+    "peek_fixed_window",
+    "peek_gcra",
+    "peek_sliding_log",
+    "peek_sliding_window",
+    "peek_token_bucket",
     "sliding_log",
     "sliding_window",
     "token_bucket",
@@ -55,6 +68,7 @@ EPSILON = 1e-9
 
 State = Any
 AlgorithmFn = Callable[[State, int, Policy, int], tuple[Decision, State]]
+PeekFn = Callable[[State, int, Policy], Decision]
 
 
 def _unlimited(state: State, policy: Policy) -> tuple[Decision, State]:
@@ -122,6 +136,8 @@ def fixed_window(
         return _unlimited(state, policy)
     w = policy.period_us
     limit = policy.limit
+    if limit <= 0:  # Policy.blocking: no store is read, nothing is written
+        return blocked_decision(now, policy), state
     ws = now - now % w
     count = 0
     if state is not None:
@@ -134,6 +150,16 @@ def fixed_window(
         count = count + cost
         return make_decision(True, limit - count, limit, 0, reset), (ws, count)
     return make_decision(False, limit - count, limit, reset, reset), state
+
+
+def blocked_decision(now: int, policy: Policy) -> Decision:
+    """The answer to every request on a :meth:`Policy.blocking` policy (a fixed window with
+    a limit of 0), whatever its cost, peeks included: denied, nothing left, and the wait to
+    the end of the current window as both retry and reset. No state is involved."""
+    w = policy.period_us
+    ws = now - now % w
+    reset = ws + w - now
+    return make_decision(False, 0, policy.limit, reset, reset)
 
 
 def sliding_window(
@@ -226,3 +252,151 @@ ALGORITHMS: dict[Algorithm, AlgorithmFn] = {
 def decide(state: State, now: int, policy: Policy, cost: int = 1) -> tuple[Decision, State]:
     """Dispatch to the policy's algorithm."""
     return ALGORITHMS[policy.algorithm](state, now, policy, cost)
+
+
+# -- peeks: the answer a request of cost 1 would get now, with nothing written -------------
+#
+# remaining is what is left before spending (each denied branch above reports exactly
+# that); retry_after_us is 0 when a cost-1 request would be allowed, else the denied
+# branch's wait for cost 1; reset_after_us is computed from the un-spent state. A state
+# older than 'now' and a 'now' older than the state are handled as the decide functions
+# handle them. Each lua/peek_<algorithm>.lua mirrors its function line by line.
+
+
+def peek_token_bucket(state: tuple[int, float] | None, now: int, policy: Policy) -> Decision:
+    """:func:`token_bucket` for cost 1 without spending: the tokens after refill."""
+    if policy.unlimited:
+        return _unlimited(state, policy)[0]
+    burst = policy.burst_f
+    rate = policy.rate_per_us
+    if state is None:
+        tokens = burst
+    else:
+        last, tokens = state
+        if now > last:
+            tokens = min(burst, tokens + (now - last) * rate)
+    reset = 0 if tokens >= burst else ceil((burst - tokens) / rate)
+    if tokens >= 1:
+        return make_decision(True, floor(tokens + EPSILON), policy.limit, 0, reset)
+    retry = ceil((1 - tokens) / rate)
+    return make_decision(False, floor(tokens + EPSILON), policy.limit, retry, reset)
+
+
+def peek_gcra(state: float | None, now: int, policy: Policy) -> Decision:
+    """:func:`gcra` for cost 1 without moving the TAT."""
+    if policy.unlimited:
+        return _unlimited(state, policy)[0]
+    t = policy.emission_us
+    tau = t * policy.burst_f
+    tat = now if state is None else state
+    if tat < now:
+        tat = now
+    allow_at = tat + t - tau
+    remaining = floor((tau - (tat - now)) / t + EPSILON)
+    reset = ceil(tat - now)
+    if allow_at <= now:
+        return make_decision(True, remaining, policy.limit, 0, reset)
+    return make_decision(False, remaining, policy.limit, ceil(allow_at - now), reset)
+
+
+def peek_fixed_window(state: tuple[int, int] | None, now: int, policy: Policy) -> Decision:
+    """:func:`fixed_window` for cost 1 without counting. ``reset_after_us`` is the end of
+    the window once anything is counted in it (or when denied, as the denied branch
+    says), else 0: an empty window is already at its full allowance."""
+    if policy.unlimited:
+        return _unlimited(state, policy)[0]
+    w = policy.period_us
+    limit = policy.limit
+    if limit <= 0:
+        return blocked_decision(now, policy)
+    ws = now - now % w
+    count = 0
+    if state is not None:
+        sw, sn = state
+        if ws <= sw:
+            ws = sw
+            count = sn
+    end = ws + w - now
+    if count + 1 <= limit:
+        return make_decision(True, limit - count, limit, 0, end if count > 0 else 0)
+    return make_decision(False, limit - count, limit, end, end)
+
+
+def peek_sliding_window(state: tuple[int, int, int] | None, now: int, policy: Policy) -> Decision:
+    """:func:`sliding_window` for cost 1 without counting."""
+    if policy.unlimited:
+        return _unlimited(state, policy)[0]
+    w = policy.period_us
+    limit = policy.limit
+    ws = now - now % w
+    cur = 0
+    prev = 0
+    if state is not None:
+        sw, sc, sp = state
+        if ws > sw:
+            prev = sc if ws - sw == w else 0
+        else:
+            if ws < sw:
+                ws = sw
+                now = sw
+            cur = sc
+            prev = sp
+    weight = (w - (now - ws)) / w
+    weighted = prev * weight + cur
+    remaining = floor(limit - weighted + EPSILON)
+    if remaining < 0:
+        remaining = 0
+    if cur > 0:
+        reset = ws + 2 * w - now
+    elif prev > 0:
+        reset = ws + w - now
+    else:
+        reset = 0
+    if weighted + 1 <= limit:
+        return make_decision(True, remaining, limit, 0, reset)
+    if prev > 0 and cur + 1 <= limit:
+        need = w * (1 - (limit - 1 - cur) / prev)
+        retry = ceil(ws + need - now)
+    else:
+        need = 0.0
+        if cur > 0:
+            need = w * (1 - (limit - 1) / cur)
+            if need < 0:
+                need = 0.0
+        retry = ceil(ws + w + need - now)
+    if retry < 1:
+        retry = 1
+    return make_decision(False, remaining, limit, retry, reset)
+
+
+def peek_sliding_log(state: tuple[int, ...] | None, now: int, policy: Policy) -> Decision:
+    """:func:`sliding_log` for cost 1 without adding an entry (or pruning one)."""
+    if policy.unlimited:
+        return _unlimited(state, policy)[0]
+    w = policy.period_us
+    limit = policy.limit
+    entries: tuple[int, ...] = state or ()
+    if entries and now < entries[-1]:
+        now = entries[-1]
+    live = entries[bisect_right(entries, now - w) :]
+    count = len(live)
+    reset = live[-1] + w - now if live else 0
+    if count + 1 <= limit:
+        return make_decision(True, limit - count, limit, 0, reset)
+    retry = live[count - limit] + w - now  # the k-th live entry, k = count + 1 - limit
+    return make_decision(False, limit - count, limit, retry, reset)
+
+
+PEEKS: dict[Algorithm, PeekFn] = {
+    Algorithm.TOKEN_BUCKET: peek_token_bucket,
+    Algorithm.GCRA: peek_gcra,
+    Algorithm.FIXED_WINDOW: peek_fixed_window,
+    Algorithm.SLIDING_WINDOW: peek_sliding_window,
+    Algorithm.SLIDING_LOG: peek_sliding_log,
+}
+
+
+def peek(state: State, now: int, policy: Policy) -> Decision:
+    """The decision a request of cost 1 would get now, with nothing written (a descriptor
+    with ``hits_addend: 0``): dispatch to the policy's algorithm."""
+    return PEEKS[policy.algorithm](state, now, policy)

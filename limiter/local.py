@@ -20,7 +20,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from .algorithms import ALGORITHMS, decide, token_bucket_tokens
+from .algorithms import ALGORITHMS, PEEKS, blocked_decision, decide, token_bucket_tokens
 from .policy import Algorithm, BucketView, Decision, Policy, make_decision, validate_cost
 
 try:  # the C hot path (limiter/_speedups.c); optional, same answers
@@ -106,6 +106,10 @@ class LocalLimiter:
     def check(self, key: str, policy: Policy, cost: int = 1, now_us: int | None = None) -> Decision:
         """Decide one request and record it.
 
+        ``cost=0`` (an int) is a peek: the answer a request of cost 1 would get now
+        (:func:`limiter.algorithms.peek` of the stored state), recording nothing. A
+        :meth:`Policy.blocking` policy is denied without touching the key map.
+
         With the C extension built, instances replace this method by its C version,
         which takes the same arguments and gives the same answers; this Python code is
         the reference and handles every case the C path hands back (new keys,
@@ -114,6 +118,8 @@ class LocalLimiter:
         if now_us is None:
             now_us = self._clock() if self._custom_clock else _time_ns() // 1000
         if cost.__class__ is not int or cost < 1 or cost > policy.limit:
+            if (cost.__class__ is int and cost == 0) or policy.blocked:
+                return self._peek_or_block(key, policy, cost, now_us)
             cost = validate_cost(policy, cost)
         if policy.unlimited:
             return make_decision(True, policy.limit, policy.limit, 0, 0)
@@ -150,6 +156,18 @@ class LocalLimiter:
         return decision
 
     _check_py = check
+
+    def _peek_or_block(self, key: str, policy: Policy, cost: object, now_us: int) -> Decision:
+        """A peek (cost 0) or any request on a blocking policy: nothing is recorded (no new
+        key, no LRU move, no last-seen update)."""
+        if not (cost.__class__ is int and cost == 0):
+            validate_cost(policy, cost)
+        if policy.blocked:
+            return blocked_decision(now_us, policy)
+        with self._lock:
+            entry = self._data.get(key)
+            state = entry[0] if entry is not None and entry[1] is policy.algorithm else None
+        return PEEKS[policy.algorithm](state, now_us, policy)
 
     def peek(self, key: str, policy: Policy, now_us: int | None = None) -> BucketView:
         """The key's allowance now, without consuming or recording anything."""

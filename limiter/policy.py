@@ -127,7 +127,8 @@ class Policy:
     ``average`` tokens are added per ``period`` seconds and the bucket holds at most
     ``burst`` tokens (token bucket, GCRA). The windowed algorithms allow
     ``floor(average)`` requests per window of ``period`` seconds and ignore burst
-    except for the key TTL. ``average <= 0`` means unlimited (seed 000).
+    except for the key TTL. ``average <= 0`` means unlimited (seed 000); a policy that
+    denies everything is :meth:`blocking` (``blocked``, ``limit == 0``).
     ``algorithm`` is an :class:`Algorithm` or its name (``"gcra"``).
 
     >>> Policy(average=100, period=1.0, burst=20).limit
@@ -148,6 +149,9 @@ class Policy:
     emission_us: float = field(init=False, repr=False, compare=False)
     ttl_s: int = field(init=False, repr=False, compare=False)
     ttl_us: int = field(init=False, repr=False, compare=False)
+    #: :meth:`blocking` (a limit of 0): compared and hashed, so a blocking policy never
+    #: equals the unlimited one it shares ``average == 0`` with
+    blocked: bool = field(init=False, repr=False, compare=True)
 
     def __init__(
         self,
@@ -163,6 +167,7 @@ class Policy:
             allowed = ", ".join(a.value for a in Algorithm)
             raise ValueError(f"algorithm: must be one of {allowed}, got {algorithm!r}") from None
         s(self, "algorithm", alg)
+        s(self, "blocked", False)
         avg = _number("average", average)
         per = _number("period", period)
         if per < MIN_PERIOD_S or per > MAX_PERIOD_S:
@@ -229,15 +234,56 @@ class Policy:
         """A policy that allows everything (``average = 0``)."""
         return cls(average=0)
 
+    def __repr__(self) -> str:  # the dataclass's, plus blocked=True for a blocking policy
+        extra = ", blocked=True" if self.blocked else ""
+        return (
+            f"Policy(average={self.average!r}, period={self.period!r}, burst={self.burst!r}, "
+            f"algorithm={self.algorithm!r}{extra})"
+        )
+
+    @classmethod
+    def blocking(cls, period: float = 1.0) -> Policy:
+        """A policy that denies every request: envoyproxy/ratelimit's ``requests_per_unit: 0``.
+
+        A fixed window of ``period`` seconds with a limit of 0 (``limit == 0``,
+        ``blocked == True``, ``unlimited == False``). It is decided without any store: every
+        request (of any cost >= 1) is denied with ``remaining = 0`` and ``retry_after_us =
+        reset_after_us`` = the time to the end of the current window; nothing is read or
+        written, and :class:`~limiter.redis_limiter.RedisLimiter` does not call Redis.
+
+        >>> Policy.blocking(60).describe()
+        'blocks every request (60s windows, fixed_window)'
+        """
+        p = cls(average=0, period=period, burst=1, algorithm=Algorithm.FIXED_WINDOW)
+        s = object.__setattr__
+        s(p, "blocked", True)
+        s(p, "unlimited", False)
+        s(p, "limit", 0)
+        # no token is ever added: rate 0; the emission interval is never used (no gcra)
+        s(p, "rate_per_us", 0.0)
+        s(p, "emission_us", 0.0)
+        return p
+
     def describe(self) -> str:
         """A short human text, e.g. ``"100/1s burst 20 (token_bucket)"``."""
         per = f"{self.period:g}s"
+        if self.blocked:
+            return f"blocks every request ({per} windows, {self.algorithm.value})"
         if self.unlimited:
             return f"unlimited ({self.algorithm.value})"
         return f"{self.average:g}/{per} burst {self.burst} ({self.algorithm.value})"
 
     def to_dict(self) -> dict[str, object]:
-        return {"algorithm": self.algorithm.value, "average": self.average, "period": self.period, "burst": self.burst}
+        """The policy's fields; ``"blocked": True`` is added for a :meth:`blocking` policy only."""
+        out: dict[str, object] = {
+            "algorithm": self.algorithm.value,
+            "average": self.average,
+            "period": self.period,
+            "burst": self.burst,
+        }
+        if self.blocked:
+            out["blocked"] = True
+        return out
 
 
 @dataclass(frozen=True, slots=True)
@@ -310,13 +356,17 @@ class BucketView:
 
 
 def validate_cost(policy: Policy, cost: object) -> int:
-    """Check a request's cost: a whole number from 1 to the policy's limit."""
+    """Check a request's cost: a whole number from 1 to the policy's limit (any cost
+    from 1 for a :meth:`Policy.blocking` policy, whose answer is always a denial).
+
+    A cost of 0 (a peek, which spends nothing) is refused here: the limiters' ``check``
+    methods take an int 0 as a peek before they call this."""
     if type(cost) is not int:
         if isinstance(cost, bool) or not isinstance(cost, (int, float)) or not math.isfinite(cost) or cost != int(cost):
             raise ValueError(f"cost: must be a whole number >= 1, got {cost!r}")
         cost = int(cost)
     if cost < 1:
         raise ValueError(f"cost: must be >= 1, got {cost!r}")
-    if cost > policy.limit and not policy.unlimited:
+    if cost > policy.limit and not policy.unlimited and not policy.blocked:
         raise ValueError(f"cost: {cost} exceeds the policy's limit of {policy.limit}, so it could never be allowed")
     return cost

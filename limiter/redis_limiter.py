@@ -8,7 +8,10 @@ Decision(allowed=True, remaining=19, limit=20, retry_after_us=0, reset_after_us=
 Keys are ``rl:<namespace>:<key>`` (no hash tag: every key is sharded on its own in
 Redis Cluster). Scripts run by EVALSHA; after a Redis restart or ``SCRIPT FLUSH``
 the ``NOSCRIPT`` reply is answered by re-sending the script with EVAL, which also
-caches it again. Concurrent checks share pipelined connections (two to a standalone server, one per cluster master; see
+caches it again. A cost of 0 is a peek: the algorithm's read-only twin script
+(``lua/peek_<algorithm>.lua``, same KEYS and ARGV) answers what a request of cost 1 would
+get, writing nothing. A :meth:`Policy.blocking` policy is answered here, without Redis.
+Concurrent checks share pipelined connections (two to a standalone server, one per cluster master; see
 :mod:`limiter.resp`).
 """
 
@@ -22,19 +25,23 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any, Literal
 
-from .algorithms import decide
+from .algorithms import blocked_decision, decide
 from .errors import BackendError, BackendReplyError, BackendUnavailable
 from .policy import Algorithm, BucketView, Decision, Policy, make_decision, validate_cost
 from .redis_url import Endpoint, RedisTarget, parse_redis_url
 from .resp import ClusterBackend, ReplyError, SentinelBackend, StandaloneBackend, bulk, encode_command
 from .resp.tls import tls_context
-from .scripts import PEEK, SCRIPTS, STATE_FIELDS, Script, decode_state, policy_args
+from .scripts import PEEK, PEEKS, SCRIPTS, STATE_FIELDS, Script, decode_state, policy_args
 
 __all__ = ["RedisLimiter", "TimeSource", "make_backend", "make_redis_py_client"]
 
 TimeSource = Literal["local", "redis"]
 Backend = StandaloneBackend | ClusterBackend | SentinelBackend
 _NAMESPACE = re.compile(r"[A-Za-z0-9_.-]{1,64}")
+
+
+#: every script a limiter runs: the decisions, the dashboards' view, the peeks
+_ALL_SCRIPTS = (*SCRIPTS.values(), PEEK, *PEEKS.values())
 
 
 def _now_us() -> int:
@@ -79,6 +86,7 @@ class RedisLimiter:
         self._prefix = f"rl:{namespace}:".encode()
         self._prepared: dict[Policy, _Prepared] = {}
         self._by_id: dict[int, _Prepared] = {}
+        self._peek_prepared: dict[Policy, _Prepared] = {}
         self._target = parse_redis_url(url) if isinstance(url, str) else url
         self._client: Any = None
 
@@ -121,6 +129,24 @@ class RedisLimiter:
         self._by_id[id(policy)] = p
         return p
 
+    def _prepare_peek(self, policy: Policy) -> _Prepared:
+        """The peek script's head for the policy (the same ARGV as its decision script)."""
+        p = self._peek_prepared.get(policy)
+        if p is None:
+            if len(self._peek_prepared) > 4096:
+                self._peek_prepared.clear()
+            p = self._peek_prepared[policy] = _Prepared(PEEKS[policy.algorithm], policy)
+        return p
+
+    def _off_path(self, policy: Policy, cost: object, now_us: int | None) -> Decision | int:
+        """A cost the hot path does not take as it is: 0 (an int) for a peek, else the
+        validated cost (``ValueError`` as :func:`validate_cost` says); or the Decision
+        itself for a blocking policy, which needs no Redis (the local clock, never TIME)."""
+        c = 0 if type(cost) is int and cost == 0 else validate_cost(policy, cost)
+        if policy.blocked:
+            return blocked_decision(self._clock() if now_us is None else now_us, policy)
+        return c
+
     def redis_key(self, key: str) -> bytes:
         return self._prefix + key.encode()
 
@@ -134,12 +160,18 @@ class RedisLimiter:
         return b"$%d\r\n%b\r\n%b$%d\r\n%b\r\n$%d\r\n%b\r\n" % (len(rkey), rkey, prep.mid, len(nb), nb, len(cb), cb)
 
     async def check(self, key: str, policy: Policy, cost: int = 1, now_us: int | None = None) -> Decision:
-        """Decide one request atomically in Redis. Raises :class:`BackendError` on failure."""
+        """Decide one request atomically in Redis. Raises :class:`BackendError` on failure.
+
+        ``cost=0`` is a peek: the answer a request of cost 1 would get now, nothing written
+        (:func:`limiter.algorithms.peek`). A blocking policy is denied without Redis."""
         if type(cost) is not int or cost < 1 or cost > policy.limit:
-            cost = validate_cost(policy, cost)
+            c = self._off_path(policy, cost, now_us)
+            if isinstance(c, Decision):
+                return c
+            cost = c
         if policy.unlimited:
             return make_decision(True, policy.limit, policy.limit, 0, 0)
-        prep = self._prepare(policy)
+        prep = self._prepare(policy) if cost else self._prepare_peek(policy)
         rkey = self._prefix + key.encode()
         rest = self._rest(rkey, prep, now_us, cost)
         payload = prep.head + rest
@@ -154,7 +186,8 @@ class RedisLimiter:
     ) -> list[Decision | BackendError]:
         """Decide many requests in one pipelined burst, in order.
 
-        Each item is ``(key, policy, cost, now_us)``. Failures are returned in place
+        Each item is ``(key, policy, cost, now_us)``; a cost of 0 is a peek, as in
+        :meth:`check`. Failures are returned in place
         (one bad key does not fail the batch); invalid costs raise ``ValueError``.
         The batch goes out as one write per connection with one future for all its
         replies (see :meth:`NodeConnection.send_many`), not one future per command.
@@ -167,24 +200,36 @@ class RedisLimiter:
         :class:`Decision` per item."""
         return await self._many(requests, True)
 
-    async def _many(self, requests: Sequence[tuple[str, Policy, int, int | None]], verdicts: bool) -> list[Any]:
-        out: list[Any] = [None] * len(requests)
+    def _payloads(
+        self, requests: Sequence[tuple[str, Policy, int, int | None]], verdicts: bool, out: list[Any]
+    ) -> tuple[list[bytes], list[bytes], list[tuple[int, bytes, _Prepared, bytes]]]:
+        """The keys, commands and (index, key, script, arguments) of the items Redis must
+        decide; the others (unlimited and blocking policies) are answered in ``out``."""
         keys: list[bytes] = []
         payloads: list[bytes] = []
         meta: list[tuple[int, bytes, _Prepared, bytes]] = []
         prefix = self._prefix
         for i, (key, policy, cost, now_us) in enumerate(requests):
             if type(cost) is not int or cost < 1 or cost > policy.limit:
-                cost = validate_cost(policy, cost)
+                c = self._off_path(policy, cost, now_us)
+                if isinstance(c, Decision):
+                    out[i] = c.allowed if verdicts else c
+                    continue
+                cost = c
             if policy.unlimited:
                 out[i] = True if verdicts else make_decision(True, policy.limit, policy.limit, 0, 0)
                 continue
-            prep = self._prepare(policy)
+            prep = self._prepare(policy) if cost else self._prepare_peek(policy)
             rkey = prefix + key.encode()
             rest = self._rest(rkey, prep, now_us, cost)
             keys.append(rkey)
             payloads.append(prep.head + rest)
             meta.append((i, rkey, prep, rest))
+        return keys, payloads, meta
+
+    async def _many(self, requests: Sequence[tuple[str, Policy, int, int | None]], verdicts: bool) -> list[Any]:
+        out: list[Any] = [None] * len(requests)
+        keys, payloads, meta = self._payloads(requests, verdicts, out)
         if not payloads:
             return out
         groups: list[tuple[Any, list[int]]] = []
@@ -302,7 +347,7 @@ class RedisLimiter:
     async def load_scripts(self) -> list[str]:
         """SCRIPT LOAD every script on every node (readiness); returns the SHAs."""
         shas = []
-        for script in [*SCRIPTS.values(), PEEK]:
+        for script in _ALL_SCRIPTS:
             for reply in await self.backend.call_all(encode_command("SCRIPT", "LOAD", script.source)):
                 if isinstance(reply, ReplyError):
                     raise BackendReplyError(f"SCRIPT LOAD {script.name}: {reply}")
@@ -310,7 +355,7 @@ class RedisLimiter:
         return shas
 
     async def scripts_loaded(self) -> bool:
-        shas = [s.sha for s in [*SCRIPTS.values(), PEEK]]
+        shas = [s.sha for s in _ALL_SCRIPTS]
         for reply in await self.backend.call_all(encode_command("SCRIPT", "EXISTS", *shas)):
             if isinstance(reply, ReplyError) or not all(reply):
                 return False

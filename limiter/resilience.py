@@ -16,6 +16,11 @@ Recovery (seed 000): once the breaker opens, a background probe PINGs Redis afte
 moves the breaker to half-open, and the next real request that succeeds closes it.
 Unlike seed 000, ``failClosed`` recovers too: waiting for an operator turns a Redis
 blip into a full outage.
+
+A cost of 0 is a peek (what a request of cost 1 would get, nothing spent) everywhere:
+in Redis by the peek scripts, in the fallback by :class:`LocalLimiter`'s peek. A
+:meth:`Policy.blocking` policy needs no store: it is denied whatever the breaker says,
+and its answers neither open nor close the breaker.
 """
 
 from __future__ import annotations
@@ -88,10 +93,17 @@ class Outcome:
         return self.decision.allowed
 
 
+def _cost(policy: Policy, cost: object) -> int:
+    """:func:`validate_cost`, with an int 0 (a peek) let through."""
+    if type(cost) is int and cost == 0:
+        return 0
+    return validate_cost(policy, cost)
+
+
 def fleet_share(policy: Policy, instances: int) -> Policy:
     """The policy one of ``instances`` replicas enforces alone: rate and burst divided,
-    never below 1 token of burst (or 1 request per window)."""
-    if instances <= 1 or policy.unlimited:
+    never below 1 token of burst (or 1 request per window). A blocking policy stays one."""
+    if instances <= 1 or policy.unlimited or policy.blocked:
         return policy
     avg = policy.average / instances
     if Algorithm(policy.algorithm).windowed:
@@ -233,8 +245,13 @@ class ResilientLimiter:
         failure_policy: FailurePolicy | None = None,
         failure_code: int | None = None,
     ) -> Outcome:
-        """Decide in Redis when the breaker allows, else by the failure policy."""
-        cost = validate_cost(policy, cost)
+        """Decide in Redis when the breaker allows, else by the failure policy.
+
+        ``cost=0`` is a peek (nothing spent, in Redis or in the fallback); a blocking policy
+        is denied without Redis and without the breaker."""
+        cost = _cost(policy, cost)
+        if policy.blocked:
+            return Outcome(await self.redis.check(key, policy, cost, now_us), "distributed")
         if self.breaker.allow_request():
             try:
                 d = await self.redis.check(key, policy, cost, now_us)
@@ -264,17 +281,17 @@ class ResilientLimiter:
 
         ``overrides`` gives each item's own (failure policy, failure code), if any.
         With ``degrade=False`` (shadow evaluation) a failed item is not decided by the
-        failure policy at all: its outcome has source ``"skipped"``."""
+        failure policy at all: its outcome has source ``"skipped"``. A cost of 0 is a
+        peek; blocking policies are answered without Redis or the breaker."""
         ov = overrides if overrides is not None else [(None, None)] * len(requests)
+        if any(r[1].blocked for r in requests):
+            return await self._many_with_blocked(requests, ov, degrade)
         if not self.breaker.allow_request():
             self._ensure_prober()
             err = self.breaker.last_error or "circuit open"
             if not degrade:
                 return [Outcome(_SKIPPED, "skipped", err) for _ in requests]
-            return [
-                self._degraded(k, p, validate_cost(p, c), n, err, fp, fc)
-                for (k, p, c, n), (fp, fc) in zip(requests, ov)
-            ]
+            return [self._degraded(k, p, _cost(p, c), n, err, fp, fc) for (k, p, c, n), (fp, fc) in zip(requests, ov)]
         try:
             results = await self.redis.check_many(requests)
         except BaseException:
@@ -298,11 +315,45 @@ class ResilientLimiter:
             self.breaker.record_success()
         return out
 
+    async def _many_with_blocked(
+        self,
+        requests: Sequence[tuple[str, Policy, int, int | None]],
+        ov: Sequence[tuple[FailurePolicy | None, int | None]],
+        degrade: bool,
+    ) -> list[Outcome]:
+        """:meth:`check_many` for a batch with blocking policies: those are denied here (no
+        store, whatever the breaker says, and no breaker success or failure); the rest go
+        through :meth:`check_many` as a batch of their own."""
+        out: list[Outcome | None] = [None] * len(requests)
+        rest: list[int] = []
+        for i, (k, p, c, n) in enumerate(requests):
+            if p.blocked:
+                out[i] = Outcome(await self.redis.check(k, p, _cost(p, c), n), "distributed")
+            else:
+                rest.append(i)
+        if rest:
+            sub = await self.check_many([requests[i] for i in rest], overrides=[ov[i] for i in rest], degrade=degrade)
+            for i, o in zip(rest, sub):
+                out[i] = o
+        return cast("list[Outcome]", out)
+
     async def compare_many(self, requests: Sequence[tuple[str, Policy, int, int | None]]) -> list[bool | None]:
         """Shadow evaluation: Redis's verdict on each request (``True`` allowed), or
         ``None`` where it could not give one (breaker open, or the call failed). Nothing
         is degraded to the failure policy; failures are counted and feed the breaker as
-        in :meth:`check_many`."""
+        in :meth:`check_many`. A blocking policy's verdict is ``False`` without Redis."""
+        if any(r[1].blocked for r in requests):
+            verdicts: list[bool | None] = [False] * len(requests)
+            rest: list[int] = []
+            for i, (_, p, c, _n) in enumerate(requests):
+                if p.blocked:
+                    _cost(p, c)  # an invalid cost raises, as allowed_many would
+                else:
+                    rest.append(i)
+            if rest:
+                for i, v in zip(rest, await self.compare_many([requests[i] for i in rest])):
+                    verdicts[i] = v
+            return verdicts
         if not self.breaker.allow_request():
             self._ensure_prober()
             return [None] * len(requests)

@@ -16,7 +16,17 @@ from importlib import resources
 
 from .policy import Algorithm, Policy
 
-__all__ = ["PEEK", "SCRIPTS", "STATE_FIELDS", "Script", "decode_state", "load_script", "policy_args", "script_for"]
+__all__ = [
+    "PEEK",
+    "PEEKS",
+    "SCRIPTS",
+    "STATE_FIELDS",
+    "Script",
+    "decode_state",
+    "load_script",
+    "policy_args",
+    "script_for",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,6 +53,10 @@ def load_script(name: str) -> Script:
 
 
 SCRIPTS: dict[Algorithm, Script] = {a: load_script(a.value) for a in Algorithm}
+#: the read-only twin of each decision script (``lua/peek_<algorithm>.lua``): the same
+#: KEYS and ARGV, the answer a request of cost 1 would get, nothing written
+PEEKS: dict[Algorithm, Script] = {a: load_script(f"peek_{a.value}") for a in Algorithm}
+#: the dashboards' token-bucket view (``lua/peek.lua``, :meth:`RedisLimiter.peek`)
 PEEK: Script = load_script("peek")
 
 
@@ -52,7 +66,12 @@ def script_for(policy: Policy) -> Script:
 
 @lru_cache(maxsize=4096)
 def policy_args(policy: Policy) -> tuple[bytes, bytes, bytes]:
-    """ARGV[1..3] for the policy's script: (rate or window, burst or limit, ttl seconds)."""
+    """ARGV[1..3] for the policy's script: (rate or window, burst or limit, ttl seconds).
+
+    A :meth:`Policy.blocking` policy has none: its limit of 0 would read as unlimited in
+    the scripts, and it is decided without Redis anyway (``ValueError``)."""
+    if policy.blocked:
+        raise ValueError("a blocking policy is decided without Redis: it has no script arguments")
     alg = policy.algorithm
     if alg is Algorithm.TOKEN_BUCKET:
         first = repr(policy.rate_per_us)

@@ -23,7 +23,7 @@ import limiter
 from limiter import Algorithm, BucketView, Decision, LocalLimiter, Policy, RedisLimiter
 from limiter.algorithms import token_bucket_tokens
 from limiter.embedded import EmbeddedRedis
-from limiter.scripts import PEEK, SCRIPTS
+from limiter.scripts import PEEK, PEEKS, SCRIPTS
 
 T0 = 1_700_000_000_000_000
 SEC = 1_000_000
@@ -46,7 +46,7 @@ TTL_POLICIES = {
     Algorithm.SLIDING_LOG: Policy(average=5, period=2.0, algorithm="sliding_log"),
 }
 
-ALL_SHAS = [s.sha for s in [*SCRIPTS.values(), PEEK]]
+ALL_SHAS = [s.sha for s in [*SCRIPTS.values(), PEEK, *PEEKS.values()]]
 
 
 # ---------------------------------------------------------------------------
@@ -220,8 +220,9 @@ async def test_url_database_is_selected(redis_server):
     c5.flushdb()
 
 
-@pytest.mark.parametrize("cost", [0, -1, 1.5, "1", None, 6])
+@pytest.mark.parametrize("cost", [0.0, False, -1, 1.5, "1", None, 6])
 async def test_invalid_cost_raises(redis_url, cost):
+    """(An int 0 is a peek, tests/integration/test_peek_parity.py; 0.0 and False are not.)"""
     async with open_limiter(redis_url) as rl:
         with pytest.raises(ValueError, match="^cost:"):
             await rl.check("k", POLICIES[Algorithm.TOKEN_BUCKET], cost=cost)
@@ -235,10 +236,10 @@ async def test_invalid_cost_for_unlimited_policy_is_rejected_like_local(redis_ur
     unlimited policy before validating, so cost=0 / -5 / 1.5 pass silently."""
     unlimited = Policy.unlimited_policy()
     with pytest.raises(ValueError, match="^cost:"):
-        LocalLimiter().check("k", unlimited, cost=0)
+        LocalLimiter().check("k", unlimited, cost=-5)
     async with open_limiter(redis_url) as rl:
         with pytest.raises(ValueError, match="^cost:"):
-            await rl.check("k", unlimited, cost=0)
+            await rl.check("k", unlimited, cost=-5)
 
 
 async def test_unlimited_policy_writes_nothing(any_redis_url):

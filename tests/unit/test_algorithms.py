@@ -4,11 +4,22 @@ from __future__ import annotations
 
 import math
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from limiter import Algorithm, Policy
-from limiter.algorithms import decide, fixed_window, sliding_log, sliding_window, token_bucket, token_bucket_tokens
+from limiter import Algorithm, Decision, Policy
+from limiter.algorithms import (
+    PEEKS,
+    blocked_decision,
+    decide,
+    fixed_window,
+    peek,
+    sliding_log,
+    sliding_window,
+    token_bucket,
+    token_bucket_tokens,
+)
 
 T0 = 1_700_000_000_000_000
 
@@ -193,3 +204,143 @@ def test_window_counters_stay_within_their_bounds(limit, period, seq, alg):
             per_window[now - now % w] = per_window.get(now - now % w, 0) + cost
     # each aligned window admits at most the limit (both algorithms)
     assert all(v <= limit for v in per_window.values())
+
+
+# -- peek: the answer a cost-1 request would get now, nothing spent ------------------------
+
+ALG_POLICIES = {
+    Algorithm.TOKEN_BUCKET: Policy(average=10, period=1, burst=5),  # 1 token per 100 ms
+    Algorithm.GCRA: Policy(average=10, period=1, burst=5, algorithm="gcra"),
+    Algorithm.FIXED_WINDOW: Policy(average=5, period=1, algorithm="fixed_window"),
+    Algorithm.SLIDING_WINDOW: Policy(average=5, period=1, algorithm="sliding_window"),
+    Algorithm.SLIDING_LOG: Policy(average=5, period=1, algorithm="sliding_log"),
+}
+NOW = T0 + 250_000  # a quarter into a (whole-second) window
+
+
+def _spent(alg, cost, now=NOW):
+    p = ALG_POLICIES[alg]
+    return p, decide(None, now, p, cost)[1]
+
+
+@pytest.mark.parametrize("alg", list(Algorithm), ids=str)
+def test_peek_fresh_key_is_at_full_allowance(alg):
+    p = ALG_POLICIES[alg]
+    assert peek(None, NOW, p) == PEEKS[alg](None, NOW, p) == Decision(True, 5, 5, 0, 0)
+
+
+@pytest.mark.parametrize(
+    ("alg", "expected"),
+    [
+        (Algorithm.TOKEN_BUCKET, Decision(True, 3, 5, 0, 200_000)),
+        (Algorithm.GCRA, Decision(True, 3, 5, 0, 200_000)),
+        (Algorithm.FIXED_WINDOW, Decision(True, 3, 5, 0, 750_000)),  # the window's end
+        (Algorithm.SLIDING_WINDOW, Decision(True, 3, 5, 0, 1_750_000)),  # the next window's end
+        (Algorithm.SLIDING_LOG, Decision(True, 3, 5, 0, 1_000_000)),  # the newest entry's expiry
+    ],
+    ids=str,
+)
+def test_peek_partly_used_reports_what_is_left_before_spending(alg, expected):
+    p, state = _spent(alg, 2)
+    assert peek(state, NOW, p) == expected
+    # a cost-1 request now would be allowed and leave one less
+    d, _ = decide(state, NOW, p, 1)
+    assert d.allowed and d.remaining == expected.remaining - 1
+
+
+@pytest.mark.parametrize(
+    ("alg", "expected"),
+    [
+        (Algorithm.TOKEN_BUCKET, Decision(False, 0, 5, 100_000, 500_000)),
+        (Algorithm.GCRA, Decision(False, 0, 5, 100_000, 500_000)),
+        (Algorithm.FIXED_WINDOW, Decision(False, 0, 5, 750_000, 750_000)),
+        (Algorithm.SLIDING_WINDOW, Decision(False, 0, 5, 950_000, 1_750_000)),
+        (Algorithm.SLIDING_LOG, Decision(False, 0, 5, 1_000_000, 1_000_000)),
+    ],
+    ids=str,
+)
+def test_peek_exhausted_key_is_denied_with_the_wait_for_one(alg, expected):
+    p, state = _spent(alg, 5)
+    assert peek(state, NOW, p) == expected
+    assert peek(state, NOW, p) == decide(state, NOW, p, 1)[0]  # exactly the denied branch, cost 1
+    # an older timestamp is evaluated as the decision evaluates it
+    assert peek(state, NOW - 3_000_000, p) == decide(state, NOW - 3_000_000, p, 1)[0]
+    # and once the wait is over, a request of 1 fits
+    later = NOW + expected.retry_after_us
+    assert peek(state, later, p).allowed and decide(state, later, p, 1)[0].allowed
+    assert not peek(state, later - 1, p).allowed
+
+
+def test_peek_after_refill_and_after_the_window():
+    tb, state = _spent(Algorithm.TOKEN_BUCKET, 5)
+    assert peek(state, NOW + 150_000, tb) == Decision(True, 1, 5, 0, 350_000)  # 1.5 tokens
+    assert peek(state, NOW + 10_000_000, tb) == Decision(True, 5, 5, 0, 0)  # full again
+    fw, state = _spent(Algorithm.FIXED_WINDOW, 5)
+    assert peek(state, T0 + 1_000_000, fw) == Decision(True, 5, 5, 0, 0)  # a new, empty window
+    sw, state = _spent(Algorithm.SLIDING_WINDOW, 5)
+    d = peek(state, T0 + 1_500_000, sw)  # half the previous window still counts: 2.5
+    assert d == Decision(True, 2, 5, 0, 500_000)
+    sl, state = _spent(Algorithm.SLIDING_LOG, 5)
+    assert peek(state, NOW + 1_000_000, sl) == Decision(True, 5, 5, 0, 0)  # every entry expired
+
+
+@pytest.mark.parametrize("alg", list(Algorithm), ids=str)
+def test_peek_unlimited(alg):
+    p = Policy(average=0, burst=7, algorithm=alg)
+    assert peek(None, NOW, p) == peek((1, 2, 3), NOW, p) == Decision(True, 7, 7, 0, 0)
+
+
+_peek_policies = st.builds(
+    lambda alg, avg, period, burst: Policy(
+        average=max(1, round(avg)) if Algorithm(alg).windowed else avg, period=period, burst=burst, algorithm=alg
+    ),
+    st.sampled_from([a.value for a in Algorithm]),
+    st.sampled_from([0.5, 1, 3, 7.7, 10, 33.333]),
+    st.sampled_from([0.01, 0.25, 1.0, 3.0]),
+    st.integers(1, 20),
+)
+
+
+@given(
+    _peek_policies,
+    st.lists(st.tuples(st.integers(-300_000, 300_000), st.integers(1, 3)), max_size=40),
+    st.integers(-3_000_000, 3_000_000),
+)
+@settings(max_examples=400, deadline=None)
+def test_peek_is_the_cost_one_verdict_and_the_denied_answer(p, seq, offset):
+    state = None
+    now = T0
+    for dt, cost in seq:
+        now += dt
+        _, state = decide(state, now, p, min(cost, p.limit))
+    at = now + offset
+    frozen = state
+    d = peek(state, at, p)
+    one, after = decide(state, at, p, 1)
+    assert state == frozen  # pure: the input is not touched
+    assert d.allowed == one.allowed and d.limit == p.limit
+    if d.allowed:
+        assert d.retry_after_us == 0
+        if p.algorithm in (Algorithm.FIXED_WINDOW, Algorithm.SLIDING_LOG):
+            assert d.remaining == one.remaining + 1
+    else:
+        assert d == one and after == state
+        assert d.retry_after_us > 0
+
+
+# -- a blocking policy (requests_per_unit: 0) ------------------------------------------------
+
+
+@pytest.mark.parametrize("cost", [1, 2, 1000])
+def test_blocking_policy_denies_with_no_state(cost):
+    p = Policy.blocking(60)
+    now = T0 + 7_000_000
+    end = 60_000_000 - now % 60_000_000
+    d, state = fixed_window(None, now, p, cost)
+    assert d == Decision(False, 0, 0, end, end) and state is None
+    assert decide(None, now, p, cost) == (d, None)
+    assert blocked_decision(now, p) == d
+    # even handed some stored window, it counts nothing and changes nothing
+    d2, state2 = fixed_window((now - now % 60_000_000, 3), now, p, cost)
+    assert d2 == d and state2 == (now - now % 60_000_000, 3)
+    assert peek(None, now, p) == peek((now - now % 60_000_000, 3), now, p) == d

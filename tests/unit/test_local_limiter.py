@@ -14,7 +14,7 @@ import threading
 import pytest
 
 from limiter import Algorithm, BucketView, Decision, LocalLimiter, Policy
-from limiter.algorithms import decide, token_bucket_tokens
+from limiter.algorithms import decide, peek, token_bucket_tokens
 
 T0 = 1_700_000_000_000_000
 SEC = 1_000_000
@@ -179,6 +179,128 @@ def test_peek_token_bucket_fractional_tokens_after_refill():
     assert lim.peek("k", policy, now_us=T0 + 60 * SEC).tokens == 5.0
     # peek with another algorithm's policy sees no state for that algorithm
     assert not lim.peek("k", POLICIES[Algorithm.GCRA], now_us=T0).exists
+
+
+# ---------------------------------------------------------------------------
+# check with cost 0: the pure peek, nothing recorded
+# ---------------------------------------------------------------------------
+
+
+def _record(lim: LocalLimiter):
+    return [(i.key, i.algorithm, i.state, i.last_seen_us, i.expires_us) for i in lim.items()], lim.evicted, lim.expired
+
+
+@pytest.mark.parametrize("alg", ALGS, ids=str)
+def test_check_cost_zero_is_the_pure_peek_and_records_nothing(alg):
+    policy = POLICIES[alg]
+    lim = LocalLimiter(max_keys=3)
+    # an unknown key: a fresh key's peek, and no key is created (nor one evicted)
+    for k in ("a", "b", "c"):
+        lim.check(k, policy, 1, T0)
+    before = _record(lim)
+    assert lim.check("new", policy, 0, T0) == peek(None, T0, policy) == Decision(True, 5, 5, 0, 0)
+    assert _record(lim) == before and "new" not in lim
+    # a known key, partly used, then exhausted; at later and older times
+    lim.check("a", policy, 2, T0 + 1)
+    for now in (T0 + 1, T0 + 300_000, T0 - 5 * SEC, T0 + 10 * SEC):
+        before = _record(lim)
+        d = lim.check("a", policy, 0, now)
+        assert d == peek(lim.state("a"), now, policy)
+        assert _record(lim) == before  # no LRU move, no last-seen or expiry update
+    d = lim.check("a", policy, 0, T0 + 1)
+    assert d.allowed and d.remaining == 2 and d.retry_after_us == 0 and d.reset_after_us > 0
+    lim.check("a", policy, 2, T0 + 1)
+    d = lim.check("a", policy, 0, T0 + 1)
+    assert not d.allowed and d.remaining == 0 and d.retry_after_us > 0
+    assert d == decide(lim.state("a"), T0 + 1, policy, 1)[0]  # the denied branch's answer
+    assert lim.keys() == ["b", "c", "a"]
+
+
+def test_check_cost_zero_on_another_algorithms_key_sees_a_fresh_key():
+    lim = LocalLimiter()
+    for _ in range(5):
+        lim.check("k", POLICIES[Algorithm.TOKEN_BUCKET], 1, T0)
+    state = lim.state("k")
+    gcra = POLICIES[Algorithm.GCRA]
+    assert lim.check("k", gcra, 0, T0) == peek(None, T0, gcra)
+    assert lim.state("k") == state and next(lim.items()).algorithm is Algorithm.TOKEN_BUCKET
+
+
+def test_check_cost_zero_for_an_unlimited_policy():
+    lim = LocalLimiter()
+    assert lim.check("k", Policy.unlimited_policy(), 0, T0) == Decision(True, 1, 1, 0, 0)
+    assert len(lim) == 0
+
+
+def test_c_path_hands_a_peek_to_python_and_changes_nothing():
+    """The C hot path only takes a cost of 1 to the limit: a known token-bucket key peeked
+    with cost 0 goes to the Python path, which records nothing."""
+    policy = POLICIES[Algorithm.TOKEN_BUCKET]
+    lim = LocalLimiter(speedups=True)
+    lim.check("k", policy, 1, T0)  # new key: Python
+    lim.check("k", policy, 2, T0 + 10)  # known key: C
+    assert lim.check.stats() == {"fast": 1, "slow": 1}
+    before = _record(lim)
+    d = lim.check("k", policy, 0, T0 + 50_000)
+    assert d == peek(lim.state("k"), T0 + 50_000, policy)
+    assert d.allowed and d.remaining == 2  # 2 tokens and a half
+    assert lim.check.stats() == {"fast": 1, "slow": 2}
+    assert _record(lim) == before
+    lim.check("k", policy, 2, T0 + 20)
+    d = lim.check("k", policy, 0, T0 + 20)
+    assert not d.allowed and d.retry_after_us > 0
+    assert lim.check.stats() == {"fast": 2, "slow": 3}
+
+
+# ---------------------------------------------------------------------------
+# a blocking policy: denied, nothing stored
+# ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("cost", [1, 7, 10**6, 0])
+def test_blocking_policy_is_denied_and_stores_nothing(cost):
+    policy = Policy.blocking(60)
+    lim = LocalLimiter()
+    now = T0 + 15 * SEC  # T0 is a whole minute plus 20 s
+    end = 60 * SEC - now % (60 * SEC)
+    for _ in range(3):
+        assert lim.check("k", policy, cost, now) == Decision(False, 0, 0, end, end)
+    assert len(lim) == 0 and "k" not in lim
+
+
+def test_blocking_policy_leaves_an_existing_key_alone():
+    lim = LocalLimiter()
+    fixed = POLICIES[Algorithm.FIXED_WINDOW]
+    lim.check("k", fixed, 2, T0)
+    lim.check("j", fixed, 1, T0)
+    before = _record(lim)
+    d = lim.check("k", Policy.blocking(1.0), 1, T0 + 5)
+    assert d == Decision(False, 0, 0, SEC - 5, SEC - 5)
+    assert _record(lim) == before
+
+
+@pytest.mark.parametrize("cost", [-1, 1.5, "1", None, True, 0.0])
+def test_blocking_policy_still_refuses_bad_costs(cost):
+    with pytest.raises(ValueError, match="^cost:"):
+        LocalLimiter().check("k", Policy.blocking(1.0), cost, T0)
+
+
+def test_blocking_policy_never_takes_the_c_fast_path():
+    """The C path handles token buckets only (and checks the cost against the limit): a
+    blocking policy, even on a key holding a token bucket, goes to Python every time."""
+    lim = LocalLimiter(speedups=True)
+    tb = POLICIES[Algorithm.TOKEN_BUCKET]
+    lim.check("k", tb, 1, T0)
+    lim.check("k", tb, 1, T0)
+    assert lim.check.stats() == {"fast": 1, "slow": 1}
+    state = lim.state("k")
+    blocking = Policy.blocking(1.0)
+    for i in range(5):
+        assert not lim.check("k", blocking, 1, T0 + i).allowed
+    assert lim.check.stats() == {"fast": 1, "slow": 6}
+    assert lim.state("k") == state
+    assert not lim.check("new", blocking).allowed  # the C clock path too
+    assert "new" not in lim
 
 
 # ---------------------------------------------------------------------------
@@ -444,9 +566,10 @@ def test_threads_on_many_keys_keep_the_map_consistent():
 # ---------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("cost", [0, -1, 1.5, "1", None, True, 6, 100])
+@pytest.mark.parametrize("cost", [-1, 1.5, "1", None, True, False, 0.0, 6, 100])
 @pytest.mark.parametrize("alg", ALGS, ids=str)
 def test_invalid_cost_raises(alg, cost):
+    """Only an int 0 is a peek: 0.0 and False are refused like any bad cost."""
     lim = LocalLimiter()
     with pytest.raises(ValueError) as exc:
         lim.check("k", POLICIES[alg], cost=cost, now_us=T0)
@@ -454,7 +577,7 @@ def test_invalid_cost_raises(alg, cost):
     assert "k" not in lim
 
 
-@pytest.mark.parametrize("cost", [0, -3, 2.5, "x"])
+@pytest.mark.parametrize("cost", [-3, 2.5, "x", 0.0])
 def test_invalid_cost_raises_for_an_unlimited_policy_too(cost):
     with pytest.raises(ValueError, match="^cost:"):
         LocalLimiter().check("k", Policy.unlimited_policy(), cost=cost, now_us=T0)

@@ -194,3 +194,73 @@ def test_limit_pattern_is_the_parser():
         except ValueError as exc:
             parsed = "longer than 0" in str(exc)  # the one check after the pattern
         assert (re.search(LIMIT_PATTERN, text) is not None) == parsed, text
+
+
+# -- a blocking policy (envoyproxy/ratelimit's requests_per_unit: 0) ---------------------------
+
+
+def test_blocking_policy_fields():
+    p = Policy.blocking(60)
+    assert p.blocked is True and p.unlimited is False
+    assert p.limit == 0 and p.algorithm is Algorithm.FIXED_WINDOW
+    assert p.period == 60.0 and p.period_us == 60_000_000
+    assert p.rate_per_us == 0.0 and p.emission_us == 0.0
+    assert p.ttl_s > 0 and p.ttl_us == p.ttl_s * 1_000_000
+    assert Policy.blocking().period == 1.0
+    for other in (Policy(average=10), Policy.unlimited_policy(), Policy(average=5, algorithm="fixed_window")):
+        assert other.blocked is False
+
+
+def test_blocking_policy_equality_and_hash():
+    p = Policy.blocking(60)
+    assert p == Policy.blocking(60.0) and hash(p) == hash(Policy.blocking(60.0))
+    assert p != Policy.blocking(1)
+    # never the unlimited policy it shares average 0 with, nor a limit of 1
+    same_fields = Policy(average=0, period=60, burst=1, algorithm="fixed_window")
+    assert same_fields.unlimited and p != same_fields and same_fields != p
+    assert p != Policy(average=1, period=60, burst=1, algorithm="fixed_window")
+    assert p != Policy.unlimited_policy()
+    assert len({p, Policy.blocking(60), same_fields, Policy(average=1, period=60, algorithm="fixed_window")}) == 3
+    assert {p: "x"}[Policy.blocking(60)] == "x"
+    assert repr(p).endswith("blocked=True)") and "blocked" not in repr(same_fields)
+
+
+def test_blocking_policy_describe_and_to_dict():
+    p = Policy.blocking(60)
+    assert p.describe() == "blocks every request (60s windows, fixed_window)"
+    assert p.to_dict() == {"algorithm": "fixed_window", "average": 0.0, "period": 60.0, "burst": 1, "blocked": True}
+    # every other policy's dict is as it always was
+    assert Policy(average=100, burst=20).to_dict() == {
+        "algorithm": "token_bucket",
+        "average": 100.0,
+        "period": 1.0,
+        "burst": 20,
+    }
+    assert Policy(average=0, period=60, burst=1, algorithm="fixed_window").to_dict() == {
+        "algorithm": "fixed_window",
+        "average": 0.0,
+        "period": 60.0,
+        "burst": 1,
+    }
+    assert Policy.unlimited_policy().describe() == "unlimited (token_bucket)"
+
+
+@pytest.mark.parametrize("period", [0, -1, 0.0001, float("nan"), "x", 10**9])
+def test_blocking_policy_validates_its_period(period):
+    with pytest.raises(ValueError, match="^period:"):
+        Policy.blocking(period)
+
+
+def test_validate_cost_for_a_blocking_policy():
+    p = Policy.blocking(1)
+    assert validate_cost(p, 1) == 1
+    assert validate_cost(p, 10**6) == 10**6
+    assert validate_cost(p, 2.0) == 2
+    for bad in (0, -1, 1.5, True, "1"):
+        with pytest.raises(ValueError, match="^cost:"):
+            validate_cost(p, bad)
+    # the messages callers rely on are unchanged
+    with pytest.raises(ValueError, match=r"^cost: must be >= 1, got 0$"):
+        validate_cost(Policy(average=100, burst=20), 0)
+    with pytest.raises(ValueError, match=r"^cost: 21 exceeds the policy's limit of 20, so it could never be allowed$"):
+        validate_cost(Policy(average=100, burst=20), 21)

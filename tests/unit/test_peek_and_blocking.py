@@ -1,0 +1,163 @@
+"""Peeks and blocking policies where no Redis answers.
+
+A blocking policy (``Policy.blocking``: envoyproxy/ratelimit's ``requests_per_unit: 0``)
+is decided without any store: ``RedisLimiter`` answers it without sending anything (not
+even TIME), and ``ResilientLimiter`` denies it whatever its breaker and failure policy
+say, without feeding the breaker. A peek (cost 0) that falls back to the in-memory
+limiter is that limiter's peek and records nothing.
+"""
+
+from __future__ import annotations
+
+import socket
+
+import pytest
+
+from limiter import BackendError, Decision, LocalLimiter, Policy, RedisLimiter
+from limiter.algorithms import peek
+from limiter.resilience import BreakerState, CircuitBreaker, ResilientLimiter
+
+T0 = 1_700_000_000_000_000
+SEC = 1_000_000
+NOW = T0 + 12_345_678
+BLOCKING = Policy.blocking(60)
+END = 60 * SEC - NOW % (60 * SEC)  # to the end of the current minute
+DENIED = Decision(False, 0, 0, END, END)
+TB = Policy(average=10, period=1.0, burst=5)
+
+
+class NoBackend:
+    """A backend that fails the test if anything at all is asked of it."""
+
+    def __getattr__(self, name):
+        raise AssertionError(f"the backend was used: {name}")
+
+
+def closed_port() -> int:
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+@pytest.mark.parametrize("time_source", ["local", "redis"])
+async def test_redis_limiter_answers_a_blocking_policy_without_the_backend(time_source):
+    rl = RedisLimiter(NoBackend(), time_source=time_source, clock=lambda: NOW)  # type: ignore[arg-type]
+    for cost in (1, 3, 10**6, 0):
+        assert await rl.check("k", BLOCKING, cost) == DENIED  # the local clock, never TIME
+        assert await rl.check("k", BLOCKING, cost, NOW) == DENIED
+    batch = [
+        ("a", BLOCKING, 1, None),
+        ("b", Policy.unlimited_policy(), 1, NOW),
+        ("c", BLOCKING, 0, NOW),
+        ("d", BLOCKING, 2, NOW),
+    ]
+    assert await rl.check_many(batch) == [DENIED, Decision(True, 1, 1, 0, 0), DENIED, DENIED]
+    assert await rl.allowed_many(batch) == [False, True, False, False]
+    for bad in (-1, 1.5, "1", None, True, 0.0):
+        with pytest.raises(ValueError, match="^cost:"):
+            await rl.check("k", BLOCKING, bad)  # type: ignore[arg-type]
+        with pytest.raises(ValueError, match="^cost:"):
+            await rl.check_many([("k", BLOCKING, bad, None)])  # type: ignore[list-item]
+
+
+async def test_redis_limiter_on_a_closed_port_still_denies_a_blocking_policy():
+    rl = RedisLimiter.from_url(f"redis://127.0.0.1:{closed_port()}/0", connect_timeout=0.3, command_timeout=0.3)
+    try:
+        assert await rl.check("k", BLOCKING, 1, NOW) == DENIED
+        assert await rl.check("k", BLOCKING, 0, NOW) == DENIED
+        assert await rl.check_many([("k", BLOCKING, 5, NOW)]) == [DENIED]
+        with pytest.raises(BackendError):  # anything that needs Redis does fail here
+            await rl.check("k", TB, 1, NOW)
+        with pytest.raises(BackendError):
+            await rl.check("k", TB, 0, NOW)  # a peek of a real policy needs Redis
+    finally:
+        await rl.aclose()
+
+
+def _resilient(policy_name: str) -> tuple[ResilientLimiter, RedisLimiter]:
+    rl = RedisLimiter.from_url(f"redis://127.0.0.1:{closed_port()}/0", connect_timeout=0.3, command_timeout=0.3)
+    breaker = CircuitBreaker(failure_threshold=1, backoff_initial_s=30, backoff_max_s=30, name=None)
+    return ResilientLimiter(rl, failure_policy=policy_name, breaker=breaker, fallback=LocalLimiter()), rl
+
+
+@pytest.mark.parametrize("policy_name", ["passThrough", "failClosed", "inMemoryFallback"])
+async def test_resilient_limiter_denies_a_blocking_policy_whatever_the_breaker(policy_name):
+    lim, rl = _resilient(policy_name)
+    try:
+        out = await lim.check("k", BLOCKING, 1, NOW)
+        assert out.decision == DENIED and out.source == "distributed"
+        assert lim.breaker.state is BreakerState.CLOSED and lim.breaker.total_failures == 0
+        assert lim.backend_errors == 0
+        # Redis is down: the breaker opens on a real request
+        assert (await lim.check("k", TB, 1, NOW)).source != "distributed"
+        assert lim.breaker.state is BreakerState.OPEN
+        for cost in (1, 0, 7):
+            out = await lim.check("k", BLOCKING, cost, NOW)
+            assert out.decision == DENIED and out.source == "distributed"
+        outs = await lim.check_many([("k", BLOCKING, 1, NOW), ("j", TB, 1, NOW), ("i", BLOCKING, 0, NOW)])
+        assert [o.decision for o in (outs[0], outs[2])] == [DENIED, DENIED]
+        assert outs[1].source != "distributed"
+        assert await lim.compare_many([("k", BLOCKING, 1, NOW), ("j", TB, 1, NOW)]) == [False, None]
+        assert lim.breaker.state is BreakerState.OPEN  # no blocking answer closed it
+        # the fallback holds the token-bucket keys it decided, nothing for the blocking ones
+        assert set(lim.fallback.keys()) == ({"k", "j"} if policy_name == "inMemoryFallback" else set())
+    finally:
+        await lim.aclose()
+        await rl.aclose()
+
+
+async def test_resilient_check_many_of_blocking_policies_only_leaves_the_breaker_alone():
+    lim, rl = _resilient("passThrough")
+    try:
+        outs = await lim.check_many([("a", BLOCKING, 1, NOW), ("b", BLOCKING, 2, NOW)])
+        assert [o.decision for o in outs] == [DENIED, DENIED]
+        assert await lim.compare_many([("a", BLOCKING, 1, NOW)]) == [False]
+        assert lim.breaker.state is BreakerState.CLOSED and lim.breaker.total_failures == 0
+        with pytest.raises(ValueError, match="^cost:"):
+            await lim.check_many([("a", BLOCKING, -1, NOW)])
+        with pytest.raises(ValueError, match="^cost:"):
+            await lim.compare_many([("a", BLOCKING, 1.5, NOW)])  # type: ignore[list-item]
+    finally:
+        await lim.aclose()
+        await rl.aclose()
+
+
+async def test_resilient_peek_in_the_fallback_is_the_local_peek_and_records_nothing():
+    lim, rl = _resilient("inMemoryFallback")
+    try:
+        for i in range(3):  # the first fails over, the rest find the breaker open
+            out = await lim.check("k", TB, 1, NOW + i)
+            assert out.source == "fallback" and out.allowed
+        info = lim.fallback.info("k")
+        state = lim.fallback.state("k")
+        out = await lim.check("k", TB, 0, NOW + 50_000)
+        assert out.source == "fallback"
+        assert out.decision == peek(state, NOW + 50_000, TB) == Decision(True, 2, 5, 0, out.decision.reset_after_us)
+        outs = await lim.check_many([("k", TB, 0, NOW + 60_000), ("new", TB, 0, NOW)])
+        assert [o.decision for o in outs] == [peek(state, NOW + 60_000, TB), peek(None, NOW, TB)]
+        assert lim.fallback.state("k") == state
+        after = lim.fallback.info("k")
+        assert after is not None and info is not None
+        assert (after.last_seen_us, after.expires_us) == (info.last_seen_us, info.expires_us)
+        assert "new" not in lim.fallback
+        # only an int 0 is a peek
+        for bad in (0.0, False, -1):
+            with pytest.raises(ValueError, match="^cost:"):
+                await lim.check("k", TB, bad, NOW)  # type: ignore[arg-type]
+    finally:
+        await lim.aclose()
+        await rl.aclose()
+
+
+@pytest.mark.parametrize(("policy_name", "allowed"), [("passThrough", True), ("failClosed", False)])
+async def test_resilient_peek_under_the_other_failure_policies(policy_name, allowed):
+    lim, rl = _resilient(policy_name)
+    try:
+        out = await lim.check("k", TB, 0, NOW)
+        assert out.allowed is allowed and out.source != "distributed"
+        assert len(lim.fallback) == 0
+    finally:
+        await lim.aclose()
+        await rl.aclose()
