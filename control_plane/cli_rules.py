@@ -2,7 +2,10 @@
 the admin commands accept (``adjust --limit "100/minute"``, ``whatif --rate 50/1s``).
 
 ``rules check`` loads each file exactly as ``serve`` does (the same loader, the settings
-from the environment for the built-in ``default`` route) without starting anything:
+from the environment for the built-in ``default`` route) without starting anything; an
+envoyproxy/ratelimit configuration (a file whose top level has a ``domain``, or a directory
+of them: ``SHADOWLIMIT_ENVOY_CONFIG``) is loaded as ``serve`` loads that, and what differs
+from an ordinary limit is said (``requests_per_unit: 0`` blocks every request):
 exit 0 when every file is valid, else 2 with one ``file:line: field: message`` line per
 invalid file on stderr. ``--json`` prints the result as JSON on stdout (and nothing else
 there; the error lines still go to stderr). ``rules schema``
@@ -21,10 +24,57 @@ from .cli import EXIT_OK, EXIT_USAGE, CliError
 __all__ = ["add_rules_commands", "adjust_limit_fields", "parse_rate_option"]
 
 
+def _is_envoy_config(path: str) -> bool:
+    """A directory, or a YAML file whose top level has ``domain`` and no ``routes``."""
+    from pathlib import Path
+
+    p = Path(path)
+    if p.is_dir():
+        return True
+    try:
+        with p.open("rb") as f:
+            head = f.read(64 * 1024)
+    except OSError:
+        return False
+    lines = [ln for ln in head.decode("utf-8", "replace").splitlines() if ln and not ln.startswith(("#", " ", "-"))]
+    keys = {ln.split(":", 1)[0].strip().strip("'\"") for ln in lines if ":" in ln}
+    return "domain" in keys and "routes" not in keys
+
+
+def _check_envoy(path: str, settings: Any) -> tuple[dict[str, Any], str]:
+    """An envoyproxy/ratelimit configuration's JSON result and the lines to print."""
+    from .envoy import load_envoy_config
+    from .rules import RulesError
+
+    try:
+        config = load_envoy_config(path, settings)
+    except RulesError as exc:
+        return {"file": path, "ok": False, "error": exc.to_dict()}, str(exc)
+    names = [r.name for r in config.routes]
+    banned = [r.name for r in config.routes if r.local.blocked]
+    notes = [f"{name}: requests_per_unit 0 blocks every request (answered without Redis)" for name in banned]
+    domains = ", ".join(sorted(config.domains))
+    line = f"{path}: ok, envoyproxy/ratelimit config (domain {domains}), {len(names)} route" + (
+        f"{'s' if len(names) != 1 else ''} ({', '.join(names)})" if names else "s"
+    )
+    result = {
+        "file": path,
+        "ok": True,
+        "kind": "envoy",
+        "digest": config.digest,
+        "domains": sorted(config.domains),
+        "routes": [r.to_dict() for r in config.routes],
+        "notes": notes,
+    }
+    return result, "\n".join([line, *(f"  {n}" for n in notes)])
+
+
 def _check_one(path: str, settings: Any) -> tuple[dict[str, Any], str]:
     """One file's JSON result and the line to print."""
     from .rules import RulesError, load_rules
 
+    if _is_envoy_config(path):
+        return _check_envoy(path, settings)
     try:
         rules = load_rules(path, settings)
     except RulesError as exc:
@@ -70,7 +120,9 @@ def add_rules_commands(sub: Any) -> None:
     rules = sub.add_parser("rules", help="check a rules file, print its JSON Schema")
     rsub = rules.add_subparsers(dest="rules_command", required=True, metavar="SUBCOMMAND")
     check = rsub.add_parser(
-        "check", help="validate rules files as serve would load them (exit 0 valid, 2 invalid: file:line: field)"
+        "check",
+        help="validate rules files (or envoyproxy/ratelimit configs) as serve would load them"
+        " (exit 0 valid, 2 invalid: file:line: field)",
     )
     check.add_argument("files", nargs="+", metavar="FILE")
     check.add_argument(

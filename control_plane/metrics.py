@@ -45,9 +45,12 @@ rate_limit_stream_subscribers             gauge    -
 rate_limit_stream_refused_total           counter  -
 rate_limit_record_events_total            counter  result: recorded, dropped (what-if recording)
 rate_limit_envoy_requests_total           counter  code: ok, over_limit, invalid, error
+                                                   (ShouldRateLimit calls)
+rate_limit_envoy_hits_total               counter  route, stat: total_hits, over_limit, near_limit,
+                                                   within_limit, shadow_mode (envoyproxy/ratelimit's
+                                                   per-descriptor stats; control_plane/envoy/stats.py)
 shadowlimit_build_info                    gauge    version (always 1)
 process_*, python_*                       -        prometheus-client's process, platform and GC collectors
-                                                   (ShouldRateLimit calls)
 ========================================  =======  =================================
 """
 
@@ -68,7 +71,7 @@ from limiter.resilience import FailurePolicy
 from .external.resolver import SOURCES
 from .rollout import Divergence, Mode
 
-__all__ = ["DECISION_ENFORCERS", "FastCounter", "FastGauge", "FastHistogram", "Metrics"]
+__all__ = ["DECISION_ENFORCERS", "ENVOY_STATS", "FastCounter", "FastGauge", "FastHistogram", "Metrics"]
 
 
 class _Value:
@@ -200,6 +203,9 @@ DECISION_ENFORCERS: dict[str, tuple[str, ...]] = {
     Mode.CANARY.value: ("local", "distributed", "failure_policy"),
     Mode.ENFORCE.value: ("distributed", "failure_policy"),
 }
+
+#: rate_limit_envoy_hits_total's stats, in envoyproxy/ratelimit's names
+ENVOY_STATS = ("total_hits", "over_limit", "near_limit", "within_limit", "shadow_mode")
 
 #: the label values known in advance of the metrics without a route label (each series
 #: exists at 0 from the start, so ``increase()`` and ``rate()`` see its first event)
@@ -366,6 +372,13 @@ class Metrics:
             ["code"],
             registry=r,
         )
+        self.envoy_hits = FastCounter(
+            "rate_limit_envoy_hits_total",
+            "Envoy descriptor hits per route, as envoyproxy/ratelimit's stats (total_hits, over_limit, near_limit,"
+            " within_limit, shadow_mode).",
+            ["route", "stat"],
+            registry=r,
+        )
         self.external_backend_url_rejected = FastCounter(
             "rate_limit_external_backend_url_rejected_total",
             "backend_url values dropped (host not allow-listed or not a URL).",
@@ -394,10 +407,11 @@ class Metrics:
             c = self._children[k] = metric.labels(*labels)
         return c
 
-    def add_route(self, route: str, *, external: bool = False) -> None:
+    def add_route(self, route: str, *, external: bool = False, envoy: bool = False) -> None:
         """Create ``route``'s labelled counters at 0 (decisions by mode, enforcer and
         result; divergence by direction; shadow drops; mode changes by target and
-        ``automatic``; with ``external``, decisions by limits source), so the first event
+        ``automatic``; with ``external``, decisions by limits source; with ``envoy``, the
+        descriptor's hits by stat), so the first event
         on any replica is an increase from 0 that ``increase()`` and ``rate()`` see, not a
         series that appears already at 1. Called for every route of the rules in force,
         at startup and after each reload; cheap when nothing is new."""
@@ -405,6 +419,9 @@ class Metrics:
         if known is not None and (known or not external):
             return
         self._routes[route] = external
+        if envoy:
+            for stat in ENVOY_STATS:
+                self.envoy_hits.labels(route, stat)
         if external:
             for source in SOURCES:
                 self.external_limits.labels(route, source)

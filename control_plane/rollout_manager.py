@@ -117,7 +117,11 @@ class RolloutManager:
     def set_mode_metric(self, name: str) -> None:
         """The route's mode gauge; its labelled counters are created at 0 the first time."""
         rule = self._rules().get(name)
-        self.metrics.add_route(name, external=rule is not None and rule.external is not None)
+        self.metrics.add_route(
+            name,
+            external=rule is not None and rule.external is not None,
+            envoy=rule is not None and (rule.origin or {}).get("kind") == "envoy",
+        )
         self.metrics.set_mode(name, self.effective_mode(name)[0].value)
 
     def _changed(self, routes: list[str] | tuple[str, ...]) -> None:

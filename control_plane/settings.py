@@ -18,6 +18,7 @@ from limiter.keys import TrustedProxies
 from limiter.resilience import FailurePolicy
 
 from .limits import RequestLimits
+from .settings_envoy import EnvoySettings
 
 if TYPE_CHECKING:
     from limiter.redis_url import RedisTarget
@@ -36,8 +37,9 @@ def _env(name: str) -> AliasChoices:
     return AliasChoices(name, name.lower())
 
 
-class Settings(BaseSettings):
-    """Configuration for the control plane, the middleware and the demo."""
+class Settings(EnvoySettings, BaseSettings):
+    """Configuration for the control plane, the middleware and the demo (Envoy's rate limit
+    service's fields come from :class:`~control_plane.settings_envoy.EnvoySettings`)."""
 
     model_config = SettingsConfigDict(env_prefix="", case_sensitive=False, extra="ignore", populate_by_name=True)
 
@@ -66,24 +68,6 @@ class Settings(BaseSettings):
     )
     rules_path: Path | None = Field(
         None, validation_alias=_env("RATE_LIMIT_RULES_PATH"), description="YAML rules file."
-    )
-    envoy_config: Path | None = Field(
-        None,
-        validation_alias=_env("SHADOWLIMIT_ENVOY_CONFIG"),
-        description=(
-            "envoyproxy/ratelimit configuration: a YAML file, or a directory of .yaml files;"
-            " each limited descriptor becomes a route (hot reloaded)."
-        ),
-    )
-    grpc_port: int | None = Field(
-        None,
-        ge=0,
-        le=65535,
-        validation_alias=_env("SHADOWLIMIT_GRPC_PORT"),
-        description=(
-            "Serve Envoy's rate limit service (envoy.service.ratelimit.v3) over gRPC on this port,"
-            " on SHADOWLIMIT_HOST; unset: no gRPC."
-        ),
     )
     # failure handling (seed 000)
     failure_policy: FailurePolicy = Field(
@@ -435,15 +419,6 @@ class Settings(BaseSettings):
         if v is not None and str(v).strip() and not v.is_file():
             raise ValueError(f"file {v} does not exist")
         return v if v is not None and str(v).strip() else None
-
-    @field_validator("envoy_config")
-    @classmethod
-    def _check_envoy_config(cls, v: Path | None) -> Path | None:
-        if v is None or not str(v).strip():
-            return None
-        if not v.exists():
-            raise ValueError(f"{v} does not exist (a file, or a directory of .yaml files)")
-        return v
 
     @field_validator("tokens_file")
     @classmethod

@@ -130,9 +130,10 @@ class ShadowPipeline:
             await self.evaluate(batch)
         return len(batch)
 
-    async def evaluate(self, batch: list[ShadowItem]) -> None:
+    async def evaluate(self, batch: list[ShadowItem]) -> list[bool | None]:
         """Redis's verdict on each queued request, compared with its local decision and
-        counted per route at once (the would-be-blocked keys one by one)."""
+        counted per route at once (the would-be-blocked keys one by one); returns the
+        verdicts (None: Redis failed)."""
         verdicts = await self.resilient.compare_many([item[:4] for item in batch])
         per_route: dict[str, list[int]] = {}  # route -> [agree, ladd, ldda, backend errors]
         blocked = self.comparisons.blocked.record
@@ -154,3 +155,4 @@ class ShadowPipeline:
         finally:
             for route, (agree, ladd, ldda, errors) in per_route.items():
                 self.comparisons.evaluated_batch(route, agree, ladd, ldda, errors)
+        return verdicts  # type: ignore[no-any-return]

@@ -43,6 +43,7 @@ class PolicyView:
     average: float
     period: float
     burst: int
+    blocked: bool = False  # Envoy's requests_per_unit: 0
 
     @classmethod
     def parse(cls, d: Any) -> PolicyView | None:
@@ -54,9 +55,12 @@ class PolicyView:
             as_float(d.get("average")),
             as_float(d.get("period"), 1.0),
             as_int(d.get("burst")),
+            d.get("blocked") is True,
         )
 
     def describe(self) -> str:
+        if self.blocked:
+            return f"0/{self.period:g}s (blocks all)"
         if self.average <= 0:
             return "unlimited"
         per = f"{self.period:g}s"

@@ -64,9 +64,11 @@ def wall_clock_us() -> int:
 class _Batch:
     """One call's items and what is known about each so far."""
 
-    __slots__ = ("inputs", "items", "as_dict", "out", "rules", "keys", "lookups", "ext", "plans", "pend", "reqs", "ovs")
+    __slots__ = (
+        "inputs", "items", "as_dict", "out", "rules", "keys", "lookups", "ext", "plans", "pend", "reqs", "ovs", "inline"
+    )  # fmt: skip
 
-    def __init__(self, inputs: Sequence[DecideInput | PlainInput], as_dict: bool) -> None:
+    def __init__(self, inputs: Sequence[DecideInput | PlainInput], as_dict: bool, inline: bool = False) -> None:
         n = len(inputs)
         self.inputs = inputs
         self.items: Sequence[Any] = inputs  # becomes a copy when a tuple is turned into a DecideInput
@@ -80,6 +82,8 @@ class _Batch:
         self.pend: list[tuple[Any, ...]] = []  # requests waiting for their distributed answer
         self.reqs: list[tuple[str, Policy, int, int]] = []
         self.ovs: list[tuple[FailurePolicy | None, int | None]] = []
+        # shadow evaluations made in the request path (inline_shadow): (index, the ShadowItem)
+        self.inline: list[tuple[int, tuple[Any, ...]]] | None = [] if inline else None
 
     def full(self, i: int) -> DecideInput:
         """Item ``i`` as a DecideInput (a PlainInput is converted, in a copy of the list)."""
@@ -164,12 +168,21 @@ class Decider:
         latency.observe(time.perf_counter() - t0)
         return res
 
-    async def decide_many(self, inputs: Sequence[DecideInput | PlainInput], *, as_dicts: bool = False) -> list[Any]:
+    async def decide_many(
+        self, inputs: Sequence[DecideInput | PlainInput], *, as_dicts: bool = False, inline_shadow: bool = False
+    ) -> list[Any]:
         """Decide many requests, in order: each answer is a :class:`DecideResult` (its
         ``to_dict()`` form with ``as_dicts``), or the item's exception in place. An item
-        is a :class:`DecideInput` or a :data:`PlainInput` tuple."""
+        is a :class:`DecideInput` or a :data:`PlainInput` tuple.
+
+        With ``inline_shadow``, the requests whose distributed answer does not count
+        (shadow, a canary's shadowed share) are evaluated in Redis before this returns
+        instead of on the shadow pipeline, compared and counted the same way, and their
+        :attr:`DecideResult.shadow_allowed` says Redis's verdict (what Envoy's would-limit
+        header needs); the local answer still counts. A cost of 0 looks without spending
+        (the limiters' peek)."""
         t0 = time.perf_counter()
-        out = await self._run(inputs, as_dicts)
+        out = await self._run(inputs, as_dicts, inline_shadow)
         if inputs:
             self.metrics.child(self.metrics.latency, "batch").observe((time.perf_counter() - t0) / len(inputs))
         return out
@@ -207,8 +220,8 @@ class Decider:
 
     # -- the steps -----------------------------------------------------------------------
 
-    async def _run(self, inputs: Sequence[DecideInput | PlainInput], as_dict: bool) -> list[Any]:
-        b = _Batch(inputs, as_dict)
+    async def _run(self, inputs: Sequence[DecideInput | PlainInput], as_dict: bool, inline: bool = False) -> list[Any]:
+        b = _Batch(inputs, as_dict, inline)
         self._resolve_all(b)
         if b.lookups:
             await self._lookup_external(b)
@@ -221,9 +234,26 @@ class Decider:
                     b.out[i] = exc
         finally:
             self._flush(b)
-        if b.pend:
+        if b.inline:
+            if b.pend:
+                await asyncio.gather(self._distributed(b), self._shadow_inline(b))
+            else:
+                await self._shadow_inline(b)
+        elif b.pend:
             await self._distributed(b)
         return b.out
+
+    async def _shadow_inline(self, b: _Batch) -> None:
+        """The shadow evaluations of this call, now: the pipeline's own evaluation (same
+        comparison, same counters), each verdict put on its result."""
+        inline = b.inline or []
+        verdicts = await self.shadow.evaluate([item for _, item in inline])
+        for (i, _), verdict in zip(inline, verdicts):
+            res = b.out[i]
+            if isinstance(res, DecideResult):
+                res.shadow_allowed = verdict
+            elif isinstance(res, dict):
+                res["shadow_allowed"] = verdict
 
     def _resolve_all(self, b: _Batch) -> None:
         rules_get = self._rules().get
@@ -326,12 +356,15 @@ class Decider:
         shadow = None
         if path is _SHADOW:
             shadow = dp
-            if not self._offer_shadow((lkey, dp, cost, now_us, p.name, key, allowed, request_id)):
+            item = (lkey, dp, cost, now_us, p.name, key, allowed, request_id)
+            if b.inline is not None:
+                b.inline.append((i, item))
+            elif not self._offer_shadow(item):
                 p.dropped += 1
         p.fin[allowed] += 1
         p.remaining = local.remaining
         last[key] = (now_s, allowed, "local")
-        if self._record is not None:
+        if self._record is not None and cost:  # a look without spending (cost 0) is no request to replay
             self._record(p.name, key, cost, now_us, p.mode_value, allowed)
         if res is None:
             b.out[i] = p.answer(b.as_dict, local, "local", 429, key, request_id, local, None, None, lp, shadow, now_s)
@@ -377,7 +410,7 @@ class Decider:
             for entry, outcome, req in zip(b.pend, outcomes, b.reqs):
                 try:
                     self._complete(b, entry, outcome)
-                    if record is not None:
+                    if record is not None and req[2]:
                         record(entry[1].name, entry[2], req[2], req[3], entry[1].mode_value, outcome.decision.allowed)
                 except Exception as exc:  # noqa: BLE001 - one item never fails the batch
                     b.out[entry[0]] = exc

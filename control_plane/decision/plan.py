@@ -34,7 +34,11 @@ ItemPolicies = tuple[Policy, Policy, str, FailurePolicy | None, int | None]
 
 
 def check_cost(local: Policy, dist: Policy, cost: object) -> int:
-    """A whole number from 1 to both policies' limits (``ValueError`` naming ``cost``)."""
+    """A whole number from 1 to both policies' limits (``ValueError`` naming ``cost``), or
+    0: a look at the key without spending anything (Envoy's ``hits_addend`` of 0; the HTTP
+    API refuses it at its edge)."""
+    if cost == 0 and cost.__class__ is int:
+        return 0
     c = validate_cost(local, cost)
     if not dist.unlimited and c > dist.limit:
         validate_cost(dist, c)

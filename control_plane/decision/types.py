@@ -48,7 +48,7 @@ class DecideResult:
     """One decision: who enforced it, both limiters' answers, the status and headers.
 
     Not frozen: one is built per request, and a frozen dataclass's ``__init__`` sets each
-    of these 17 fields through ``object.__setattr__`` (about 3 us a result, 10x a plain one)."""
+    of these 18 fields through ``object.__setattr__`` (about 3 us a result, 10x a plain one)."""
 
     allowed: bool
     route: str
@@ -67,6 +67,7 @@ class DecideResult:
     limits_source: str | None = None  # external | cache | stale | static, on routes with external limits
     backend_url: str | None = None  # from the limits service, allow-listed hosts only
     enforced: Decision | None = None  # the answer that counted (local, distributed or the failure policy's)
+    shadow_allowed: bool | None = None  # Redis's verdict on a shadowed request evaluated inline (None: not asked)
 
     def to_dict(self) -> dict[str, Any]:
         return result_dict(

@@ -30,7 +30,10 @@ applies only when the request's descriptor ends at that level.
 Errors are :class:`~control_plane.rules.RulesError` naming the file, the line and the
 field (``edge.yaml:12: descriptors[1].rate_limit.unit: must be one of second, ...``).
 Stricter than envoyproxy/ratelimit where it would accept a mistake silently: a key in the
-wrong place, a non-string value, ``requests_per_unit: 0``.
+wrong place, a non-string value, a ``rate_limit`` without ``requests_per_unit`` (which the
+peer reads as 0). ``requests_per_unit: 0`` is the peer's way to ban a value:
+the route's policy blocks every request (:meth:`limiter.Policy.blocking`), decided without
+Redis, and in shadow it is compared and counted like any other limit.
 """
 
 from __future__ import annotations
@@ -322,13 +325,12 @@ class _Reader:
         if not unlimited and unit not in UNITS:
             raise self.fail((*path, "unit"), f"must be one of {', '.join(u.lower() for u in UNITS)}, got {unit!r}")
         rpu = self.whole(rl, path, "requests_per_unit")
-        if not unlimited and not 1 <= rpu <= MAX_AVERAGE:
+        if not unlimited and rl.get("requests_per_unit") is None:  # the peer would read 0: a ban by omission
             raise self.fail(
-                (*path, "requests_per_unit"),
-                f"must be between 1 and {MAX_AVERAGE}, got {rpu} (0 would refuse every request: remove the "
-                "descriptor's rate_limit, or use a deny rule, instead)" if rpu == 0 else
-                f"must be between 1 and {MAX_AVERAGE}, got {rpu}",
-            )  # fmt: skip
+                (*path, "requests_per_unit"), "is required (write 0 to block every request, as a banned value)"
+            )
+        if not unlimited and rpu > MAX_AVERAGE:
+            raise self.fail((*path, "requests_per_unit"), f"must be between 0 and {MAX_AVERAGE}, got {rpu}")
         name = self.string(rl, path, "name")
         replaces = self.replaces(rl.get("replaces"), (*path, "replaces"), name)
         route = None
@@ -357,7 +359,12 @@ class _Reader:
     ) -> RouteRule:  # fmt: skip
         if len(name) > ROUTE_NAME_MAX or NAMED_ROUTE_NAME.fullmatch(name) is None:
             raise self.fail(path, f"the route name {name[:80]!r}... is longer than {ROUTE_NAME_MAX} characters")
-        policy = Policy(average=rpu, period=UNITS[unit], burst=rpu, algorithm="fixed_window")
+        # 0: over for every request, without asking Redis (the peer's way to ban a value)
+        policy = (
+            Policy(average=rpu, period=UNITS[unit], burst=rpu, algorithm="fixed_window")
+            if rpu
+            else Policy.blocking(UNITS[unit])
+        )
         line = self.line_of(path[:-1])  # the descriptor's
         origin = {
             "kind": "envoy",

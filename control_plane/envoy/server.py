@@ -9,13 +9,13 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import grpc
-from envoy.service.ratelimit.v3 import rls_pb2, rls_pb2_grpc
+from envoy.service.ratelimit.v3 import rls_pb2
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1.health import SERVICE_NAME as HEALTH_SERVICE
 from grpc_health.v1.health import aio as health_aio
 from grpc_reflection.v1alpha import reflection
 
-from .service import RateLimitService
+from .service import RateLimitService, method_handlers
 
 if TYPE_CHECKING:
     from ..auth import Authenticator
@@ -68,9 +68,10 @@ async def start_grpc_server(
             ("grpc.so_reuseport", 1 if reuse_port else 0),
         ],
     )
-    rls_pb2_grpc.add_RateLimitServiceServicer_to_server(
-        RateLimitService(engine.live_rules, engine.decider, engine.metrics, auth), server
+    service = RateLimitService(
+        engine.live_rules, engine.decider, engine.metrics, auth, headers=engine.settings.envoy_headers
     )
+    server.add_generic_rpc_handlers((method_handlers(service),))
     health = health_aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health, server)
     reflection.enable_server_reflection((RLS_SERVICE, HEALTH_SERVICE, reflection.SERVICE_NAME), server)

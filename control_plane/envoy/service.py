@@ -10,21 +10,33 @@ them in one pipelined burst to Redis. As envoyproxy/ratelimit answers:
   name), ``limit_remaining`` and ``duration_until_reset``; a descriptor with no limit is
   OK with no ``current_limit``; ``unlimited`` is OK with ``limit_remaining`` 2^32-1; a
   limit named in another matched limit's ``replaces`` is not checked;
-* ``hits_addend`` is the cost (the descriptor's own, else the request's, 0 meaning 1);
+  ``requests_per_unit: 0`` is over for every request (no Redis call);
+* ``hits_addend`` is the cost (the descriptor's own, else the request's, whose 0 means
+  1); a descriptor's own ``hits_addend`` of 0 looks at the limit without spending: OVER
+  when no quota is left (a request of one hit would be refused), else OK with what remains;
 * the overall code is OVER_LIMIT when any descriptor whose answer counts is over, or when
   every ``quota_mode`` descriptor is;
 * a descriptor of a route in **shadow** (or a key outside a canary's share) answers OK:
-  its distributed decision is compared with the local one exactly as for HTTP;
-* the rate-limit headers (the same settings as HTTP) of the descriptor that is over the
-  limit, else of the one closest to it, go in ``response_headers_to_add``;
+  its distributed decision is compared with the local one exactly as for HTTP. With the
+  would-limit header on (``SHADOWLIMIT_ENVOY_WOULD_LIMIT_HEADER``, the default), that
+  distributed decision is made in the request path, and the routes whose global limit is
+  over for this very request are named to the upstream in ``request_headers_to_add``;
+* ``response_headers_to_add`` is empty by default, as the peer's; with
+  ``SHADOWLIMIT_ENVOY_RESPONSE_HEADERS=peer`` it holds the peer's three headers of the
+  descriptor that is over the limit, else of the one closest to it, with ``draft`` the
+  draft-ietf-httpapi-ratelimit-headers fields of the HTTP API (``RateLimit-Policy``,
+  ``RateLimit``, and ``Retry-After`` when over; never ``X-RateLimit-*``, which Envoy's
+  ``enable_x_ratelimit_headers`` adds): never two headers of one name;
+* the peer's per-descriptor stats are counted (:mod:`.stats`);
 * when Redis fails, the failure policy answers (Envoy's ``failure_mode_deny`` never sees
   an error for it).
 
-Refused with ``INVALID_ARGUMENT`` (and counted as ``invalid``): an empty domain, no
+Refused with ``INVALID_ARGUMENT`` (and counted as ``invalid``): bytes that are not a
+``RateLimitRequest`` (bad protobuf, a string field that is not UTF-8), an empty domain, no
 descriptors or more than :data:`MAX_DESCRIPTORS`, a descriptor with more than
-:data:`MAX_ENTRIES` entries, a per-request ``limit`` override and a ``hits_addend`` of 0
-(a check that does not count: not supported). With ``SHADOWLIMIT_CLIENT_TOKEN`` set, a
-call without ``authorization: Bearer <client token>`` metadata is ``UNAUTHENTICATED``.
+:data:`MAX_ENTRIES` entries, and a per-request ``limit`` override. With
+``SHADOWLIMIT_CLIENT_TOKEN`` set, a call without ``authorization: Bearer <client token>``
+metadata is ``UNAUTHENTICATED``.
 """
 
 from __future__ import annotations
@@ -38,12 +50,15 @@ import grpc
 from envoy.config.core.v3.base_pb2 import HeaderValue
 from envoy.service.ratelimit.v3 import rls_pb2, rls_pb2_grpc
 from google.protobuf.duration_pb2 import Duration
+from google.protobuf.message import DecodeError
 
 from .. import incidents
 from ..auth import Access, Denied, check
 from ..decision import DecideResult, PlainInput
 from ..decision.enforce import Path, path_for
+from ..settings_envoy import EnvoyHeaders
 from .config import UNITS, EnvoyLimit, Match
+from .stats import HitStats
 
 if TYPE_CHECKING:
     from ..auth import Authenticator
@@ -51,7 +66,7 @@ if TYPE_CHECKING:
     from ..live_rules import LiveRules
     from ..metrics import Metrics
 
-__all__ = ["MAX_DESCRIPTORS", "MAX_ENTRIES", "RateLimitService"]
+__all__ = ["MAX_DESCRIPTORS", "MAX_ENTRIES", "RateLimitService", "method_handlers"]
 
 log = logging.getLogger("shadowlimit.envoy")
 
@@ -60,11 +75,14 @@ MAX_DESCRIPTORS = 64
 #: the most entries in one descriptor
 MAX_ENTRIES = 32
 
+_Request = rls_pb2.RateLimitRequest
 _Response = rls_pb2.RateLimitResponse
 _OK = _Response.OK
 _OVER = _Response.OVER_LIMIT
 _UNLIMITED_REMAINING = 2**32 - 1
 _SHADOWED_MODES = frozenset({"shadow", "canary"})
+_DRAFT_FIELDS = frozenset({"RateLimit-Policy", "RateLimit", "Retry-After"})
+_NO_HEADERS = EnvoyHeaders("none", "RateLimit-Limit", "RateLimit-Remaining", "RateLimit-Reset", None, 0.8)
 
 
 def _bearer_of(metadata: Any) -> str | None:
@@ -81,15 +99,53 @@ class _Invalid(Exception):
     """A request refused with INVALID_ARGUMENT."""
 
 
+class _Verdict:
+    """One descriptor's answer: its status, whether it counts (not shadowed), whether its
+    limit is over for this request (None: not known), what the hit stats need, and
+    whether it is shadowed with Redis's own verdict over (the would-limit header)."""
+
+    __slots__ = ("status", "counted", "over", "limit", "used_before", "headers", "would")
+
+    def __init__(
+        self, status: Any, counted: bool, over: bool | None = None, limit: int = 0, used_before: int = 0,
+        headers: dict[str, str] | None = None,
+    ) -> None:  # fmt: skip
+        self.status = status
+        self.counted = counted
+        self.over = over
+        self.limit = limit
+        self.used_before = used_before
+        self.headers = headers
+        self.would = False
+
+
 class RateLimitService(rls_pb2_grpc.RateLimitServiceServicer):  # type: ignore[misc]
     """The servicer (see the module docstring)."""
 
-    def __init__(self, live: LiveRules, decider: Decider, metrics: Metrics, auth: Authenticator | None = None) -> None:
+    def __init__(
+        self, live: LiveRules, decider: Decider, metrics: Metrics, auth: Authenticator | None = None,
+        headers: EnvoyHeaders = _NO_HEADERS,
+    ) -> None:  # fmt: skip
         self.live = live
         self.decider = decider
         self.metrics = metrics
         self.auth = auth
+        self.headers = headers
+        self.hits = HitStats(metrics, headers.near_limit_ratio)
         self._limits = {name: _Response.RateLimit.Unit.Value(name) for name in _Response.RateLimit.Unit.keys()}
+
+    async def ShouldRateLimitBytes(self, data: bytes, context: Any) -> Any:  # noqa: N802 - after the gRPC method
+        """The gRPC method, from the request's bytes: a message that does not parse is the
+        client's mistake (INVALID_ARGUMENT, counted), not the server's."""
+        try:
+            request = _Request.FromString(data)
+        except (DecodeError, ValueError, UnicodeDecodeError):
+            self.metrics.envoy_requests.labels("invalid").inc()
+            await context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                "the request is not a RateLimitRequest (not valid protobuf, or a string field that is not UTF-8)",
+            )
+        return await self.ShouldRateLimit(request, context)
 
     async def ShouldRateLimit(self, request: Any, context: Any) -> Any:  # noqa: N802 - the gRPC method's name
         if self.auth is not None and self.auth.client_token_required:
@@ -120,33 +176,60 @@ class RateLimitService(rls_pb2_grpc.RateLimitServiceServicer):  # type: ignore[m
             if m is not None and m.limit.route is not None:  # limited (an unlimited one has no route)
                 todo.append(i)
                 inputs.append((m.limit.route, m.key, costs[i], None))
-        results = await self.decider.decide_many(inputs) if inputs else []
+        would_limit = self.headers.would_limit
+        results = await self.decider.decide_many(inputs, inline_shadow=would_limit is not None) if inputs else []
         by_index = dict(zip(todo, results))
         statuses: list[Any] = []
         over = quota = quota_over = 0
+        shadow_over: list[str] = []
         # the headers: of a counted descriptor over the limit, else of the one closest to it
-        chosen: tuple[int, int, dict[str, str]] | None = None  # (over first, remaining, headers)
+        chosen: tuple[int, int, _Verdict] | None = None  # (over first, remaining, verdict)
         for i, m in enumerate(matches):
-            res = by_index.get(i)
-            status, counted = self._status(m, res)
-            statuses.append(status)
+            v = self._status(m, by_index.get(i), costs[i])
+            statuses.append(v.status)
             if m is None or m.limit.unlimited:
                 continue
-            is_over = status.code == _OVER
+            is_over = v.status.code == _OVER
             if m.limit.quota_mode:
                 quota += 1
                 quota_over += is_over
             else:
                 over += is_over
-            if counted and isinstance(res, DecideResult):
-                rank = (0 if is_over and not m.limit.quota_mode else 1, status.limit_remaining, res.headers)
-                if chosen is None or rank[:2] < chosen[:2]:
-                    chosen = rank
+            route = m.limit.route or ""
+            self.hits.add(
+                route, costs[i], over=bool(v.over), limit=v.limit, used_before=v.used_before, shadowed=not v.counted
+            )
+            if v.would and route not in shadow_over:
+                shadow_over.append(route)
+            rank = (0 if is_over and not m.limit.quota_mode else 1, v.status.limit_remaining, v)
+            if chosen is None or rank[:2] < chosen[:2]:
+                chosen = rank
         code = _OVER if over or (quota and quota == quota_over) else _OK
-        headers = []
-        if chosen is not None:
-            headers = [HeaderValue(key=k, value=v) for k, v in chosen[2].items() if code == _OVER or k != "Retry-After"]
-        return _Response(overall_code=code, statuses=statuses, response_headers_to_add=headers)
+        response = _Response(overall_code=code, statuses=statuses)
+        if chosen is not None and self.headers.response != "none":
+            response.response_headers_to_add.extend(self._headers(chosen[2], code))
+        if would_limit is not None and shadow_over:
+            response.request_headers_to_add.append(HeaderValue(key=would_limit, value=", ".join(shadow_over)))
+        return response
+
+    def _headers(self, v: _Verdict, code: int) -> list[Any]:
+        """The rate-limit headers of the chosen descriptor, in the configured style."""
+        h = self.headers
+        if h.response == "peer":
+            st = v.status
+            return [
+                HeaderValue(key=h.limit, value=str(st.current_limit.requests_per_unit)),
+                HeaderValue(key=h.remaining, value=str(st.limit_remaining)),
+                HeaderValue(key=h.reset, value=str(st.duration_until_reset.seconds)),
+            ]
+        if v.headers is None:
+            return []
+        # the draft's own fields only: Envoy's enable_x_ratelimit_headers owns X-RateLimit-*
+        return [
+            HeaderValue(key=k, value=val)
+            for k, val in v.headers.items()
+            if k in _DRAFT_FIELDS and (code == _OVER or k != "Retry-After")
+        ]
 
     def _matches(self, request: Any) -> tuple[list[Match | None], list[int]]:
         """Each descriptor's match (None: no limit, or replaced) and cost."""
@@ -166,12 +249,8 @@ class RateLimitService(rls_pb2_grpc.RateLimitServiceServicer):  # type: ignore[m
                 raise _Invalid(f"descriptors[{i}].entries: at most {MAX_ENTRIES}, got {len(d.entries)}")
             if d.HasField("limit"):
                 raise _Invalid(f"descriptors[{i}].limit: per-request limit overrides are not supported")
-            cost = default_cost
-            if d.HasField("hits_addend"):
-                cost = d.hits_addend.value
-                if cost == 0:
-                    raise _Invalid(f"descriptors[{i}].hits_addend: 0 (check without counting) is not supported")
-            costs.append(cost)
+            # the descriptor's own hits_addend, 0 included (a look without spending)
+            costs.append(d.hits_addend.value if d.HasField("hits_addend") else default_cost)
             entries = [(e.key, e.value) for e in d.entries]
             matches.append(config.lookup(request.domain, entries) if config is not None and entries else None)
         replaced = {name for m in matches if m is not None for name in m.limit.replaces}
@@ -179,28 +258,32 @@ class RateLimitService(rls_pb2_grpc.RateLimitServiceServicer):  # type: ignore[m
             matches = [None if m and not m.limit.unlimited and m.limit.name in replaced else m for m in matches]
         return matches, costs
 
-    def _status(self, m: Match | None, res: Any) -> tuple[Any, bool]:
-        """A descriptor's status, and whether its answer counts (not shadowed)."""
+    def _status(self, m: Match | None, res: Any, cost: int) -> _Verdict:
+        """A descriptor's answer (see :class:`_Verdict`)."""
         if m is None:
-            return _Response.DescriptorStatus(code=_OK), False
+            return _Verdict(_Response.DescriptorStatus(code=_OK), False)
         limit = m.limit
         if limit.unlimited:
-            return _Response.DescriptorStatus(code=_OK, limit_remaining=_UNLIMITED_REMAINING), False
+            return _Verdict(_Response.DescriptorStatus(code=_OK, limit_remaining=_UNLIMITED_REMAINING), False)
         current = self._current(limit)
         if not isinstance(res, DecideResult):
-            return self._refused(limit, m.key, res, current)
+            return self._refused(limit, m.key, res, current, cost)
         d = res.enforced or res.local
         counted = not (res.enforced_by == "local" and res.mode in _SHADOWED_MODES)
         code = _OK if res.allowed or not counted else _OVER
         reset = Duration(seconds=math.ceil(d.reset_after_us / 1_000_000))
-        return (
-            _Response.DescriptorStatus(
-                code=code, current_limit=current, limit_remaining=max(0, d.remaining), duration_until_reset=reset
-            ),
-            counted,
+        status = _Response.DescriptorStatus(
+            code=code, current_limit=current, limit_remaining=max(0, d.remaining), duration_until_reset=reset
         )
+        # the limit's verdict for this request: the global one where it was asked
+        verdict = res.allowed if counted else res.local.allowed if res.shadow_allowed is None else res.shadow_allowed
+        over = not verdict
+        used = d.limit - d.remaining - (cost if d.allowed else 0)
+        v = _Verdict(status, counted, over, d.limit, used, res.headers)
+        v.would = not counted and res.shadow_allowed is False
+        return v
 
-    def _refused(self, limit: EnvoyLimit, key: str, exc: Any, current: Any) -> tuple[Any, bool]:
+    def _refused(self, limit: EnvoyLimit, key: str, exc: Any, current: Any, cost: int) -> _Verdict:
         """An item the decider refused: a cost above the limit is over the limit (as
         envoyproxy/ratelimit answers it, unless shadowed); anything else is a bug."""
         if not (isinstance(exc, ValueError) and str(exc).startswith("cost:")):
@@ -211,9 +294,23 @@ class RateLimitService(rls_pb2_grpc.RateLimitServiceServicer):  # type: ignore[m
         unit_s = UNITS[limit.unit]
         reset = Duration(seconds=unit_s - int(time.time()) % unit_s)
         code = _OVER if counted else _OK
-        return _Response.DescriptorStatus(code=code, current_limit=current, duration_until_reset=reset), counted
+        status = _Response.DescriptorStatus(code=code, current_limit=current, duration_until_reset=reset)
+        return _Verdict(status, counted, True, limit.requests_per_unit, 0)
 
     def _current(self, limit: EnvoyLimit) -> Any:
         return _Response.RateLimit(
             requests_per_unit=limit.requests_per_unit, unit=self._limits[limit.unit], name=limit.name
         )
+
+
+def method_handlers(service: RateLimitService) -> Any:
+    """The generic handler of Envoy's rate limit service: ``ShouldRateLimit`` takes the
+    request's bytes, so that a message that does not parse is answered INVALID_ARGUMENT
+    by :meth:`RateLimitService.ShouldRateLimitBytes` (grpcio's own deserializer would
+    answer UNKNOWN, naming protobuf's internal exception)."""
+    handler = grpc.unary_unary_rpc_method_handler(
+        service.ShouldRateLimitBytes, request_deserializer=None, response_serializer=_Response.SerializeToString
+    )
+    return grpc.method_handlers_generic_handler(
+        rls_pb2.DESCRIPTOR.services_by_name["RateLimitService"].full_name, {"ShouldRateLimit": handler}
+    )

@@ -47,6 +47,25 @@ def test_rules_check_valid_file_exits_0(capsys):
     assert err == ""
 
 
+PEER_EXAMPLE = Path(__file__).resolve().parents[1] / "fixtures" / "envoyproxy-ratelimit" / "example.yaml"
+
+
+def test_rules_check_reads_the_peers_envoy_config_and_says_what_a_zero_limit_does(capsys, tmp_path):
+    """envoyproxy/ratelimit's own example file, unchanged: accepted, its banned value named."""
+    code, out, err = run(capsys, "rules", "check", str(PEER_EXAMPLE))
+    assert code == 0, err
+    first, note = out.splitlines()
+    assert first.startswith(f"{PEER_EXAMPLE}: ok, envoyproxy/ratelimit config (domain rl), 15 routes (")
+    assert note == "  rl/foo/bar=banned: requests_per_unit 0 blocks every request (answered without Redis)"
+    code, out, err = run(capsys, "rules", "check", "--json", str(PEER_EXAMPLE))
+    result = json.loads(out)["files"][0]
+    assert code == 0 and result["kind"] == "envoy" and result["domains"] == ["rl"] and len(result["notes"]) == 1
+    # a directory of them (SHADOWLIMIT_ENVOY_CONFIG), and a bad one named by file and line
+    (tmp_path / "a.yaml").write_text("domain: a\ndescriptors:\n  - key: k\n    rate_limit: {unit: hour}\n")
+    code, out, err = run(capsys, "rules", "check", str(tmp_path))
+    assert code == 2 and err.startswith(f"{tmp_path / 'a.yaml'}:4: descriptors[0].rate_limit.requests_per_unit")
+
+
 def test_rules_check_invalid_file_exits_2_with_file_line_field(capsys, tmp_path):
     bad = write_rules(tmp_path, BAD_BURST, name="bad.yaml")
     code, out, err = run(capsys, "rules", "check", str(bad))

@@ -131,7 +131,11 @@ _EXTRA_ROUTE = """\
 
 
 def test_dashboard_and_rules_name_only_exported_metrics(redis_url, tmp_path):
-    with ControlPlaneServer(redis_url=redis_url, rules_path=write_rules(tmp_path)) as cp:
+    envoy = tmp_path / "envoy.yaml"  # Envoy's series exist for the routes of an Envoy config
+    envoy.write_text("domain: edge\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 5}\n")
+    with ControlPlaneServer(
+        redis_url=redis_url, rules_path=write_rules(tmp_path), envoy_config=str(envoy), grpc_port=free_port()
+    ) as cp:
         exported = exported_names(metrics_of(cp))  # a fresh replica: nothing decided yet
     named: dict[str, set[str]] = {}
     for where, expr in dashboard_queries():

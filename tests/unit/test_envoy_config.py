@@ -14,7 +14,7 @@ from control_plane.envoy.config import bucket_key, encode_part
 from control_plane.rollout import Mode
 from control_plane.rules import RulesError
 from control_plane.settings import load_settings
-from limiter import Algorithm
+from limiter import Algorithm, Policy
 
 SETTINGS = load_settings(redis_url="redis://127.0.0.1:6379/0")
 
@@ -166,8 +166,9 @@ def test_a_directory_reads_its_yaml_files_in_order(tmp_path: Path) -> None:
             "config.yaml:4: descriptors[0].rate_limit.unit: should not specify a unit when unlimited",
         ),
         (
-            "domain: d\ndescriptors:\n  - key: a\n    rate_limit: {unit: second, requests_per_unit: 0}\n",
-            "config.yaml:4: descriptors[0].rate_limit.requests_per_unit: must be between 1 and 1000000000, got 0",
+            "domain: d\ndescriptors:\n  - key: a\n    rate_limit: {unit: second, requests_per_unit: 1000000001}\n",
+            "config.yaml:4: descriptors[0].rate_limit.requests_per_unit: must be between 0 and 1000000000, "
+            "got 1000000001",
         ),
         (
             "domain: d\ndescriptors:\n  - key: a\n    rate_limit: {unit: second, requests_per_unit: five}\n",
@@ -262,3 +263,28 @@ def test_directories_are_read_recursively_skipping_hidden_entries(tmp_path: Path
 def test_a_document_nested_too_deeply_is_a_clear_error() -> None:
     with pytest.raises(RulesError, match="config.yaml: the document nests too deeply"):
         parse("domain: d\ndescriptors: " + "[" * 5000 + "]" * 5000 + "\n")
+
+
+def test_the_peers_own_example_file_loads_unchanged_with_its_banned_value() -> None:
+    """envoyproxy/ratelimit's examples/ratelimit/config/example.yaml, byte for byte:
+    ``requests_per_unit: 0`` (``bar: banned``) is a limit every request is over."""
+    path = Path(__file__).parent.parent / "fixtures" / "envoyproxy-ratelimit" / "example.yaml"
+    config = load_envoy_config(path, load_settings())
+    routes = {r.name: r for r in config.routes}
+    banned = routes["rl/foo/bar=banned"]
+    assert banned.local.blocked and banned.distributed.blocked and banned.local.limit == 0
+    assert banned.origin is not None and banned.origin["requests_per_unit"] == 0
+    m = config.lookup("rl", [("foo", "x"), ("bar", "banned")])
+    assert m is not None and m.limit.requests_per_unit == 0 and m.limit.name == "banned_limit"
+    # every other limited descriptor of the file is an ordinary fixed window
+    assert routes["rl/foo"].local == Policy(average=2, period=60, burst=2, algorithm="fixed_window")
+    assert sum(r.local.blocked for r in config.routes) == 1
+    assert {"rl/service=service_1", "rl/service=service_2", "rl/unspec"} <= set(routes)
+
+
+def test_a_banned_limit_reads_as_such_in_the_dashboard() -> None:
+    from dashboard.models import PolicyView
+
+    view = PolicyView.parse(Policy.blocking(60).to_dict())
+    assert view is not None and view.describe() == "0/60s (blocks all)"
+    assert PolicyView.parse(Policy(average=0).to_dict()).describe() == "unlimited"  # type: ignore[union-attr]
