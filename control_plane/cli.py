@@ -98,8 +98,21 @@ def cmd_routes(args: argparse.Namespace) -> int:
     if wants_json(args):
         print_json(data)
         return EXIT_STALE if stale else EXIT_OK
-    rows = [["ROUTE", "MODE", "DEC/S", "COMPARED(5m)", "NEW REJ", "SAMPLED", "GATE (next step)"]]
-    rows += [_route_row(r) for r in data["routes"]]
+    # LATE (answers by the failure policy for want of time) only once a route has some
+    late = any(_late_cell(r) != "-" for r in data["routes"])
+    rows = [
+        [
+            "ROUTE",
+            "MODE",
+            "DEC/S",
+            "COMPARED(5m)",
+            "NEW REJ",
+            "SAMPLED",
+            *(["LATE"] if late else []),
+            "GATE (next step)",
+        ]
+    ]
+    rows += [_route_row(r, late) for r in data["routes"]]
     offset = sum(max(len(row[i]) for row in rows) + 2 for i in range(len(rows[0]) - 1))
     table: list[list[str]] = []
     for row in rows:
@@ -127,7 +140,7 @@ def _stale(data: dict[str, Any], max_age_s: float) -> str | None:
     return None
 
 
-def _route_row(r: dict[str, Any]) -> list[str]:
+def _route_row(r: dict[str, Any], late: bool = False) -> list[str]:
     div = r.get("divergence_5m") or {}
     mode = f"canary {r['canary_percent']}%" if r["mode"] == "canary" else r["mode"]
     share = div.get("sampled_share")
@@ -141,8 +154,17 @@ def _route_row(r: dict[str, Any]) -> list[str]:
         str(div.get("compared", "-")),
         f"{div.get('new_rejection_rate', 0):.2%}" if div else "-",
         sampled,
+        *([_late_cell(r)] if late else []),
         _gate_cell(r),
     ]
+
+
+def _late_cell(r: dict[str, Any]) -> str:
+    """This replica's answers by the failure policy for want of time (a caller's deadline):
+    ``redis_timeout/no_time`` (Redis too slow / too little time left), ``-`` for none."""
+    late = r.get("deadline_answers") or {}
+    slow, none = int(late.get("redis_timeout", 0)), int(late.get("no_time", 0))
+    return f"{slow}/{none}" if slow or none else "-"
 
 
 def _gate_cell(r: dict[str, Any]) -> str:

@@ -241,6 +241,11 @@ class Engine:
                 "shadow_queue_capacity": self.shadow.capacity,
                 "shadow_dropped": self.comparisons.dropped,
                 "shadow_evaluated": self.comparisons.evaluated,
+                "deadline_answers": {
+                    reason: sum(c[reason] for c in self.metrics.deadline_counts().values())
+                    for reason in ("redis_timeout", "no_time")
+                },
+                "over_limit_cache": None if self.decider.over_limit is None else self.decider.over_limit.stats(),
                 "auto_rollback_after_s": self.settings.auto_rollback_after_s,
                 "pending_rollbacks": sorted(self.rollout.pending_rollbacks),
                 "distributed_enabled": self.settings.enable_distributed_rate_limiting,

@@ -20,8 +20,9 @@ server frames such a body by its ``Content-Length``, so the app cannot be handed
 refuses).
 
 A header set the middleware sees has already been parsed by the server; bounding it while
-it arrives is the HTTP protocol's job (:mod:`control_plane.serving`), which uses
-:meth:`RequestLimits.head_bytes` and :func:`refusal_body`.
+it arrives, in size and in time (:attr:`RequestLimits.header_timeout_s`), is the HTTP
+protocol's job (:mod:`control_plane.serving`), which uses :meth:`RequestLimits.head_bytes`
+and :func:`refusal_body`.
 """
 
 from __future__ import annotations
@@ -48,11 +49,13 @@ REQUEST_LINE_ALLOWANCE = 8192
 @dataclass(frozen=True, slots=True)
 class RequestLimits:
     """How large a request may be (``SHADOWLIMIT_MAX_BODY_BYTES``, ``SHADOWLIMIT_MAX_HEADERS``,
-    ``SHADOWLIMIT_MAX_HEADER_BYTES``)."""
+    ``SHADOWLIMIT_MAX_HEADER_BYTES``) and how long its head may take to arrive
+    (``SHADOWLIMIT_HEADER_TIMEOUT_S``)."""
 
     max_body_bytes: int
     max_headers: int
     max_header_bytes: int
+    header_timeout_s: float = 5.0
 
     @property
     def head_bytes(self) -> int:
@@ -62,10 +65,12 @@ class RequestLimits:
         return self.max_header_bytes + 4 * self.max_headers + REQUEST_LINE_ALLOWANCE
 
 
-def refusal_body(status: int, message: str, limit: int) -> bytes:
-    """The JSON body of a 413 or 431 refusal."""
-    error = "payload_too_large" if status == 413 else "request_header_fields_too_large"
-    return orjson.dumps({"error": error, "message": message, "limit": limit})
+_REFUSALS = {408: "request_timeout", 413: "payload_too_large", 431: "request_header_fields_too_large"}
+
+
+def refusal_body(status: int, message: str, limit: float) -> bytes:
+    """The JSON body of a 408 (``limit`` in seconds), 413 or 431 (in bytes or fields) refusal."""
+    return orjson.dumps({"error": _REFUSALS[status], "message": message, "limit": limit})
 
 
 def _response_start(status: int, body: bytes) -> Message:

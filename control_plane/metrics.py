@@ -43,9 +43,16 @@ rate_limit_external_backend_url_rejected_total
 rate_limit_stream_snapshot_builds_total   counter  -
 rate_limit_stream_subscribers             gauge    -
 rate_limit_stream_refused_total           counter  -
+rate_limit_slow_clients_total             counter  - (request heads not complete within
+                                                   SHADOWLIMIT_HEADER_TIMEOUT_S: connection closed)
 rate_limit_record_events_total            counter  result: recorded, dropped (what-if recording)
-rate_limit_envoy_requests_total           counter  code: ok, over_limit, invalid, error
+rate_limit_envoy_requests_total           counter  code: ok, over_limit, invalid, overloaded (refused:
+                                                   too many calls in progress), error
                                                    (ShouldRateLimit calls)
+rate_limit_deadline_answers_total         counter  route, reason: redis_timeout, no_time (the failure
+                                                   policy answered within the caller's deadline)
+rate_limit_over_limit_cache_total         counter  result: hit, stored (keys over their global limit
+                                                   answered without Redis, in enforce)
 rate_limit_envoy_hits_total               counter  route, stat: total_hits, over_limit, near_limit,
                                                    within_limit, shadow_mode (envoyproxy/ratelimit's
                                                    per-descriptor stats; control_plane/envoy/stats.py)
@@ -224,7 +231,8 @@ _FIXED_LABELS: dict[str, tuple[tuple[str, ...], ...]] = {
     "external_cache": (("hit",), ("miss",), ("stale",)),
     "external_breaker_transitions": tuple((s.value,) for s in BreakerState),
     "record_events": (("recorded",), ("dropped",)),
-    "envoy_requests": tuple((c,) for c in ("ok", "over_limit", "invalid", "error")),
+    "envoy_requests": tuple((c,) for c in ("ok", "over_limit", "invalid", "overloaded", "error")),
+    "over_limit_cache": (("hit",), ("stored",)),
 }
 
 
@@ -295,6 +303,20 @@ class Metrics:
             registry=r,
         )
         self.shadow_queue = Gauge("rate_limit_shadow_queue_depth", "Shadow evaluations waiting.", registry=r)
+        self.deadline_answers = FastCounter(
+            "rate_limit_deadline_answers_total",
+            "Requests the failure policy answered within the caller's deadline (gRPC grpc-timeout): Redis did not"
+            " answer in time (redis_timeout) or too little time was left to ask it (no_time).",
+            ["route", "reason"],
+            registry=r,
+        )
+        self.over_limit_cache = FastCounter(
+            "rate_limit_over_limit_cache_total",
+            "Keys over their global limit (enforce): refusals answered from this replica's cache without Redis"
+            " (hit), refusals remembered (stored).",
+            ["result"],
+            registry=r,
+        )
 
     def _add_control_metrics(self, r: CollectorRegistry) -> None:
         """Route modes, the Redis circuit breaker, failure policy, rules, restorations, mode changes."""
@@ -359,6 +381,11 @@ class Metrics:
         self.stream_subscribers = FastGauge("rate_limit_stream_subscribers", "Event streams open.", [], registry=r)
         self.stream_refused = FastCounter(
             "rate_limit_stream_refused_total", "Event streams refused with 503 too_many_streams.", [], registry=r
+        )
+        self.slow_clients = Counter(  # exists at 0 (no labels); counted by control_plane/serving.py
+            "rate_limit_slow_clients_total",
+            "Connections closed because a request head did not arrive within SHADOWLIMIT_HEADER_TIMEOUT_S.",
+            registry=r,
         )
         self.record_events = FastCounter(
             "rate_limit_record_events_total",
@@ -433,7 +460,16 @@ class Metrics:
                 self.mode_changes.labels(route, mode, automatic)
         for div in Divergence:
             self.divergence.labels(route, div.value)
+        for reason in ("redis_timeout", "no_time"):
+            self.deadline_answers.labels(route, reason)
         self.shadow_dropped.labels(route)
+
+    def deadline_counts(self) -> dict[str, dict[str, int]]:
+        """This replica's deadline answers per route: ``{route: {reason: n}}``."""
+        out: dict[str, dict[str, int]] = {}
+        for (route, reason), n in self.deadline_answers.samples().items():
+            out.setdefault(route, {"redis_timeout": 0, "no_time": 0})[reason] = int(n)
+        return out
 
     def set_breaker(self, state: str) -> None:
         for s in ("closed", "open", "half_open"):

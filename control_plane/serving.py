@@ -1,4 +1,5 @@
-"""uvicorn's HTTP protocols with a bound on the request head while it arrives.
+"""uvicorn's HTTP protocols with bounds on the request head while it arrives: its size and
+the time it takes.
 
 uvicorn enforces no header limits of its own that answer cleanly:
 
@@ -12,6 +13,24 @@ implementation, refusing a head that grows past :attr:`RequestLimits.head_bytes`
 same JSON 431 as :class:`~control_plane.limits.RequestLimitsMiddleware` and closing the
 connection. A head is thus never buffered beyond that plus one read from the socket; the
 middleware then applies the exact count and size limits to the parsed header list.
+
+Neither implementation bounds how long a head takes: one byte a second holds a connection
+for ever (uvicorn's ``timeout_keep_alive`` only covers the silence *between* requests and is
+cancelled by the first byte of the next one). So a head must be complete within
+:attr:`RequestLimits.header_timeout_s` (``SHADOWLIMIT_HEADER_TIMEOUT_S``) of
+
+* the connection opening, for its first request (a client that connects and says nothing
+  is closed too), and
+* the first byte of each later request on a keep-alive connection; the idle time before
+  that byte stays ``timeout_keep_alive``'s.
+
+Past it the connection is closed, with a JSON 408 ``request_timeout`` when part of a head
+was received and no response is under way, and counted in
+``rate_limit_slow_clients_total`` (the app's metrics). The clock is one ``call_at`` timer
+per connection, armed when a head begins while none is pending; a head that completes only
+clears a deadline, and a pending timer that finds a later deadline (a newer head) re-arms
+itself for it, so a busy keep-alive connection sets about one timer per bound, not one per
+request.
 
 >>> uvicorn.run(app, http=http_protocol(settings.request_limits))  # doctest: +SKIP
 """
@@ -38,6 +57,14 @@ def _head_refusal(limits: RequestLimits) -> bytes:
     )
 
 
+def _timeout_refusal(limits: RequestLimits) -> bytes:
+    return refusal_body(
+        408,
+        f"the request head (request line and header fields) did not arrive within {limits.header_timeout_s:g} s",
+        limits.header_timeout_s,
+    )
+
+
 def http_protocol(limits: RequestLimits, impl: str = "auto") -> type[asyncio.Protocol]:
     """uvicorn's ``impl`` protocol (``auto``: httptools if installed, else h11) bounded by ``limits``."""
     if impl == "auto":
@@ -53,7 +80,91 @@ def http_protocol(limits: RequestLimits, impl: str = "auto") -> type[asyncio.Pro
         base = _bounded_httptools()
     else:
         raise ValueError(f"unknown HTTP implementation {impl!r} (auto, httptools, h11)")
-    return type(base.__name__, (base,), {"limits": limits, "refusal": _head_refusal(limits)})
+    attrs = {"limits": limits, "refusal": _head_refusal(limits), "timeout_refusal": _timeout_refusal(limits)}
+    return type(base.__name__, (base,), attrs)
+
+
+def _raw_refusal(status: bytes, server_state: Any, body: bytes) -> bytes:
+    """A JSON refusal closing the connection, written straight to the transport (with
+    uvicorn's default headers: ``date``, ``server``)."""
+    head = [b"HTTP/1.1 %s\r\n" % status]
+    head += [b"%s: %s\r\n" % (name, value) for name, value in server_state.default_headers]
+    head.append(b"content-type: application/json\r\ncontent-length: %d\r\nconnection: close\r\n\r\n" % len(body))
+    return b"".join(head) + body
+
+
+def _slow_clients_counter(app: Any) -> Any:
+    """The app's ``rate_limit_slow_clients_total`` (``app.state.engine.metrics``; through
+    uvicorn's wrappers, ``.app``), or None: another app, or one not started yet."""
+    for _ in range(4):
+        metrics = getattr(getattr(getattr(app, "state", None), "engine", None), "metrics", None)
+        if metrics is not None:
+            return getattr(metrics, "slow_clients", None)
+        app = getattr(app, "app", None)
+    return None
+
+
+class _HeadClock(asyncio.Protocol):
+    """The time bound on request heads, before uvicorn's protocol in the MRO.
+
+    The protocol calls :meth:`_head_begins` when a head starts (the connection opened, the
+    first byte of a later request) and :meth:`_head_ends` when it is complete."""
+
+    limits: ClassVar[RequestLimits]
+    timeout_refusal: ClassVar[bytes]
+    # set by uvicorn's protocol
+    app: Any
+    loop: asyncio.AbstractEventLoop
+    transport: asyncio.Transport
+    server_state: Any
+    cycle: Any
+    _head_deadline: float | None = None  # loop time by which the head under way must be complete
+    _head_timer: asyncio.TimerHandle | None = None  # at most one pending, due at or before the deadline
+    _head_seen = False  # bytes of the head under way arrived (a connection that said nothing gets no 408)
+
+    def connection_made(self, transport: Any) -> None:
+        super().connection_made(transport)
+        self._head_begins(seen=False)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._head_deadline = None
+        if self._head_timer is not None:
+            self._head_timer.cancel()
+            self._head_timer = None
+        super().connection_lost(exc)
+
+    def _head_begins(self, *, seen: bool = True) -> None:
+        loop = self.loop
+        self._head_deadline = deadline = loop.time() + self.limits.header_timeout_s
+        self._head_seen = seen
+        if self._head_timer is None:
+            self._head_timer = loop.call_at(deadline, self._head_due)
+
+    def _head_ends(self) -> None:
+        self._head_deadline = None  # a pending timer finds nothing to do
+        self._head_seen = False
+
+    def _head_due(self) -> None:
+        self._head_timer = None
+        deadline = self._head_deadline
+        transport = self.transport
+        if deadline is None or transport.is_closing():
+            return
+        loop = self.loop
+        if deadline - loop.time() > 0.001:  # a later head began after this timer was set
+            self._head_timer = loop.call_at(deadline, self._head_due)
+            return
+        self._head_deadline = None
+        counter = _slow_clients_counter(self.app)
+        if counter is not None:
+            counter.inc()
+        cycle = self.cycle
+        if self._head_seen and (cycle is None or cycle.response_complete):  # nothing of a response was sent
+            transport.write(_raw_refusal(b"408 Request Timeout", self.server_state, self.timeout_refusal))
+        if transport.get_write_buffer_size():  # the client does not read either: no waiting for it
+            transport.abort()
+        else:
+            transport.close()
 
 
 class _RefusalMemo(h11.Connection):
@@ -69,8 +180,10 @@ class _RefusalMemo(h11.Connection):
             raise
 
 
-class _BoundedH11Protocol(H11Protocol):
-    """h11 with its incomplete-event bound set to the head limit and its 431 answered in JSON."""
+class _BoundedH11Protocol(_HeadClock, H11Protocol):
+    """h11 with its incomplete-event bound set to the head limit and its 431 answered in JSON,
+    and the head clock: a head is under way while h11 waits for a request (``their_state``
+    IDLE) and bytes have come (or the connection just opened)."""
 
     limits: ClassVar[RequestLimits]
     refusal: ClassVar[bytes]
@@ -78,6 +191,22 @@ class _BoundedH11Protocol(H11Protocol):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.conn = _RefusalMemo(h11.SERVER, max_incomplete_event_size=self.limits.head_bytes)
+
+    def data_received(self, data: bytes) -> None:
+        if self.conn.their_state is h11.IDLE:  # these bytes start or continue a head
+            if self._head_deadline is None:
+                self._head_begins()
+            self._head_seen = True
+        super().data_received(data)
+        if self._head_deadline is not None and self.conn.their_state is not h11.IDLE:
+            self._head_ends()  # h11 produced the Request (or refused the head)
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()  # may parse a pipelined head h11 held back meanwhile
+        conn = self.conn
+        if self._head_deadline is None and conn.their_state is h11.IDLE and conn.trailing_data[0]:
+            if not self.transport.is_closing():
+                self._head_begins()  # part of the next head is already here
 
     def send_400_response(self, msg: str) -> None:
         if not isinstance(self.conn, _RefusalMemo) or self.conn.refused_status != 431:
@@ -99,8 +228,10 @@ class _BoundedH11Protocol(H11Protocol):
 def _bounded_httptools() -> type[Any]:
     from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-    class _BoundedHttpToolsProtocol(HttpToolsProtocol):
-        """httptools counting the bytes received while no body is arriving (a head is)."""
+    class _BoundedHttpToolsProtocol(_HeadClock, HttpToolsProtocol):
+        """httptools counting the bytes received while no body is arriving (a head is), and
+        the head clock: from the parser's message begin (or the connection opening) to its
+        headers complete."""
 
         limits: ClassVar[RequestLimits]
         refusal: ClassVar[bytes]
@@ -117,15 +248,21 @@ def _bounded_httptools() -> type[Any]:
                 if self._head_bytes > self.limits.head_bytes and not self.transport.is_closing():
                     self._refuse_head()
 
+        def on_message_begin(self) -> None:
+            if self._head_deadline is None:  # else: the connection's first head, timed from its opening
+                self._head_begins()
+            self._head_seen = True
+            super().on_message_begin()
+
+        def on_headers_complete(self) -> None:
+            self._head_ends()
+            super().on_headers_complete()
+
         def _refuse_head(self) -> None:
             if self.cycle is None or self.cycle.response_complete:
-                head = [b"HTTP/1.1 431 Request Header Fields Too Large\r\n"]
-                head += [b"%s: %s\r\n" % (name, value) for name, value in self.server_state.default_headers]
-                head.append(
-                    b"content-type: application/json\r\ncontent-length: %d\r\nconnection: close\r\n\r\n"
-                    % len(self.refusal)
+                self.transport.write(
+                    _raw_refusal(b"431 Request Header Fields Too Large", self.server_state, self.refusal)
                 )
-                self.transport.write(b"".join(head) + self.refusal)
             # else: a pipelined head during a response in progress; no room for an answer
             self.transport.close()
 

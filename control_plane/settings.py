@@ -69,6 +69,13 @@ class Settings(EnvoySettings, BaseSettings):
     rules_path: Path | None = Field(
         None, validation_alias=_env("RATE_LIMIT_RULES_PATH"), description="YAML rules file."
     )
+    over_limit_cache_keys: int = Field(
+        65_536,
+        ge=0,
+        le=10_000_000,
+        validation_alias=_env("SHADOWLIMIT_OVER_LIMIT_CACHE_KEYS"),
+        description="Keys found over their global limit (enforce) answered without Redis until they may pass; 0: off.",
+    )
     # failure handling (seed 000)
     failure_policy: FailurePolicy = Field(
         FailurePolicy.IN_MEMORY_FALLBACK, validation_alias=_env("RATE_LIMIT_FAILURE_POLICY")
@@ -176,6 +183,13 @@ class Settings(EnvoySettings, BaseSettings):
         le=1024**2,
         validation_alias=_env("SHADOWLIMIT_MAX_HEADER_BYTES"),
         description="Largest total of header names and values in a request; more gets 431.",
+    )
+    header_timeout_s: float = Field(
+        5.0,
+        gt=0,
+        le=300,
+        validation_alias=_env("SHADOWLIMIT_HEADER_TIMEOUT_S"),
+        description="Seconds a request head may take to arrive; then 408 and the connection is closed.",
     )
     log_format: Literal["text", "json"] = Field(
         "text",
@@ -517,7 +531,7 @@ class Settings(EnvoySettings, BaseSettings):
 
     @property
     def request_limits(self) -> RequestLimits:
-        return RequestLimits(self.max_body_bytes, self.max_headers, self.max_header_bytes)
+        return RequestLimits(self.max_body_bytes, self.max_headers, self.max_header_bytes, self.header_timeout_s)
 
     def header_style(self) -> HeaderStyle:
         from .decision.headers import HeaderStyle

@@ -37,6 +37,8 @@ class EnvoyHeaders:
     reset: str
     would_limit: str | None  # the upstream's request header, None: off
     near_limit_ratio: float
+    deadline_margin_s: float = 0.003  # kept of the caller's deadline for the answer's way back
+    max_calls: int = 4096  # calls in progress; more are refused RESOURCE_EXHAUSTED, counted
 
 
 class EnvoySettings(BaseModel):
@@ -105,6 +107,24 @@ class EnvoySettings(BaseModel):
         description="Hits above this share of a limit count as near_limit in rate_limit_envoy_hits_total.",
     )
 
+    envoy_deadline_margin_ms: float = Field(
+        3.0,
+        ge=0,
+        le=1000,
+        validation_alias=_env("SHADOWLIMIT_ENVOY_DEADLINE_MARGIN_MS"),
+        description=(
+            "Of the deadline Envoy sends (grpc-timeout: the filter's timeout, 20 ms by default), what is kept for"
+            " the answer's way back, besides a tenth of it: Redis gets the rest, then the failure policy answers."
+        ),
+    )
+    grpc_max_calls: int = Field(
+        4096,
+        ge=1,
+        le=100_000,
+        validation_alias=_env("SHADOWLIMIT_GRPC_MAX_CALLS"),
+        description="gRPC calls in progress at once; more are refused at once (RESOURCE_EXHAUSTED, counted).",
+    )
+
     @field_validator("envoy_config")
     @classmethod
     def _check_envoy_config(cls, v: Path | None) -> Path | None:
@@ -154,4 +174,6 @@ class EnvoySettings(BaseModel):
             self.envoy_reset_header,
             would,
             self.envoy_near_limit_ratio,
+            self.envoy_deadline_margin_ms / 1000,
+            self.grpc_max_calls,
         )

@@ -130,11 +130,15 @@ class ShadowPipeline:
             await self.evaluate(batch)
         return len(batch)
 
-    async def evaluate(self, batch: list[ShadowItem]) -> list[bool | None]:
+    async def evaluate(self, batch: list[ShadowItem], *, timeout_s: float | None = None) -> list[bool | None]:
         """Redis's verdict on each queued request, compared with its local decision and
         counted per route at once (the would-be-blocked keys one by one); returns the
-        verdicts (None: Redis failed)."""
-        verdicts = await self.resilient.compare_many([item[:4] for item in batch])
+        verdicts (None: Redis failed, or did not answer within ``timeout_s``)."""
+        requests = [item[:4] for item in batch]
+        if timeout_s is None:
+            verdicts = await self.resilient.compare_many(requests)
+        else:
+            verdicts = await self.resilient.compare_many(requests, timeout_s=timeout_s)
         per_route: dict[str, list[int]] = {}  # route -> [agree, ladd, ldda, backend errors]
         blocked = self.comparisons.blocked.record
         try:

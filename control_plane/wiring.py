@@ -22,6 +22,7 @@ from .activity import Activity
 from .adjustments import Adjustments
 from .auditlog import AuditSink
 from .decision import Comparisons, Decider, wall_clock_us
+from .decision.overlimit import OverLimitCache
 from .engine import Engine
 from .events import EventHub
 from .external import ExternalManager
@@ -200,6 +201,7 @@ def build_engine(
         comparisons=comparisons, external=external, activity=activity, metrics=metrics, instance_id=iid,
         recorder=recorder, headers=settings.header_style(),
         clock_us=clock_us,
+        over_limit=OverLimitCache(settings.over_limit_cache_keys) if settings.over_limit_cache_keys else None,
     )  # fmt: skip
     engine = Engine(
         settings=settings, instance_id=iid, metrics=metrics, events=events, redis=redis, client=client,

@@ -38,12 +38,18 @@ class BackendView:
     redis_kind: str = ""  # standalone | cluster | sentinel
     redis_master: str = ""  # where decisions go now (cluster: the masters)
     redis_tls: str = ""  # "off", or how certificates are checked
+    deadline_redis_timeout: int = 0  # answered by the failure policy: Redis not in time for the caller
+    deadline_no_time: int = 0  # answered by the failure policy: too little time left to ask Redis
+    over_limit_hits: int | None = None  # keys over their limit answered without Redis (None: cache off)
+    over_limit_keys: int = 0
 
     @classmethod
     def parse(cls, d: Any) -> BackendView:
         d = as_dict(d)
         topo = as_dict(d.get("redis_topology"))
         tls = topo.get("tls")
+        late = as_dict(d.get("deadline_answers"))
+        over = d.get("over_limit_cache")
         return cls(
             state=as_str(d.get("state"), "closed"),
             consecutive_failures=as_int(d.get("consecutive_failures")),
@@ -67,6 +73,10 @@ class BackendView:
             redis_kind=as_str(topo.get("kind")),
             redis_master=_masters(topo),
             redis_tls=_tls_summary(tls) if topo else "",
+            deadline_redis_timeout=as_int(late.get("redis_timeout")),
+            deadline_no_time=as_int(late.get("no_time")),
+            over_limit_hits=as_int(as_dict(over).get("hits")) if isinstance(over, dict) else None,
+            over_limit_keys=as_int(as_dict(over).get("keys")),
         )
 
 

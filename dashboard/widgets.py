@@ -239,6 +239,16 @@ class BackendPanel(Static):
             f"queue {b.shadow_queue:,}{cap} · dropped {b.shadow_dropped:,} · {b.shadow_evaluated:,} evaluated",
             BAD_BOLD if b.shadow_dropped else "",
         )
+        late = b.deadline_redis_timeout + b.deadline_no_time
+        row(
+            "deadlines",
+            f"{b.deadline_redis_timeout:,} Redis too slow · {b.deadline_no_time:,} too little time"
+            + (" (answered by the failure policy in time)" if late else ""),
+            WARN_BOLD if late else "dim",
+        )
+        if b.over_limit_hits is not None:
+            cached = f"{b.over_limit_hits:,} answered without Redis · {b.over_limit_keys:,} keys cached"
+            row("over limit", cached, "dim")
         if b.pending_rollbacks:
             row("rollback", "pending: " + ", ".join(b.pending_rollbacks), BAD_BOLD)
         if not b.distributed_enabled:

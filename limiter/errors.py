@@ -21,6 +21,7 @@ __all__ = [
     "BackendTimeout",
     "BackendUnavailable",
     "CircuitOpenError",
+    "DeadlineExceeded",
     "LimiterError",
 ]
 
@@ -44,6 +45,11 @@ class BackendAuthError(BackendUnavailable):
 
 class BackendTimeout(BackendError):
     """Redis did not answer within the command timeout."""
+
+
+class DeadlineExceeded(BackendTimeout):
+    """Redis did not answer within what was left of the caller's deadline (gRPC's
+    ``grpc-timeout``): the failure policy answered instead."""
 
 
 class BackendReplyError(BackendError):

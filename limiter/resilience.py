@@ -34,10 +34,10 @@ import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from enum import Enum
-from typing import Literal, cast
+from typing import Any, Literal, cast
 
 from .breaker import BreakerSnapshot, BreakerState, CircuitBreaker
-from .errors import BackendError
+from .errors import BackendError, DeadlineExceeded
 from .local import LocalLimiter
 from .policy import Algorithm, Decision, Policy, make_decision, validate_cost
 from .redis_limiter import RedisLimiter
@@ -76,6 +76,9 @@ class FailurePolicy(str, Enum):
 
 
 Source = Literal["distributed", "fallback", "pass_through", "fail_closed", "skipped"]
+Deadline = Literal["redis_timeout", "no_time"]
+#: the least time worth sending to Redis (less: the failure policy answers at once)
+MIN_TRY_S = 0.001
 _SKIPPED = make_decision(True, 0, 0, 0, 0)
 
 
@@ -87,10 +90,35 @@ class Outcome:
     source: Source
     error: str | None = None
     status_code: int = 429
+    #: why the failure policy answered for want of time: ``redis_timeout`` (Redis did not
+    #: answer within the caller's deadline) or ``no_time`` (too little was left to ask it)
+    deadline: Deadline | None = None
 
     @property
     def allowed(self) -> bool:
         return self.decision.allowed
+
+
+def _discard(task: asyncio.Future[object]) -> None:
+    """A late call's result, dropped (its exception retrieved, so nothing is logged)."""
+    if not task.cancelled():
+        task.exception()
+
+
+async def _in_time(call: Any, timeout_s: float) -> Any:
+    """``await call`` if it finishes within ``timeout_s`` (else :class:`DeadlineExceeded`).
+    The call is not cancelled: a pipelined Redis reply may still be on its way, and its
+    connection stays in step; its result is dropped when it comes."""
+    task = asyncio.ensure_future(call)
+    try:
+        await asyncio.wait((task,), timeout=timeout_s)
+    except BaseException:
+        task.add_done_callback(_discard)
+        raise
+    if task.done():
+        return task.result()
+    task.add_done_callback(_discard)
+    raise DeadlineExceeded(f"Redis did not answer within {timeout_s * 1000:.1f} ms (what was left of the deadline)")
 
 
 def _cost(policy: Policy, cost: object) -> int:
@@ -244,17 +272,26 @@ class ResilientLimiter:
         *,
         failure_policy: FailurePolicy | None = None,
         failure_code: int | None = None,
+        timeout_s: float | None = None,
     ) -> Outcome:
         """Decide in Redis when the breaker allows, else by the failure policy.
 
         ``cost=0`` is a peek (nothing spent, in Redis or in the fallback); a blocking policy
-        is denied without Redis and without the breaker."""
+        is denied without Redis and without the breaker. ``timeout_s`` is what is left of the
+        caller's deadline: Redis not answering within it is a failure (the breaker learns
+        it) answered by the failure policy in time; less than :data:`MIN_TRY_S` is answered
+        by the failure policy at once (not Redis's fault: the breaker is not told)."""
         cost = _cost(policy, cost)
         if policy.blocked:
             return Outcome(await self.redis.check(key, policy, cost, now_us), "distributed")
+        if timeout_s is not None and timeout_s < MIN_TRY_S:
+            return self._no_time(key, policy, cost, now_us, failure_policy, failure_code)
         if self.breaker.allow_request():
             try:
-                d = await self.redis.check(key, policy, cost, now_us)
+                if timeout_s is None:
+                    d = await self.redis.check(key, policy, cost, now_us)
+                else:
+                    d = await _in_time(self.redis.check(key, policy, cost, now_us), timeout_s)
             except BaseException as exc:
                 if not isinstance(exc, BackendError):
                     self.breaker.abandon_trial()
@@ -262,7 +299,8 @@ class ResilientLimiter:
                 self.backend_errors += 1
                 self.breaker.record_failure(exc)
                 self._ensure_prober()
-                return self._degraded(key, policy, cost, now_us, str(exc), failure_policy, failure_code)
+                late: Deadline | None = "redis_timeout" if isinstance(exc, DeadlineExceeded) else None
+                return self._degraded(key, policy, cost, now_us, str(exc), failure_policy, failure_code, late)
             self.breaker.record_success()
             return Outcome(d, "distributed")
         self._ensure_prober()
@@ -276,16 +314,20 @@ class ResilientLimiter:
         *,
         overrides: Sequence[tuple[FailurePolicy | None, int | None]] | None = None,
         degrade: bool = True,
+        timeout_s: float | None = None,
     ) -> list[Outcome]:
         """Many decisions in one pipelined burst; per-item fallback on failure.
 
         ``overrides`` gives each item's own (failure policy, failure code), if any.
         With ``degrade=False`` (shadow evaluation) a failed item is not decided by the
         failure policy at all: its outcome has source ``"skipped"``. A cost of 0 is a
-        peek; blocking policies are answered without Redis or the breaker."""
+        peek; blocking policies are answered without Redis or the breaker. ``timeout_s``:
+        as for :meth:`check`, for the whole burst."""
         ov = overrides if overrides is not None else [(None, None)] * len(requests)
         if any(r[1].blocked for r in requests):
-            return await self._many_with_blocked(requests, ov, degrade)
+            return await self._many_with_blocked(requests, ov, degrade, timeout_s)
+        if timeout_s is not None and timeout_s < MIN_TRY_S and degrade:
+            return [self._no_time(k, p, _cost(p, c), n, fp, fc) for (k, p, c, n), (fp, fc) in zip(requests, ov)]
         if not self.breaker.allow_request():
             self._ensure_prober()
             err = self.breaker.last_error or "circuit open"
@@ -293,7 +335,20 @@ class ResilientLimiter:
                 return [Outcome(_SKIPPED, "skipped", err) for _ in requests]
             return [self._degraded(k, p, _cost(p, c), n, err, fp, fc) for (k, p, c, n), (fp, fc) in zip(requests, ov)]
         try:
-            results = await self.redis.check_many(requests)
+            if timeout_s is None:
+                results = await self.redis.check_many(requests)
+            else:
+                results = await _in_time(self.redis.check_many(requests), timeout_s)
+        except DeadlineExceeded as exc:
+            self.backend_errors += len(requests)
+            self.breaker.record_failure(exc)
+            self._ensure_prober()
+            if not degrade:
+                return [Outcome(_SKIPPED, "skipped", str(exc), 429, "redis_timeout") for _ in requests]
+            return [
+                self._degraded(k, p, _cost(p, c), n, str(exc), fp, fc, "redis_timeout")
+                for (k, p, c, n), (fp, fc) in zip(requests, ov)
+            ]
         except BaseException:
             self.breaker.abandon_trial()
             raise
@@ -320,6 +375,7 @@ class ResilientLimiter:
         requests: Sequence[tuple[str, Policy, int, int | None]],
         ov: Sequence[tuple[FailurePolicy | None, int | None]],
         degrade: bool,
+        timeout_s: float | None = None,
     ) -> list[Outcome]:
         """:meth:`check_many` for a batch with blocking policies: those are denied here (no
         store, whatever the breaker says, and no breaker success or failure); the rest go
@@ -332,33 +388,38 @@ class ResilientLimiter:
             else:
                 rest.append(i)
         if rest:
-            sub = await self.check_many([requests[i] for i in rest], overrides=[ov[i] for i in rest], degrade=degrade)
+            sub = await self.check_many(
+                [requests[i] for i in rest], overrides=[ov[i] for i in rest], degrade=degrade, timeout_s=timeout_s
+            )
             for i, o in zip(rest, sub):
                 out[i] = o
         return cast("list[Outcome]", out)
 
-    async def compare_many(self, requests: Sequence[tuple[str, Policy, int, int | None]]) -> list[bool | None]:
+    async def compare_many(
+        self, requests: Sequence[tuple[str, Policy, int, int | None]], *, timeout_s: float | None = None
+    ) -> list[bool | None]:
         """Shadow evaluation: Redis's verdict on each request (``True`` allowed), or
-        ``None`` where it could not give one (breaker open, or the call failed). Nothing
-        is degraded to the failure policy; failures are counted and feed the breaker as
-        in :meth:`check_many`. A blocking policy's verdict is ``False`` without Redis."""
+        ``None`` where it could not give one (breaker open, the call failed, or it did not
+        answer within ``timeout_s``). Nothing is degraded to the failure policy; failures
+        are counted and feed the breaker as in :meth:`check_many`. A blocking policy's
+        verdict is ``False`` without Redis."""
         if any(r[1].blocked for r in requests):
-            verdicts: list[bool | None] = [False] * len(requests)
-            rest: list[int] = []
-            for i, (_, p, c, _n) in enumerate(requests):
-                if p.blocked:
-                    _cost(p, c)  # an invalid cost raises, as allowed_many would
-                else:
-                    rest.append(i)
-            if rest:
-                for i, v in zip(rest, await self.compare_many([requests[i] for i in rest])):
-                    verdicts[i] = v
-            return verdicts
+            return await self._compare_with_blocked(requests, timeout_s)
+        if timeout_s is not None and timeout_s < MIN_TRY_S:
+            return [None] * len(requests)
         if not self.breaker.allow_request():
             self._ensure_prober()
             return [None] * len(requests)
         try:
-            results = await self.redis.allowed_many(requests)
+            if timeout_s is None:
+                results = await self.redis.allowed_many(requests)
+            else:
+                results = await _in_time(self.redis.allowed_many(requests), timeout_s)
+        except DeadlineExceeded as exc:
+            self.backend_errors += len(requests)
+            self.breaker.record_failure(exc)
+            self._ensure_prober()
+            return [None] * len(requests)
         except BaseException:
             self.breaker.abandon_trial()
             raise
@@ -381,6 +442,22 @@ class ResilientLimiter:
         self._ensure_prober()
         return out
 
+    async def _compare_with_blocked(
+        self, requests: Sequence[tuple[str, Policy, int, int | None]], timeout_s: float | None
+    ) -> list[bool | None]:
+        """:meth:`compare_many` for a batch with blocking policies (False, without Redis)."""
+        verdicts: list[bool | None] = [False] * len(requests)
+        rest: list[int] = []
+        for i, (_, p, c, _n) in enumerate(requests):
+            if p.blocked:
+                _cost(p, c)  # an invalid cost raises, as allowed_many would
+            else:
+                rest.append(i)
+        if rest:
+            for i, v in zip(rest, await self.compare_many([requests[i] for i in rest], timeout_s=timeout_s)):
+                verdicts[i] = v
+        return verdicts
+
     def _degraded(
         self,
         key: str,
@@ -390,10 +467,11 @@ class ResilientLimiter:
         error: str,
         failure_policy: FailurePolicy | None,
         failure_code: int | None,
+        deadline: Deadline | None = None,
     ) -> Outcome:
         fp = failure_policy or self.failure_policy
         if fp is FailurePolicy.PASS_THROUGH:
-            return Outcome(make_decision(True, policy.limit, policy.limit, 0, 0), "pass_through", error)
+            return Outcome(make_decision(True, policy.limit, policy.limit, 0, 0), "pass_through", error, 429, deadline)
         if fp is FailurePolicy.FAIL_CLOSED:
             snap = self.breaker.snapshot()
             retry_s = snap.next_probe_in_s if snap.next_probe_in_s is not None else 1.0
@@ -403,6 +481,7 @@ class ResilientLimiter:
                 "fail_closed",
                 error,
                 failure_code or self.failure_code,
+                deadline,
             )
         self.fallback_decisions += 1
         share = self.shared_policy(policy)
@@ -410,7 +489,14 @@ class ResilientLimiter:
             d = make_decision(False, 0, share.limit, share.period_us, 0)
         else:
             d = self.fallback.check(key, share, cost, now_us)
-        return Outcome(d, "fallback", error)
+        return Outcome(d, "fallback", error, 429, deadline)
+
+    def _no_time(
+        self, key: str, policy: Policy, cost: int, now_us: int | None, fp: FailurePolicy | None, fc: int | None
+    ) -> Outcome:
+        """Too little time left to ask Redis: the failure policy, at once."""
+        return self._degraded(key, policy, cost, now_us, "too little time left before the caller's deadline", fp, fc,
+                              "no_time")  # fmt: skip
 
     # -- recovery ---------------------------------------------------------------------
 

@@ -120,6 +120,8 @@ async def reset(
             lk = f"{name}:{client_id}"
             local_reset += engine.local.reset(lk)
             engine.resilient.fallback.reset(lk)
+            if engine.decider.over_limit is not None:
+                engine.decider.over_limit.forget(lk)
             dist_reset += await engine.redis.reset(lk)
         await engine.store.append_audit(
             AuditEntry(

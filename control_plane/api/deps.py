@@ -14,6 +14,7 @@ from ..auth import Identity, Role
 from ..engine import Engine
 from ..external import ExternalManager
 from ..live_rules import LiveRules
+from ..metrics import Metrics
 from ..rollout_manager import RolloutManager
 from ..store import RolloutStore
 from ..views import FleetViews
@@ -62,6 +63,10 @@ async def get_store(request: Request) -> RolloutStore:
     return request.app.state.engine.store  # type: ignore[no-any-return]
 
 
+async def get_metrics(request: Request) -> Metrics:
+    return request.app.state.engine.metrics  # type: ignore[no-any-return]
+
+
 def identity_of(request: Request) -> Identity | None:
     """The caller the auth gate (:class:`control_plane.auth.AuthGate`) identified, if any."""
     ident = request.scope.get("state", {}).get("identity")
@@ -105,5 +110,6 @@ ActivityDep = Annotated[Activity, Depends(get_activity)]
 AdjustmentsDep = Annotated[Adjustments, Depends(get_adjustments)]
 ExternalDep = Annotated[ExternalManager, Depends(get_external)]
 StoreDep = Annotated[RolloutStore, Depends(get_store)]
+MetricsDep = Annotated[Metrics, Depends(get_metrics)]
 OperatorDep = Annotated[Identity, Depends(requires(Role.OPERATOR))]
 AdminDep = Annotated[Identity, Depends(requires(Role.ADMIN))]

@@ -26,10 +26,16 @@ __all__ = ["Buckets", "buckets_view", "divergence_view", "key_policies", "route_
 
 
 async def route_views(
-    rules: Rules, rollout: RolloutManager, activity: Activity, views: FleetViews
+    rules: Rules,
+    rollout: RolloutManager,
+    activity: Activity,
+    views: FleetViews,
+    deadlines: dict[str, dict[str, int]] | None = None,
 ) -> list[dict[str, Any]]:
-    """Every route with its rules, rollout state, live rate, fleet-wide divergence and the
-    gate of its next step."""
+    """Every route with its rules, rollout state, live rate, fleet-wide divergence, the
+    gate of its next step, and this replica's answers given by the failure policy for want
+    of time (``deadlines``: :meth:`~control_plane.metrics.Metrics.deadline_counts`)."""
+    deadlines = deadlines or {}
     out = []
     for name in rules.names():
         rule = rules.get(name)
@@ -44,6 +50,7 @@ async def route_views(
             "state": st.to_dict(),
             "rule": rule.to_dict(),
             "decisions_per_s": round(activity.rate(name), 2),
+            "deadline_answers": deadlines.get(name) or {"redis_timeout": 0, "no_time": 0},
         }
         view.update(_figures(name, st, await views.route(name), rollout, views))
         view["figures_age_s"] = views.age_s()

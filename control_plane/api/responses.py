@@ -139,6 +139,10 @@ class RouteView(_Open):
     state: RouteStateView
     rule: RuleView
     decisions_per_s: float
+    deadline_answers: dict[str, int] = Field(
+        description="This replica's answers by the failure policy for want of time: Redis did not answer"
+        " within the caller's deadline (redis_timeout), or too little was left to ask it (no_time)."
+    )
     divergence_5m: DivergenceTotals | None
     gate: GateView = Field(description="The gate of the route's next step.")
     figures_age_s: float | None
@@ -236,6 +240,13 @@ class BackendReport(_Open):
     shadow_queue_capacity: int
     shadow_dropped: int
     shadow_evaluated: int
+    deadline_answers: dict[str, int] = Field(
+        description="Answers by the failure policy for want of time, all routes: redis_timeout, no_time."
+    )
+    over_limit_cache: dict[str, int] | None = Field(
+        description="Keys over their global limit answered without Redis (enforce): keys, max_keys, hits,"
+        " stored; null when SHADOWLIMIT_OVER_LIMIT_CACHE_KEYS is 0."
+    )
     auto_rollback_after_s: float | None
     pending_rollbacks: list[str]
     distributed_enabled: bool

@@ -11,7 +11,7 @@ from ..rollout import Mode
 from ..rollout_manager import GateRefused
 from ..store import StoreUnavailable, VersionConflict
 from . import examples
-from .deps import ActivityDep, ApiError, OperatorDep, RolloutDep, RulesDep, StoreDep, ViewsDep, actor_of
+from .deps import ActivityDep, ApiError, MetricsDep, OperatorDep, RolloutDep, RulesDep, StoreDep, ViewsDep, actor_of
 from .openapi import body_example, errors, ok
 from .readmodels import route_views
 from .responses import AuditTrail, ModeChanged, RoutesList
@@ -28,10 +28,13 @@ _GATE_FAILED = {
 
 
 @router.get("/routes", responses=ok(RoutesList, examples.ROUTES))
-async def list_routes(rules: RulesDep, rollout: RolloutDep, activity: ActivityDep, views: ViewsDep) -> dict[str, Any]:
-    """Routes, their mode (canary with its percent), rates, divergence and gate status."""
+async def list_routes(
+    rules: RulesDep, rollout: RolloutDep, activity: ActivityDep, views: ViewsDep, metrics: MetricsDep
+) -> dict[str, Any]:
+    """Routes, their mode (canary with its percent), rates, divergence, gate status, and the
+    answers this replica's failure policy gave for want of time (a caller's deadline)."""
     return {
-        "routes": await route_views(rules.current, rollout, activity, views),
+        "routes": await route_views(rules.current, rollout, activity, views, metrics.deadline_counts()),
         "distributed_enabled": rollout.settings.enable_distributed_rate_limiting,
         "rules_source": rules.current.source,
         "rules_error": rules.last_error,

@@ -41,7 +41,9 @@ RETRY_AFTER_S = 5
 async def snapshot(engine: Engine, route: str | None, minutes: int) -> dict[str, Any]:
     snap: dict[str, Any] = {"at": time.time(), "instance_id": engine.instance_id, "backend": engine.backend_snapshot()}
     rules = engine.rules
-    snap["routes"] = await route_views(rules, engine.rollout, engine.activity, engine.views)
+    snap["routes"] = await route_views(
+        rules, engine.rollout, engine.activity, engine.views, engine.metrics.deadline_counts()
+    )
     try:
         snap["divergence"] = await divergence_view(rules, engine.views, minutes)
     except (StoreUnavailable, BackendError) as exc:

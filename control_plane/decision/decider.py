@@ -48,6 +48,7 @@ if TYPE_CHECKING:
     from ..external import ExternalManager, Resolution
     from ..rules import RouteRule, Rules
     from ..whatif.recorder import Recorder
+    from .overlimit import OverLimitCache
 
 __all__ = ["Decider", "wall_clock_us"]
 
@@ -65,10 +66,14 @@ class _Batch:
     """One call's items and what is known about each so far."""
 
     __slots__ = (
-        "inputs", "items", "as_dict", "out", "rules", "keys", "lookups", "ext", "plans", "pend", "reqs", "ovs", "inline"
+        "inputs", "items", "as_dict", "out", "rules", "keys", "lookups", "ext", "plans", "pend", "reqs", "ovs",
+        "inline", "budget", "cached",
     )  # fmt: skip
 
-    def __init__(self, inputs: Sequence[DecideInput | PlainInput], as_dict: bool, inline: bool = False) -> None:
+    def __init__(
+        self, inputs: Sequence[DecideInput | PlainInput], as_dict: bool, inline: bool = False,
+        budget: float | None = None,
+    ) -> None:  # fmt: skip
         n = len(inputs)
         self.inputs = inputs
         self.items: Sequence[Any] = inputs  # becomes a copy when a tuple is turned into a DecideInput
@@ -84,6 +89,9 @@ class _Batch:
         self.ovs: list[tuple[FailurePolicy | None, int | None]] = []
         # shadow evaluations made in the request path (inline_shadow): (index, the ShadowItem)
         self.inline: list[tuple[int, tuple[Any, ...]]] | None = [] if inline else None
+        self.budget = budget  # seconds left for Redis (the caller's deadline), None: no deadline
+        # requests the over-limit cache answers: (pending entry, its request, the refusal)
+        self.cached: list[tuple[tuple[Any, ...], tuple[Any, ...], Decision]] = []
 
     def full(self, i: int) -> DecideInput:
         """Item ``i`` as a DecideInput (a PlainInput is converted, in a copy of the list)."""
@@ -118,9 +126,11 @@ class Decider:
         clock_us: Callable[[], int] = wall_clock_us,
         recorder: Recorder | None = None,
         headers: HeaderStyle = HeaderStyle(),
+        over_limit: OverLimitCache | None = None,
     ) -> None:
         self._rules = rules
         self.headers = headers
+        self.over_limit = over_limit  # keys over their global limit, answered without Redis (enforce)
         self.modes = modes  # effective_mode(route) -> (Mode, percent); .generation
         self.adjustments = adjustments
         self.local = local
@@ -169,7 +179,12 @@ class Decider:
         return res
 
     async def decide_many(
-        self, inputs: Sequence[DecideInput | PlainInput], *, as_dicts: bool = False, inline_shadow: bool = False
+        self,
+        inputs: Sequence[DecideInput | PlainInput],
+        *,
+        as_dicts: bool = False,
+        inline_shadow: bool = False,
+        budget_s: float | None = None,
     ) -> list[Any]:
         """Decide many requests, in order: each answer is a :class:`DecideResult` (its
         ``to_dict()`` form with ``as_dicts``), or the item's exception in place. An item
@@ -180,9 +195,14 @@ class Decider:
         instead of on the shadow pipeline, compared and counted the same way, and their
         :attr:`DecideResult.shadow_allowed` says Redis's verdict (what Envoy's would-limit
         header needs); the local answer still counts. A cost of 0 looks without spending
-        (the limiters' peek)."""
+        (the limiters' peek).
+
+        ``budget_s`` is the time Redis may take (what is left of the caller's deadline, a
+        margin kept): past it, or when it is too short to try, the failure policy answers
+        (:class:`~limiter.resilience.ResilientLimiter`), counted per route and reason in
+        ``rate_limit_deadline_answers_total``."""
         t0 = time.perf_counter()
-        out = await self._run(inputs, as_dicts, inline_shadow)
+        out = await self._run(inputs, as_dicts, inline_shadow, budget_s)
         if inputs:
             self.metrics.child(self.metrics.latency, "batch").observe((time.perf_counter() - t0) / len(inputs))
         return out
@@ -220,8 +240,11 @@ class Decider:
 
     # -- the steps -----------------------------------------------------------------------
 
-    async def _run(self, inputs: Sequence[DecideInput | PlainInput], as_dict: bool, inline: bool = False) -> list[Any]:
-        b = _Batch(inputs, as_dict, inline)
+    async def _run(
+        self, inputs: Sequence[DecideInput | PlainInput], as_dict: bool, inline: bool = False,
+        budget: float | None = None,
+    ) -> list[Any]:  # fmt: skip
+        b = _Batch(inputs, as_dict, inline, budget)
         self._resolve_all(b)
         if b.lookups:
             await self._lookup_external(b)
@@ -233,6 +256,8 @@ class Decider:
                 except Exception as exc:  # noqa: BLE001 - one item never fails the batch
                     b.out[i] = exc
         finally:
+            if b.cached:
+                self._answer_cached(b)
             self._flush(b)
         if b.inline:
             if b.pend:
@@ -247,7 +272,7 @@ class Decider:
         """The shadow evaluations of this call, now: the pipeline's own evaluation (same
         comparison, same counters), each verdict put on its result."""
         inline = b.inline or []
-        verdicts = await self.shadow.evaluate([item for _, item in inline])
+        verdicts = await self.shadow.evaluate([item for _, item in inline], timeout_s=b.budget)
         for (i, _), verdict in zip(inline, verdicts):
             res = b.out[i]
             if isinstance(res, DecideResult):
@@ -349,9 +374,7 @@ class Decider:
         p.req[allowed] += 1
         path = p.path or path_for(p.mode, p.percent, p.name, key)
         if path is _DISTRIBUTED:
-            b.pend.append((i, p, key, local, request_id, now_s, dp, res, fp))
-            b.reqs.append((lkey, dp, cost, now_us))
-            b.ovs.append((fp, fc))
+            self._pend(b, (i, p, key, local, request_id, now_s, dp, res, fp), (lkey, dp, cost, now_us), fc)
             return
         shadow = None
         if path is _SHADOW:
@@ -372,6 +395,19 @@ class Decider:
             b.out[i] = p.answer(
                 b.as_dict, local, "local", 429, key, request_id, local, None, None, lp, shadow, now_s, (None, None, res)
             )
+
+    def _pend(self, b: _Batch, entry: tuple[Any, ...], req: tuple[str, Policy, int, int], fc: int | None) -> None:
+        """A request whose distributed answer counts: into the burst to Redis, or (a key
+        known over its global limit, in enforce) answered from the over-limit cache."""
+        over = self.over_limit
+        if over is not None and req[2] <= 1 and entry[1].mode_value == "enforce":
+            refusal = over.get(req[0], req[1], req[3])
+            if refusal is not None:
+                b.cached.append((entry, req, refusal))
+                return
+        b.pend.append(entry)
+        b.reqs.append(req)
+        b.ovs.append((entry[8], fc))
 
     def _listed(
         self, b: _Batch, i: int, p: RoutePlan, key: str, client_ip: str | None, lp: Policy, request_id: str,
@@ -398,18 +434,36 @@ class Decider:
         try:
             if len(b.reqs) == 1:  # one request (decide): the client's single-command path
                 (lkey, dp, cost, now_us), (fp, fc) = b.reqs[0], b.ovs[0]
-                outcomes = [await self.resilient.check(lkey, dp, cost, now_us, failure_policy=fp, failure_code=fc)]
-            else:
+                if b.budget is None:
+                    outcome = await self.resilient.check(lkey, dp, cost, now_us, failure_policy=fp, failure_code=fc)
+                else:
+                    outcome = await self.resilient.check(
+                        lkey, dp, cost, now_us, failure_policy=fp, failure_code=fc, timeout_s=b.budget
+                    )
+                outcomes = [outcome]
+            elif b.budget is None:
                 outcomes = await self.resilient.check_many(b.reqs, overrides=b.ovs)
+            else:
+                outcomes = await self.resilient.check_many(b.reqs, overrides=b.ovs, timeout_s=b.budget)
         except Exception as exc:  # noqa: BLE001 - not a backend failure (those are outcomes): each item's error
             for entry in b.pend:
                 b.out[entry[0]] = exc
             return
         record = self._record
+        over = self.over_limit
         try:
             for entry, outcome, req in zip(b.pend, outcomes, b.reqs):
                 try:
                     self._complete(b, entry, outcome)
+                    if (
+                        over is not None
+                        and req[2] <= 1
+                        and not outcome.decision.allowed
+                        and outcome.source == "distributed"
+                        and entry[1].mode_value == "enforce"
+                    ):
+                        over.put(req[0], req[1], outcome.decision, req[3])
+                        self.metrics.child(self.metrics.over_limit_cache, "stored").inc()
                     if record is not None and req[2]:
                         record(entry[1].name, entry[2], req[2], req[3], entry[1].mode_value, outcome.decision.allowed)
                 except Exception as exc:  # noqa: BLE001 - one item never fails the batch
@@ -432,10 +486,24 @@ class Decider:
             b.as_dict, dist, "distributed", 429, key, request_id, local, dist, div, dp, None, now_s, (None, None, res)
         )
 
+    def _answer_cached(self, b: _Batch) -> None:
+        """The requests of keys over their global limit: the cached refusal, as Redis's."""
+        record = self._record
+        for entry, req, refusal in b.cached:
+            try:
+                self._complete(b, entry, Outcome(refusal, "distributed"))
+                if record is not None and req[2]:
+                    record(entry[1].name, entry[2], req[2], req[3], entry[1].mode_value, False)
+            except Exception as exc:  # noqa: BLE001 - one item never fails the batch
+                b.out[entry[0]] = exc
+        self.metrics.child(self.metrics.over_limit_cache, "hit").inc(len(b.cached))
+
     def _failed(self, b: _Batch, entry: tuple[Any, ...], outcome: Outcome) -> None:
         """Redis failed: the failure policy's answer counts."""
         i, p, key, local, request_id, now_s, dp, res, fp = entry
         m = self.metrics
+        if outcome.deadline is not None:
+            m.child(m.deadline_answers, p.name, outcome.deadline).inc()
         self.comparisons.backend_error(p.name)
         m.child(m.fallback, (fp or self.resilient.failure_policy).value).inc()
         status, reason = failure_verdict(outcome)

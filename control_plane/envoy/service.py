@@ -132,11 +132,18 @@ class RateLimitService(rls_pb2_grpc.RateLimitServiceServicer):  # type: ignore[m
         self.auth = auth
         self.headers = headers
         self.hits = HitStats(metrics, headers.near_limit_ratio)
+        self.in_flight = 0  # calls being answered (at most headers.max_calls)
         self._limits = {name: _Response.RateLimit.Unit.Value(name) for name in _Response.RateLimit.Unit.keys()}
 
     async def ShouldRateLimitBytes(self, data: bytes, context: Any) -> Any:  # noqa: N802 - after the gRPC method
         """The gRPC method, from the request's bytes: a message that does not parse is the
-        client's mistake (INVALID_ARGUMENT, counted), not the server's."""
+        client's mistake (INVALID_ARGUMENT, counted), not the server's; past
+        ``max_calls`` calls in progress, RESOURCE_EXHAUSTED at once (counted)."""
+        if self.in_flight >= self.headers.max_calls:
+            self.metrics.envoy_requests.labels("overloaded").inc()
+            await context.abort(
+                grpc.StatusCode.RESOURCE_EXHAUSTED, f"more than {self.headers.max_calls} calls in progress"
+            )
         try:
             request = _Request.FromString(data)
         except (DecodeError, ValueError, UnicodeDecodeError):
@@ -145,7 +152,11 @@ class RateLimitService(rls_pb2_grpc.RateLimitServiceServicer):  # type: ignore[m
                 grpc.StatusCode.INVALID_ARGUMENT,
                 "the request is not a RateLimitRequest (not valid protobuf, or a string field that is not UTF-8)",
             )
-        return await self.ShouldRateLimit(request, context)
+        self.in_flight += 1
+        try:
+            return await self.ShouldRateLimit(request, context)
+        finally:
+            self.in_flight -= 1
 
     async def ShouldRateLimit(self, request: Any, context: Any) -> Any:  # noqa: N802 - the gRPC method's name
         if self.auth is not None and self.auth.client_token_required:
@@ -154,8 +165,11 @@ class RateLimitService(rls_pb2_grpc.RateLimitServiceServicer):  # type: ignore[m
             except Denied as exc:
                 self.metrics.envoy_requests.labels("invalid").inc()
                 await context.abort(grpc.StatusCode.UNAUTHENTICATED, exc.message)
+        remaining = context.time_remaining()  # Envoy's grpc-timeout, less what has passed (None: none sent)
+        # kept for the answer's way back: the margin, and a tenth of the time (timers fire late under load)
+        budget = None if remaining is None else remaining * 0.9 - self.headers.deadline_margin_s
         try:
-            response = await self.answer(request)
+            response = await self.answer(request, budget)
         except _Invalid as exc:
             self.metrics.envoy_requests.labels("invalid").inc()
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
@@ -167,8 +181,9 @@ class RateLimitService(rls_pb2_grpc.RateLimitServiceServicer):  # type: ignore[m
         self.metrics.envoy_requests.labels("over_limit" if response.overall_code == _OVER else "ok").inc()
         return response
 
-    async def answer(self, request: Any) -> Any:
-        """The response to a ``RateLimitRequest`` (raises :class:`_Invalid`)."""
+    async def answer(self, request: Any, budget_s: float | None = None) -> Any:
+        """The response to a ``RateLimitRequest`` (raises :class:`_Invalid`); Redis gets
+        ``budget_s`` seconds, then the failure policy answers."""
         matches, costs = self._matches(request)
         todo: list[int] = []
         inputs: list[PlainInput] = []
@@ -177,7 +192,11 @@ class RateLimitService(rls_pb2_grpc.RateLimitServiceServicer):  # type: ignore[m
                 todo.append(i)
                 inputs.append((m.limit.route, m.key, costs[i], None))
         would_limit = self.headers.would_limit
-        results = await self.decider.decide_many(inputs, inline_shadow=would_limit is not None) if inputs else []
+        results = (
+            await self.decider.decide_many(inputs, inline_shadow=would_limit is not None, budget_s=budget_s)
+            if inputs
+            else []
+        )
         by_index = dict(zip(todo, results))
         statuses: list[Any] = []
         over = quota = quota_over = 0
