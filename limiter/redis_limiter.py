@@ -26,7 +26,7 @@ from dataclasses import replace
 from typing import Any, Literal
 
 from .algorithms import blocked_decision, decide
-from .errors import BackendError, BackendReplyError, BackendUnavailable
+from .errors import BackendError, BackendReplyError, BackendUnavailable, DeadlineExceeded
 from .policy import Algorithm, BucketView, Decision, Policy, make_decision, validate_cost
 from .redis_url import Endpoint, RedisTarget, parse_redis_url
 from .resp import ClusterBackend, ReplyError, SentinelBackend, StandaloneBackend, bulk, encode_command
@@ -46,6 +46,39 @@ _ALL_SCRIPTS = (*SCRIPTS.values(), PEEK, *PEEKS.values())
 
 def _now_us() -> int:
     return time.time_ns() // 1000
+
+
+def _expire(fut: asyncio.Future[Any], timeout_s: float) -> None:
+    if not fut.done():  # the reply, when it comes, finds its future done and is dropped
+        fut.set_exception(DeadlineExceeded(f"Redis did not answer within {timeout_s * 1000:.1f} ms"))
+
+
+def _drop(task: asyncio.Future[Any]) -> None:
+    if not task.cancelled():
+        task.exception()
+
+
+async def within(aw: Any, timeout_s: float) -> Any:
+    """``await aw`` if it is done within ``timeout_s``, else :class:`DeadlineExceeded`;
+    ``aw`` is never cancelled (a pipelined reply may still be on its way: the connection
+    stays in step). A reply's future gets a timer (cheap: no task); a coroutine or a task
+    is run as a task and left to finish, its result dropped."""
+    if isinstance(aw, asyncio.Future) and not isinstance(aw, asyncio.Task):
+        handle = aw.get_loop().call_later(timeout_s, _expire, aw, timeout_s)
+        try:
+            return await aw
+        finally:
+            handle.cancel()
+    task = asyncio.ensure_future(aw)
+    try:
+        await asyncio.wait((task,), timeout=timeout_s)
+    except BaseException:
+        task.add_done_callback(_drop)
+        raise
+    if task.done():
+        return task.result()
+    task.add_done_callback(_drop)
+    raise DeadlineExceeded(f"Redis did not answer within {timeout_s * 1000:.1f} ms")
 
 
 class _Prepared:
@@ -159,8 +192,11 @@ class RedisLimiter:
         cb = b"%d" % cost
         return b"$%d\r\n%b\r\n%b$%d\r\n%b\r\n$%d\r\n%b\r\n" % (len(rkey), rkey, prep.mid, len(nb), nb, len(cb), cb)
 
-    async def check(self, key: str, policy: Policy, cost: int = 1, now_us: int | None = None) -> Decision:
-        """Decide one request atomically in Redis. Raises :class:`BackendError` on failure.
+    async def check(
+        self, key: str, policy: Policy, cost: int = 1, now_us: int | None = None, *, timeout_s: float | None = None
+    ) -> Decision:
+        """Decide one request atomically in Redis. Raises :class:`BackendError` on failure,
+        :class:`DeadlineExceeded` when Redis has not answered within ``timeout_s``.
 
         ``cost=0`` is a peek: the answer a request of cost 1 would get now, nothing written
         (:func:`limiter.algorithms.peek`). A blocking policy is denied without Redis."""
@@ -176,13 +212,16 @@ class RedisLimiter:
         rest = self._rest(rkey, prep, now_us, cost)
         payload = prep.head + rest
         fut = self.backend.send_now(rkey, payload)
-        reply = await (fut if fut is not None else self.backend.call(rkey, payload))
+        if timeout_s is None:
+            reply = await (fut if fut is not None else self.backend.call(rkey, payload))
+        else:
+            reply = await within(fut if fut is not None else self.backend.call(rkey, payload), timeout_s)
         if type(reply) is not list:
             reply = await self._recover(rkey, prep, rest, reply)
         return make_decision(reply[0] == 1, reply[1], reply[2], reply[3], reply[4])
 
     async def check_many(
-        self, requests: Sequence[tuple[str, Policy, int, int | None]]
+        self, requests: Sequence[tuple[str, Policy, int, int | None]], *, timeout_s: float | None = None
     ) -> list[Decision | BackendError]:
         """Decide many requests in one pipelined burst, in order.
 
@@ -191,14 +230,17 @@ class RedisLimiter:
         (one bad key does not fail the batch); invalid costs raise ``ValueError``.
         The batch goes out as one write per connection with one future for all its
         replies (see :meth:`NodeConnection.send_many`), not one future per command.
+        Items Redis has not answered within ``timeout_s`` are :class:`DeadlineExceeded`.
         """
-        return await self._many(requests, False)
+        return await self._many(requests, False, timeout_s)
 
-    async def allowed_many(self, requests: Sequence[tuple[str, Policy, int, int | None]]) -> list[bool | BackendError]:
+    async def allowed_many(
+        self, requests: Sequence[tuple[str, Policy, int, int | None]], *, timeout_s: float | None = None
+    ) -> list[bool | BackendError]:
         """:meth:`check_many` when only the verdicts matter (shadow comparisons): the
         same scripts, the same state changes, ``True``/``False`` instead of a
         :class:`Decision` per item."""
-        return await self._many(requests, True)
+        return await self._many(requests, True, timeout_s)
 
     def _payloads(
         self, requests: Sequence[tuple[str, Policy, int, int | None]], verdicts: bool, out: list[Any]
@@ -227,7 +269,9 @@ class RedisLimiter:
             meta.append((i, rkey, prep, rest))
         return keys, payloads, meta
 
-    async def _many(self, requests: Sequence[tuple[str, Policy, int, int | None]], verdicts: bool) -> list[Any]:
+    async def _many(
+        self, requests: Sequence[tuple[str, Policy, int, int | None]], verdicts: bool, timeout_s: float | None = None
+    ) -> list[Any]:
         out: list[Any] = [None] * len(requests)
         keys, payloads, meta = self._payloads(requests, verdicts, out)
         if not payloads:
@@ -239,9 +283,13 @@ class RedisLimiter:
                     asyncio.gather(*(self.backend.call(keys[j], payloads[j]) for j in idx), return_exceptions=True)
                 )
             groups.append((fut, idx))
+        end = None if timeout_s is None else asyncio.get_running_loop().time() + timeout_s
         for fut, idx in groups:
             try:
-                replies = await fut
+                if end is None:
+                    replies = await fut
+                else:
+                    replies = await within(fut, max(0.0, end - asyncio.get_running_loop().time()))
             except BackendError as exc:
                 for j in idx:
                     out[meta[j][0]] = exc

@@ -34,7 +34,7 @@ import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from enum import Enum
-from typing import Any, Literal, cast
+from typing import Literal, cast
 
 from .breaker import BreakerSnapshot, BreakerState, CircuitBreaker
 from .errors import BackendError, DeadlineExceeded
@@ -97,28 +97,6 @@ class Outcome:
     @property
     def allowed(self) -> bool:
         return self.decision.allowed
-
-
-def _discard(task: asyncio.Future[object]) -> None:
-    """A late call's result, dropped (its exception retrieved, so nothing is logged)."""
-    if not task.cancelled():
-        task.exception()
-
-
-async def _in_time(call: Any, timeout_s: float) -> Any:
-    """``await call`` if it finishes within ``timeout_s`` (else :class:`DeadlineExceeded`).
-    The call is not cancelled: a pipelined Redis reply may still be on its way, and its
-    connection stays in step; its result is dropped when it comes."""
-    task = asyncio.ensure_future(call)
-    try:
-        await asyncio.wait((task,), timeout=timeout_s)
-    except BaseException:
-        task.add_done_callback(_discard)
-        raise
-    if task.done():
-        return task.result()
-    task.add_done_callback(_discard)
-    raise DeadlineExceeded(f"Redis did not answer within {timeout_s * 1000:.1f} ms (what was left of the deadline)")
 
 
 def _cost(policy: Policy, cost: object) -> int:
@@ -291,7 +269,7 @@ class ResilientLimiter:
                 if timeout_s is None:
                     d = await self.redis.check(key, policy, cost, now_us)
                 else:
-                    d = await _in_time(self.redis.check(key, policy, cost, now_us), timeout_s)
+                    d = await self.redis.check(key, policy, cost, now_us, timeout_s=timeout_s)
             except BaseException as exc:
                 if not isinstance(exc, BackendError):
                     self.breaker.abandon_trial()
@@ -338,17 +316,7 @@ class ResilientLimiter:
             if timeout_s is None:
                 results = await self.redis.check_many(requests)
             else:
-                results = await _in_time(self.redis.check_many(requests), timeout_s)
-        except DeadlineExceeded as exc:
-            self.backend_errors += len(requests)
-            self.breaker.record_failure(exc)
-            self._ensure_prober()
-            if not degrade:
-                return [Outcome(_SKIPPED, "skipped", str(exc), 429, "redis_timeout") for _ in requests]
-            return [
-                self._degraded(k, p, _cost(p, c), n, str(exc), fp, fc, "redis_timeout")
-                for (k, p, c, n), (fp, fc) in zip(requests, ov)
-            ]
+                results = await self.redis.check_many(requests, timeout_s=timeout_s)
         except BaseException:
             self.breaker.abandon_trial()
             raise
@@ -360,8 +328,11 @@ class ResilientLimiter:
             else:
                 failed = True
                 self.backend_errors += 1
+                late: Deadline | None = "redis_timeout" if isinstance(r, DeadlineExceeded) else None
                 out.append(
-                    self._degraded(k, p, c, n, str(r), fp, fc) if degrade else Outcome(_SKIPPED, "skipped", str(r))
+                    self._degraded(k, p, c, n, str(r), fp, fc, late)
+                    if degrade
+                    else Outcome(_SKIPPED, "skipped", str(r), 429, late)
                 )
         if failed:
             self.breaker.record_failure(next(r for r in results if not isinstance(r, Decision)))
@@ -414,12 +385,7 @@ class ResilientLimiter:
             if timeout_s is None:
                 results = await self.redis.allowed_many(requests)
             else:
-                results = await _in_time(self.redis.allowed_many(requests), timeout_s)
-        except DeadlineExceeded as exc:
-            self.backend_errors += len(requests)
-            self.breaker.record_failure(exc)
-            self._ensure_prober()
-            return [None] * len(requests)
+                results = await self.redis.allowed_many(requests, timeout_s=timeout_s)
         except BaseException:
             self.breaker.abandon_trial()
             raise
