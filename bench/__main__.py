@@ -2,6 +2,11 @@
 
 Starts a private embedded redis-server (loopback only) for the Redis sections and
 stops it at the end; writes ``bench/results/latest.json`` and the Markdown report.
+
+The ``service`` and ``envoy`` sections also keep their own results file
+(``bench/results/<section>.json``). A run of only such sections (``--only envoy``) updates
+them in the existing ``latest.json`` (the other sections' figures stay as they were measured)
+and rewrites the report from it, instead of replacing the report with that section alone.
 """
 
 from __future__ import annotations
@@ -17,7 +22,9 @@ from typing import Any
 
 from .harness import CpuAccount, Settings, environment, log
 
-SECTIONS = ("local", "distributed", "memory", "profile", "clients", "whatif", "service")
+SECTIONS = ("local", "distributed", "memory", "profile", "clients", "whatif", "service", "envoy")
+#: sections that keep their own results file; a run of only these updates latest.json
+STANDALONE = ("service", "envoy")
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -38,8 +45,19 @@ def _extra_sections() -> list[str]:
         cp,
         _stream_section(ROOT / "bench" / "results" / "stream.json"),
         _grpc_section(),
+        _envoy_section(),
     )
     return [s for s in sections if s]
+
+
+def _envoy_section() -> str | None:
+    """The ``envoy`` section's results (bench/results/envoy.json, written by its last run)."""
+    path = ROOT / "bench" / "results" / "envoy.json"
+    if not path.exists():
+        return None
+    from .envoy import render
+
+    return render(json.loads(path.read_text(encoding="utf-8")))
 
 
 def _whatif_section() -> str | None:
@@ -227,13 +245,37 @@ def main(argv: list[str] | None = None) -> int:
             "service", cpu, env, lambda: measure_service(1.0 if quick else 3.0, 1 if quick else 5)
         )
         _write_atomic(ROOT / "bench" / "results" / "service.json", json.dumps(results["service"], indent=1) + "\n")
+    if "envoy" in sections:
+        from .envoy import measure as measure_envoy
+
+        results["envoy"] = _timed("envoy", cpu, env, lambda: measure_envoy(quick=settings.quick))
+        _write_atomic(ROOT / "bench" / "results" / "envoy.json", json.dumps(results["envoy"], indent=1) + "\n")
 
     env["loadavg_end"] = [round(x, 2) for x in os.getloadavg()]
     env["duration_s"] = round(time.perf_counter() - t_start, 1)
+    previous = ROOT / "bench" / "results" / "latest.json"
+    if set(sections) <= set(STANDALONE) and args.json is None and previous.exists():
+        results, settings = _merge_into(previous, results, sections)
     results["targets"] = report.compute_targets(results, settings.concurrency)
 
     _write_results(results, settings, args.json, args.out)
     return 0
+
+
+def _merge_into(path: Path, results: dict[str, Any], sections: list[str]) -> tuple[dict[str, Any], Settings]:
+    """The previous run's results with ``sections`` replaced by this run's (a run of only
+    standalone sections): the report keeps every other section's figures."""
+    merged = json.loads(path.read_text(encoding="utf-8"))
+    env, new_env = merged["environment"], results["environment"]
+    for name in sections:
+        merged[name] = results[name]
+        if name not in merged["sections"]:
+            merged["sections"].append(name)
+        env.setdefault("background_cpu", {})[name] = new_env["background_cpu"][name]
+        env.setdefault("section_s", {})[name] = new_env["section_s"][name]
+        env.setdefault("updated_alone", {})[name] = new_env["date_utc"]
+    log(f"bench: updated {', '.join(sections)} in {path.relative_to(ROOT)} (the other sections are kept)")
+    return merged, Settings(**merged["settings"])
 
 
 if __name__ == "__main__":

@@ -123,7 +123,10 @@ class Server:
         rules_text: str = RULES,
         env_extra: dict[str, str] | None = None,
         args: tuple[str, ...] = (),
+        redis_url: str | None = None,
     ) -> None:
+        """``redis_url``: use that Redis (the caller's, e.g. to stall or kill it) instead of
+        ``--embedded-redis``'s private one."""
         self.port = free_port()
         self.token = secrets.token_hex(12)
         self.url = f"http://127.0.0.1:{self.port}"
@@ -138,6 +141,8 @@ class Server:
         )
         env.update(env_extra or {})
         env.pop("RATE_LIMIT_REDIS_URL", None)
+        if redis_url is not None:
+            env["RATE_LIMIT_REDIS_URL"] = redis_url
         self.log = open(workdir / "server.log", "wb")  # noqa: SIM115
         self.proc = subprocess.Popen(
             [
@@ -149,7 +154,7 @@ class Server:
                 str(self.port),
                 "--log-level",
                 "warning",
-                "--embedded-redis",
+                *(() if redis_url else ("--embedded-redis",)),
                 *args,
             ],
             env=env,

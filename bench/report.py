@@ -138,6 +138,10 @@ def compute_targets(results: dict[str, Any], concurrency: int) -> list[dict[str,
         )
     if results.get("clients"):
         targets += _clients_targets(results["clients"])
+    if results.get("envoy"):
+        from .envoy import targets as envoy_targets
+
+        targets += envoy_targets(results["envoy"])
     return targets
 
 
@@ -217,6 +221,15 @@ def _env_section(env: dict[str, Any]) -> list[str]:
         f"| Run time | {env.get('duration_s', 0):.0f} s"
         f" ({', '.join(f'{k} {v:.0f} s' for k, v in env.get('section_s', {}).items())})"
         f"{'; --quick: smoke-test numbers, not for comparison' if env.get('quick') else ''} |",
+        *(
+            [
+                "| Sections measured again alone | "
+                + ", ".join(f"{k} at {v}" for k, v in env["updated_alone"].items())
+                + " |"
+            ]
+            if env.get("updated_alone")
+            else []
+        ),
         "",
     ]
     return lines

@@ -5,6 +5,12 @@ expressions, the metric names those expressions read, and the real ``promtool``.
 it drops string literals, label matchers (``{...}``), ranges (``[...]``), grouping clauses
 (``by (...)``, ``on (...)``, ...), function calls' names, keywords and numbers; what remains
 are the metric names.
+
+The rules read shadowlimit's metrics, and Envoy's counters of its rate limit filter (one alert:
+Envoy letting requests through unlimited). Those are not on shadowlimit's ``/metrics``: they
+are the documented list :data:`ENVOY_METRICS`, every name of the rules with Envoy's ``envoy_``
+prefix must be on it, and tests/e2e/test_observability.py reads them from a real Envoy's admin
+``/stats/prometheus`` (as it reads shadowlimit's own from a running control plane).
 """
 
 from __future__ import annotations
@@ -23,6 +29,8 @@ __all__ = [
     "ALERTS_TEST",
     "DASHBOARD",
     "DOCS",
+    "ENVOY_METRICS",
+    "ENVOY_PREFIX",
     "alert_rules",
     "dashboard_queries",
     "exported_names",
@@ -36,6 +44,21 @@ ALERTS = ROOT / "deploy" / "prometheus" / "alerts.yaml"
 ALERTS_TEST = ROOT / "deploy" / "prometheus" / "alerts_test.yaml"
 DASHBOARD = ROOT / "deploy" / "grafana" / "shadowlimit.json"
 DOCS = ROOT / "docs"
+
+#: the prefix of every metric Prometheus scrapes from Envoy's admin ``/stats/prometheus``
+ENVOY_PREFIX = "envoy_"
+#: Envoy's metrics the rules may read: the http ratelimit filter's counters
+#: ``cluster.<route's cluster>.ratelimit.{ok,over_limit,error,failure_mode_allowed}`` as
+#: ``/stats/prometheus`` names them (label ``envoy_cluster_name``; verified on Envoy 1.40). Each
+#: appears at its first increment, not at 0.
+ENVOY_METRICS = frozenset(
+    {
+        "envoy_cluster_ratelimit_ok",
+        "envoy_cluster_ratelimit_over_limit",
+        "envoy_cluster_ratelimit_error",
+        "envoy_cluster_ratelimit_failure_mode_allowed",
+    }
+)
 
 _KEYWORDS = {
     "and", "or", "unless", "by", "without", "on", "ignoring", "group_left", "group_right", "bool", "offset",

@@ -3,7 +3,8 @@
 - a fresh replica's ``/metrics`` has every known label set at 0 (a second replica too, and a
   route a rules reload adds), so the first event is an increase Prometheus sees;
 - every metric the dashboard's and the rules' PromQL names is on a running control plane's
-  ``/metrics``;
+  ``/metrics`` -- but Envoy's, which the rules read as Prometheus scrapes them from Envoy: those
+  are the documented ``promql.ENVOY_METRICS``, each on a real Envoy's ``/stats/prometheus``;
 - a real Prometheus (Debian's ``/usr/bin/prometheus``: its own configuration, storage and
   loopback port, scraping every second, ``alerts.yaml`` loaded) scrapes a control plane: every
   dashboard query runs, the key ones return series, the first manual mode change shows as an
@@ -23,8 +24,10 @@ from typing import Any
 import httpx
 import pytest
 from cp_server import ControlPlaneServer, admin_headers, free_port, unique_namespace, write_rules
+from envoy_proxy import EnvoyProxy, rate_limit, request_headers
+from envoy_proxy import route as envoy_route
 from prometheus_client.parser import text_string_to_metric_families
-from promql import ALERTS, alert_rules, dashboard_queries, exported_names, metric_names
+from promql import ALERTS, ENVOY_METRICS, alert_rules, dashboard_queries, exported_names, metric_names
 from support import eventually, installed_binary
 
 from control_plane.metrics import DECISION_ENFORCERS
@@ -137,14 +140,45 @@ def test_dashboard_and_rules_name_only_exported_metrics(redis_url, tmp_path):
         redis_url=redis_url, rules_path=write_rules(tmp_path), envoy_config=str(envoy), grpc_port=free_port()
     ) as cp:
         exported = exported_names(metrics_of(cp))  # a fresh replica: nothing decided yet
+        envoy_exported = envoy_metric_names(cp.settings.grpc_port, tmp_path)
+    assert ENVOY_METRICS <= envoy_exported, sorted(ENVOY_METRICS - envoy_exported)
     named: dict[str, set[str]] = {}
     for where, expr in dashboard_queries():
         named[f"dashboard {where}: {expr}"] = metric_names(expr)
     for name, rule in alert_rules().items():
         named[f"alert {name}"] = metric_names(rule["expr"])
     assert all(named.values()), [k for k, v in named.items() if not v]
-    missing = {where: sorted(names - exported) for where, names in named.items() if names - exported}
+    # shadowlimit's metrics from its /metrics; Envoy's only from the documented list, read above
+    # from a real Envoy (the dashboard reads none of them)
+    missing = {
+        where: sorted(gone)
+        for where, names in named.items()
+        if (gone := (names - ENVOY_METRICS - exported) | (names & ENVOY_METRICS) - envoy_exported)
+    }
     assert not missing, missing
+    assert not any(metric_names(expr) & ENVOY_METRICS for _, expr in dashboard_queries())
+
+
+def envoy_metric_names(grpc_port: int, tmp_path: Path) -> set[str]:
+    """The names on real Envoys' admin ``/stats/prometheus`` once their rate limit filter has
+    counted each outcome (its counters appear at their first increment): calls answered OK and
+    OVER_LIMIT by the control plane on ``grpc_port`` (descriptor ``k``: 5 per second), and calls
+    failing against a closed port (let through: ``failure_mode_deny: false``)."""
+    names: set[str] = set()
+    routes = [envoy_route("/k", rate_limit(request_headers("x-k", "k")))]
+    with EnvoyProxy(grpc_port, domain="edge", routes=routes, timeout_ms=1000, workdir=tmp_path / "envoy") as envoy:
+        for _ in range(50):
+            assert envoy.get("/k", headers={"x-k": "v"}).status_code in (200, 429)
+            counted = envoy.ratelimit_stats()
+            if counted["ok"] and counted["over_limit"]:
+                break
+        assert counted["ok"] and counted["over_limit"], counted
+        names |= exported_names(envoy.admin("/stats/prometheus").text)
+    with EnvoyProxy(free_port(), domain="edge", routes=routes, workdir=tmp_path / "envoy-down") as envoy:
+        assert envoy.get("/k", headers={"x-k": "v"}).status_code == 200  # let through
+        assert envoy.ratelimit_stats()["failure_mode_allowed"] == 1
+        names |= exported_names(envoy.admin("/stats/prometheus").text)
+    return names
 
 
 # -- a real Prometheus ---------------------------------------------------------------------

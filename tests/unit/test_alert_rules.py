@@ -14,6 +14,8 @@ from promql import (
     ALERTS_TEST,
     DASHBOARD,
     DOCS,
+    ENVOY_METRICS,
+    ENVOY_PREFIX,
     alert_rules,
     dashboard_queries,
     metric_names,
@@ -59,6 +61,22 @@ def test_the_unit_tests_catch_a_counter_that_appears_at_1(tmp_path):
     r = promtool("test", "rules", "alerts_test.yaml", cwd=tmp_path)
     assert r.returncode != 0, r.stdout
     assert "ShadowlimitAutomaticRollback" in r.stdout + r.stderr
+
+
+def test_envoy_metrics_are_the_documented_ones():
+    """A rule may read Envoy's metrics (scraped from Envoy, not exported by shadowlimit) only
+    from the documented list, which test_observability checks against a real Envoy; the list
+    holds nothing no rule reads; Envoy's alert keeps Envoy's cluster label."""
+    named = {name: metric_names(rule["expr"]) for name, rule in alert_rules().items()}
+    envoy = {n for names in named.values() for n in names if n.startswith(ENVOY_PREFIX)}
+    assert envoy <= ENVOY_METRICS, envoy - ENVOY_METRICS
+    assert envoy == ENVOY_METRICS
+    assert all(n.startswith(ENVOY_PREFIX) for n in ENVOY_METRICS)
+    readers = {name for name, names in named.items() if names & ENVOY_METRICS}
+    assert readers == {"ShadowlimitEnvoyFailingOpen"}
+    # shadowlimit's own alerts do not mix in Envoy's series (their check stays the exported one)
+    assert named["ShadowlimitEnvoyFailingOpen"] <= ENVOY_METRICS
+    assert "by (envoy_cluster_name)" in alert_rules()["ShadowlimitEnvoyFailingOpen"]["expr"]
 
 
 def _doc(name: str) -> str:
