@@ -210,7 +210,7 @@ async def reload_rules(live: RulesDep, _: AdminDep) -> dict[str, Any]:
     from ..rules import RulesError
 
     try:
-        rules = live.reload()
+        rules = await live.reload_async()  # read off the event loop (control_plane/rules/offload.py)
     except RulesError as exc:
         await live.settle()  # the answer comes after the reload is on record
         raise ApiError(

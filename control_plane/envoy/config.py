@@ -40,8 +40,9 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Generator, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -51,13 +52,25 @@ from limiter.policy import MAX_AVERAGE, Policy
 
 from ..rollout import Mode
 from ..rules.errors import FieldPath, RulesError, field_name
-from ..rules.model import NAMED_ROUTE_NAME, ROUTE_NAME_MAX, RouteRule
-from ..rules.yaml_source import decode_file, load_yaml, read_file
+from ..rules.model import NAMED_ROUTE_NAME, ROUTE_NAME_MAX, FrozenOrigin, RouteRule, finish_steps
+from ..rules.yaml_source import LineIndex, decode_file, gc_paused, load_yaml, read_file
 
 if TYPE_CHECKING:
     from ..settings import Settings
 
-__all__ = ["UNITS", "EnvoyConfig", "EnvoyLimit", "Match", "config_files", "load_envoy_config", "parse_envoy_files"]
+__all__ = [
+    "UNITS",
+    "EnvoyConfig",
+    "EnvoyLimit",
+    "EnvoyOrigin",
+    "EnvoyPlan",
+    "Match",
+    "build_steps",
+    "config_files",
+    "load_envoy_config",
+    "parse_envoy_files",
+    "plan_envoy_files",
+]
 
 #: Envoy's ``RateLimitResponse.RateLimit.Unit`` names and their length in seconds
 #: (envoyproxy/ratelimit's UnitToDivider: a month is 30 days, a year 365)
@@ -87,7 +100,7 @@ _FLAGS = ("shadow_mode", "quota_mode", "detailed_metric", "value_to_metric", "sh
 
 def encode_part(text: str) -> str:
     """A route name part: ``A-Za-z0-9_.-*~+@`` kept, every other byte of its UTF-8 as ``%XX``."""
-    if all(c in _SAFE for c in text):
+    if _SAFE_PART.fullmatch(text):
         return text
     return "".join(c if c in _SAFE else "".join(f"%{b:02X}" for b in c.encode("utf-8", "surrogatepass")) for c in text)
 
@@ -133,14 +146,27 @@ class EnvoyLimit:
     quota_mode: bool
 
 
+_LEAF: dict[str, _Node] = {}  # shared by the nodes without children (most of them): never changed
+_NO_WILDCARDS: list[tuple[str, list[str]]] = []  # likewise
+
+
 @dataclass(slots=True)
 class _Node:
     """One level of a domain's descriptor tree."""
 
-    children: dict[str, _Node] = field(default_factory=dict)  # "key" or "key_value"
-    wildcards: list[tuple[str, list[str]]] = field(default_factory=list)  # (final key, split on "*")
+    children: dict[str, _Node] = field(default_factory=lambda: _LEAF)  # "key" or "key_value"
+    wildcards: list[tuple[str, list[str]]] = field(default_factory=lambda: _NO_WILDCARDS)  # (final key, split on "*")
     limit: EnvoyLimit | None = None
     share: bool = False
+
+    def add(self, final: str, node: _Node) -> None:
+        if self.children is _LEAF:
+            self.children = {}
+        if "*" in final:
+            if self.wildcards is _NO_WILDCARDS:
+                self.wildcards = []
+            self.wildcards.append((final, final.split("*")))
+        self.children[final] = node
 
 
 @dataclass(frozen=True, slots=True)
@@ -220,22 +246,44 @@ class EnvoyConfig:
         }
 
 
-class _Reader:
-    """One file's document, read field by field into the domain's tree and routes."""
+_NO_FLAGS = dict.fromkeys(_FLAGS, False)
+_SAFE_PART = re.compile(r"[A-Za-z0-9_.\-*~+@]*")
 
-    def __init__(self, source: str, lines: dict[FieldPath, int], settings: Settings) -> None:
+Record = tuple[int, str, bool, int | None, tuple[Any, ...] | None]
+"""One descriptor of a file, checked (see :class:`EnvoyPlan`): ``(parent, final key,
+share_threshold, line, limit)``; ``parent`` is the index of the parent descriptor's record
+(-1 at the top); ``limit`` None (no ``rate_limit``) or ``(route, requests_per_unit, unit,
+name, replaces, unlimited, shadow_mode, quota_mode, detailed_metric, value_to_metric)``."""
+
+
+@dataclass(slots=True)
+class EnvoyPlan:
+    """A configuration read and checked, as plain data: ``files`` is ``[(source, domain,
+    records), ...]`` with the descriptors in file order (a parent before its children).
+    Cheap to pickle; :func:`build_steps` makes the :class:`EnvoyConfig` of it."""
+
+    files: list[tuple[str, str, list[Record]]]
+    digest: str
+
+
+class _Reader:
+    """One file's document, read field by field into the descriptors' records."""
+
+    def __init__(self, source: str, lines: LineIndex) -> None:
         self.source = source
         self.lines = lines
-        self.settings = settings
-        self.routes: list[RouteRule] = []
+        self.records: list[Record] = []
+        self.finals: dict[int, set[str]] = {}  # record (-1: the top) -> its children's final keys
+        self.routes: set[str] = set()
         self.domain = ""
+        self.domain_part = ""
 
     def line_of(self, path: FieldPath) -> int | None:
         """The line of a field, or of the nearest field holding it."""
         for n in range(len(path), -1, -1):
             line = self.lines.get(path[:n])
             if line is not None:
-                return line
+                return int(line)
         return None
 
     def fail(self, path: FieldPath, message: str) -> RulesError:
@@ -244,9 +292,9 @@ class _Reader:
     def mapping(self, data: Any, path: FieldPath, allowed: frozenset[str]) -> dict[str, Any]:
         if not isinstance(data, dict):
             raise self.fail(path, f"must be a mapping, got {_kind(data)}")
-        for k in data:
-            if k not in allowed:
-                raise self.fail((*path, k), f"unknown key {k!r} here; expected one of {', '.join(sorted(allowed))}")
+        if not allowed.issuperset(data):
+            k = next(k for k in data if k not in allowed)
+            raise self.fail((*path, k), f"unknown key {k!r} here; expected one of {', '.join(sorted(allowed))}")
         return data
 
     def string(self, data: dict[str, Any], path: FieldPath, name: str, *, required: bool = False) -> str:
@@ -255,9 +303,10 @@ class _Reader:
             if required:
                 raise self.fail((*path, name), "is required and must not be empty")
             return ""
-        if isinstance(v, bool) or not isinstance(v, (str, int)):
-            raise self.fail((*path, name), f"must be a string, got {_kind(v)}")
-        v = str(v)  # unquoted numbers are read as the text written (load_yaml numbers=False)
+        if type(v) is not str:
+            if isinstance(v, bool) or not isinstance(v, (str, int)):
+                raise self.fail((*path, name), f"must be a string, got {_kind(v)}")
+            v = str(v)  # unquoted numbers are read as the text written (load_yaml numbers=False)
         if required and not v:
             raise self.fail((*path, name), "must not be empty")
         return v
@@ -277,14 +326,14 @@ class _Reader:
             raise self.fail((*path, name), f"must be true or false, got {v!r}")
         return v
 
-    def document(self, data: Any) -> _Node:
+    def document(self, data: Any) -> list[Record]:
         doc = self.mapping(data, (), _DOC_KEYS)
         self.domain = self.string(doc, (), "domain", required=True)
-        root = _Node()
-        self.level(root, doc.get("descriptors"), ("descriptors",), [], 0)
-        return root
+        self.domain_part = encode_part(self.domain)
+        self.level(-1, doc.get("descriptors"), ("descriptors",), [], 0)
+        return self.records
 
-    def level(self, node: _Node, items: Any, path: FieldPath, names: list[str], depth: int) -> None:
+    def level(self, parent: int, items: Any, path: FieldPath, names: list[str], depth: int) -> None:
         if items is None:
             return
         if not isinstance(items, list):
@@ -292,31 +341,37 @@ class _Reader:
         if depth >= MAX_DEPTH:
             raise self.fail(path, f"descriptors nest deeper than {MAX_DEPTH} levels")
         for i, item in enumerate(items):
-            self.descriptor(node, item, (*path, i), names, depth)
+            line = self.lines.item_line(items, i)
+            self.descriptor(parent, item, (*path, i), names, depth, self.line_of((*path, i)) if line is None else line)
 
-    def descriptor(self, parent: _Node, item: Any, path: FieldPath, names: list[str], depth: int) -> None:
+    def descriptor(
+        self, parent: int, item: Any, path: FieldPath, names: list[str], depth: int, line: int | None
+    ) -> None:
         d = self.mapping(item, path, _DESCRIPTOR_KEYS)
         key = self.string(d, path, "key", required=True)
         value = self.string(d, path, "value")
         final = f"{key}_{value}" if value else key
-        if final in parent.children:
+        siblings = self.finals.get(parent)
+        if siblings is None:
+            siblings = self.finals[parent] = set()
+        if final in siblings:
             shown = "/".join([*names, f"{key}={value}" if value else key])
             raise self.fail(path, f"duplicate descriptor {shown!r} in domain {self.domain!r}")
-        flags = {name: self.flag(d, path, name) for name in _FLAGS}
+        siblings.add(final)
+        flags = _NO_FLAGS if d.keys().isdisjoint(_FLAGS) else {name: self.flag(d, path, name) for name in _FLAGS}
         if flags["share_threshold"] and "*" not in final:
             raise self.fail((*path, "share_threshold"), "share_threshold needs a wildcard value (holding '*')")
         if "metadata" in d and not isinstance(d["metadata"], dict):
             raise self.fail((*path, "metadata"), f"must be a mapping, got {_kind(d['metadata'])}")
         part = encode_part(key) + (f"={encode_part(value)}" if value else "")
-        node = _Node(share=flags["share_threshold"])
+        limit = None
         if "rate_limit" in d:
-            node.limit = self.limit(d["rate_limit"], (*path, "rate_limit"), [*names, part], flags)
-        if "*" in final:
-            parent.wildcards.append((final, final.split("*")))
-        parent.children[final] = node
-        self.level(node, d.get("descriptors"), (*path, "descriptors"), [*names, part], depth + 1)
+            limit = self.limit(d["rate_limit"], (*path, "rate_limit"), [*names, part], flags)
+        index = len(self.records)
+        self.records.append((parent, final, flags["share_threshold"], line, limit))
+        self.level(index, d.get("descriptors"), (*path, "descriptors"), [*names, part], depth + 1)
 
-    def limit(self, data: Any, path: FieldPath, names: list[str], flags: dict[str, bool]) -> EnvoyLimit:
+    def limit(self, data: Any, path: FieldPath, names: list[str], flags: dict[str, bool]) -> tuple[Any, ...]:
         rl = self.mapping(data, path, _LIMIT_KEYS)
         unlimited = self.flag(rl, path, "unlimited")
         unit = self.string(rl, path, "unit").upper()
@@ -335,9 +390,12 @@ class _Reader:
         replaces = self.replaces(rl.get("replaces"), (*path, "replaces"), name)
         route = None
         if not unlimited:
-            route = f"{encode_part(self.domain)}/{'/'.join(names)}"
-            self.routes.append(self.route(route, rpu, unit, name, replaces, flags, path))
-        return EnvoyLimit(route, rpu, unit, name, replaces, unlimited, flags["shadow_mode"], flags["quota_mode"])
+            route = f"{self.domain_part}/{'/'.join(names)}"
+            if len(route) > ROUTE_NAME_MAX or NAMED_ROUTE_NAME.fullmatch(route) is None:
+                raise self.fail(path, f"the route name {route[:80]!r}... is longer than {ROUTE_NAME_MAX} characters")
+        f = flags
+        return (route, rpu, unit, name, replaces, unlimited, f["shadow_mode"], f["quota_mode"],
+                f["detailed_metric"], f["value_to_metric"])  # fmt: skip
 
     def replaces(self, items: Any, path: FieldPath, own: str) -> tuple[str, ...]:
         if items is None:
@@ -353,49 +411,47 @@ class _Reader:
             out.append(name)
         return tuple(out)
 
-    def route(
-        self, name: str, rpu: int, unit: str, limit_name: str, replaces: tuple[str, ...], flags: dict[str, bool],
-        path: FieldPath,
-    ) -> RouteRule:  # fmt: skip
-        if len(name) > ROUTE_NAME_MAX or NAMED_ROUTE_NAME.fullmatch(name) is None:
-            raise self.fail(path, f"the route name {name[:80]!r}... is longer than {ROUTE_NAME_MAX} characters")
-        # 0: over for every request, without asking Redis (the peer's way to ban a value)
-        policy = (
-            Policy(average=rpu, period=UNITS[unit], burst=rpu, algorithm="fixed_window")
-            if rpu
-            else Policy.blocking(UNITS[unit])
-        )
-        line = self.line_of(path[:-1])  # the descriptor's
-        origin = {
-            "kind": "envoy",
-            "file": self.source,
-            "line": line,
-            "domain": self.domain,
-            "descriptor": name.split("/", 1)[1],
-            "requests_per_unit": rpu,
-            "unit": unit,
-            "name": limit_name,
-            "replaces": list(replaces),
-            **flags,
-        }
-        return RouteRule(
-            name=name,
-            methods=None,
-            path_pattern="/**",
-            key=KeyExtractor(KeyStrategy.CLIENT_IP, trusted_proxies=self.settings.proxies),
-            local=policy,
-            distributed=policy,
-            initial_mode=Mode.SHADOW if flags["shadow_mode"] else Mode.ENFORCE,
-            line=line,
-            http=False,
-            origin=origin,
-        )
+
+class EnvoyOrigin(FrozenOrigin):
+    """A route's ``origin`` (its file, line, domain and descriptor), computed from the
+    descriptor's limit when asked: 50,000 routes do not keep 50,000 dicts of 14 keys."""
+
+    __slots__ = ("detailed_metric", "domain", "file", "limit", "line", "share_threshold", "value_to_metric")
+    _KEYS = ("kind", "file", "line", "domain", "descriptor", "requests_per_unit", "unit", "name", "replaces",
+             "shadow_mode", "quota_mode", "detailed_metric", "value_to_metric", "share_threshold")  # fmt: skip
+
+    def __init__(self, limit: EnvoyLimit, file: str, line: int | None, domain: str, flags: tuple[bool, ...]) -> None:
+        self.limit, self.file, self.line, self.domain = limit, file, line, domain
+        self.detailed_metric, self.value_to_metric, self.share_threshold = flags
+
+    def __getitem__(self, key: str) -> Any:
+        if key == "kind":
+            return "envoy"
+        if key in ("file", "line", "domain", "detailed_metric", "value_to_metric", "share_threshold"):
+            return getattr(self, key)
+        lim = self.limit
+        if key == "descriptor":
+            return (lim.route or "").split("/", 1)[1]
+        if key in ("requests_per_unit", "unit", "name", "shadow_mode", "quota_mode"):
+            return getattr(lim, key)
+        if key == "replaces":
+            return list(lim.replaces)
+        raise KeyError(key)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._KEYS)
+
+    def __len__(self) -> int:
+        return len(self._KEYS)
 
 
 def _kind(v: Any) -> str:
     if v is None:
         return "nothing"
-    return {dict: "a mapping", list: "a list", bool: "a boolean", str: "a string"}.get(type(v), type(v).__name__)
+    for kind, name in ((bool, "a boolean"), (str, "a string"), (dict, "a mapping"), (list, "a list")):
+        if isinstance(v, kind):
+            return name
+    return type(v).__name__
 
 
 def config_files(path: Path) -> list[Path]:
@@ -419,28 +475,92 @@ def config_files(path: Path) -> list[Path]:
     return found
 
 
+def plan_envoy_files(
+    files: Sequence[tuple[str, bytes]], *, digest: str | None = None, on_file: Callable[[str], None] | None = None
+) -> EnvoyPlan:
+    """Read and check the configuration in ``[(source, bytes), ...]`` (a
+    :class:`RulesError` on the first problem, naming the file and the line);
+    ``on_file(source)`` is told each file before it is read."""
+    out: list[tuple[str, str, list[Record]]] = []
+    where: dict[str, str] = {}
+    with gc_paused():
+        for source, data in files:
+            if on_file is not None:
+                on_file(source)
+            text = decode_file(data, source)
+            if not text.strip():
+                raise RulesError("the file is empty; expected a mapping with a 'domain'", path=source, line=1)
+            doc, lines = load_yaml(text, source, numbers=False)
+            reader = _Reader(source, lines)
+            records = reader.document(doc)
+            if reader.domain in where:
+                raise reader.fail(("domain",), f"duplicate domain {reader.domain!r} (also in {where[reader.domain]})")
+            where[reader.domain] = source
+            out.append((source, reader.domain, records))
+            del doc, lines, reader
+    return EnvoyPlan(out, files_digest(files) if digest is None else digest)
+
+
+def build_steps(
+    plan: EnvoyPlan, settings: Settings, *, clock: Any = time.time, step: int = 50
+) -> Generator[None, None, EnvoyConfig]:
+    """The :class:`EnvoyConfig` of a plan, built ``step`` descriptors at a time (it yields
+    between steps: an event loop answers calls while 50,000 routes are built)."""
+    key = KeyExtractor(KeyStrategy.CLIENT_IP, trusted_proxies=settings.proxies)
+    policies: dict[tuple[int, str], Policy] = {}
+    domains: dict[str, _Node] = {}
+    routes: list[RouteRule] = []
+    done = 0
+    for source, domain, records in plan.files:
+        root = domains[domain] = _Node()
+        nodes: list[_Node] = []
+        for parent, final, share, line, lim in records:
+            node = _Node(share=share)
+            if lim is not None:
+                node.limit = limit = EnvoyLimit(*lim[:8])
+                if limit.route is not None:
+                    policy = policies.get((limit.requests_per_unit, limit.unit))
+                    if policy is None:
+                        policy = policies[(limit.requests_per_unit, limit.unit)] = _policy(limit)
+                    origin = EnvoyOrigin(limit, source, line, domain, (lim[8], lim[9], share))
+                    routes.append(_route(limit, key, policy, line, origin))
+            (root if parent < 0 else nodes[parent]).add(final, node)
+            nodes.append(node)
+            done += 1
+            if done % step == 0:
+                yield
+    return EnvoyConfig(domains, tuple(routes), tuple(s for s, _, _ in plan.files), plan.digest, clock())
+
+
+def _policy(limit: EnvoyLimit) -> Policy:
+    rpu, period = limit.requests_per_unit, UNITS[limit.unit]
+    # 0: over for every request, without asking Redis (the peer's way to ban a value)
+    return Policy(average=rpu, period=period, burst=rpu, algorithm="fixed_window") if rpu else Policy.blocking(period)
+
+
+def _route(limit: EnvoyLimit, key: KeyExtractor, policy: Policy, line: int | None, origin: EnvoyOrigin) -> RouteRule:
+    return RouteRule(
+        name=limit.route or "",
+        methods=None,
+        path_pattern="/**",
+        key=key,
+        local=policy,
+        distributed=policy,
+        initial_mode=Mode.SHADOW if limit.shadow_mode else Mode.ENFORCE,
+        line=line,
+        http=False,
+        origin=origin,
+    )
+
+
 def parse_envoy_files(
     files: Sequence[tuple[str, bytes]], settings: Settings, *, digest: str | None = None, clock: Any = time.time
 ) -> EnvoyConfig:
     """The configuration in ``[(source, bytes), ...]`` (a :class:`RulesError` on the first problem)."""
-    domains: dict[str, _Node] = {}
-    where: dict[str, str] = {}
-    routes: list[RouteRule] = []
-    for source, data in files:
-        text = decode_file(data, source)
-        if not text.strip():
-            raise RulesError("the file is empty; expected a mapping with a 'domain'", path=source, line=1)
-        doc, lines = load_yaml(text, source, numbers=False)
-        reader = _Reader(source, lines, settings)
-        root = reader.document(doc)
-        if reader.domain in domains:
-            raise reader.fail(("domain",), f"duplicate domain {reader.domain!r} (also in {where[reader.domain]})")
-        domains[reader.domain] = root
-        where[reader.domain] = source
-        routes.extend(reader.routes)
-    if digest is None:
-        digest = files_digest(files)
-    return EnvoyConfig(domains, tuple(routes), tuple(s for s, _ in files), digest, clock())
+    plan = plan_envoy_files(files, digest=digest)
+    with gc_paused():
+        config: EnvoyConfig = finish_steps(build_steps(plan, settings, clock=clock))
+    return config
 
 
 def files_digest(files: Sequence[tuple[str, bytes]]) -> str:

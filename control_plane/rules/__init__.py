@@ -72,6 +72,7 @@ The modules, in the order a file goes through them:
 - :mod:`.model`: the compiled :class:`RouteRule` and :class:`Rules`, and :func:`default_route`;
 - :mod:`.load`: :func:`parse_rules` and :func:`load_rules`;
 - :mod:`.watcher`: :class:`RulesWatcher`, hot reload;
+- :mod:`.offload`: big files read off the event loop (a child process), routes built in slices;
 - :mod:`.json_schema`: the file's JSON Schema (``docs/rules.schema.json``), generated from the above;
 - :mod:`.errors`: :class:`RulesError`, the one error type.
 """

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import difflib
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from limiter.keys import KeyExtractor, KeyStrategy, api_key_id
@@ -79,7 +79,7 @@ class FieldReader:
     for text given directly); ``settings`` gives what the file does not set (trusted proxies).
     """
 
-    def __init__(self, lines: dict[FieldPath, int], source: str | None, settings: Settings) -> None:
+    def __init__(self, lines: Mapping[FieldPath, int], source: str | None, settings: Settings) -> None:
         self.lines = lines
         self.source = source
         self.settings = settings

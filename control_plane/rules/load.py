@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 from .errors import RulesError
 from .model import Rules, default_route
 from .schema import read_document
-from .yaml_source import decode_file, load_yaml, read_file
+from .yaml_source import decode_file, gc_paused, load_yaml, read_file
 
 if TYPE_CHECKING:
     from ..settings import Settings
@@ -25,8 +25,9 @@ __all__ = ["load_rules", "parse_rules", "rules_from_bytes"]
 
 
 def _parse(text: str, settings: Settings, source: str | None, digest: str, clock: Callable[[], float]) -> Rules:
-    data, lines = load_yaml(text, source)
-    routes, redefined = read_document(data, lines, source, settings)
+    with gc_paused():  # the collector would walk a big file's growing data again and again
+        data, lines = load_yaml(text, source)
+        routes, redefined = read_document(data, lines, source, settings)
     return Rules(
         routes=tuple(routes),
         default=redefined if redefined is not None else default_route(settings),

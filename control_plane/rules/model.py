@@ -14,10 +14,10 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+from collections.abc import Generator, Mapping
+from dataclasses import dataclass, field, fields
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from limiter.keys import KeyExtractor, KeyStrategy
 from limiter.policy import Policy
@@ -38,9 +38,11 @@ __all__ = [
     "RESERVED_ROUTE_NAMES",
     "ROUTE_NAME",
     "ROUTE_NAME_MAX",
+    "FrozenOrigin",
     "RouteRule",
     "Rules",
     "default_route",
+    "finish_steps",
 ]
 
 DEFAULT_ROUTE = "default"
@@ -62,11 +64,25 @@ RESERVED_ROUTE_NAMES = frozenset({"div", "hh", "hhid", "fleet", "extcache"})
 """Route names that would share Redis keys with the control plane's own data."""
 
 
+_T = TypeVar("_T")
+_NO_POLICIES: Mapping[str, Policy] = MappingProxyType({})
+_NO_LIST = ListMatcher()
+
+
 def _frozen_policies(value: Mapping[str, Policy] | None) -> Mapping[str, Policy]:
-    return MappingProxyType(dict(value or {}))
+    if not value:
+        return _NO_POLICIES  # one shared empty mapping: a file of 50,000 routes has 100,000 of them
+    return MappingProxyType(dict(value))
 
 
-@dataclass(frozen=True)
+class FrozenOrigin(Mapping[str, Any]):
+    """An immutable ``origin`` a route keeps as it is (not copied into a dict): what
+    another source computes from its own compact data (one Envoy descriptor's)."""
+
+    __slots__ = ()
+
+
+@dataclass(frozen=True, slots=True)
 class RouteRule:
     """One route: which requests it matches, how they are keyed and limited.
 
@@ -85,8 +101,8 @@ class RouteRule:
     distributed: Policy
     api_key_overrides: Mapping[str, Policy] = field(default_factory=dict)
     tenant_overrides: Mapping[str, Policy] = field(default_factory=dict)
-    allow: ListMatcher = field(default_factory=ListMatcher)
-    deny: ListMatcher = field(default_factory=ListMatcher)
+    allow: ListMatcher = _NO_LIST
+    deny: ListMatcher = _NO_LIST
     failure_policy: FailurePolicy | None = None
     failure_code: int | None = None
     initial_mode: Mode | None = None
@@ -107,7 +123,7 @@ class RouteRule:
             if not self.http:
                 raise ValueError(f"name: not a generated route name (<source>/<path>), got {self.name!r}")
             raise ValueError(f"name: must be 1-64 characters of [A-Za-z0-9_.-], got {self.name!r}")
-        if self.origin is not None:
+        if self.origin is not None and not isinstance(self.origin, FrozenOrigin):
             s(self, "origin", MappingProxyType(dict(self.origin)))
         if self.methods is not None:
             methods = frozenset(self.methods)
@@ -131,6 +147,15 @@ class RouteRule:
 
     def __hash__(self) -> int:
         return hash((self.name, self.path_pattern, self.methods, self.line))
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Pickled as its fields (read-only mappings as dicts), built again (and checked) when unpickled."""
+        values = {f.name: getattr(self, f.name) for f in fields(self) if f.init}
+        for name in ("api_key_overrides", "tenant_overrides"):
+            values[name] = dict(values[name])
+        if values["origin"] is not None and not isinstance(values["origin"], FrozenOrigin):
+            values["origin"] = dict(values["origin"])
+        return (_route_from_fields, (values,))
 
     @property
     def is_catch_all(self) -> bool:
@@ -198,6 +223,10 @@ class RouteRule:
         }
 
 
+def _route_from_fields(values: dict[str, Any]) -> RouteRule:
+    return RouteRule(**values)
+
+
 def default_route(settings: Settings) -> RouteRule:
     """The built-in fallback: ``/**``, any method, clientIP (trusted proxies from settings),
     a token bucket of ``RATE_LIMIT_GLOBAL_CAPACITY`` refilled at
@@ -262,15 +291,34 @@ class Rules:
     def with_routes(self, extra: tuple[RouteRule, ...], digest: str) -> Rules:
         """These rules with ``extra`` routes after the file's (``digest`` names the
         whole); a name used twice is a ``ValueError``."""
+        return finish_steps(self.with_routes_steps(extra, digest))
+
+    def with_routes_steps(
+        self, extra: tuple[RouteRule, ...], digest: str, step: int = 1000
+    ) -> Generator[None, None, Rules]:
+        """:meth:`with_routes` in steps of ``step`` routes (it yields between them, so an
+        event loop can answer calls while 50,000 routes are indexed)."""
         if not extra:
             return self
-        return Rules(
-            routes=(*self.routes, *extra),
-            default=self.default,
-            source=self.source,
-            loaded_at=self.loaded_at,
-            digest=digest,
-        )
+        by_name = dict(self._by_name)
+        http = list(self._http)
+        for i, r in enumerate(extra):
+            if r.name == DEFAULT_ROUTE:
+                raise ValueError("the default route goes in Rules.default, not Rules.routes")
+            if r.name in by_name:
+                raise ValueError(f"duplicate route name {r.name!r}")
+            by_name[r.name] = r
+            if r.http:
+                http.append(r)
+            if i % step == step - 1:
+                yield
+        rules = object.__new__(Rules)
+        fields = {"routes": (*self.routes, *extra), "default": self.default, "source": self.source}
+        fields |= {"loaded_at": self.loaded_at, "digest": digest, "_by_name": MappingProxyType(by_name)}
+        fields["_http"] = tuple(http)
+        for name, value in fields.items():
+            object.__setattr__(rules, name, value)
+        return rules
 
     def get(self, name: str) -> RouteRule | None:
         """A route by name (``"default"`` included), or None."""
@@ -287,3 +335,13 @@ class Rules:
             "loaded_at": self.loaded_at,
             "routes": [dict(r.to_dict(), default=r is self.default) for r in self.all_routes],
         }
+
+
+def finish_steps(steps: Generator[Any, None, _T]) -> _T:
+    """Run a generator of steps (like :meth:`Rules.with_routes_steps`) to its end: its value."""
+    while True:
+        try:
+            next(steps)
+        except StopIteration as done:
+            value: _T = done.value
+            return value

@@ -11,6 +11,7 @@ failure policy and code, mode, external block, canary percent, min dwell.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -100,7 +101,7 @@ class RouteDefaults:
 
 
 def read_document(
-    data: Any, lines: dict[FieldPath, int], source: str | None, settings: Settings
+    data: Any, lines: Mapping[FieldPath, int], source: str | None, settings: Settings
 ) -> tuple[list[RouteRule], RouteRule | None]:
     """The user routes in file order and the redefined ``default`` route (None if the file has none)."""
     return Validator(lines, source, settings).document(data)

@@ -1,5 +1,11 @@
 """Hot reload: :class:`RulesWatcher` swaps in a changed rules file, and never a bad one.
 
+:meth:`RulesWatcher.run` and :meth:`RulesWatcher.reload_async` (the admin call) never read
+on the event loop: the file is read and hashed in a thread, parsed in a child process when
+it is big (:mod:`.offload`), and its routes built in steps that yield to the loop; a newer
+version arriving while one is parsed cancels it. :meth:`RulesWatcher.check` and
+:meth:`RulesWatcher.reload` do it all at once, in the caller's thread.
+
 >>> watcher = RulesWatcher("rules.yaml", settings, on_change=print)  # doctest: +SKIP
 >>> await watcher.run(interval_s=1.0)  # doctest: +SKIP
 """
@@ -7,25 +13,27 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
 import logging
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ..logs import event_fields
 from .errors import RulesError
 from .load import load_rules, rules_from_bytes
 from .model import Rules
+from .offload import SUPERSEDED, Changed, cancelled_if_changed, parse_rules_offloaded
 from .yaml_source import read_file
 
 if TYPE_CHECKING:
     from ..settings import Settings
 
-__all__ = ["RACY_WINDOW_S", "RulesWatcher"]
+__all__ = ["RACY_WINDOW_S", "SUPERSEDED", "RulesWatcher"]
 
 log = logging.getLogger("shadowlimit.rules")
 
@@ -54,6 +62,9 @@ class RulesWatcher:
     ``clock`` is the wall clock (seconds since the epoch, as file modification times
     are; :func:`time.time` by default): it says when the file was read, for the
     :data:`RACY_WINDOW_S` window, and stamps ``Rules.loaded_at``.
+
+    The asynchronous paths (:meth:`run`, :meth:`check_async`, :meth:`reload_async`) call
+    ``on_change_async(rules)`` instead of ``on_change`` when given (it is awaited).
     """
 
     def __init__(
@@ -65,8 +76,11 @@ class RulesWatcher:
         *,
         initial: Rules | None = None,
         on_recover: Callable[[Rules], None] | None = None,
+        on_change_async: Callable[[Rules], Awaitable[None]] | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
+        self.on_change_async = on_change_async
+        self._alock = asyncio.Lock()
         self.path = Path(path) if path is not None and str(path).strip() else None
         self.settings = settings
         self.on_change = on_change
@@ -134,6 +148,11 @@ class RulesWatcher:
             self.on_recover(self._rules)
 
     def _apply(self, rules: Rules) -> None:
+        self._applied(rules)
+        if self.on_change is not None:
+            self.on_change(rules)
+
+    def _applied(self, rules: Rules) -> None:
         self._rules = rules
         self.last_error = None
         self._bad_digest = None
@@ -146,8 +165,6 @@ class RulesWatcher:
             rules.digest[:12],
             extra=event_fields("rules_reloaded", source=rules.source, routes=len(rules.routes), digest=rules.digest),
         )
-        if self.on_change is not None:
-            self.on_change(rules)
 
     def _parse(self, path: Path, data: bytes, digest: str) -> Rules:
         """The file's rules; an invalid file is remembered (by digest) and reported."""
@@ -158,41 +175,59 @@ class RulesWatcher:
             self._report(err)
             raise
 
-    def _read_if_changed(self, path: Path) -> bytes | None:
-        """The file's bytes if it may have changed since the last read and was read whole, else None."""
+    def _read_if_changed(self, path: Path) -> tuple[bytes, str] | None:
+        """The file's bytes and digest if it may have changed since the last read and was
+        read whole, else None."""
+        return self._examine(path, self._fetch(path, only_if_changed=True))
+
+    def _fetch(self, path: Path, *, only_if_changed: bool) -> tuple[Any, ...]:
+        """What :meth:`_examine` looks at: the file's stat, bytes, stat once read and
+        digest, or the problem (I/O only: run in a thread on the asynchronous paths)."""
         try:
             st = os.stat(path)
         except OSError as exc:
-            self._report_once(("stat", exc.errno), _cannot_read(exc, path))
-            return None
+            return ("stat", exc)
         sig = (st.st_mtime_ns, st.st_size)
         racy = st.st_mtime_ns / 1e9 >= self._read_at - RACY_WINDOW_S
-        if sig == self._sig and not racy:
-            return None
+        if only_if_changed and sig == self._sig and not racy:
+            return ("same",)
         read_at = self._clock()
         try:
             data = read_file(path)
             st2 = os.stat(path)
         except (RulesError, OSError) as exc:
+            return ("read", exc)
+        return ("ok", sig, data, (st2.st_mtime_ns, st2.st_size), read_at, hashlib.sha256(data).hexdigest())
+
+    def _examine(self, path: Path, fetched: tuple[Any, ...]) -> tuple[bytes, str] | None:
+        if fetched[0] == "stat":
+            exc = fetched[1]
+            self._report_once(("stat", exc.errno), _cannot_read(exc, path))
+            return None
+        if fetched[0] == "same":
+            return None
+        if fetched[0] == "read":
+            exc = fetched[1]
             err = exc if isinstance(exc, RulesError) else _cannot_read(exc, path)
             self._report_once(("read", str(err)), err)
             return None
-        if (st2.st_mtime_ns, st2.st_size) != sig or len(data) != st2.st_size:
+        _, sig, data, sig2, read_at, digest = fetched
+        if sig2 != sig or len(data) != sig2[1]:
             return None  # being written right now: try again next time
         self._sig = sig
         self._read_at = read_at
         self._bad_sig = None  # readable (again)
-        return data
+        return data, digest
 
     def check(self) -> bool:
         """Reload if the file changed; True when new rules were applied."""
         if self.path is None:
             return False
         with self._lock:
-            data = self._read_if_changed(self.path)
-            if data is None:
+            read = self._read_if_changed(self.path)
+            if read is None:
                 return False
-            digest = hashlib.sha256(data).hexdigest()
+            data, digest = read
             if digest == self._rules.digest:
                 self._recovered()  # if it had been rejected: it went back to the good version
                 return False
@@ -237,13 +272,98 @@ class RulesWatcher:
             self._apply(rules)
             return rules
 
+    # -- off the event loop --------------------------------------------------------------------
+
+    async def check_async(self, poll_s: float = 0.5) -> bool:
+        """:meth:`check` without holding the event loop; a newer version of the file
+        arriving while one is parsed (seen every ``poll_s``) replaces it."""
+        if self.path is None:
+            return False
+        path = self.path
+        async with self._alock:
+            while True:
+                read = self._examine(path, await asyncio.to_thread(self._fetch, path, only_if_changed=True))
+                if read is None:
+                    return False
+                data, digest = read
+                if digest == self._rules.digest:
+                    self._recovered()
+                    return False
+                if digest == self._bad_digest:
+                    return False
+                parse = asyncio.ensure_future(self._parse_async(path, data, digest))
+                del data, read
+                if await cancelled_if_changed(parse, functools.partial(_changed, path, self._sig), poll_s):
+                    log.info("rules file %s changed again while being read: reading the newest", path)
+                    continue
+                try:
+                    rules = await parse
+                except Changed:
+                    continue  # changed while the child read it: the newest version next
+                except RulesError:
+                    return False
+                await self._apply_async(rules)
+                return True
+
+    async def reload_async(self, force: bool = True) -> Rules:
+        """:meth:`reload` without holding the event loop."""
+        if self.path is None:
+            raise RulesError("no rules file is configured (RATE_LIMIT_RULES_PATH)")
+        path = self.path
+        async with self._alock:
+            for attempt in range(5):  # the file changing while it is read: read it again
+                fetched = await asyncio.to_thread(self._fetch, path, only_if_changed=False)
+                if fetched[0] != "ok":
+                    exc = fetched[1]
+                    err = exc if isinstance(exc, RulesError) else _cannot_read(exc, path)
+                    self._report(err)
+                    raise err
+                _, sig, data, _, read_at, digest = fetched
+                if not force and digest == self._rules.digest:
+                    self._recovered()
+                    return self._rules
+                try:
+                    rules = await self._parse_async(path, data, digest)
+                except Changed:
+                    if attempt < 4:
+                        continue
+                    raise RulesError("the file keeps changing while it is read", path=str(path)) from None
+                self._sig, self._read_at, self._bad_sig = sig, read_at, None
+                await self._apply_async(rules)
+                return rules
+            raise AssertionError("unreachable")
+
+    async def _parse_async(self, path: Path, data: bytes, digest: str) -> Rules:
+        try:
+            return await parse_rules_offloaded(data, self.settings, str(path), digest=digest, clock=self._clock)
+        except RulesError as err:
+            self._bad_digest = digest
+            self._report(err)
+            raise
+
+    async def _apply_async(self, rules: Rules) -> None:
+        self._applied(rules)
+        if self.on_change_async is not None:
+            await self.on_change_async(rules)
+        elif self.on_change is not None:
+            self.on_change(rules)
+
     async def run(self, interval_s: float) -> None:
-        """Call :meth:`check` every ``interval_s`` seconds until cancelled."""
+        """Call :meth:`check_async` every ``interval_s`` seconds until cancelled."""
         if interval_s <= 0:
             raise ValueError(f"interval_s: must be > 0, got {interval_s!r}")
         while True:
             try:
-                self.check()
+                await self.check_async(poll_s=interval_s)
             except Exception:  # a failing callback must not stop the watcher
                 log.exception("rules watcher check failed")
             await asyncio.sleep(interval_s)
+
+
+def _changed(path: Path, sig: tuple[int, int] | None) -> bool:
+    """Whether the file's ``(mtime_ns, size)`` is no longer ``sig``."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return True
+    return (st.st_mtime_ns, st.st_size) != sig
