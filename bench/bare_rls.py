@@ -7,7 +7,11 @@ loop (uvicorn's ``loop="auto"`` picks uvloop when it is installed, and shadowlim
 server runs in uvicorn's loop), a generic handler taking the request's bytes (as
 ``control_plane.envoy.service.method_handlers``), one process.
 
-Run: ``python -m bench.bare_rls PORT`` (loopback only; ``-m``, not the file's path: the
+With ``--h2``, the same answer from shadowlimit's own transport
+(:mod:`control_plane.envoy.h2`, what ``serve --grpc-port`` runs) instead of grpcio's server:
+the transport's own ceiling, with no decision made.
+
+Run: ``python -m bench.bare_rls PORT [--h2]`` (loopback only; ``-m``, not the file's path: the
 ``bench/`` directory on ``sys.path`` would hide the ``envoy`` protobuf package). Prints
 ``READY <port>`` once it serves, and stops on SIGTERM / SIGINT.
 """
@@ -62,16 +66,47 @@ async def serve(port: int) -> None:
     await server.stop(0.5)
 
 
+async def serve_h2(port: int) -> None:
+    from control_plane.envoy.h2 import Call, H2Connection, Limits, Method
+
+    async def should_rate_limit(data: bytes, call: Call) -> bytes:
+        return OK_RESPONSE
+
+    table = {"/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit": Method("unary", should_rate_limit)}
+
+    class Owner:
+        connections: set[Any] = set()
+
+        def slow(self) -> None: ...
+
+        def refused(self) -> None: ...
+
+        def closed(self, conn: Any) -> None: ...
+
+    owner = Owner()
+    loop = asyncio.get_running_loop()
+    server = await loop.create_server(lambda: H2Connection(table, Limits(), owner), "127.0.0.1", port)
+    stop = asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    print(f"READY {server.sockets[0].getsockname()[1]} {type(loop).__module__}", flush=True)
+    await stop.wait()
+    server.close()
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    h2 = "--h2" in argv
+    argv = [a for a in argv if a != "--h2"]
     port = int(argv[0]) if argv else 0
+    serve_fn = serve_h2 if h2 else serve
     try:
         import uvloop
     except ImportError:  # as uvicorn's "auto": the default loop without uvloop
-        asyncio.run(serve(port))
+        asyncio.run(serve_fn(port))
     else:
         with contextlib.suppress(KeyboardInterrupt):
-            uvloop.run(serve(port))
+            uvloop.run(serve_fn(port))
     return 0
 
 

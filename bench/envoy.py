@@ -128,6 +128,7 @@ _P = {"pace_ms": PACE_MS, "baseline": None}
 ROWS = (
     Row("no_filter", "no rate limit call (a route without `rate_limits`)", "serve", "free", None, baseline=None),
     Row("bare", "bare grpcio server (OK at once)", "bare", mode=None, baseline=None),
+    Row("bare_h2", "bare shadowlimit transport (`control_plane/envoy/h2.py`, OK at once)", "bare_h2", mode=None),
     Row("enforce", "shadowlimit, enforce", "serve"),
     Row("shadow", "shadowlimit, shadow", "serve", mode="shadow"),
     Row("workers2", "shadowlimit `--workers 2`, enforce", "workers"),
@@ -198,13 +199,14 @@ def cores_used(a: tuple[float, float, float], b: tuple[float, float, float]) -> 
 
 
 class BareServer:
-    """``python -m bench.bare_rls PORT`` in its own process."""
+    """``python -m bench.bare_rls PORT [--h2]`` in its own process."""
 
-    def __init__(self, workdir: Path, timeout: float = 20.0) -> None:
+    def __init__(self, workdir: Path, timeout: float = 20.0, h2: bool = False) -> None:
         self.port = free_port()
-        self.log = open(workdir / "bare_rls.log", "wb")  # noqa: SIM115 - closed by stop()
+        name = "bare_h2" if h2 else "bare_rls"
+        self.log = open(workdir / f"{name}.log", "wb")  # noqa: SIM115 - closed by stop()
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "bench.bare_rls", str(self.port)],
+            [sys.executable, "-m", "bench.bare_rls", str(self.port), *(["--h2"] if h2 else [])],
             cwd=ROOT,
             stdout=subprocess.PIPE,
             stderr=self.log,
@@ -388,7 +390,10 @@ class Bench:
         self.bare = BareServer(self.work)
         self.stack.callback(self.bare.stop)
         self.service_pids["bare"] = self.bare.pid
-        grpc_ports = {"bare": self.bare.port}
+        self.bare_h2 = BareServer(self.work, h2=True)
+        self.stack.callback(self.bare_h2.stop)
+        self.service_pids["bare_h2"] = self.bare_h2.pid
+        grpc_ports = {"bare": self.bare.port, "bare_h2": self.bare_h2.port}
         for name, env, extra in (
             ("serve", {}, ()),
             ("workers", {}, ("--workers", "2")),
@@ -614,21 +619,23 @@ def summarize(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
     return rows
 
 
-def measure(seconds: float = 5.0, repeats: int = 3, quick: bool = False) -> dict[str, Any]:
-    """Every row, ``repeats`` interleaved rounds of ``seconds`` each."""
+def measure(seconds: float = 5.0, repeats: int = 3, quick: bool = False, only: tuple[str, ...] = ()) -> dict[str, Any]:
+    """Every row (those named in ``only``, when given: a trial, not a report), ``repeats``
+    interleaved rounds of ``seconds`` each."""
     if quick:
         seconds, repeats = min(seconds, 2.0), 1
     work = Path(tempfile.mkdtemp(prefix="shadowlimit-bench-envoy-"))
-    runs: dict[str, list[dict[str, Any]]] = {row.name: [] for row in ROWS}
+    rows = tuple(r for r in ROWS if not only or r.name in only)
+    runs: dict[str, list[dict[str, Any]]] = {row.name: [] for row in rows}
     t0 = time.perf_counter()
     load0 = os.getloadavg()
     try:
         with Bench(work, seconds) as bench:
-            for row in ROWS:  # warm-up: connections, scripts loaded, keys created
+            for row in rows:  # warm-up: connections, scripts loaded, keys created
                 if row.fault is None and row.connections == 32 and not row.pace_ms:
                     bench.run_row(row, 1.0)
             for rnd in range(repeats):
-                for row in ROWS:
+                for row in rows:
                     runs[row.name].append(bench.run_row(row))
                     r = runs[row.name][-1]
                     print(
@@ -646,7 +653,7 @@ def measure(seconds: float = 5.0, repeats: int = 3, quick: bool = False) -> dict
     import grpc
 
     return {
-        "rows": summarize(runs),
+        "rows": summarize(runs) if not only else runs,
         "meta": {
             "date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
             "envoy": envoy_version(),
@@ -898,8 +905,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--quick", action="store_true", help="one round of 2 s per row")
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "envoy.json"))
+    ap.add_argument("--rows", default="", help="a trial of these rows only (comma-separated): no report")
     args = ap.parse_args(argv)
-    results = measure(args.seconds, args.repeats, args.quick)
+    only = tuple(r for r in args.rows.split(",") if r)
+    results = measure(args.seconds, args.repeats, args.quick, only)
+    if only:
+        print(json.dumps(results, indent=1))
+        return 0
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(results, indent=1) + "\n")
     print(render(results))

@@ -43,7 +43,8 @@ rate_limit_external_backend_url_rejected_total
 rate_limit_stream_snapshot_builds_total   counter  -
 rate_limit_stream_subscribers             gauge    -
 rate_limit_stream_refused_total           counter  -
-rate_limit_slow_clients_total             counter  - (request heads not complete within
+rate_limit_slow_clients_total             counter  - (request heads, or a gRPC connection's HTTP/2
+                                                   preface, not complete within
                                                    SHADOWLIMIT_HEADER_TIMEOUT_S: connection closed)
 rate_limit_record_events_total            counter  result: recorded, dropped (what-if recording)
 rate_limit_envoy_requests_total           counter  code: ok, over_limit, invalid, overloaded (refused:
@@ -382,9 +383,10 @@ class Metrics:
         self.stream_refused = FastCounter(
             "rate_limit_stream_refused_total", "Event streams refused with 503 too_many_streams.", [], registry=r
         )
-        self.slow_clients = Counter(  # exists at 0 (no labels); counted by control_plane/serving.py
+        self.slow_clients = Counter(  # exists at 0 (no labels); counted by serving.py and envoy/server.py
             "rate_limit_slow_clients_total",
-            "Connections closed because a request head did not arrive within SHADOWLIMIT_HEADER_TIMEOUT_S.",
+            "Connections closed because a request head (HTTP) or the HTTP/2 preface (gRPC) did not arrive within"
+            " SHADOWLIMIT_HEADER_TIMEOUT_S.",
             registry=r,
         )
         self.record_events = FastCounter(

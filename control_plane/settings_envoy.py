@@ -37,7 +37,7 @@ class EnvoyHeaders:
     reset: str
     would_limit: str | None  # the upstream's request header, None: off
     near_limit_ratio: float
-    deadline_margin_s: float = 0.003  # kept of the caller's deadline for the answer's way back
+    deadline_margin_s: float = 0.006  # kept of the caller's deadline for the answer's way back
     max_calls: int = 4096  # calls in progress; more are refused RESOURCE_EXHAUSTED, counted
 
 
@@ -108,7 +108,7 @@ class EnvoySettings(BaseModel):
     )
 
     envoy_deadline_margin_ms: float = Field(
-        3.0,
+        6.0,
         ge=0,
         le=1000,
         validation_alias=_env("SHADOWLIMIT_ENVOY_DEADLINE_MARGIN_MS"),

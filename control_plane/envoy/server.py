@@ -1,55 +1,151 @@
 """The gRPC server beside the HTTP one: Envoy's rate limit service, gRPC health checking
 (``grpc.health.v1.Health``: SERVING while the engine runs) and server reflection, on
-``SHADOWLIMIT_HOST:SHADOWLIMIT_GRPC_PORT``, in the app's event loop."""
+``SHADOWLIMIT_HOST:SHADOWLIMIT_GRPC_PORT``, in the app's event loop.
+
+The transport is :mod:`.h2` (HTTP/2 on an asyncio protocol), not grpcio's server: the
+calls that arrive together are decoded together and answered in one write, at a fraction
+of grpcio's CPU per call (see the module's docstring and docs/benchmarks.md)."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
-from dataclasses import dataclass
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-import grpc
-from envoy.service.ratelimit.v3 import rls_pb2
-from grpc_health.v1 import health_pb2, health_pb2_grpc
-from grpc_health.v1.health import SERVICE_NAME as HEALTH_SERVICE
-from grpc_health.v1.health import aio as health_aio
-from grpc_reflection.v1alpha import reflection
+from grpc_health.v1 import health_pb2
+from grpc_reflection.v1alpha import reflection_pb2
+from grpc_reflection.v1alpha.reflection import SERVICE_NAME as REFLECTION_SERVICE
+from grpc_reflection.v1alpha.reflection import ReflectionServicer
 
-from .service import RateLimitService, method_handlers
+from .h2 import Call, H2Connection, Limits, Method, RpcError, StatusCode
+from .service import RLS_SERVICE, RateLimitService, methods
 
 if TYPE_CHECKING:
     from ..auth import Authenticator
     from ..engine import Engine
+    from ..metrics import Metrics
 
-__all__ = ["MAX_CONCURRENT_RPCS", "MAX_MESSAGE_BYTES", "RLS_SERVICE", "GrpcServer", "start_grpc_server"]
+__all__ = ["MAX_CONCURRENT_RPCS", "MAX_MESSAGE_BYTES", "RLS_SERVICE", "GrpcServer", "Health", "start_grpc_server"]
 
 log = logging.getLogger("shadowlimit.envoy")
 
-#: the full name of Envoy's rate limit service
-RLS_SERVICE = rls_pb2.DESCRIPTOR.services_by_name["RateLimitService"].full_name
 #: the largest request message accepted (Envoy's are a few hundred bytes)
 MAX_MESSAGE_BYTES = 64 * 1024
 #: calls in progress at once (SHADOWLIMIT_GRPC_MAX_CALLS' default); more are refused at once
 #: with RESOURCE_EXHAUSTED, counted as rate_limit_envoy_requests_total{code="overloaded"}
 MAX_CONCURRENT_RPCS = 4096
-#: calls gRPC core holds before the event loop takes them; past it core cancels them uncounted,
-#: so it is far above any number the servicer answers (itself or with RESOURCE_EXHAUSTED)
-MAX_PENDING_CALLS = 32_768
+HEALTH_SERVICE = health_pb2.DESCRIPTOR.services_by_name["Health"].full_name
+_SERVING = health_pb2.HealthCheckResponse.SERVING
+_NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
+
+
+class Health:
+    """``grpc.health.v1.Health``: a status per service name ("" is the server's); ``Check``
+    answers it (NOT_FOUND for a name it does not know), ``Watch`` streams it as it changes."""
+
+    def __init__(self) -> None:
+        self.statuses: dict[str, int] = {}
+        self.changed = asyncio.Event()
+        self.stopped = False
+
+    def set(self, name: str, status: int) -> None:
+        self.statuses[name] = status
+        self.changed.set()
+        self.changed = asyncio.Event()
+
+    def stop(self) -> None:
+        """Every Watch ends (the server is stopping)."""
+        self.stopped = True
+        self.changed.set()
+
+    async def check(self, data: bytes, call: Call) -> bytes:
+        name = _health_request(data).service
+        if name not in self.statuses:
+            raise RpcError(StatusCode.NOT_FOUND, f"unknown service {name!r}")
+        return health_pb2.HealthCheckResponse(status=self.statuses[name]).SerializeToString()  # type: ignore[no-any-return]
+
+    async def watch(self, data: bytes, call: Call) -> AsyncIterator[bytes]:
+        name = _health_request(data).service
+        last = None
+        while not self.stopped:
+            status = self.statuses.get(name, health_pb2.HealthCheckResponse.SERVICE_UNKNOWN)
+            if status != last:
+                last = status
+                yield health_pb2.HealthCheckResponse(status=status).SerializeToString()
+            await self.changed.wait()
+
+    def methods(self) -> dict[str, Method]:
+        return {
+            f"/{HEALTH_SERVICE}/Check": Method("unary", self.check),
+            f"/{HEALTH_SERVICE}/Watch": Method("stream", self.watch),
+        }
+
+
+def _health_request(data: bytes) -> Any:
+    try:
+        return health_pb2.HealthCheckRequest.FromString(data)
+    except Exception:  # noqa: BLE001 - protobuf's DecodeError and its kin
+        raise RpcError(StatusCode.INVALID_ARGUMENT, "not a HealthCheckRequest") from None
+
+
+def reflection_methods(services: tuple[str, ...]) -> dict[str, Method]:
+    """``grpc.reflection.v1alpha.ServerReflection``: grpcio-reflection's own servicer answers
+    each request of the stream (``grpcurl list``, ``describe``)."""
+    servicer = ReflectionServicer(services)
+
+    def each(data: bytes, call: Call) -> bytes:
+        try:
+            request = reflection_pb2.ServerReflectionRequest.FromString(data)
+        except Exception:  # noqa: BLE001 - protobuf's DecodeError and its kin
+            raise RpcError(StatusCode.INVALID_ARGUMENT, "not a ServerReflectionRequest") from None
+        answer = next(iter(servicer.ServerReflectionInfo(iter((request,)), None)))
+        return answer.SerializeToString()  # type: ignore[no-any-return]
+
+    return {f"/{REFLECTION_SERVICE}/ServerReflectionInfo": Method("each", each)}
 
 
 @dataclass
 class GrpcServer:
-    """A started server and the port it listens on."""
+    """A started server: its listening socket's server, the open connections, its health."""
 
-    server: Any
-    health: Any
+    health: Health
     port: int
+    metrics: Metrics | None = None
+    server: Any = None
+    connections: set[H2Connection] = field(default_factory=set)
+
+    def slow(self) -> None:
+        """A connection closed for not sending HTTP/2's preface in time."""
+        if self.metrics is not None:
+            self.metrics.slow_clients.inc()
+
+    def refused(self) -> None:
+        """A stream refused: the connection's streams at their bound."""
+        if self.metrics is not None:
+            self.metrics.envoy_requests.labels("overloaded").inc()
+
+    def closed(self, conn: H2Connection) -> None:
+        """A connection ended (nothing to do: it removed itself)."""
 
     async def stop(self, grace_s: float = 2.0) -> None:
-        """Say NOT_SERVING, then stop (calls in flight get ``grace_s`` to finish)."""
-        for name in ("", RLS_SERVICE):
-            await self.health.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
-        await self.server.stop(grace_s)
+        """Say NOT_SERVING, stop listening, tell every connection to take no more calls
+        (GOAWAY), give the calls in flight ``grace_s`` to finish, then close."""
+        for name in list(self.health.statuses):
+            self.health.set(name, _NOT_SERVING)
+        self.health.stop()
+        if self.server is not None:
+            self.server.close()
+        for conn in list(self.connections):
+            conn.shutdown()
+        loop = asyncio.get_running_loop()
+        end = loop.time() + grace_s
+        while self.connections and loop.time() < end:
+            await asyncio.sleep(0.01)
+        for conn in list(self.connections):
+            if conn.transport is not None:
+                conn.transport.close()
 
 
 def _listen_address(host: str, port: int) -> str:
@@ -62,36 +158,33 @@ async def start_grpc_server(
     """Start serving (``port`` 0: a free port, see :attr:`GrpcServer.port`); a port that
     cannot be bound raises ``OSError`` naming it. With ``auth`` requiring a client token
     (``SHADOWLIMIT_CLIENT_TOKEN``), every call must carry ``authorization: Bearer <token>``
-    metadata (Envoy: ``grpc_service.initial_metadata``)."""
-    # no maximum_concurrent_rpcs: the servicer refuses past SHADOWLIMIT_GRPC_MAX_CALLS itself, counted
-    server = grpc.aio.server(
-        options=[
-            ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-            # calls that arrived but that the event loop has not taken yet: gRPC core cancels those
-            # past 1,000 (its default), so a burst of 2,000 ended 3-9% CANCELLED, uncounted
-            ("grpc.server.max_pending_requests", MAX_PENDING_CALLS),
-            ("grpc.server.max_pending_requests_hard_limit", MAX_PENDING_CALLS),
-            # a port in use is an error, not a second listener -- but for the workers of
-            # `serve --workers`, which share it (serve checked that it was free)
-            ("grpc.so_reuseport", 1 if reuse_port else 0),
-        ],
-    )
-    service = RateLimitService(
-        engine.live_rules, engine.decider, engine.metrics, auth, headers=engine.settings.envoy_headers
-    )
-    server.add_generic_rpc_handlers((method_handlers(service),))
-    health = health_aio.HealthServicer()
-    health_pb2_grpc.add_HealthServicer_to_server(health, server)
-    reflection.enable_server_reflection((RLS_SERVICE, HEALTH_SERVICE, reflection.SERVICE_NAME), server)
+    metadata (Envoy: ``grpc_service.initial_metadata``). With ``reuse_port``, the workers of
+    ``serve --workers`` share the port (``SO_REUSEPORT``; serve checked that it was free)."""
+    settings = engine.settings
+    service = RateLimitService(engine.live_rules, engine.decider, engine.metrics, auth, headers=settings.envoy_headers)
+    health = Health()
+    table: dict[str, Method] = {**methods(service), **health.methods()}
+    table.update(reflection_methods((RLS_SERVICE, HEALTH_SERVICE, REFLECTION_SERVICE)))
+    # streams per connection: as many as calls in progress by default; the servicer's own bound
+    # (SHADOWLIMIT_GRPC_MAX_CALLS) answers RESOURCE_EXHAUSTED past it, counted, across connections
+    limits = Limits(max_message_bytes=MAX_MESSAGE_BYTES, preface_timeout_s=settings.header_timeout_s)
+    grpc = GrpcServer(health, 0, engine.metrics)
+    loop = asyncio.get_running_loop()
     address = _listen_address(host, port)
     try:
-        bound = server.add_insecure_port(address)
-    except RuntimeError as exc:
-        raise OSError(f"SHADOWLIMIT_GRPC_PORT: cannot listen on {address}: {exc}") from None
-    if not bound:
-        raise OSError(f"SHADOWLIMIT_GRPC_PORT: cannot listen on {address}")
-    await server.start()
+        server = await loop.create_server(
+            lambda: H2Connection(table, limits, grpc),
+            host,
+            port,
+            reuse_port=reuse_port or None,
+            reuse_address=True,
+            backlog=1024,
+        )
+    except OSError as exc:
+        raise OSError(f"SHADOWLIMIT_GRPC_PORT: cannot listen on {address}: {exc.strerror or exc}") from None
+    grpc.server = server
+    grpc.port = server.sockets[0].getsockname()[1]
     for name in ("", RLS_SERVICE):
-        await health.set(name, health_pb2.HealthCheckResponse.SERVING)
-    log.info("Envoy rate limit service (gRPC) on %s", _listen_address(host, bound))
-    return GrpcServer(server, health, bound)
+        health.set(name, _SERVING)
+    log.info("Envoy rate limit service (gRPC) on %s", _listen_address(host, grpc.port))
+    return grpc

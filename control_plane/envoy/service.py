@@ -46,9 +46,8 @@ import math
 import time
 from typing import TYPE_CHECKING, Any
 
-import grpc
 from envoy.config.core.v3.base_pb2 import HeaderValue
-from envoy.service.ratelimit.v3 import rls_pb2, rls_pb2_grpc
+from envoy.service.ratelimit.v3 import rls_pb2
 from google.protobuf.duration_pb2 import Duration
 from google.protobuf.message import DecodeError
 
@@ -58,6 +57,7 @@ from ..decision import DecideResult, PlainInput
 from ..decision.enforce import Path, path_for
 from ..settings_envoy import EnvoyHeaders
 from .config import UNITS, EnvoyLimit, Match
+from .h2 import Call, Method, RpcError, StatusCode
 from .stats import HitStats
 
 if TYPE_CHECKING:
@@ -66,7 +66,7 @@ if TYPE_CHECKING:
     from ..live_rules import LiveRules
     from ..metrics import Metrics
 
-__all__ = ["MAX_DESCRIPTORS", "MAX_ENTRIES", "RateLimitService", "method_handlers"]
+__all__ = ["MAX_DESCRIPTORS", "MAX_ENTRIES", "RLS_SERVICE", "RateLimitService", "methods"]
 
 log = logging.getLogger("shadowlimit.envoy")
 
@@ -75,6 +75,8 @@ MAX_DESCRIPTORS = 64
 #: the most entries in one descriptor
 MAX_ENTRIES = 32
 
+#: the full name of Envoy's rate limit service
+RLS_SERVICE = rls_pb2.DESCRIPTOR.services_by_name["RateLimitService"].full_name
 _Request = rls_pb2.RateLimitRequest
 _Response = rls_pb2.RateLimitResponse
 _OK = _Response.OK
@@ -119,7 +121,7 @@ class _Verdict:
         self.would = False
 
 
-class RateLimitService(rls_pb2_grpc.RateLimitServiceServicer):  # type: ignore[misc]
+class RateLimitService:
     """The servicer (see the module docstring)."""
 
     def __init__(
@@ -135,51 +137,44 @@ class RateLimitService(rls_pb2_grpc.RateLimitServiceServicer):  # type: ignore[m
         self.in_flight = 0  # calls being answered (at most headers.max_calls)
         self._limits = {name: _Response.RateLimit.Unit.Value(name) for name in _Response.RateLimit.Unit.keys()}
 
-    async def ShouldRateLimitBytes(self, data: bytes, context: Any) -> Any:  # noqa: N802 - after the gRPC method
-        """The gRPC method, from the request's bytes: a message that does not parse is the
-        client's mistake (INVALID_ARGUMENT, counted), not the server's; past
-        ``max_calls`` calls in progress, RESOURCE_EXHAUSTED at once (counted)."""
+    async def should_rate_limit(self, data: bytes, call: Call) -> bytes:
+        """The gRPC method, from the request's bytes to the response's: a message that does
+        not parse is the client's mistake (INVALID_ARGUMENT, counted), not the server's;
+        past ``max_calls`` calls in progress, RESOURCE_EXHAUSTED at once (counted)."""
         if self.in_flight >= self.headers.max_calls:
             self.metrics.envoy_requests.labels("overloaded").inc()
-            await context.abort(
-                grpc.StatusCode.RESOURCE_EXHAUSTED, f"more than {self.headers.max_calls} calls in progress"
-            )
+            raise RpcError(StatusCode.RESOURCE_EXHAUSTED, f"more than {self.headers.max_calls} calls in progress")
         try:
             request = _Request.FromString(data)
         except (DecodeError, ValueError, UnicodeDecodeError):
             self.metrics.envoy_requests.labels("invalid").inc()
-            await context.abort(
-                grpc.StatusCode.INVALID_ARGUMENT,
+            raise RpcError(
+                StatusCode.INVALID_ARGUMENT,
                 "the request is not a RateLimitRequest (not valid protobuf, or a string field that is not UTF-8)",
-            )
-        self.in_flight += 1
-        try:
-            return await self.ShouldRateLimit(request, context)
-        finally:
-            self.in_flight -= 1
-
-    async def ShouldRateLimit(self, request: Any, context: Any) -> Any:  # noqa: N802 - the gRPC method's name
+            ) from None
         if self.auth is not None and self.auth.client_token_required:
             try:
-                check(self.auth, Access.DATA, _bearer_of(context.invocation_metadata()))
+                check(self.auth, Access.DATA, _bearer_of(call.metadata))
             except Denied as exc:
                 self.metrics.envoy_requests.labels("invalid").inc()
-                await context.abort(grpc.StatusCode.UNAUTHENTICATED, exc.message)
-        remaining = context.time_remaining()  # Envoy's grpc-timeout, less what has passed (None: none sent)
+                raise RpcError(StatusCode.UNAUTHENTICATED, exc.message) from None
+        remaining = call.time_remaining()  # Envoy's grpc-timeout, less what has passed (None: none sent)
         # kept for the answer's way back: the margin, and a tenth of the time (timers fire late under load)
         budget = None if remaining is None else remaining * 0.9 - self.headers.deadline_margin_s
+        self.in_flight += 1
         try:
             response = await self.answer(request, budget)
         except _Invalid as exc:
             self.metrics.envoy_requests.labels("invalid").inc()
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+            raise RpcError(StatusCode.INVALID_ARGUMENT, str(exc)) from None
         except Exception as exc:  # noqa: BLE001 - a bug: logged under an incident id, never shown
             self.metrics.envoy_requests.labels("error").inc()
-            await context.abort(
-                grpc.StatusCode.INTERNAL, f"{incidents.MESSAGE} (incident {incidents.report(exc, 'ShouldRateLimit')})"
-            )
+            incident = incidents.report(exc, "ShouldRateLimit")
+            raise RpcError(StatusCode.INTERNAL, f"{incidents.MESSAGE} (incident {incident})") from None
+        finally:
+            self.in_flight -= 1
         self.metrics.envoy_requests.labels("over_limit" if response.overall_code == _OVER else "ok").inc()
-        return response
+        return response.SerializeToString()  # type: ignore[no-any-return]
 
     async def answer(self, request: Any, budget_s: float | None = None) -> Any:
         """The response to a ``RateLimitRequest`` (raises :class:`_Invalid`); Redis gets
@@ -322,14 +317,8 @@ class RateLimitService(rls_pb2_grpc.RateLimitServiceServicer):  # type: ignore[m
         )
 
 
-def method_handlers(service: RateLimitService) -> Any:
-    """The generic handler of Envoy's rate limit service: ``ShouldRateLimit`` takes the
-    request's bytes, so that a message that does not parse is answered INVALID_ARGUMENT
-    by :meth:`RateLimitService.ShouldRateLimitBytes` (grpcio's own deserializer would
-    answer UNKNOWN, naming protobuf's internal exception)."""
-    handler = grpc.unary_unary_rpc_method_handler(
-        service.ShouldRateLimitBytes, request_deserializer=None, response_serializer=_Response.SerializeToString
-    )
-    return grpc.method_handlers_generic_handler(
-        rls_pb2.DESCRIPTOR.services_by_name["RateLimitService"].full_name, {"ShouldRateLimit": handler}
-    )
+def methods(service: RateLimitService) -> dict[str, Method]:
+    """Envoy's rate limit service's one method, taking the request's bytes, so that a
+    message that does not parse is answered INVALID_ARGUMENT by
+    :meth:`RateLimitService.should_rate_limit`."""
+    return {f"/{RLS_SERVICE}/ShouldRateLimit": Method("unary", service.should_rate_limit)}
