@@ -24,6 +24,10 @@ requests on ``/hot``: 100 keys of a 1-per-minute descriptor, far over their limi
 or its latency makes fail): the bare server; enforce; the cache on and off; enforce while Redis
 stalls 30 ms at a time (``DEBUG SLEEP 0.03`` back to back from another connection); enforce
 with Redis SIGKILLed in the middle of the round (started again after it, same port, empty).
+The bare rows: a grpcio aio server (the ceiling the targets compare with) and shadowlimit's own
+transport (``control_plane/envoy/h2.py``) answering OK without a decision. The reload row:
+saturated, enforce, the serve process's Envoy config replaced 1 s into a round of at least
+12 s by one just under the 4 MiB limit (``tests/bigconfig.py``, 54,000 descriptors).
 
 Per row and round: wrk's requests/s and latency; Envoy's ``cluster.mock.ratelimit.{ok,
 over_limit,error,failure_mode_allowed}`` deltas from its admin ``/stats`` (calls = ok +
@@ -115,7 +119,7 @@ class Row:
     script: str = "rl"
     mode: str | None = "enforce"  # the serve process's routes' mode (None: not set)
     connections: int = 32
-    fault: str | None = None  # stall | kill: what happens to Redis during the round
+    fault: str | None = None  # stall | kill: what happens to Redis during the round; reload: to the config
     baseline: str | None = "bare"  # the row whose requests/s it is compared with
     pace_ms: int = 0  # each connection waits this long after each answer (wrk's delay())
     envoy: str | None = None  # the Envoy in front (default: the target's)
@@ -140,6 +144,8 @@ ROWS = (
     ),
     Row("bare_c128", "bare grpcio server, 128 connections", "bare", mode=None, connections=128, baseline=None),
     Row("enforce_c128", "shadowlimit, enforce, 128 connections", "serve", connections=128, baseline="bare_c128"),
+    Row("stall", "shadowlimit, enforce, Redis stalling 30 ms at a time", "serve", fault="stall", baseline=None),
+    Row("kill", "shadowlimit, enforce, Redis SIGKILLed mid-round", "serve", fault="kill", baseline=None),
     Row("cache_on", "over-limit cache on (default)", "serve", "hot"),
     Row("cache_off", "over-limit cache off", "nocache", "hot"),
     Row("bare_paced", "bare grpcio server", "bare", mode=None, **_P),
@@ -148,9 +154,21 @@ ROWS = (
     Row("cache_off_paced", "over-limit cache off, paced", "nocache", "hot", **_P),
     Row("stall_paced", "shadowlimit, enforce, Redis stalling 30 ms at a time", "serve", fault="stall", **_P),
     Row("kill_paced", "shadowlimit, enforce, Redis SIGKILLed mid-round", "serve", fault="kill", **_P),
+    Row(
+        "reload",
+        "shadowlimit, enforce, a 4 MiB Envoy config (54,000 descriptors) replacing its own mid-round",
+        "serve",
+        fault="reload",
+        baseline=None,
+    ),
 )
+#: the reload row's round lasts at least this long: the whole reload happens inside it
+RELOAD_ROUND_S = 12.0
+RELOAD_AT_S = 1.0
 #: rows in normal operation, saturated: the targets (>= 0.8x the bare server, < 0.1% failed calls)
 TARGET_ROWS = ("enforce", "shadow", "workers2", "workers2_streams", "enforce_c128", "cache_on", "cache_off")
+#: saturated rows with Redis in trouble: their failed calls are targets (< 0.1%), not their requests/s
+FAULT_ROWS = ("stall", "kill")
 PACED_ROWS = ("bare_paced", "enforce_paced", "stall_paced", "kill_paced")
 RATIO_TARGET = 0.8
 ERROR_TARGET = 0.001
@@ -394,8 +412,14 @@ class Bench:
         self.stack.callback(self.bare_h2.stop)
         self.service_pids["bare_h2"] = self.bare_h2.pid
         grpc_ports = {"bare": self.bare.port, "bare_h2": self.bare_h2.port}
+        self.serve_config = self.work / "serve-envoy-config.yaml"  # its own: the reload row replaces it
+        self.serve_config.write_text(ENVOY_CONFIG)
         for name, env, extra in (
-            ("serve", {}, ()),
+            (
+                "serve",
+                {"SHADOWLIMIT_ENVOY_CONFIG": str(self.serve_config), "SHADOWLIMIT_RULES_POLL_INTERVAL_S": "0.2"},
+                (),
+            ),  # noqa: E501
             ("workers", {}, ("--workers", "2")),
             ("nocache", {"SHADOWLIMIT_OVER_LIMIT_CACHE_KEYS": "0"}, ()),
         ):
@@ -405,7 +429,7 @@ class Bench:
                 "SHADOWLIMIT_HOST": "127.0.0.1",  # loopback only, whatever the caller's environment says
                 "SHADOWLIMIT_ENVOY_CONFIG": str(self.work / "envoy-config.yaml"),
                 "SHADOWLIMIT_NAMESPACE": f"bench-envoy-{name}",
-                **env,
+                **env,  # type: ignore[dict-item]
             }
             server = Server(
                 self.work / name,
@@ -468,6 +492,8 @@ class Bench:
 
     def run_row(self, row: Row, seconds: float | None = None) -> dict[str, Any]:
         seconds = seconds or self.seconds
+        if row.fault == "reload":
+            seconds = max(seconds, RELOAD_ROUND_S)
         if row.mode is not None:
             self.set_modes(row.mode)
         envoy = self.envoys[row.envoy or row.target]
@@ -513,9 +539,66 @@ class Bench:
             out["deadline_share"] = out["service"]["deadline_answers"] / calls
         return out
 
+    def reloads(self) -> list[tuple[str, float]]:
+        """The reasons and times of the serve process's audited reloads, newest first."""
+        r = httpx.get(self.servers["serve"].url + "/v1/rollout/audit", params={"limit": 20}, timeout=30)
+        return [(e["reason"], e["at"]) for e in r.json()["entries"] if e["kind"] == "rules_reload"]
+
+    def wait_reload(self, routes: int, timeout: float = 120.0) -> float:
+        """Until the serve process has audited a reload to ``routes`` Envoy routes (or refused
+        one); when it was audited (``time.time()``)."""
+        t0 = time.perf_counter()
+        want = f"Envoy configuration: {routes} routes"
+        while time.perf_counter() - t0 < timeout:
+            with contextlib.suppress(httpx.HTTPError, KeyError, ValueError):
+                last = self.reloads()[:1]
+                if last and want in last[0][0]:
+                    return float(last[0][1])
+                ready = httpx.get(self.servers["serve"].url + "/readyz", timeout=30).json()
+                if ready["rules"]["error"]:
+                    raise RuntimeError(f"bench: the reload row's configuration was refused: {ready['rules']['error']}")
+            time.sleep(0.2)
+        raise RuntimeError(f"bench: no reload to {routes} routes within {timeout:.0f} s")
+
+    @contextlib.contextmanager
+    def _reload(self, extra: dict[str, Any]) -> Iterator[None]:
+        """The serve process's Envoy config replaced by one just under the 4 MiB limit
+        :data:`RELOAD_AT_S` into the round (at once, as a deploy does); after the round, the
+        reload's duration, and the small config put back (not measured)."""
+        from bigconfig import envoy_config_text
+
+        head = ENVOY_CONFIG.split("descriptors:\n", 1)[1].replace("\n  ", "\n").lstrip(" ")
+        big = envoy_config_text(domain=DOMAIN, head=head)
+        staged = self.serve_config.with_name(".big.yaml")
+        staged.write_text(big)
+        routes = big.count("- key: ")
+        t_swap: list[float] = []
+
+        def swap() -> None:
+            t_swap.append(time.time())
+            os.replace(staged, self.serve_config)
+
+        timer = threading.Timer(RELOAD_AT_S, swap)
+        timer.start()
+        try:
+            yield
+        finally:
+            timer.cancel()
+            timer.join()
+        if t_swap:
+            extra["reload_s"] = self.wait_reload(routes) - t_swap[0]  # from the swap to the audited reload
+            extra["reload_routes"] = routes
+            small = self.serve_config.with_name(".small.yaml")
+            small.write_text(ENVOY_CONFIG)
+            os.replace(small, self.serve_config)
+            self.wait_reload(len(ROUTES))
+
     @contextlib.contextmanager
     def _fault(self, fault: str | None, seconds: float, extra: dict[str, Any]) -> Iterator[None]:
-        if fault == "stall":
+        if fault == "reload":
+            with self._reload(extra):
+                yield
+        elif fault == "stall":
             t0 = time.perf_counter()
             with Staller(self.redis.url) as st:
                 yield
@@ -596,6 +679,7 @@ def summarize(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
                     "evalsha_per_request",
                     "stalled_share",
                     "recovery_s",
+                    "reload_s",
                     "fallback_share",
                     "deadline_share",
                     "other_cores",
@@ -719,7 +803,7 @@ def _main_table(rows: dict[str, Any]) -> list[str]:
         "|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|",
     ]
     for name, r in rows.items():
-        if r.get("pace_ms") or name.startswith("cache_"):
+        if r.get("pace_ms") or name.startswith("cache_") or name in ("reload", *FAULT_ROWS):
             continue  # their own tables
         evalsha = "-" if r["evalsha_per_request"] is None else f"{r['evalsha_per_request']:.2f}"
         lines.append(
@@ -759,29 +843,52 @@ def _cache_lines(rows: dict[str, Any], meta: dict[str, Any]) -> list[str]:
 def _paced_lines(rows: dict[str, Any], meta: dict[str, Any]) -> list[str]:
     lines = [
         "",
-        f"Paced: the same 32 connections, each waiting {meta['pace_ms']} ms after each answer (at most "
+        "Redis in trouble, saturated (32 connections as fast as answers come) and paced: "
+        f"the same 32 connections, each waiting {meta['pace_ms']} ms after each answer (at most "
         f"{32_000 / meta['pace_ms']:,.0f} requests/s), so the service is not saturated and what fails is what "
         "the service's latency or Redis makes fail. Redis stalling: `DEBUG SLEEP 0.03` back to back from another "
         "connection; killed: SIGKILL half way through the round, started again (empty, same port) after it. "
         "Answered by the deadline: `rate_limit_deadline_answers_total` over the calls.",
         "",
-        "| paced, Envoy's filter asks | requests/s | p50 | p99 | failed calls (worst round) | answered by the "
+        "| Envoy's filter asks | requests/s | p50 | p99 | failed calls (worst round) | answered by the "
         "deadline | decided by the failure policy | service CPU per call | Redis stalled / breaker closed again |",
         "|---|--:|--:|--:|--:|--:|--:|--:|--:|",
     ]
-    for name in PACED_ROWS:
+    for name in (*FAULT_ROWS, *PACED_ROWS):
         r = rows[name]
+        how = "paced" if r.get("pace_ms") else "saturated"
         note = "-"
         if r.get("stalled_share") is not None:
             note = f"{_pct(r['stalled_share'])} of the round"
         elif r.get("recovery_s") is not None:
             note = f"{r['recovery_s']:.1f} s after Redis was back"
         lines.append(
-            f"| {r['label']} | {r['rps']:,.0f} | {_ms(r['p50_us'])} | {_ms(r['p99_us'])} | {_failed(r)} | "
+            f"| {r['label']}, {how} | {r['rps']:,.0f} | {_ms(r['p50_us'])} | {_ms(r['p99_us'])} | {_failed(r)} | "
             f"{_pct(r['deadline_share'])} | {_pct(r['fallback_share'])} | {_us(r['service_cpu_us_per_call'])} "
             f"| {note} |"
         )
     return lines
+
+
+def _reload_lines(rows: dict[str, Any]) -> list[str]:
+    r = rows.get("reload")
+    if r is None:
+        return []
+    routes = _median([x.get("reload_routes") for x in r["runs"]])
+    return [
+        "",
+        f"A reload under load: {RELOAD_AT_S:g} s into a round of at least {RELOAD_ROUND_S:g} s (saturated, enforce), "
+        f"the serve process's Envoy config is replaced at once by one just under the 4 MiB file limit "
+        f"({routes or 0:,.0f} descriptors; `tests/bigconfig.py`), which it reads in a child process and swaps in "
+        "while answering (the small one is put back after the round). Reloaded: from the file's replacement to "
+        "the audited reload.",
+        "",
+        "| reload | requests/s | p99 | failed calls (worst round) | reloaded in | service CPU per call |",
+        "|---|--:|--:|--:|--:|--:|",
+        f"| {r['label']} | {r['rps']:,.0f} | {_ms(r['p99_us'])} | {_failed(r)} | "
+        f"{'-' if r.get('reload_s') is None else format(r['reload_s'], '.1f') + ' s'} | "
+        f"{_us(r['service_cpu_us_per_call'])} |",
+    ]
 
 
 def _notes(rows: dict[str, Any], meta: dict[str, Any]) -> list[str]:
@@ -817,7 +924,7 @@ def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
             "met": r["decided_vs_baseline"] is not None and r["decided_vs_baseline"] >= RATIO_TARGET,
         }
     )
-    for name in ("enforce", "enforce_paced"):
+    for name in ("enforce", *FAULT_ROWS, "enforce_paced", "stall_paced", "kill_paced", "reload"):
         r = rows[name]
         how = f"paced, {PACE_MS} ms pauses" if r.get("pace_ms") else "saturated"
         out.append(
@@ -840,7 +947,7 @@ def _target_lines(rows: dict[str, Any]) -> list[str]:
             f"{_ratio(r['decided_vs_baseline'])} (paired {_ratio(r.get('decided_vs_baseline_paired'))}; "
             f"all requests/s {_ratio(r['vs_baseline'])}) | {'met' if ok else '**not met**'} |"
         )
-    for name in (*TARGET_ROWS, *PACED_ROWS[1:]):
+    for name in (*TARGET_ROWS, *FAULT_ROWS, *PACED_ROWS[1:], "reload"):
         r = rows[name]
         ok = r["error_share"] is not None and r["error_share"] < ERROR_TARGET
         paced = ", paced" if r.get("pace_ms") else ""
@@ -885,6 +992,7 @@ def render(results: dict[str, Any]) -> str:
         *_main_table(rows),
         *_cache_lines(rows, meta),
         *_paced_lines(rows, meta),
+        *_reload_lines(rows),
         *_notes(rows, meta),
         "",
         (

@@ -64,7 +64,10 @@ process_*, python_*                       -        prometheus-client's process, 
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import math
+import sys
 from bisect import bisect_left
 from collections.abc import Iterator
 from typing import Any
@@ -79,7 +82,9 @@ from limiter.resilience import FailurePolicy
 from .external.resolver import SOURCES
 from .rollout import Divergence, Mode
 
-__all__ = ["DECISION_ENFORCERS", "ENVOY_STATS", "FastCounter", "FastGauge", "FastHistogram", "Metrics"]
+__all__ = [
+    "DECISION_ENFORCERS", "ENVOY_STATS", "OTHER_ROUTES", "FastCounter", "FastGauge", "FastHistogram", "Metrics",
+]  # fmt: skip
 
 
 class _Value:
@@ -110,6 +115,9 @@ class _Family:
         self.documentation = documentation
         self.labelnames = labelnames
         self._children: dict[tuple[str, ...], _Value] = {}
+        # the series of each route, for a family with a route label (remove_where)
+        self._route_at = labelnames.index("route") if "route" in labelnames else None
+        self._by_route: dict[str, list[tuple[str, ...]]] = {}
         registry.register(self)
 
     def labels(self, *values: str) -> _Value:
@@ -118,7 +126,12 @@ class _Family:
             if len(values) != len(self.labelnames):
                 raise ValueError(f"{self.name}: expected labels {self.labelnames}, got {values}")
             child = self._children[values] = _Value()
+            self._indexed(values)
         return child
+
+    def _indexed(self, values: tuple[str, ...]) -> None:
+        if self._route_at is not None:
+            self._by_route.setdefault(values[self._route_at], []).append(values)
 
     def collect(self) -> Iterator[Metric]:
         fam: Any
@@ -135,6 +148,11 @@ class _Family:
 
     def samples(self) -> dict[tuple[str, ...], float]:
         return {k: v.value for k, v in self._children.items()}
+
+    def remove_route(self, route: str) -> None:
+        """Drop the series of ``route`` (gone from the rules): as many steps as it has series."""
+        for key in self._by_route.pop(route, ()):
+            self._children.pop(key, None)
 
 
 class FastCounter(_Family):
@@ -179,6 +197,7 @@ class FastHistogram(_Family):
             if len(values) != len(self.labelnames):
                 raise ValueError(f"{self.name}: expected labels {self.labelnames}, got {values}")
             child = self._children[values] = _HistValue(self.bounds)  # type: ignore[assignment]
+            self._indexed(values)
         return child
 
     def collect(self) -> Iterator[Metric]:
@@ -212,6 +231,12 @@ DECISION_ENFORCERS: dict[str, tuple[str, ...]] = {
     Mode.ENFORCE.value: ("distributed", "failure_policy"),
 }
 
+#: the interpreter's switch interval while /metrics is rendered in a thread (Metrics.render_async)
+RENDER_SWITCH_INTERVAL_S = 0.001
+
+#: the route label of the routes past SHADOWLIMIT_METRICS_MAX_ROUTES (no route can be named so)
+OTHER_ROUTES = "(other)"
+
 #: rate_limit_envoy_hits_total's stats, in envoyproxy/ratelimit's names
 ENVOY_STATS = ("total_hits", "over_limit", "near_limit", "within_limit", "shadow_mode")
 
@@ -240,9 +265,17 @@ _FIXED_LABELS: dict[str, tuple[tuple[str, ...], ...]] = {
 class Metrics:
     """All metrics of one control plane."""
 
-    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+    def __init__(self, registry: CollectorRegistry | None = None, max_routes: int = 1000) -> None:
         r = self.registry = registry or CollectorRegistry()
+        # routes with series of their own (SHADOWLIMIT_METRICS_MAX_ROUTES); the routes added past
+        # it count under OTHER_ROUTES: 50,000 Envoy descriptors would be 2 million series, and
+        # /metrics would take 20 s to render (on the event loop) and 200 MB to send
+        self.max_routes = max_routes
+        self._render_lock = asyncio.Lock()
+        self._overflow: set[str] = set()
+        self._overflow_added = False
         self._children: dict[tuple[int, tuple[str, ...]], Any] = {}
+        self._child_routes: dict[str, list[tuple[int, tuple[str, ...]]]] = {}  # child() keys by route
         self._routes: dict[str, bool] = {}  # the routes whose series exist: name -> has external limits
         # created in this order, which is the order /metrics lists them in
         self._add_decision_metrics(r)
@@ -433,6 +466,13 @@ class Metrics:
         k = (id(metric), labels)
         c = self._children.get(k)
         if c is None:
+            names: tuple[str, ...] = tuple(getattr(metric, "labelnames", ()) or getattr(metric, "_labelnames", ()))
+            if "route" in names:  # forgotten with the route (remove_route); an overflowed one counts as OTHER_ROUTES
+                at = names.index("route")
+                self._child_routes.setdefault(labels[at], []).append(k)
+                if labels[at] in self._overflow:
+                    c = self._children[k] = metric.labels(*labels[:at], OTHER_ROUTES, *labels[at + 1 :])
+                    return c
             c = self._children[k] = metric.labels(*labels)
         return c
 
@@ -443,11 +483,21 @@ class Metrics:
         descriptor's hits by stat), so the first event
         on any replica is an increase from 0 that ``increase()`` and ``rate()`` see, not a
         series that appears already at 1. Called for every route of the rules in force,
-        at startup and after each reload; cheap when nothing is new."""
+        at startup and after each reload; cheap when nothing is new. Past :attr:`max_routes`
+        routes, a route counts under :data:`OTHER_ROUTES` (whose series exist at 0 then)."""
         known = self._routes.get(route)
         if known is not None and (known or not external):
             return
+        if known is None and (route in self._overflow or len(self._routes) >= self.max_routes):
+            self._overflow.add(route)
+            if not self._overflow_added:
+                self._overflow_added = True
+                self._create(OTHER_ROUTES, external=True, envoy=True)
+            return
         self._routes[route] = external
+        self._create(route, external=external, envoy=envoy)
+
+    def _create(self, route: str, *, external: bool, envoy: bool) -> None:
         if envoy:
             for stat in ENVOY_STATS:
                 self.envoy_hits.labels(route, stat)
@@ -466,6 +516,32 @@ class Metrics:
             self.deadline_answers.labels(route, reason)
         self.shadow_dropped.labels(route)
 
+    def remove_route(self, route: str) -> None:
+        """Drop every series of ``route`` (gone from the rules): a configuration of 50,000
+        Envoy descriptors replaced by a small one must not leave 2 million series behind."""
+        for key in self._child_routes.pop(route, ()):
+            self._children.pop(key, None)
+        if route in self._overflow:
+            self._overflow.discard(route)
+            return
+        if self._routes.pop(route, None) is None:
+            return
+        for family in (
+            self.decisions, self.divergence, self.shadow_dropped, self.deadline_answers, self.envoy_hits,
+            self.external_limits, self.tokens_remaining,
+        ):  # fmt: skip
+            family.remove_route(route)
+        for mode in DECISION_ENFORCERS:
+            with contextlib.suppress(KeyError):
+                self.route_mode.remove(route, mode)
+            for automatic in ("true", "false"):
+                with contextlib.suppress(KeyError):
+                    self.mode_changes.remove(route, mode, automatic)
+
+    def routes(self) -> list[str]:
+        """The routes whose series exist (:meth:`add_route`)."""
+        return list(self._routes)
+
     def deadline_counts(self) -> dict[str, dict[str, int]]:
         """This replica's deadline answers per route: ``{route: {reason: n}}``."""
         out: dict[str, dict[str, int]] = {}
@@ -477,9 +553,29 @@ class Metrics:
         for s in ("closed", "open", "half_open"):
             self.breaker_state.labels(s).set(1 if s == state else 0)
 
+    def mode_changed(self, route: str, mode: str, automatic: bool) -> None:
+        """``rate_limit_mode_changes_total`` (an overflowed route's under OTHER_ROUTES)."""
+        label = OTHER_ROUTES if route in self._overflow else route
+        self.mode_changes.labels(label, mode, str(automatic).lower()).inc()
+
     def set_mode(self, route: str, mode: str) -> None:
+        if route in self._overflow:
+            return  # no gauge of its own: OTHER_ROUTES stands for many routes
         for m in ("off", "shadow", "canary", "enforce"):
             self.route_mode.labels(route, m).set(1 if m == mode else 0)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+    async def render_async(self) -> bytes:
+        """:meth:`render` in a thread, the interpreter's switch interval lowered to 1 ms
+        meanwhile: thousands of routes' series take a fraction of a second to format, which
+        must not hold the event loop (Envoy's calls have 20 ms); the loop waits at most a
+        millisecond for the interpreter at a time instead of the default 5."""
+        async with self._render_lock:
+            previous = sys.getswitchinterval()
+            sys.setswitchinterval(min(previous, RENDER_SWITCH_INTERVAL_S))
+            try:
+                return await asyncio.to_thread(self.render)
+            finally:
+                sys.setswitchinterval(previous)

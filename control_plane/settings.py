@@ -295,6 +295,12 @@ class Settings(EnvoySettings, BaseSettings):
             " (the same bytes, several times the throughput); false: every request through FastAPI."
         ),
     )
+    metrics_max_routes: int = Field(
+        1000,
+        ge=1,
+        validation_alias=_env("SHADOWLIMIT_METRICS_MAX_ROUTES"),
+        description='Routes with series of their own in /metrics; the others\' counts go to route="(other)".',
+    )
     otel: bool = Field(
         False,
         validation_alias=_env("SHADOWLIMIT_OTEL"),

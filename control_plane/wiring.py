@@ -124,7 +124,9 @@ async def open_engine(settings: Settings, *, metrics: Metrics | None = None) -> 
         socket_timeout=max(1.0, settings.redis_command_timeout_s * 4),
         connect_timeout=settings.redis_connect_timeout_s,
     )
-    engine = build_engine(settings, redis=redis, client=client, metrics=metrics or Metrics())
+    engine = build_engine(
+        settings, redis=redis, client=client, metrics=metrics or Metrics(max_routes=settings.metrics_max_routes)
+    )
     handle = EngineHandle(engine, redis, client, target.redacted(), embedded)
     try:
         await engine.start()
@@ -150,7 +152,7 @@ def build_engine(
     (integer microseconds), ``clock`` everything else's (seconds): the counters' minutes,
     the rollout's timestamps, the activity's rates, the views' age."""
     iid = instance_id or settings.instance_id or uuid.uuid4().hex[:12]
-    metrics = metrics or Metrics()
+    metrics = metrics or Metrics(max_routes=settings.metrics_max_routes)
     events = EventHub(history=settings.stream_history)
     # the engine logs the transitions (with their event fields)
     breaker = CircuitBreaker(failure_threshold=settings.breaker_failure_threshold, trial_half_opens=False, name=None)

@@ -59,4 +59,4 @@ async def readyz(engine: EngineDep) -> JSONResponse:
 )
 async def metrics(engine: EngineDep) -> Response:
     """Prometheus exposition."""
-    return Response(engine.metrics.render(), media_type=CONTENT_TYPE_LATEST)
+    return Response(await engine.metrics.render_async(), media_type=CONTENT_TYPE_LATEST)

@@ -331,9 +331,16 @@ def test_real_prometheus_scrapes_a_control_plane(redis_url, tmp_path):
             rules = eventually(evaluated, 30, what="every rule evaluated")
             assert {r["name"]: r["health"] for r in rules} == dict.fromkeys(alert_rules(), "ok")
             # export's tight global limit newly rejects most of its requests: above the gate (for
-            # 10m, so pending); nothing else is wrong
-            states = {r["name"]: r["state"] for r in rules}
-            assert states == {**dict.fromkeys(alert_rules(), "inactive"), "ShadowlimitDivergenceAboveGate": "pending"}
+            # 10m, so pending, once an evaluation has seen the scrape that shows it); nothing else is wrong
+            expected = {**dict.fromkeys(alert_rules(), "inactive"), "ShadowlimitDivergenceAboveGate": "pending"}
+
+            def states() -> bool:
+                now = {r["name"]: r["state"] for r in evaluated()}
+                assert now == expected, now  # reported by eventually() if it never holds
+                return True
+
+            eventually(states, 30, what="the alert states")
+            rules = prom.rules()
             gate = next(r for r in rules if r["name"] == "ShadowlimitDivergenceAboveGate")
             assert [a["labels"]["route"] for a in gate["alerts"]] == ["export"]
 

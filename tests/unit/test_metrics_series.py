@@ -91,3 +91,55 @@ def test_latency_buckets_resolve_10_to_20_microseconds():
 
     assert m.latency.bounds[0] <= 0.000005
     assert (below("1e-05"), below("2e-05"), below("5e-05"), below("+Inf")) == (1, 3, 4, 4)
+
+
+def test_a_route_that_is_gone_loses_every_series_and_comes_back_at_0():
+    m = Metrics()
+    for route in ("stays", "goes"):
+        m.add_route(route, envoy=True, external=True)
+        m.set_mode(route, "enforce")
+        m.child(m.decisions, route, "enforce", "distributed", "true").inc(3)
+        m.child(m.tokens_remaining, "distributed", route).set(7)
+        m.mode_changes.labels(route, "enforce", "false").inc()
+    m.remove_route("goes")
+    names = {labels.get("route") for (_, fs), _ in _samples(m).items() for labels in [dict(fs)]}
+    assert "goes" not in names and "stays" in names and m.routes() == ["stays"]
+    assert _has(_samples(m), "rate_limit_decisions_total", 3.0, route="stays", mode="enforce",
+                enforced_by="distributed", allowed="true")  # fmt: skip
+    m.add_route("goes")  # back: at 0, and the cached child counts into the exported series again
+    m.child(m.decisions, "goes", "enforce", "distributed", "true").inc()
+    s = _samples(m)
+    assert _has(s, "rate_limit_decisions_total", 1.0, route="goes", mode="enforce", enforced_by="distributed",
+                allowed="true")  # fmt: skip
+    assert _has(s, "rate_limit_shadow_divergence_total", route="goes", direction="agree")
+
+
+def test_routes_past_the_bound_count_under_other_and_metrics_render_beside_the_loop():
+    import asyncio
+
+    from control_plane.metrics import OTHER_ROUTES
+
+    m = Metrics(max_routes=3)
+    for i in range(10):
+        m.add_route(f"edge/k=v{i}", envoy=True)
+        m.set_mode(f"edge/k=v{i}", "shadow")
+    m.child(m.decisions, "edge/k=v7", "shadow", "local", "true").inc()
+    m.child(m.decisions, "edge/k=v8", "shadow", "local", "true").inc()
+    m.child(m.decisions, "edge/k=v1", "shadow", "local", "true").inc()
+    m.mode_changed("edge/k=v9", "enforce", True)
+    s = _samples(m)
+    routes = {dict(fs).get("route") for (_, fs) in s if dict(fs).get("route")}
+    assert routes == {"edge/k=v0", "edge/k=v1", "edge/k=v2", OTHER_ROUTES}
+    assert _has(s, "rate_limit_decisions_total", 2.0, route=OTHER_ROUTES, mode="shadow", enforced_by="local",
+                allowed="true")  # fmt: skip
+    assert _has(s, "rate_limit_mode_changes_total", 1.0, route=OTHER_ROUTES, to="enforce", automatic="true")
+    assert _has(s, "rate_limit_envoy_hits_total", route=OTHER_ROUTES, stat="total_hits")
+    assert not any(name == "rate_limit_route_mode" and dict(fs)["route"] == OTHER_ROUTES for name, fs in s)
+    # a route with its own series leaves: the next new route takes its place
+    m.remove_route("edge/k=v2")
+    m.add_route("edge/k=v42")
+    assert "edge/k=v42" in m.routes() and "edge/k=v2" not in m.routes()
+    text = asyncio.run(m.render_async()).decode()
+    ours = [line for line in text.splitlines() if "rate_limit_" in line]
+    assert ours == [line for line in m.render().decode().splitlines() if "rate_limit_" in line]
+    assert 'route="edge/k=v42"' in text and 'route="edge/k=v9"' not in text
