@@ -205,11 +205,12 @@ def build_engine(
         clock_us=clock_us,
         over_limit=OverLimitCache(settings.over_limit_cache_keys) if settings.over_limit_cache_keys else None,
     )  # fmt: skip
+    views = FleetViews(divergence, blocked, client, live, clock, settings.metrics_max_routes)
     engine = Engine(
         settings=settings, instance_id=iid, metrics=metrics, events=events, redis=redis, client=client,
         local=local, breaker=breaker, fleet=fleet, resilient=resilient, store=store, divergence=divergence,
         blocked=blocked, memory=memory, live_rules=live, adjustments=adjustments, rollout=rollout,
-        activity=activity, views=FleetViews(divergence, blocked, client, live, clock), external=external,
+        activity=activity, views=views, external=external,
         comparisons=comparisons, shadow=shadow, decider=decider, recorder=recorder, started_at=clock(),
     )  # fmt: skip
     breaker.on_transition = engine.on_breaker

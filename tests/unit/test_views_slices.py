@@ -18,6 +18,9 @@ class FakeRules:
     def names(self) -> list[str]:
         return self.current
 
+    def get(self, name: str) -> object | None:
+        return name if name in self.current else None
+
 
 class Divergence:
     def __init__(self) -> None:
@@ -74,3 +77,30 @@ async def test_routes_removed_during_a_pass_are_dropped_and_a_failed_slice_flags
     with pytest.raises(RuntimeError):
         await views.step()
     assert await views.route("r0") is not None  # the last good views stay
+
+
+async def test_new_rules_start_a_new_pass_over_their_own_routes() -> None:
+    names = [f"old{i}" for i in range(CHUNK * 3)]
+    views, div, _ = views_of(names, [1.0])
+    rules_now = [FakeRules(names)]
+    views2 = FleetViews(div, Blocked(), None, lambda: rules_now[0], clock=lambda: 2.0)  # type: ignore[arg-type]
+    assert not await views2.step()
+    rules_now[0] = FakeRules(["new0", "new1"])  # a reload: the old pass is not finished
+    div.reads.clear()
+    assert await views2.step() is True
+    assert div.reads == ["new0", "new1"] and await views2.route("old5") is None
+
+
+async def test_routes_past_the_bound_are_read_when_asked_and_kept_a_few_seconds() -> None:
+    clock = [10.0]
+    div, rules = Divergence(), FakeRules([f"r{i}" for i in range(50)])
+    views = FleetViews(div, Blocked(), None, lambda: rules, clock=lambda: clock[0], max_routes=10)  # type: ignore[arg-type]
+    await views.refresh()
+    assert len(div.reads) == 10  # the background reads the first 10 only
+    assert (await views.route("r42"))["series"] == [{"compared": 3}] and div.reads[-1] == "r42"
+    await views.route("r42")
+    assert div.reads.count("r42") == 1  # kept
+    clock[0] += 6
+    await views.route("r42")
+    assert div.reads.count("r42") == 2  # read again once stale
+    assert await views.route("nope") is None and "nope" not in div.reads
