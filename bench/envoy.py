@@ -891,6 +891,21 @@ def _reload_lines(rows: dict[str, Any]) -> list[str]:
     ]
 
 
+def _fallback_note(rows: dict[str, Any]) -> str:
+    """What the failure policy decided while Redis was well, saturated (a late Redis answer is a
+    breaker failure: calls queued past their deadline would open the breaker)."""
+    shares = {name: rows[name].get("fallback_share") for name in ("enforce", "shadow", "enforce_c128", "cache_on")}
+    worst = max((v for v in shares.values() if v is not None), default=None)
+    if worst is None:
+        return "- Decided by the failure policy while Redis was well: not measured."
+    return (
+        "- Decided by the failure policy while Redis was well (saturated rows, one process): at most "
+        f"{_pct(worst)} ({', '.join(f'{k} {_pct(v)}' for k, v in shares.items())}). A call that waits in the "
+        "service past what is left of Envoy's deadline is answered by the failure policy, and such a late "
+        "Redis answer is a breaker failure like any other (`RATE_LIMIT_BREAKER_FAILURES`)."
+    )
+
+
 def _notes(rows: dict[str, Any], meta: dict[str, Any]) -> list[str]:
     rollbacks = meta.get("automatic_rollbacks") or {}
     return [
@@ -899,10 +914,7 @@ def _notes(rows: dict[str, Any], meta: dict[str, Any]) -> list[str]:
         f"{_worker_split(rows['workers2'])}; with at most {STREAMS_PER_CONNECTION} streams per connection "
         f"{_worker_split(rows['workers2_streams'])}. Envoy (`--concurrency 1`) otherwise holds one HTTP/2 "
         "connection to the `ratelimit` cluster, and `SO_REUSEPORT` spreads connections, not calls.",
-        "- Decided by the failure policy while Redis is well (the saturated rows): a call waits in the "
-        "service's queue, so Redis's answer comes after what is left of Envoy's deadline; such a late answer "
-        "is a breaker failure like any other (`RATE_LIMIT_BREAKER_FAILURES`), the breaker opens and the next "
-        "calls are decided without Redis (hence EVALSHA per request below 1).",
+        _fallback_note(rows),
         '- Automatic rollbacks during the run (`rate_limit_mode_changes_total{automatic="true"}`): '
         + (", ".join(f"{k} {v:.0f}" for k, v in rollbacks.items()) or "not recorded")
         + ".",
