@@ -308,7 +308,7 @@ def measure_engine(seconds: float = 1.0, repeats: int = 10, tasks: int = 32) -> 
 
     from control_plane.engine import DecideInput
     from control_plane.gctune import tune_gc
-    from control_plane.rollout import Mode
+    from control_plane.model.rollout import Mode
     from control_plane.settings import load_settings
     from control_plane.wiring import open_engine
 

@@ -47,9 +47,9 @@ async def _measure(requests: int, reps: int) -> dict[str, Any]:
     import orjson
 
     from control_plane.api.requests import plain_item
-    from control_plane.app import create_app
-    from control_plane.hotpath import _result
-    from control_plane.rollout import Mode
+    from control_plane.model.rollout import Mode
+    from control_plane.server.app import create_app
+    from control_plane.server.hotpath import _result
     from control_plane.settings import load_settings
     from limiter.embedded import EmbeddedRedis
 
@@ -142,7 +142,7 @@ async def _batch(engine: Any, redis_url: str) -> dict[str, Any]:
 
     from control_plane.api.decide import batch_body
     from control_plane.api.requests import parse_batch
-    from control_plane.rollout import Mode
+    from control_plane.model.rollout import Mode
 
     decider = engine.decider
     body = orjson.dumps({"requests": [{"route": "api", "key": f"b{i}"} for i in range(1000)]})

@@ -70,7 +70,7 @@ def _ceiling_app(body: bytes, headers: list[tuple[bytes, bytes]]) -> Any:
 def _serve_ceiling(port: int, answer_file: str) -> None:
     import uvicorn
 
-    from control_plane.serving import http_protocol
+    from control_plane.server.serving import http_protocol
     from control_plane.settings import load_settings
 
     answer = json.loads(Path(answer_file).read_text())

@@ -36,7 +36,7 @@ _HOME = {
     "Settings": "settings",
     "SettingsError": "settings",
     "ShadowLimitMiddleware": "middleware",
-    "create_app": "app",
+    "create_app": "server.app",
     "load_settings": "settings",
 }
 

@@ -31,22 +31,22 @@ from limiter import LocalLimiter, RedisLimiter
 from limiter.errors import BackendError
 from limiter.resilience import BreakerState, CircuitBreaker, FleetMembership, ResilientLimiter
 
-from .activity import Activity
-from .adjustments import Adjustments
 from .decision import Comparisons, DecideInput, Decider, DecideResult, PlainInput, UnknownRoute
-from .events import EventHub
+from .decision.shadow import ShadowPipeline
 from .external import ExternalManager
-from .hitters import WouldBeBlocked
 from .live_rules import LiveRules
-from .logs import event_fields
-from .metrics import Metrics
-from .recovery import StateMemory
-from .rollout_manager import GateRefused, RolloutManager
+from .model.recovery import StateMemory
+from .observe.activity import Activity
+from .observe.events import EventHub
+from .observe.hitters import WouldBeBlocked
+from .observe.logs import event_fields
+from .observe.metrics import Metrics
+from .observe.views import FleetViews
+from .rollout.adjustments import Adjustments
+from .rollout.manager import GateRefused, RolloutManager
 from .rules import Rules
 from .settings import Settings
-from .shadow import ShadowPipeline
 from .store import DivergenceStore, RolloutStore, StoreUnavailable
-from .views import FleetViews
 from .whatif.recorder import Recorder
 
 __all__ = ["DecideInput", "DecideResult", "Engine", "GateRefused", "PlainInput", "UnknownRoute"]

@@ -21,10 +21,10 @@ from typing import Any
 
 from .envoy.config import EnvoyConfig, load_envoy_config
 from .envoy.watcher import EnvoyConfigWatcher
-from .events import EventHub
 from .gctune import tunings_in_effect
-from .metrics import Metrics
-from .rollout import AuditEntry
+from .model.rollout import AuditEntry
+from .observe.events import EventHub
+from .observe.metrics import Metrics
 from .rules import Rules, RulesError, RulesWatcher, load_rules
 from .rules.offload import breathe, retire, run_steps
 from .rules.yaml_source import gc_paused

@@ -18,24 +18,24 @@ from limiter.redis_limiter import make_redis_py_client
 from limiter.redis_url import RedisTarget
 from limiter.resilience import BreakerState, CircuitBreaker, FleetMembership, ResilientLimiter
 
-from .activity import Activity
-from .adjustments import Adjustments
-from .auditlog import AuditSink
 from .decision import Comparisons, Decider, wall_clock_us
 from .decision.overlimit import OverLimitCache
+from .decision.shadow import ShadowPipeline
 from .engine import Engine
-from .events import EventHub
 from .external import ExternalManager
-from .hitters import WouldBeBlocked
 from .live_rules import LiveRules
-from .metrics import Metrics
-from .recovery import StateMemory
-from .rollout_manager import RolloutManager
+from .model.recovery import StateMemory
+from .observe.activity import Activity
+from .observe.auditlog import AuditSink
+from .observe.events import EventHub
+from .observe.hitters import WouldBeBlocked
+from .observe.metrics import Metrics
+from .observe.views import FleetViews
+from .rollout.adjustments import Adjustments
+from .rollout.manager import RolloutManager
 from .rules import Rules
 from .settings import Settings, SettingsError
-from .shadow import ShadowPipeline
 from .store import DivergenceStore, RolloutStore
-from .views import FleetViews
 from .whatif.recorder import Recorder
 
 __all__ = ["NO_REDIS_URL", "EngineHandle", "build_engine", "open_engine"]

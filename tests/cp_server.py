@@ -28,9 +28,9 @@ import httpx
 import uvicorn
 from support import eventually, run_in_loop, settle
 
-from control_plane.app import create_app
-from control_plane.hitters import WouldBeBlocked
-from control_plane.serving import http_protocol
+from control_plane.observe.hitters import WouldBeBlocked
+from control_plane.server.app import create_app
+from control_plane.server.serving import http_protocol
 from control_plane.settings import Settings, load_settings
 
 __all__ = [

@@ -13,7 +13,7 @@ from limiter.errors import BackendError
 from limiter.keys import InvalidKeyError, validate_key
 
 from ..decision import UnknownRoute
-from ..rollout import AuditEntry
+from ..model.rollout import AuditEntry
 from ..store import StoreUnavailable
 from . import examples
 from .deps import AdjustmentsDep, AdminDep, ApiError, EngineDep, OperatorDep, RulesDep, actor_of

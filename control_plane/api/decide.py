@@ -10,8 +10,8 @@ from fastapi.responses import Response
 
 from limiter.keys import InvalidKeyError
 
-from .. import incidents
 from ..decision import Decider, DecideResult, UnknownRoute
+from ..observe import incidents
 from . import examples
 from .deps import ApiError
 from .openapi import RATE_LIMIT_HEADERS, RETRY_AFTER, errors, keep_example, ok

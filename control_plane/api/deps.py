@@ -8,16 +8,16 @@ from typing import Annotated
 
 from fastapi import Depends, Request
 
-from ..activity import Activity
-from ..adjustments import Adjustments
 from ..auth import Identity, Role
 from ..engine import Engine
 from ..external import ExternalManager
 from ..live_rules import LiveRules
-from ..metrics import Metrics
-from ..rollout_manager import RolloutManager
+from ..observe.activity import Activity
+from ..observe.metrics import Metrics
+from ..observe.views import FleetViews
+from ..rollout.adjustments import Adjustments
+from ..rollout.manager import RolloutManager
 from ..store import RolloutStore
-from ..views import FleetViews
 
 
 class ApiError(Exception):

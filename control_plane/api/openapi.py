@@ -18,7 +18,7 @@ it:
   dict serializer at run time (so the bytes out are what they were), and FastAPI's
   generic ``object`` schema of that dict is dropped beside the model's ``$ref``;
 * every operation declares the ``500 internal_error`` any endpoint may give
-  (:class:`control_plane.incidents.CatchAll`);
+  (:class:`control_plane.observe.incidents.CatchAll`);
 * the examples get back the ``null`` values FastAPI drops (:func:`keep_example`); models
   written out by hand for a request body move their ``$defs`` to the components; a
   ``$ref`` to no schema is a ``RuntimeError``.
@@ -34,8 +34,8 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from .. import incidents
 from ..auth import ACCESS, Access
+from ..observe import incidents
 from .schemas import ErrorBody
 
 __all__ = [
@@ -203,7 +203,7 @@ def document(schema: dict[str, Any]) -> dict[str, Any]:
             _tidy_success(op)
             _hoist_defs(op, schemas)
             _secure(op, access)
-            if "500" not in op["responses"]:  # any endpoint (control_plane.incidents.CatchAll)
+            if "500" not in op["responses"]:  # any endpoint (control_plane.observe.incidents.CatchAll)
                 op["responses"]["500"] = _error(500)
     if missing:
         raise RuntimeError(

@@ -11,12 +11,12 @@ from limiter import LocalLimiter, Policy, RedisLimiter
 from limiter.errors import BackendError
 from limiter.resilience import BreakerState, CircuitBreaker
 
-from ..activity import Activity
-from ..adjustments import Adjustments
-from ..rollout import Mode, RouteState, evaluate_gate, next_step
-from ..rollout_manager import RolloutManager
+from ..model.rollout import Mode, RouteState, evaluate_gate, next_step
+from ..observe.activity import Activity
+from ..observe.views import FleetViews
+from ..rollout.adjustments import Adjustments
+from ..rollout.manager import RolloutManager
 from ..store import StoreUnavailable, gate_stats_of, totals_of
-from ..views import FleetViews
 from .deps import ApiError
 
 if TYPE_CHECKING:
@@ -34,7 +34,7 @@ async def route_views(
 ) -> list[dict[str, Any]]:
     """Every route with its rules, rollout state, live rate, fleet-wide divergence, the
     gate of its next step, and this replica's answers given by the failure policy for want
-    of time (``deadlines``: :meth:`~control_plane.metrics.Metrics.deadline_counts`)."""
+    of time (``deadlines``: :meth:`~control_plane.observe.metrics.Metrics.deadline_counts`)."""
     deadlines = deadlines or {}
     out = []
     for name in rules.names():

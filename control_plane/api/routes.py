@@ -7,8 +7,8 @@ from typing import Any
 from fastapi import APIRouter, Query, Request
 
 from ..decision import UnknownRoute
-from ..rollout import Mode
-from ..rollout_manager import GateRefused
+from ..model.rollout import Mode
+from ..rollout.manager import GateRefused
 from ..store import StoreUnavailable, VersionConflict
 from . import examples
 from .deps import ActivityDep, ApiError, MetricsDep, OperatorDep, RolloutDep, RulesDep, StoreDep, ViewsDep, actor_of

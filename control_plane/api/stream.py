@@ -3,7 +3,7 @@
 Snapshots are shared: subscribers asking for the same view (route filter, minutes) get
 the same bytes, built and encoded once per interval by the app's :class:`Streams`. Events
 carry SSE ids (``<boot>-<seq>``); a client that reconnects with ``Last-Event-ID`` first
-gets the events it missed (see :meth:`control_plane.events.EventHub.replay`).
+gets the events it missed (see :meth:`control_plane.observe.events.EventHub.replay`).
 """
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ from starlette.types import Receive, Scope, Send
 from limiter.errors import BackendError
 
 from ..engine import Engine
+from ..observe.snapshots import SnapshotCache, StreamSlots
 from ..settings import env_name
-from ..snapshots import SnapshotCache, StreamSlots
 from ..store import StoreUnavailable
 from . import examples
 from .deps import EngineDep

@@ -6,9 +6,9 @@ shadow pipeline (pairs evaluated later), so both count the same way."""
 
 from __future__ import annotations
 
-from ..hitters import WouldBeBlocked
-from ..metrics import Metrics
-from ..rollout import Divergence
+from ..model.rollout import Divergence
+from ..observe.hitters import WouldBeBlocked
+from ..observe.metrics import Metrics
 from ..store import DivergenceStore
 
 __all__ = ["Comparisons"]

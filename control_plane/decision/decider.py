@@ -34,18 +34,18 @@ from limiter.keys import DEFAULT_MAX_KEY_LENGTH, validate_key
 from limiter.policy import make_decision
 from limiter.resilience import FailurePolicy, Outcome
 
-from ..activity import Activity
-from ..metrics import Metrics
-from ..shadow import ShadowPipeline
+from ..observe.activity import Activity
+from ..observe.metrics import Metrics
 from .compare import Comparisons
 from .enforce import Path, divergence_of, failure_verdict, path_for
 from .headers import HeaderStyle
 from .plan import RoutePlan, check_cost
+from .shadow import ShadowPipeline
 from .types import DecideInput, DecideResult, PlainInput, UnknownRoute
 
 if TYPE_CHECKING:
-    from ..adjustments import Adjustments
     from ..external import ExternalManager, Resolution
+    from ..rollout.adjustments import Adjustments
     from ..rules import RouteRule, Rules
     from ..whatif.recorder import Recorder
     from .overlimit import OverLimitCache

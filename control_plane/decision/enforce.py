@@ -23,7 +23,7 @@ from enum import Enum
 
 from limiter.resilience import Outcome
 
-from ..rollout import Divergence, Mode, canary_bucket, classify
+from ..model.rollout import Divergence, Mode, canary_bucket, classify
 
 __all__ = ["Path", "Verdict", "classify", "failure_verdict", "path_for", "route_path"]
 

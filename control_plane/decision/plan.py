@@ -14,15 +14,15 @@ from limiter import Decision, Policy
 from limiter.policy import validate_cost
 from limiter.resilience import FailurePolicy
 
-from ..metrics import Metrics
-from ..rollout import Divergence, Mode
+from ..model.rollout import Divergence, Mode
+from ..observe.metrics import Metrics
 from .enforce import Path, path_for, route_path
 from .headers import HeaderStyle, PolicyHeaders, rate_limit_headers
 from .types import DecideResult, result_dict
 
 if TYPE_CHECKING:
-    from ..adjustments import Adjustments
     from ..external import ExternalLimits, Resolution
+    from ..rollout.adjustments import Adjustments
     from ..rules import RouteRule
     from .compare import Comparisons
 

@@ -8,7 +8,7 @@ from typing import Any
 
 from limiter import Decision
 
-from ..rollout import Divergence
+from ..model.rollout import Divergence
 
 __all__ = ["DecideInput", "DecideResult", "PlainInput", "UnknownRoute", "result_dict"]
 

@@ -50,7 +50,7 @@ from typing import TYPE_CHECKING, Any
 from limiter.keys import DEFAULT_MAX_KEY_LENGTH, KeyExtractor, KeyStrategy
 from limiter.policy import MAX_AVERAGE, Policy
 
-from ..rollout import Mode
+from ..model.rollout import Mode
 from ..rules.errors import FieldPath, RulesError, field_name
 from ..rules.model import NAMED_ROUTE_NAME, ROUTE_NAME_MAX, FrozenOrigin, RouteRule, finish_steps
 from ..rules.yaml_source import LineIndex, decode_file, gc_paused, load_yaml, read_file

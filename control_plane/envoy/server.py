@@ -25,7 +25,7 @@ from .service import RLS_SERVICE, RateLimitService, methods
 if TYPE_CHECKING:
     from ..auth import Authenticator
     from ..engine import Engine
-    from ..metrics import Metrics
+    from ..observe.metrics import Metrics
 
 __all__ = ["MAX_CONCURRENT_RPCS", "MAX_MESSAGE_BYTES", "RLS_SERVICE", "GrpcServer", "Health", "start_grpc_server"]
 

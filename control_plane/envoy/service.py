@@ -51,11 +51,11 @@ from envoy.service.ratelimit.v3 import rls_pb2
 from google.protobuf.duration_pb2 import Duration
 from google.protobuf.message import DecodeError
 
-from .. import incidents
 from ..auth import Access, Denied, check
 from ..decision import DecideResult, PlainInput
 from ..decision.enforce import Path, path_for
-from ..settings_envoy import EnvoyHeaders
+from ..observe import incidents
+from ..settings.envoy import EnvoyHeaders
 from .config import UNITS, EnvoyLimit, Match
 from .h2 import Call, Method, RpcError, StatusCode
 from .stats import HitStats
@@ -64,7 +64,7 @@ if TYPE_CHECKING:
     from ..auth import Authenticator
     from ..decision import Decider
     from ..live_rules import LiveRules
-    from ..metrics import Metrics
+    from ..observe.metrics import Metrics
 
 __all__ = ["MAX_DESCRIPTORS", "MAX_ENTRIES", "RLS_SERVICE", "RateLimitService", "methods"]
 

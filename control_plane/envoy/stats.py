@@ -23,8 +23,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from ..metrics import ENVOY_STATS as STATS
-from ..metrics import Metrics
+from ..observe.metrics import ENVOY_STATS as STATS
+from ..observe.metrics import Metrics
 
 __all__ = ["STATS", "HitStats", "split_hits"]
 
@@ -46,7 +46,7 @@ def split_hits(over: bool, limit: int, used_before: int, cost: int, ratio: float
 
 class HitStats:
     """Adds a descriptor's hits to the route's series (created at 0 by
-    :meth:`~control_plane.metrics.Metrics.add_route` for every Envoy route)."""
+    :meth:`~control_plane.observe.metrics.Metrics.add_route` for every Envoy route)."""
 
     __slots__ = ("metrics", "ratio", "_children")
 

@@ -9,7 +9,7 @@ envoyproxy/ratelimit reads its config directory, Kubernetes ConfigMap mounts inc
 
 :meth:`EnvoyConfigWatcher.run` (and :meth:`~EnvoyConfigWatcher.reload_async`, the admin
 call) never read on the event loop: the files are read and hashed in a thread, parsed
-in a child process (:mod:`control_plane.rules.offload`), and the new configuration is
+in a child process (:mod:`.offload`), and the new configuration is
 built in steps that yield to the loop. One parse at a time: a change arriving meanwhile
 cancels it and the newest version is read instead. :meth:`~EnvoyConfigWatcher.check`
 and :meth:`~EnvoyConfigWatcher.reload` do it all at once, in the caller's thread.
@@ -27,9 +27,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..rules.errors import RulesError
-from ..rules.offload import SUPERSEDED, Changed, cancelled_if_changed, parse_envoy_offloaded
+from ..rules.offload import SUPERSEDED, Changed, cancelled_if_changed
 from ..rules.watcher import RACY_WINDOW_S
 from .config import EnvoyConfig, config_files, files_digest, parse_envoy_files, read_config
+from .offload import parse_envoy_offloaded
 
 if TYPE_CHECKING:
     from ..settings import Settings

@@ -30,7 +30,7 @@ from limiter.rates import LIMIT_PATTERN, any_case
 from limiter.resilience import FailurePolicy
 
 from ..durations import DURATION_PATTERN
-from ..rollout import Mode
+from ..model.rollout import Mode
 from .fields import FAILURE_CODES, KEY_KEYS, KEY_MAX_LENGTH, POLICY_KEYS
 from .model import DEFAULT_ROUTE, HTTP_TOKEN, RESERVED_ROUTE_NAMES, ROUTE_NAME
 from .paths import MAX_PATTERN_LENGTH

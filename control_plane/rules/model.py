@@ -24,7 +24,7 @@ from limiter.policy import Policy
 from limiter.resilience import FailurePolicy
 
 from ..external import ExternalConfig
-from ..rollout import Mode
+from ..model.rollout import Mode
 from .lists import ListMatcher
 from .paths import ANY, Segment, compile_path_pattern, match_segments, path_segments
 

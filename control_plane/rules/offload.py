@@ -15,10 +15,12 @@ the loop would wait up to 5 ms (the interpreter's switch interval) each time it 
 
 A refused file is a :class:`~control_plane.rules.errors.RulesError` naming the file and
 the line, as when it is read in-process. The result is the same object the in-process
-functions return (:func:`~control_plane.envoy.config.parse_envoy_files`,
-:func:`~control_plane.rules.load.rules_from_bytes`); swapping it in is the caller's
-single assignment. Cancelling the coroutine (a newer version of the file arrived) kills
-the child.
+function returns (:func:`~control_plane.rules.load.rules_from_bytes`); swapping it in is the
+caller's single assignment. Cancelling the coroutine (a newer version of the file arrived)
+kills the child. The child runs the function the request names (``serve``, pickled by
+reference): the rules file's here, the Envoy configuration's in
+:mod:`control_plane.envoy.offload`, which builds on :func:`in_child` and the steps here (the
+rules do not know Envoy: it is above them).
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ import threading
 import time
 import traceback
 import weakref
-from collections.abc import Callable, Generator, Sequence
+from collections.abc import Callable, Generator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO, TypeVar
 
@@ -45,23 +47,27 @@ from .errors import RulesError
 from .yaml_source import gc_paused, read_file
 
 if TYPE_CHECKING:
-    from ..envoy.config import EnvoyConfig, EnvoyPlan
     from ..settings import Settings
     from .model import Rules
 
 __all__ = [
-    "Changed",
+    "FRAME_RECORDS",
     "MEMORY_BYTES",
     "PAUSE_S",
     "SLICE_S",
-    "SUPERSEDED",
     "SMALL_BYTES",
+    "SUPERSEDED",
     "TIMEOUT_S",
     "WALL_TIMEOUT_S",
+    "Changed",
+    "ChildProcess",
     "breathe",
     "cancelled_if_changed",
-    "parse_envoy_offloaded",
+    "in_child",
+    "keep_out_of_collections",
     "parse_rules_offloaded",
+    "pickled",
+    "release_steps",
     "retire",
     "run_steps",
 ]
@@ -149,29 +155,6 @@ async def cancelled_if_changed(parse: asyncio.Future[Any], changed: Callable[[],
 # -- what the parent calls ------------------------------------------------------------------
 
 
-async def parse_envoy_offloaded(
-    files: Sequence[tuple[str, bytes]], settings: Settings, *, digest: str, clock: Callable[[], float] = time.time
-) -> EnvoyConfig:
-    """:func:`~control_plane.envoy.config.parse_envoy_files`, without holding the loop."""
-    from ..envoy.config import EnvoyPlan, build_steps, plan_envoy_files
-
-    if sum(len(data) for _, data in files) <= SMALL_BYTES:
-        plan = await asyncio.to_thread(plan_envoy_files, files, digest=digest)
-        return await run_steps(build_steps(plan, settings, clock=clock))
-    sources = [source for source, _ in files]
-    frames = await _in_child({"kind": "envoy", "sources": sources, "digest": digest})
-    with gc_paused():
-        plan = EnvoyPlan([(source, domain, []) for source, domain in frames[0]], digest)
-        for index, chunk in frames[1:]:
-            plan.files[index][2].extend(pickle.loads(chunk))
-            await breathe()
-        config = await run_steps(build_steps(plan, settings, clock=clock))
-        _keep_out_of_collections()
-        for _, _, records in plan.files:  # freed a step at a time too
-            await run_steps(_release_steps(records))
-    return config
-
-
 async def parse_rules_offloaded(
     data: bytes, settings: Settings, source: str, *, digest: str, clock: Callable[[], float] = time.time
 ) -> Rules:
@@ -181,7 +164,7 @@ async def parse_rules_offloaded(
 
     if len(data) <= SMALL_BYTES:
         return await asyncio.to_thread(rules_from_bytes, data, settings, source, digest=digest, clock=clock)
-    frames = await _in_child({"kind": "rules", "sources": [source], "digest": digest, "settings": settings})
+    frames = await in_child({"serve": _serve_rules, "sources": [source], "digest": digest, "settings": settings})
     with gc_paused():
         default, loaded_at = pickle.loads(frames[0])
         routes: list[Any] = []
@@ -190,11 +173,11 @@ async def parse_rules_offloaded(
             await breathe()
         base = Rules(routes=(), default=default, source=source, loaded_at=loaded_at, digest=digest)
         rules: Rules = await run_steps(base.with_routes_steps(tuple(routes), digest))
-        _keep_out_of_collections()
+        keep_out_of_collections()
     return rules
 
 
-def _release_steps(items: list[Any], step: int = 1_000) -> Generator[None, None, None]:
+def release_steps(items: list[Any], step: int = 1_000) -> Generator[None, None, None]:
     """Drop the items of a list ``step`` at a time, from the end (children before parents)."""
     while items:
         del items[-step:]
@@ -227,10 +210,10 @@ async def retire(*configs: Any) -> None:
     deadline = time.monotonic() + 60.0  # held that long: not by a call in flight, let go anyway
     while any(ref() is not None for ref in alive) and time.monotonic() < deadline:
         await asyncio.sleep(0.1)
-    await run_steps(_release_steps(parts))
+    await run_steps(release_steps(parts))
 
 
-def _keep_out_of_collections() -> None:
+def keep_out_of_collections() -> None:
     """With the control plane's collector tuning (control_plane/gctune.py), the new
     routes join what was frozen at startup: full collections never walk them (a walk of
     a few hundred thousand objects would stop the loop for tens of ms, again and again).
@@ -241,7 +224,7 @@ def _keep_out_of_collections() -> None:
         gc.freeze()
 
 
-async def _in_child(request: dict[str, Any]) -> list[Any]:
+async def in_child(request: dict[str, Any]) -> list[Any]:
     """The frames a child sends for ``request`` (a RulesError if it refused the file, ran
     out of time or memory, or died; :class:`Changed` if the files changed).
 
@@ -249,14 +232,14 @@ async def _in_child(request: dict[str, Any]) -> list[Any]:
     ``vfork`` (the event loop's own way, libuv's ``fork`` under uvloop, copies the page
     tables of the whole control plane first: 5 to 10 ms of the loop for every reload)."""
     request["memory"], request["cpu"] = MEMORY_BYTES, TIMEOUT_S
-    child = _Child(request)
+    child = ChildProcess(request)
     try:
         return await asyncio.to_thread(child.run)
     finally:
         child.kill()  # cancelled, or done: never left behind
 
 
-class _Child:
+class ChildProcess:
     """One child process and the frames it sends (blocking: run in a thread)."""
 
     def __init__(self, request: dict[str, Any]) -> None:
@@ -339,7 +322,7 @@ class _Child:
 # -- the child --------------------------------------------------------------------------------
 
 
-def _pickled(obj: Any) -> bytes:
+def pickled(obj: Any) -> bytes:
     return pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
 
 
@@ -385,33 +368,28 @@ def _unlimit_memory() -> None:
 
 
 def _serve(request: dict[str, Any], send: Callable[[str, Any], None]) -> None:
-    """Read the files the request names (as the parent read them: the same digest, else
-    ``changed``) and send back what they hold, in frames."""
-    sources, digest = request["sources"], request["digest"]
+    """Read the files the request names (as the parent read them: else ``changed``) and let
+    the request's ``serve`` function (the rules', or the Envoy configuration's:
+    :func:`control_plane.envoy.offload.serve_in_child`) send back what they hold, in frames."""
     try:
-        files = [(source, read_file(Path(source))) for source in sources]
+        files = [(source, read_file(Path(source))) for source in request["sources"]]
     except RulesError as err:
         return send("changed", str(err))
-    if request["kind"] == "envoy":
-        from ..envoy.config import files_digest, plan_envoy_files
+    request["serve"](files, request, send)
+    return None
 
-        if files_digest(files) != digest:
-            return send("changed", "the files changed since the parent read them")
-        plan: EnvoyPlan = plan_envoy_files(files, digest=digest, on_file=lambda source: send("file", source))
-        send("frame", [(source, domain) for source, domain, _ in plan.files])
-        for index, (_, _, records) in enumerate(plan.files):
-            for i in range(0, len(records), FRAME_RECORDS):
-                send("frame", (index, _pickled(records[i : i + FRAME_RECORDS])))
-    else:
-        from .load import rules_from_bytes
 
-        ((source, data),) = files
-        if hashlib.sha256(data).hexdigest() != digest:
-            return send("changed", "the file changed since the parent read it")
-        rules = rules_from_bytes(data, request["settings"], source, digest=digest)
-        send("frame", _pickled((rules.default, rules.loaded_at)))
-        for i in range(0, len(rules.routes), FRAME_ROUTES):
-            send("frame", _pickled(rules.routes[i : i + FRAME_ROUTES]))
+def _serve_rules(files: list[tuple[str, bytes]], request: dict[str, Any], send: Callable[[str, Any], None]) -> None:
+    from .load import rules_from_bytes
+
+    ((source, data),) = files
+    digest = request["digest"]
+    if hashlib.sha256(data).hexdigest() != digest:
+        return send("changed", "the file changed since the parent read it")
+    rules = rules_from_bytes(data, request["settings"], source, digest=digest)
+    send("frame", pickled((rules.default, rules.loaded_at)))
+    for i in range(0, len(rules.routes), FRAME_ROUTES):
+        send("frame", pickled(rules.routes[i : i + FRAME_ROUTES]))
     return None
 
 

@@ -27,7 +27,7 @@ from ..external import (
     check_service_url,
     is_sensitive_header,
 )
-from ..rollout import Mode
+from ..model.rollout import Mode
 from .errors import API_KEY_ID, FieldPath
 from .fields import FieldReader, bare, type_name
 from .lists import ListMatcher

@@ -23,7 +23,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..logs import event_fields
+from ..observe.logs import event_fields
 from .errors import RulesError
 from .load import load_rules, rules_from_bytes
 from .model import Rules

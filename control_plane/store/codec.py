@@ -6,7 +6,7 @@ import json
 import re
 from typing import Any
 
-from ..rollout import AuditEntry
+from ..model.rollout import AuditEntry
 
 __all__ = ["audit_entry_from_dict", "check_namespace", "dumps", "text"]
 

@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ..rollout import Divergence, GateStats
+from ..model.rollout import Divergence, GateStats
 from .codec import check_namespace, text
 from .errors import StoreError, translate_errors
 

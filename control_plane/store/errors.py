@@ -22,7 +22,7 @@ from collections.abc import Iterator
 
 from redis import exceptions as rex
 
-from ..rollout import RouteState
+from ..model.rollout import RouteState
 
 __all__ = ["StoreError", "StoreUnavailable", "VersionConflict", "translate_errors"]
 

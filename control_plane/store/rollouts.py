@@ -28,8 +28,8 @@ import redis.asyncio as aredis
 from redis import exceptions as rex
 from redis.asyncio.cluster import RedisCluster
 
-from ..recovery import RememberedAudit, StateMemory, StoreView
-from ..rollout import AuditEntry, RouteState
+from ..model.recovery import RememberedAudit, StateMemory, StoreView
+from ..model.rollout import AuditEntry, RouteState
 from .codec import audit_entry_from_dict, check_namespace, dumps, text
 from .errors import StoreUnavailable, VersionConflict, translate_errors
 from .scripts import APPEND_LUA, CHANGE_LUA, RESTORE_LUA
@@ -179,7 +179,7 @@ class RolloutStore:
             audit_entry_from_dict(audit, id=sid), RememberedAudit(sid, entry.kind, entry.route, args[2])
         )
 
-    # -- surviving the loss of the store's data (see control_plane.recovery) --------------
+    # -- surviving the loss of the store's data (see control_plane.model.recovery) --------------
 
     async def read_view(self, head: str | None, *, tail: int = 200) -> StoreView:
         """Everything a replica compares with its memory, in one round trip: the route

@@ -18,7 +18,7 @@ import orjson
 import pytest
 from cp_server import RULES_YAML, ControlPlaneServer, admin_headers, metric_value, wait_until, write_rules
 
-from control_plane.incidents import MESSAGE
+from control_plane.observe.incidents import MESSAGE
 from control_plane.settings import SettingsError, load_settings
 
 ADMIN = admin_headers()

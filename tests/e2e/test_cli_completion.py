@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from control_plane.cli import build_parser, main
-from control_plane.cli_completion import completion_script
+from control_plane.cli.completion import completion_script
 
 SHADOWLIMIT = Path(sys.executable).parent / "shadowlimit"
 BASH = shutil.which("bash")

@@ -13,7 +13,7 @@ import pytest
 from cp_server import ADMIN_TOKEN, RULES_YAML, ControlPlaneServer, free_port, wait_until, write_rules
 
 from control_plane.cli import main
-from control_plane.cli_output import EXIT_CODES
+from control_plane.cli.output import EXIT_CODES
 from control_plane.settings import Settings
 from limiter.embedded import EmbeddedRedis
 

@@ -222,7 +222,7 @@ def test_config_endpoint_takes_a_limit_text(cp):
 
 def test_whatif_rate_takes_the_same_texts():
     from control_plane.cli import CliError
-    from control_plane.cli_rules import parse_rate_option
+    from control_plane.cli.rules import parse_rate_option
 
     assert parse_rate_option("100/minute") == (100.0, 60.0)
     assert parse_rate_option("1000 per hour") == (1000.0, 3600.0)

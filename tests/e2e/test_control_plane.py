@@ -22,7 +22,7 @@ from cp_server import (
     write_rules,
 )
 
-from control_plane.rollout import canary_bucket, classify
+from control_plane.model.rollout import canary_bucket, classify
 from limiter.embedded import EmbeddedRedis
 
 ADMIN = admin_headers()

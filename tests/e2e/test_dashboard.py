@@ -73,7 +73,7 @@ class ControlPlane:
         return f"http://127.0.0.1:{self.port}"
 
     def start(self) -> ControlPlane:
-        from control_plane.app import create_app
+        from control_plane.server.app import create_app
         from control_plane.settings import load_settings
 
         settings = load_settings(

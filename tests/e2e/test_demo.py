@@ -122,7 +122,7 @@ def test_the_demo_runs_the_example_rules_file_with_only_the_limits_url_changed()
 
 
 def test_demo_rules_refuse_an_example_file_without_the_limits_url(tmp_path):
-    from control_plane.demo import demo_rules
+    from control_plane.cli.demo import demo_rules
 
     text = demo_rules("http://127.0.0.1:1234/limits")
     assert "url: http://127.0.0.1:1234/limits   # shadowlimit demo" in text
@@ -196,7 +196,7 @@ def test_killing_the_demo_leaves_no_orphans():
 
 
 def test_the_demo_removes_its_folder_unless_asked_to_keep_it(tmp_path):
-    from control_plane.demo import DemoStack
+    from control_plane.cli.demo import DemoStack
 
     for keep in (False, True):
         stack = DemoStack(replicas=1, keep_logs=keep)

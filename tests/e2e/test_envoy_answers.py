@@ -17,7 +17,7 @@ import redis as redis_sync
 from cp_server import ControlPlaneServer, metric_value, wait_until
 from rls_client import OK, OVER, Rls, clear_of_minute_edge, descriptor, serve, set_mode
 
-from control_plane.rollout import canary_bucket
+from control_plane.model.rollout import canary_bucket
 
 pytestmark = pytest.mark.timeout(120)
 

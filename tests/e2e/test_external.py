@@ -32,7 +32,7 @@ from control_plane.external import (
     resolve_ttl,
     response_forbids_storing,
 )
-from control_plane.metrics import Metrics
+from control_plane.observe.metrics import Metrics
 from control_plane.rules import RouteRule, RulesError, parse_rules
 from control_plane.settings import load_settings
 from limiter.keys import KeyExtractor, KeyStrategy

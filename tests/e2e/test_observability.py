@@ -30,7 +30,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from promql import ALERTS, ENVOY_METRICS, alert_rules, dashboard_queries, exported_names, metric_names
 from support import eventually, installed_binary
 
-from control_plane.metrics import DECISION_ENFORCERS
+from control_plane.observe.metrics import DECISION_ENFORCERS
 
 ROUTES = ("search", "login", "export", "default")
 Series = dict[tuple[str, frozenset[tuple[str, str]]], float]

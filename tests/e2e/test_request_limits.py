@@ -20,7 +20,7 @@ from cp_server import ADMIN_TOKEN, ControlPlaneServer, free_port, wait_until, wr
 from ext_service import AppServer
 
 from control_plane.api.schemas import BatchRequest, DecideRequest
-from control_plane.limits import RequestLimits, RequestLimitsMiddleware
+from control_plane.server.limits import RequestLimits, RequestLimitsMiddleware
 from control_plane.settings import Settings, SettingsError, load_settings
 
 WAIT_S = 10.0  # the longest any answer is waited for

@@ -9,7 +9,7 @@ import pytest
 from cp_server import ControlPlaneServer, admin_headers, wait_until, write_rules
 
 from control_plane.cli import main
-from control_plane.rollout import GateConfig, GateStats, Mode, RouteState, evaluate_gate
+from control_plane.model.rollout import GateConfig, GateStats, Mode, RouteState, evaluate_gate
 from control_plane.store import totals_of
 
 

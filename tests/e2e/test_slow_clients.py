@@ -24,8 +24,8 @@ import httpx
 import pytest
 from cp_server import ControlPlaneServer, clean_env, free_port, metric_value, wait_until, write_rules
 
-from control_plane.limits import RequestLimits
-from control_plane.metrics import Metrics
+from control_plane.observe.metrics import Metrics
+from control_plane.server.limits import RequestLimits
 from control_plane.settings import SettingsError, load_settings
 
 pytestmark = pytest.mark.timeout(120)

@@ -20,11 +20,11 @@ import pytest_asyncio
 import redis as redis_sync
 from cp_server import ADMIN_TOKEN, ControlPlaneServer, admin_headers, unique_namespace, wait_until, write_rules
 
-from control_plane.auditlog import AUDIT_LOGGER
 from control_plane.engine import Engine
-from control_plane.metrics import Metrics
-from control_plane.recovery import RememberedAudit, StateMemory, StoreView
-from control_plane.rollout import Mode, RouteState
+from control_plane.model.recovery import RememberedAudit, StateMemory, StoreView
+from control_plane.model.rollout import Mode, RouteState
+from control_plane.observe.auditlog import AUDIT_LOGGER
+from control_plane.observe.metrics import Metrics
 from control_plane.settings import SettingsError, load_settings
 from control_plane.store import AUDIT_MAXLEN
 from control_plane.wiring import build_engine

@@ -15,7 +15,7 @@ import pytest
 import redis as redis_sync
 from hiredis import ReplyError
 
-from control_plane.rollout import Divergence
+from control_plane.model.rollout import Divergence
 from control_plane.store import DivergenceStore
 from limiter import BackendError, BackendTimeout, BackendUnavailable, Decision, Policy, RedisLimiter
 from limiter.resilience import CircuitBreaker, ResilientLimiter

@@ -23,8 +23,8 @@ import pytest
 
 from control_plane.decision import DecideInput
 from control_plane.engine import Engine
-from control_plane.metrics import Metrics
-from control_plane.rollout import Mode, RouteState
+from control_plane.model.rollout import Mode, RouteState
+from control_plane.observe.metrics import Metrics
 from control_plane.rules import parse_rules
 from control_plane.settings import load_settings
 from control_plane.wiring import build_engine

@@ -10,7 +10,7 @@ import pytest_asyncio
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
-from control_plane.hitters import FLEET_TOP_KEEP, HitterEntry, SpaceSaving, WouldBeBlocked
+from control_plane.observe.hitters import FLEET_TOP_KEEP, HitterEntry, SpaceSaving, WouldBeBlocked
 from control_plane.store import StoreUnavailable
 from limiter.embedded import EmbeddedRedis
 from limiter.redis_limiter import make_redis_py_client

@@ -12,7 +12,7 @@ from cp_server import metric_value
 from fastapi import FastAPI
 
 from control_plane.middleware import ShadowLimitMiddleware
-from control_plane.rollout import AuditEntry, Mode, RouteState
+from control_plane.model.rollout import AuditEntry, Mode, RouteState
 from control_plane.settings import load_settings
 from control_plane.store import RolloutStore
 from limiter.redis_limiter import make_redis_py_client

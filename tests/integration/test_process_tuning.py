@@ -9,8 +9,8 @@ import gc
 import pytest
 
 from control_plane import gctune
-from control_plane.app import create_app
 from control_plane.gctune import YOUNG_THRESHOLD, tune_gc
+from control_plane.server.app import create_app
 from control_plane.settings import SettingsError, load_settings
 
 

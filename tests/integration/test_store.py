@@ -15,8 +15,8 @@ from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from support import aeventually
 
-from control_plane.recovery import StateMemory
-from control_plane.rollout import AuditEntry, Divergence, GateStats, Mode, RouteState
+from control_plane.model.recovery import StateMemory
+from control_plane.model.rollout import AuditEntry, Divergence, GateStats, Mode, RouteState
 from control_plane.store import (
     DivergenceStore,
     RolloutStore,

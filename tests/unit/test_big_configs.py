@@ -23,6 +23,7 @@ from typing import Any
 import pytest
 from bigconfig import LIMIT, envoy_config_text, nested_envoy_config_text, rules_text
 
+import control_plane.envoy.offload as envoy_offload
 import control_plane.rules.offload as offload
 from control_plane.envoy.config import (
     EnvoyConfig,
@@ -32,6 +33,7 @@ from control_plane.envoy.config import (
     parse_envoy_files,
     read_config,
 )
+from control_plane.envoy.offload import parse_envoy_offloaded
 from control_plane.envoy.watcher import EnvoyConfigWatcher
 from control_plane.rules import RulesError, RulesWatcher, load_rules, parse_rules
 from control_plane.rules.model import RouteRule, Rules, default_route
@@ -184,7 +186,7 @@ def test_routes_pickle_as_their_fields_and_compose_in_steps() -> None:
 async def test_a_4mib_config_parsed_in_a_child_builds_the_same_config_without_holding_the_loop(big: Path) -> None:
     files = read_config(big)
     async with LoopWatch() as watch:
-        config = await offload.parse_envoy_offloaded(files, SETTINGS, digest=files_digest(files))
+        config = await parse_envoy_offloaded(files, SETTINGS, digest=files_digest(files))
     assert watch.worst < STALL_BOUND_S, f"the loop stalled {watch.worst * 1000:.0f} ms"
     here = parse_envoy_files(files, SETTINGS)
     assert [r.name for r in config.routes] == [r.name for r in here.routes]
@@ -198,7 +200,7 @@ async def test_a_bad_4mib_config_is_refused_by_the_child_naming_its_file_and_lin
     bad.write_text(text)
     files = read_config(bad)
     with pytest.raises(RulesError) as err:
-        await offload.parse_envoy_offloaded(files, SETTINGS, digest=files_digest(files))
+        await parse_envoy_offloaded(files, SETTINGS, digest=files_digest(files))
     assert str(err.value).startswith(f"{bad}:{len(text.splitlines())}: descriptors[")
 
 
@@ -218,16 +220,16 @@ async def test_the_child_is_bounded_in_time_and_memory(big: Path, monkeypatch: p
     digest = files_digest(files)
     monkeypatch.setattr(offload, "TIMEOUT_S", 0.5)  # of CPU
     with pytest.raises(RulesError, match=r"took more than 0.5 s of CPU: refused") as err:
-        await offload.parse_envoy_offloaded(files, SETTINGS, digest=digest)
+        await parse_envoy_offloaded(files, SETTINGS, digest=digest)
     assert err.value.path == str(big)
     monkeypatch.setattr(offload, "WALL_TIMEOUT_S", 0.2)  # waiting included
     with pytest.raises(RulesError, match=r"took longer than 0 s: refused"):
-        await offload.parse_envoy_offloaded(files, SETTINGS, digest=digest)
+        await parse_envoy_offloaded(files, SETTINGS, digest=digest)
     monkeypatch.setattr(offload, "WALL_TIMEOUT_S", 300.0)
     monkeypatch.setattr(offload, "TIMEOUT_S", 30.0)
     monkeypatch.setattr(offload, "MEMORY_BYTES", 16 * 1024 * 1024)
     with pytest.raises(RulesError, match=r"(needs more than 16 MB|could not be read)"):
-        await offload.parse_envoy_offloaded(files, SETTINGS, digest=digest)
+        await parse_envoy_offloaded(files, SETTINGS, digest=digest)
 
 
 async def test_files_changed_since_the_parent_read_them_are_read_again(tmp_path: Path) -> None:
@@ -236,21 +238,21 @@ async def test_files_changed_since_the_parent_read_them_are_read_again(tmp_path:
     files = read_config(path)
     path.write_text(envoy_config_text(size=200 * 1024))  # changed before the child reads it
     with pytest.raises(offload.Changed):
-        await offload.parse_envoy_offloaded(files, SETTINGS, digest=files_digest(files))
+        await parse_envoy_offloaded(files, SETTINGS, digest=files_digest(files))
 
 
 async def test_cancelling_the_parse_kills_the_child(big: Path) -> None:
     files = read_config(big)
     children: list[Any] = []
 
-    class Spied(offload._Child):
+    class Spied(offload.ChildProcess):
         def __init__(self, request: dict[str, Any]) -> None:
             super().__init__(request)
             children.append(self)
 
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(offload, "_Child", Spied)
-        task = asyncio.ensure_future(offload.parse_envoy_offloaded(files, SETTINGS, digest=files_digest(files)))
+        mp.setattr(offload, "ChildProcess", Spied)
+        task = asyncio.ensure_future(parse_envoy_offloaded(files, SETTINGS, digest=files_digest(files)))
         while not (children and children[0].proc):
             await asyncio.sleep(0.01)
         task.cancel()
@@ -298,13 +300,13 @@ async def test_the_envoy_watcher_reloads_a_4mib_file_off_the_loop_and_the_newest
 
     w = EnvoyConfigWatcher(path, SETTINGS, initial=load_envoy_config(path, SETTINGS), on_change_async=changed)
     parses: list[str] = []
-    real = offload._in_child
+    real = envoy_offload.in_child
 
     async def counted(request: Any) -> Any:
         parses.append(request["digest"])
         return await real(request)
 
-    monkeypatch.setattr(offload, "_in_child", counted)
+    monkeypatch.setattr(envoy_offload, "in_child", counted)
     first, second = (
         envoy_config_text(),
         envoy_config_text(head="- key: newest\n  rate_limit: {unit: hour, requests_per_unit: 1}\n"),

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from control_plane.cli_output import (
+from control_plane.cli.output import (
     EXIT_AUTH,
     EXIT_CODES,
     EXIT_CODES_EPILOG,

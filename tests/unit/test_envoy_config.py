@@ -11,7 +11,7 @@ import pytest
 
 from control_plane.envoy import load_envoy_config, parse_envoy_files
 from control_plane.envoy.config import bucket_key, encode_part
-from control_plane.rollout import Mode
+from control_plane.model.rollout import Mode
 from control_plane.rules import RulesError
 from control_plane.settings import load_settings
 from limiter import Algorithm, Policy

@@ -6,8 +6,8 @@ from __future__ import annotations
 from cp_server import metric_value
 from promql import exported_names
 
-from control_plane.metrics import DECISION_ENFORCERS, Metrics
-from control_plane.rollout import Divergence, Mode
+from control_plane.model.rollout import Divergence, Mode
+from control_plane.observe.metrics import DECISION_ENFORCERS, Metrics
 
 
 def _samples(m: Metrics) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
@@ -117,7 +117,7 @@ def test_a_route_that_is_gone_loses_every_series_and_comes_back_at_0():
 def test_routes_past_the_bound_count_under_other_and_metrics_render_beside_the_loop():
     import asyncio
 
-    from control_plane.metrics import OTHER_ROUTES
+    from control_plane.observe.metrics import OTHER_ROUTES
 
     m = Metrics(max_routes=3)
     for i in range(10):

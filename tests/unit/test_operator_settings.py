@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from prometheus_client import generate_latest
 
-from control_plane.metrics import Metrics
+from control_plane.observe.metrics import Metrics
 from control_plane.settings import SettingsError, load_settings
 
 URL = "redis://127.0.0.1:6379/0"

@@ -78,7 +78,7 @@ def test_the_runtime_path_never_imports_the_embedded_launcher():
     import sys
 
     code = (
-        "import sys, limiter, limiter.resilience, control_plane, control_plane.app, control_plane.cli, "
+        "import sys, limiter, limiter.resilience, control_plane, control_plane.server.app, control_plane.cli, "
         "control_plane.wiring; print(sorted(m for m in sys.modules if m.startswith('limiter.embedded')))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from control_plane.rollout import GateConfig, GateStats, Mode, RouteState, evaluate_gate, next_step
+from control_plane.model.rollout import GateConfig, GateStats, Mode, RouteState, evaluate_gate, next_step
 from control_plane.rules import RulesError, parse_rules
 from control_plane.settings import load_settings
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from control_plane.rollout import Mode
+from control_plane.model.rollout import Mode
 from control_plane.rules import (
     ListMatcher,
     RouteRule,

@@ -8,10 +8,10 @@ import asyncio
 import pytest
 
 from control_plane.decision import Comparisons
-from control_plane.hitters import WouldBeBlocked
-from control_plane.metrics import Metrics
+from control_plane.decision.shadow import ShadowPipeline, ShadowQueue
+from control_plane.observe.hitters import WouldBeBlocked
+from control_plane.observe.metrics import Metrics
 from control_plane.settings import SettingsError, load_settings
-from control_plane.shadow import ShadowPipeline, ShadowQueue
 from control_plane.store import DivergenceStore
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 
-from control_plane.snapshots import SnapshotCache, StreamSlots
+from control_plane.observe.snapshots import SnapshotCache, StreamSlots
 
 
 async def settle() -> None:

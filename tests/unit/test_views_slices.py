@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from control_plane.views import CHUNK, FleetViews
+from control_plane.observe.views import CHUNK, FleetViews
 
 
 class FakeRules:

@@ -79,8 +79,8 @@ from prometheus_client.utils import floatToGoString
 from limiter.breaker import BreakerState
 from limiter.resilience import FailurePolicy
 
-from .external.resolver import SOURCES
-from .rollout import Divergence, Mode
+from ..external.resolver import SOURCES
+from ..model.rollout import Divergence, Mode
 
 __all__ = [
     "DECISION_ENFORCERS", "ENVOY_STATS", "OTHER_ROUTES", "FastCounter", "FastGauge", "FastHistogram", "Metrics",
@@ -457,7 +457,7 @@ class Metrics:
         PlatformCollector(registry=r)
         GCCollector(registry=r)
         info = Info("shadowlimit_build", "The running shadowlimit's version.", registry=r)
-        from . import package_version
+        from .. import package_version
 
         info.info({"version": package_version()})
 

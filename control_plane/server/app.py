@@ -15,17 +15,17 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from . import incidents
-from .api import admin, authz, decide, external, health, observe, routes, stream, whatif
-from .api.deps import ApiError
-from .api.docs_ui import install_docs
-from .api.openapi import document
-from .auth import Authenticator, AuthGate, TokensFile
-from .gctune import tune_gc
+from ..api import admin, authz, decide, external, health, observe, routes, stream, whatif
+from ..api.deps import ApiError
+from ..api.docs_ui import install_docs
+from ..api.openapi import document
+from ..auth import Authenticator, AuthGate, TokensFile
+from ..gctune import tune_gc
+from ..observe import incidents
+from ..settings import Settings, load_settings
+from ..wiring import open_engine
 from .hotpath import HOT_PATHS, HotPath
 from .limits import RequestLimitsMiddleware
-from .settings import Settings, load_settings
-from .wiring import open_engine
 
 __all__ = ["ControlPlaneApp", "create_app"]
 
@@ -55,7 +55,7 @@ def _field_of(loc: tuple[Any, ...]) -> str:
 
 
 class ControlPlaneApp(FastAPI):
-    """FastAPI with the decision endpoints' hot path in front (:mod:`control_plane.hotpath`)."""
+    """FastAPI with the decision endpoints' hot path in front (:mod:`control_plane.server.hotpath`)."""
 
     #: the hot path (``app.state.hot`` too), read here without State's ``__getattr__``
     hot_path: HotPath | None = None
@@ -96,7 +96,7 @@ def create_app(settings: Settings | None = None) -> ControlPlaneApp:
         app.state.streams = streams = stream.Streams(handle.engine)
         app.state.grpc = None
         if settings.grpc_port is not None:  # Envoy's rate limit service beside the HTTP API
-            from .envoy.server import start_grpc_server
+            from ..envoy.server import start_grpc_server
 
             try:
                 app.state.grpc = await start_grpc_server(

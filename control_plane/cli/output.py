@@ -73,7 +73,7 @@ class CliError(Exception):
 class CliParser(argparse.ArgumentParser):
     """An :class:`argparse.ArgumentParser` with the exit codes in every ``--help``, a
     ``--json`` option on every command, and what was added to it kept in public
-    attributes (``arguments``, ``subcommands``) for :mod:`control_plane.cli_completion`."""
+    attributes (``arguments``, ``subcommands``) for :mod:`control_plane.cli.completion`."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         self.arguments: list[argparse.Action] = []

@@ -20,7 +20,7 @@ import json
 import sys
 from typing import Any
 
-from .cli import EXIT_OK, EXIT_USAGE, CliError
+from .output import EXIT_OK, EXIT_USAGE, CliError
 
 __all__ = ["SHOWN_ROUTES", "add_rules_commands", "adjust_limit_fields", "parse_rate_option"]
 
@@ -55,8 +55,8 @@ def _names(names: list[str]) -> str:
 def _check_envoy(path: str, settings: Any, detail: bool) -> tuple[dict[str, Any], str]:
     """An envoyproxy/ratelimit configuration's JSON result (the routes with ``detail``)
     and the lines to print."""
-    from .envoy import load_envoy_config
-    from .rules import RulesError
+    from ..envoy import load_envoy_config
+    from ..rules import RulesError
 
     try:
         config = load_envoy_config(path, settings)
@@ -83,7 +83,7 @@ def _check_envoy(path: str, settings: Any, detail: bool) -> tuple[dict[str, Any]
 
 def _check_one(path: str, settings: Any, detail: bool) -> tuple[dict[str, Any], str]:
     """One file's JSON result (the routes with ``detail``) and the line to print."""
-    from .rules import RulesError, load_rules
+    from ..rules import RulesError, load_rules
 
     if _is_envoy_config(path):
         return _check_envoy(path, settings, detail)
@@ -98,7 +98,7 @@ def _check_one(path: str, settings: Any, detail: bool) -> tuple[dict[str, Any], 
 
 
 def cmd_rules_check(args: argparse.Namespace) -> int:
-    from .settings import SettingsError, load_settings
+    from ..settings import SettingsError, load_settings
 
     try:
         settings = load_settings()
@@ -119,7 +119,7 @@ def cmd_rules_check(args: argparse.Namespace) -> int:
 
 
 def cmd_rules_schema(args: argparse.Namespace) -> int:
-    from .rules.json_schema import render
+    from ..rules.json_schema import render
 
     print(render(), end="")
     return EXIT_OK

@@ -5,7 +5,7 @@ never an older state than one seen), changes modes fleet-wide behind the promoti
 (atomic in Redis, audited), follows the other replicas (pub/sub events, and a resync
 every ``SHADOWLIMIT_ROLLOUT_RESYNC_S``), writes back what a store that lost its data no
 longer has, and rolls enforced routes back to shadow when the Redis breaker stays open.
-The pure decisions (modes, gates, classes) are in :mod:`control_plane.rollout`.
+The pure decisions (modes, gates, classes) are in :mod:`control_plane.model.rollout`.
 """
 
 from __future__ import annotations
@@ -22,19 +22,19 @@ from typing import TYPE_CHECKING, Any
 from limiter.errors import BackendError
 from limiter.resilience import BreakerState, CircuitBreaker
 
+from ..decision.types import UnknownRoute
+from ..model.recovery import RememberedAudit, StateMemory
+from ..model.rollout import AuditEntry, GateConfig, GateResult, Mode, RouteState, evaluate_gate
+from ..observe.auditlog import AuditSink
+from ..observe.events import EventHub
+from ..observe.logs import event_fields
+from ..observe.metrics import Metrics
+from ..store import AUDIT_MAXLEN, DivergenceStore, RolloutStore, StoreError, StoreUnavailable, VersionConflict
 from .adjustments import Adjustments
-from .auditlog import AuditSink
-from .decision.types import UnknownRoute
-from .events import EventHub
-from .logs import event_fields
-from .metrics import Metrics
-from .recovery import RememberedAudit, StateMemory
-from .rollout import AuditEntry, GateConfig, GateResult, Mode, RouteState, evaluate_gate
-from .store import AUDIT_MAXLEN, DivergenceStore, RolloutStore, StoreError, StoreUnavailable, VersionConflict
 
 if TYPE_CHECKING:
-    from .rules import RouteRule, Rules
-    from .settings import Settings
+    from ..rules import RouteRule, Rules
+    from ..settings import Settings
 
 __all__ = ["GateRefused", "RolloutManager"]
 
@@ -170,7 +170,7 @@ class RolloutManager:
         """The series of the routes that are gone are dropped, the new routes' created, in
         slices of 0.5 ms, then 2 ms for the rest: background work, it takes a fifth of the
         loop at most (a new series costs ~5 us: 50,000 Envoy routes make 2 million)."""
-        from .rules.offload import breathe
+        from ..rules.offload import breathe
 
         current = set(names)
         gone = [r for r in self.metrics.routes() if r not in current]

@@ -31,8 +31,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from .store import StoreError, translate_errors
-from .store.codec import text
+from ..store import StoreError, translate_errors
+from ..store.codec import text
 
 __all__ = ["FLEET_TOP_KEEP", "HitterEntry", "SpaceSaving", "WouldBeBlocked"]
 

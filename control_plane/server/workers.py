@@ -47,7 +47,7 @@ def run_server(settings: Any, log_level: str, *, reuse_port: bool = False) -> No
         port=settings.port,
         log_level=log_level,
         # SHADOWLIMIT_LOG_FORMAT=json: uvicorn's loggers were given the JSON handler
-        # (control_plane.logs); its own logging config would put the text one back
+        # (control_plane.observe.logs); its own logging config would put the text one back
         log_config=None if settings.log_format == "json" else LOGGING_CONFIG,
         access_log=False,
         # client addresses come from the TCP peer; forwarding headers are believed only by
@@ -80,8 +80,8 @@ def exit_with_parent(parent_pid: int) -> None:
 
 def _worker_main(overrides: dict[str, Any], log_level: str, parent_pid: int) -> None:
     """A worker process: the settings again (the environment is inherited), then serve."""
-    from .logs import configure_logging
-    from .settings import load_settings
+    from ..observe.logs import configure_logging
+    from ..settings import load_settings
 
     exit_with_parent(parent_pid)  # a supervisor killed outright leaves no worker holding the port
     settings = load_settings(**overrides)

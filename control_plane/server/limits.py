@@ -21,17 +21,18 @@ refuses).
 
 A header set the middleware sees has already been parsed by the server; bounding it while
 it arrives, in size and in time (:attr:`RequestLimits.header_timeout_s`), is the HTTP
-protocol's job (:mod:`control_plane.serving`), which uses :meth:`RequestLimits.head_bytes`
+protocol's job (:mod:`control_plane.server.serving`), which uses :meth:`RequestLimits.head_bytes`
 and :func:`refusal_body`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, MutableMapping
-from dataclasses import dataclass
 from typing import Any
 
 import orjson
+
+from ..settings.limits import REQUEST_LINE_ALLOWANCE, RequestLimits
 
 __all__ = ["REQUEST_LINE_ALLOWANCE", "RequestLimits", "RequestLimitsMiddleware", "refusal_body"]
 
@@ -40,29 +41,6 @@ Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
-
-#: Bytes a request head may use beyond its header fields while it arrives: the request
-#: line (method, target, version) and the line breaks.
-REQUEST_LINE_ALLOWANCE = 8192
-
-
-@dataclass(frozen=True, slots=True)
-class RequestLimits:
-    """How large a request may be (``SHADOWLIMIT_MAX_BODY_BYTES``, ``SHADOWLIMIT_MAX_HEADERS``,
-    ``SHADOWLIMIT_MAX_HEADER_BYTES``) and how long its head may take to arrive
-    (``SHADOWLIMIT_HEADER_TIMEOUT_S``)."""
-
-    max_body_bytes: int
-    max_headers: int
-    max_header_bytes: int
-    header_timeout_s: float = 5.0
-
-    @property
-    def head_bytes(self) -> int:
-        """The most a request head (request line, header fields and their framing) may
-        take on the wire: the header bytes, 4 bytes of ``": "`` and CRLF per allowed
-        field, and :data:`REQUEST_LINE_ALLOWANCE`."""
-        return self.max_header_bytes + 4 * self.max_headers + REQUEST_LINE_ALLOWANCE
 
 
 _REFUSALS = {408: "request_timeout", 413: "payload_too_large", 431: "request_header_fields_too_large"}

@@ -2,7 +2,7 @@
 control plane (seed 002's CLI: stats, reset, adjust, top, clients), and its shell completion.
 
 Every command takes ``--json`` (JSON on stdout, errors too). Exit codes scripts can use
-(:data:`control_plane.cli_output.EXIT_CODES`, listed in every ``--help``): 0 ok, 1 refused
+(:data:`control_plane.cli.output.EXIT_CODES`, listed in every ``--help``): 0 ok, 1 refused
 by the server, 2 bad usage or configuration, 3 cannot reach the control plane, 4 not
 authorised, 5 refused by a promotion gate, 6 the control plane cannot reach Redis (503,
 nothing written: retry later), 7 ``routes``: the fleet figures are stale.
@@ -19,8 +19,8 @@ import sys
 from typing import Any
 from urllib.parse import quote
 
-from . import package_version
-from .cli_output import (
+from .. import package_version
+from .output import (
     EXIT_AUTH,
     EXIT_GATE,
     EXIT_INTERRUPTED,
@@ -271,7 +271,7 @@ def cmd_reset(args: argparse.Namespace) -> int:
 
 
 def cmd_adjust(args: argparse.Namespace) -> int:
-    from .cli_rules import adjust_limit_fields
+    from .rules import adjust_limit_fields
 
     body: dict[str, Any] = {
         "route": args.route,
@@ -289,7 +289,7 @@ def cmd_adjust(args: argparse.Namespace) -> int:
 
 def _rate(text: str) -> tuple[float, float]:
     """``50/1s``, ``100/minute``, ``1000 per hour``: (average, period in seconds)."""
-    from .cli_rules import parse_rate_option
+    from .rules import parse_rate_option
 
     return parse_rate_option(text, "--rate")
 
@@ -336,7 +336,7 @@ def cmd_suggest(args: argparse.Namespace) -> int:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    from .cli_serve import serve
+    from .serve import serve
 
     return serve(args)
 
@@ -360,7 +360,7 @@ def cmd_dash(args: argparse.Namespace) -> int:
 
 
 def cmd_completion(args: argparse.Namespace) -> int:
-    from .cli_completion import completion_script
+    from .completion import completion_script
 
     script = completion_script(build_parser(), args.shell)
     if wants_json(args):
@@ -379,7 +379,7 @@ def build_parser() -> CliParser:
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
     _add_local_commands(sub)
     _add_remote_commands(sub)
-    from .cli_rules import add_rules_commands
+    from .rules import add_rules_commands
 
     add_rules_commands(sub)
     comp = _command(sub, "completion", "print a shell completion script (bash, zsh or fish)")
@@ -551,7 +551,3 @@ def main(argv: list[str] | None = None) -> int:
         return exc.code
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -14,13 +14,13 @@ from typing import TYPE_CHECKING, Any
 from limiter import Policy
 from limiter.errors import BackendError
 
-from .decision.types import UnknownRoute
-from .recovery import StateMemory
-from .rollout import AuditEntry
-from .store import RolloutStore, StoreUnavailable
+from ..decision.types import UnknownRoute
+from ..model.recovery import StateMemory
+from ..model.rollout import AuditEntry
+from ..store import RolloutStore, StoreUnavailable
 
 if TYPE_CHECKING:
-    from .rules import RouteRule, Rules
+    from ..rules import RouteRule, Rules
 
 __all__ = ["Adjustments"]
 

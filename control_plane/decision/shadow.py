@@ -18,7 +18,7 @@ from typing import Any
 
 from limiter import Policy
 
-from .decision.compare import Comparisons
+from .compare import Comparisons
 
 __all__ = ["ShadowItem", "ShadowPipeline", "ShadowQueue"]
 

@@ -15,8 +15,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+from ..model.rollout import AuditEntry
 from .logs import event_fields
-from .rollout import AuditEntry
 
 __all__ = ["AUDIT_LOGGER", "AuditSink", "check_audit_path"]
 

@@ -36,7 +36,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]  # the checkout: control_plane/cli/demo.py -> ../../..
 #: the one example rules file: the demo runs it, and docs/api.md's examples were produced with it
 EXAMPLE_RULES = ROOT / "examples" / "rules.yaml"
 #: the limits service the example file's ``tenants`` route names; the demo points it at its own

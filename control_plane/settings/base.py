@@ -17,20 +17,17 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from limiter.keys import TrustedProxies
 from limiter.resilience import FailurePolicy
 
+from .envoy import EnvoySettings
+from .errors import SettingsError
 from .limits import RequestLimits
-from .settings_envoy import EnvoySettings
 
 if TYPE_CHECKING:
     from limiter.redis_url import RedisTarget
 
-    from .decision.headers import HeaderStyle
-    from .external import BackendHosts
+    from ..decision.headers import HeaderStyle
+    from ..external import BackendHosts
 
 __all__ = ["Settings", "SettingsError", "load_settings"]
-
-
-class SettingsError(ValueError):
-    """A setting is invalid; the message names the environment variable."""
 
 
 def _env(name: str) -> AliasChoices:
@@ -39,7 +36,7 @@ def _env(name: str) -> AliasChoices:
 
 class Settings(EnvoySettings, BaseSettings):
     """Configuration for the control plane, the middleware and the demo (Envoy's rate limit
-    service's fields come from :class:`~control_plane.settings_envoy.EnvoySettings`)."""
+    service's fields come from :class:`~control_plane.settings.envoy.EnvoySettings`)."""
 
     model_config = SettingsConfigDict(env_prefix="", case_sensitive=False, extra="ignore", populate_by_name=True)
 
@@ -159,7 +156,7 @@ class Settings(EnvoySettings, BaseSettings):
     )
     instance_id: str | None = Field(None, validation_alias=_env("SHADOWLIMIT_INSTANCE_ID"))
     local_max_keys: int = Field(65_536, ge=1, validation_alias=_env("SHADOWLIMIT_LOCAL_MAX_KEYS"))
-    # request size limits (control_plane/limits.py; docs/configuration.md explains the defaults)
+    # request size limits (control_plane/server/limits.py; docs/configuration.md explains the defaults)
     max_body_bytes: int = Field(
         32 * 1024 * 1024,
         ge=4096,
@@ -391,7 +388,7 @@ class Settings(EnvoySettings, BaseSettings):
     @field_validator("headers")
     @classmethod
     def _check_headers(cls, v: str) -> str:
-        from .decision.headers import HeaderStyle
+        from ..decision.headers import HeaderStyle
 
         HeaderStyle.parse(v)
         return v
@@ -405,7 +402,7 @@ class Settings(EnvoySettings, BaseSettings):
     @field_validator("external_backend_hosts")
     @classmethod
     def _check_backend_hosts(cls, v: str) -> str:
-        from .external import BackendHosts
+        from ..external import BackendHosts
 
         BackendHosts(v)
         return v
@@ -445,7 +442,7 @@ class Settings(EnvoySettings, BaseSettings):
     def _check_tokens_file(cls, v: Path | None) -> Path | None:
         if v is None or not str(v).strip():
             return None
-        from .auth import TokensFile
+        from ..auth import TokensFile
 
         TokensFile(v)
         return v
@@ -455,7 +452,7 @@ class Settings(EnvoySettings, BaseSettings):
     def _check_audit_log(cls, v: Path | None) -> Path | None:
         if v is None or not str(v).strip():
             return None
-        from .auditlog import check_audit_path
+        from ..observe.auditlog import check_audit_path
 
         check_audit_path(v)
         return v
@@ -527,7 +524,7 @@ class Settings(EnvoySettings, BaseSettings):
     def redis_target(self, url: str) -> RedisTarget:
         """``url`` parsed, with the password file and the TLS settings applied; a
         contradiction between them and the URL is a :class:`SettingsError`."""
-        from .redis_config import apply_redis_settings
+        from .redis import apply_redis_settings
 
         return apply_redis_settings(self, url)
 
@@ -540,13 +537,13 @@ class Settings(EnvoySettings, BaseSettings):
         return RequestLimits(self.max_body_bytes, self.max_headers, self.max_header_bytes, self.header_timeout_s)
 
     def header_style(self) -> HeaderStyle:
-        from .decision.headers import HeaderStyle
+        from ..decision.headers import HeaderStyle
 
         return HeaderStyle.parse(self.headers, announce_shadow=self.announce_shadow, reset=self.reset_header)
 
     @property
     def backend_hosts(self) -> BackendHosts:
-        from .external import BackendHosts
+        from ..external import BackendHosts
 
         return BackendHosts(self.external_backend_hosts)
 

@@ -11,13 +11,13 @@ from typing import TYPE_CHECKING
 from limiter.redis_url import RedisTarget, TlsConfig, parse_redis_url
 
 if TYPE_CHECKING:
-    from .settings import Settings
+    from .base import Settings
 
 __all__ = ["apply_redis_settings"]
 
 
 def _error(message: str) -> ValueError:
-    from .settings import SettingsError
+    from .errors import SettingsError
 
     return SettingsError(f"invalid configuration:\n  {message}")
 

@@ -17,7 +17,7 @@ it, with the same code for the decision and the same bytes out:
 * the answer is built as the FastAPI handler builds it (the decision's ``to_dict()`` form
   straight from :meth:`~control_plane.decision.Decider.decide_dict`, :func:`rejected`,
   :func:`batch_body`, the same header order Starlette's ``Response`` gives);
-* an unexpected error is a 500 with an incident id, as :class:`~control_plane.incidents.CatchAll`.
+* an unexpected error is a 500 with an incident id, as :class:`~control_plane.observe.incidents.CatchAll`.
 
 Anything else -- a check that fails, a body the parser does not plainly accept, ``HEAD``,
 a query other than ``deny_status=4xx`` -- goes through FastAPI (with the body already read
@@ -37,13 +37,13 @@ from starlette.datastructures import Headers
 
 from limiter.keys import InvalidKeyError
 
-from . import incidents
-from .api.authz import AUTHZ_METHODS, described
-from .api.decide import batch_body, rejected, translate
-from .api.deps import ApiError
-from .api.requests import parse_batch, plain_item
-from .auth import Access, Authenticator, Denied, bearer_token, check
-from .decision import DecideInput, UnknownRoute
+from ..api.authz import AUTHZ_METHODS, described
+from ..api.decide import batch_body, rejected, translate
+from ..api.deps import ApiError
+from ..api.requests import parse_batch, plain_item
+from ..auth import Access, Authenticator, Denied, bearer_token, check
+from ..decision import DecideInput, UnknownRoute
+from ..observe import incidents
 from .limits import RequestLimits
 
 __all__ = ["HOT_PATHS", "HotPath"]

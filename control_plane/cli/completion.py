@@ -15,7 +15,7 @@ import argparse
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-from .cli_output import CliParser
+from .output import CliParser
 
 __all__ = ["completion_script", "SHELLS"]
 

@@ -16,11 +16,11 @@ from typing import TYPE_CHECKING, Any
 
 from limiter.errors import BackendError
 
+from ..store import DivergenceStore, StoreUnavailable
 from .hitters import WouldBeBlocked
-from .store import DivergenceStore, StoreUnavailable
 
 if TYPE_CHECKING:
-    from .rules import Rules
+    from ..rules import Rules
 
 __all__ = ["ASKED_FRESH_S", "ASKED_KEPT", "CHUNK", "SLICE_PAUSE_S", "FleetViews"]
 

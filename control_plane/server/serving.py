@@ -10,7 +10,7 @@ uvicorn enforces no header limits of its own that answer cleanly:
 
 :func:`http_protocol` gives the class to pass as uvicorn's ``http=``: the chosen
 implementation, refusing a head that grows past :attr:`RequestLimits.head_bytes` with the
-same JSON 431 as :class:`~control_plane.limits.RequestLimitsMiddleware` and closing the
+same JSON 431 as :class:`~control_plane.server.limits.RequestLimitsMiddleware` and closing the
 connection. A head is thus never buffered beyond that plus one read from the socket; the
 middleware then applies the exact count and size limits to the parsed header list.
 

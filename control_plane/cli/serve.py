@@ -8,7 +8,7 @@ import argparse
 import sys
 from typing import Any
 
-from .cli_output import EXIT_OK, EXIT_USAGE, CliError
+from .output import EXIT_OK, EXIT_USAGE, CliError
 
 __all__ = ["serve"]
 
@@ -17,10 +17,10 @@ def serve(args: argparse.Namespace) -> int:
     """``shadowlimit serve``: check the configuration (errors name the setting or file:line), then run."""
     from limiter.errors import BackendAuthError
 
-    from .logs import configure_logging
-    from .rules import RulesError, load_rules
-    from .settings import SettingsError, load_settings
-    from .wiring import NO_REDIS_URL, check_redis_target
+    from ..observe.logs import configure_logging
+    from ..rules import RulesError, load_rules
+    from ..settings import SettingsError, load_settings
+    from ..wiring import NO_REDIS_URL, check_redis_target
 
     overrides: dict[str, Any] = {}
     if args.host:
@@ -65,7 +65,7 @@ def serve(args: argparse.Namespace) -> int:
 
 def _run(settings: Any, overrides: dict[str, Any], log_level: str) -> int:
     """One process, or the supervisor of ``--workers N``."""
-    from .workers import run_server, serve_workers
+    from ..server.workers import run_server, serve_workers
 
     if settings.workers > 1:
         if settings.port == 0:
@@ -78,12 +78,12 @@ def _run(settings: Any, overrides: dict[str, Any], log_level: str) -> int:
 
 def _check_envoy(settings: Any) -> None:
     """The gRPC port can be listened on and the Envoy configuration is valid (file:line)."""
-    from .rules import RulesError
+    from ..rules import RulesError
 
     if settings.grpc_port:
         _check_port(settings.host, settings.grpc_port, "SHADOWLIMIT_GRPC_PORT / --grpc-port")
     if settings.envoy_config is not None:
-        from .envoy import load_envoy_config
+        from ..envoy import load_envoy_config
 
         try:
             load_envoy_config(settings.envoy_config, settings)

@@ -1,0 +1,15 @@
+"""What the control plane observes and reports: Prometheus metrics (:mod:`.metrics`), the
+per-route activity and the would-be-blocked keys (:mod:`.activity`, :mod:`.hitters`), the
+fleet-wide views read in the background (:mod:`.views`), the event stream's hub and
+snapshots (:mod:`.events`, :mod:`.snapshots`), logging and the audit log file (:mod:`.logs`,
+:mod:`.auditlog`), and the incidents an unexpected error is reported under
+(:mod:`.incidents`)."""
+
+from __future__ import annotations
+
+from .activity import Activity
+from .events import EventHub
+from .metrics import Metrics
+from .views import FleetViews
+
+__all__ = ["Activity", "EventHub", "FleetViews", "Metrics"]

@@ -1,0 +1,32 @@
+"""The bounds of an HTTP request as one value, built from the settings
+(:attr:`Settings.request_limits <control_plane.settings.Settings.request_limits>`) and
+enforced by :mod:`control_plane.server.limits` and :mod:`control_plane.server.serving`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["REQUEST_LINE_ALLOWANCE", "RequestLimits"]
+
+#: Bytes a request head may use beyond its header fields while it arrives: the request
+#: line (method, target, version) and the line breaks.
+REQUEST_LINE_ALLOWANCE = 8192
+
+
+@dataclass(frozen=True, slots=True)
+class RequestLimits:
+    """How large a request may be (``SHADOWLIMIT_MAX_BODY_BYTES``, ``SHADOWLIMIT_MAX_HEADERS``,
+    ``SHADOWLIMIT_MAX_HEADER_BYTES``) and how long its head may take to arrive
+    (``SHADOWLIMIT_HEADER_TIMEOUT_S``)."""
+
+    max_body_bytes: int
+    max_headers: int
+    max_header_bytes: int
+    header_timeout_s: float = 5.0
+
+    @property
+    def head_bytes(self) -> int:
+        """The most a request head (request line, header fields and their framing) may
+        take on the wire: the header bytes, 4 bytes of ``": "`` and CRLF per allowed
+        field, and :data:`REQUEST_LINE_ALLOWANCE`."""
+        return self.max_header_bytes + 4 * self.max_headers + REQUEST_LINE_ALLOWANCE
