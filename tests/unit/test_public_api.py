@@ -200,3 +200,31 @@ def test_dashboard_talks_http_only():
     bad = [(f, m) for f, m in _absolute_imports(dashboard) if m.startswith(("control_plane", "limiter"))]
     assert bad == []
     assert any(m == "httpx" for _, m in _absolute_imports(dashboard))  # the walk does see imports
+
+
+ROOMS = {
+    "api": ["admin", "authz", "decide", "external", "health", "observe", "routes", "stream", "whatif"],
+    "cli": [
+        "CliError", "EXIT_AUTH", "EXIT_GATE", "EXIT_OK", "EXIT_REFUSED", "EXIT_STALE", "EXIT_UNAVAILABLE",
+        "EXIT_UNREACHABLE", "EXIT_USAGE", "build_parser", "main",
+    ],
+    "model": [
+        "AuditEntry", "Divergence", "GateConfig", "GateResult", "GateStats", "Mode", "RouteState", "StateMemory",
+        "evaluate_gate",
+    ],
+    "observe": ["Activity", "EventHub", "FleetViews", "Metrics"],
+    "rollout": ["Adjustments", "GateRefused", "RolloutManager"],
+    "server": ["create_app"],
+    "settings": ["Settings", "SettingsError", "env_name", "load_settings"],
+}  # fmt: skip
+
+
+def test_the_rooms_public_names():
+    """control_plane's rooms (issue 24): each says what it offers the others, nothing more."""
+    import importlib
+
+    for room, names in ROOMS.items():
+        module = importlib.import_module(f"control_plane.{room}")
+        assert sorted(module.__all__) == names, room
+        for name in module.__all__:
+            assert getattr(module, name) is not None, f"control_plane.{room}.{name}"
