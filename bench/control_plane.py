@@ -124,9 +124,11 @@ class Server:
         env_extra: dict[str, str] | None = None,
         args: tuple[str, ...] = (),
         redis_url: str | None = None,
+        tree: Path | None = None,
     ) -> None:
         """``redis_url``: use that Redis (the caller's, e.g. to stall or kill it) instead of
-        ``--embedded-redis``'s private one."""
+        ``--embedded-redis``'s private one; ``tree``: run that checkout's ``control_plane``
+        (another revision's, for an A/B) instead of this one's."""
         self.port = free_port()
         self.token = secrets.token_hex(12)
         self.url = f"http://127.0.0.1:{self.port}"
@@ -140,6 +142,8 @@ class Server:
             SHADOWLIMIT_NAMESPACE="bench",
         )
         env.update(env_extra or {})
+        if tree is not None:  # `python -m` puts its working directory first on sys.path
+            env["PYTHONPATH"] = str(tree)
         env.pop("RATE_LIMIT_REDIS_URL", None)
         if redis_url is not None:
             env["RATE_LIMIT_REDIS_URL"] = redis_url
@@ -158,6 +162,7 @@ class Server:
                 *args,
             ],
             env=env,
+            cwd=tree,
             stdout=self.log,
             stderr=subprocess.STDOUT,
         )
