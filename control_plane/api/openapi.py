@@ -19,6 +19,7 @@ it:
   generic ``object`` schema of that dict is dropped beside the model's ``$ref``;
 * every operation declares the ``500 internal_error`` any endpoint may give
   (:class:`control_plane.incidents.CatchAll`);
+* the links between operations (:mod:`.links`): which answer feeds which request;
 * the examples get back the ``null`` values FastAPI drops (:func:`keep_example`); models
   written out by hand for a request body move their ``$defs`` to the components; a
   ``$ref`` to no schema is a ``RuntimeError``.
@@ -36,6 +37,7 @@ from pydantic import BaseModel
 
 from .. import incidents
 from ..auth import ACCESS, Access
+from .links import add_links
 from .schemas import ErrorBody
 
 __all__ = [
@@ -209,6 +211,7 @@ def document(schema: dict[str, Any]) -> dict[str, Any]:
         raise RuntimeError(
             "OpenAPI operations without an access level in control_plane.auth.ACCESS: " + ", ".join(missing)
         )
+    add_links(schema.get("paths", {}))
     dangling = sorted(set(_refs(schema)) - {f"#/components/schemas/{name}" for name in schemas})
     if dangling:
         raise RuntimeError("OpenAPI references without a schema: " + ", ".join(dangling))
