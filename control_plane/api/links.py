@@ -128,9 +128,8 @@ LINKS: dict[tuple[str, str], tuple[tuple[str, ...], list[Link]]] = {
     ),
     ("POST", "/ratelimit/rules/reload"): (
         ("200",),
-        _route_links("$response.body#/routes/0")[:1] + _reads("routes", "readiness"),
+        _route_links("$response.body#/routes/0")[:1] + _reads("routes", "readiness", "liveness"),
     ),
-    ("GET", "/readyz"): (("200", "503"), _reads("liveness")),
 }
 
 
