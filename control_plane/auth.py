@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import Any
 
 import orjson
+from starlette.convertors import PathConvertor, register_url_convertor
 
 __all__ = [
     "ACCESS",
@@ -49,6 +50,7 @@ __all__ = [
     "Authenticator",
     "Denied",
     "Identity",
+    "KeyConvertor",
     "Role",
     "TokensFile",
     "TokensFileError",
@@ -88,6 +90,17 @@ class Access(str, Enum):
     ADMIN = "admin"
 
 
+class KeyConvertor(PathConvertor):
+    """``{name:key}`` in a path: a rate-limit key, any characters (``/`` and line breaks
+    included, which ``{name:path}`` stops at: the app would answer a bare 404), so the
+    endpoint sees it and says what is wrong with it (``validate_key``). The routes and
+    :class:`AuthGate` match such a path with the same pattern."""
+
+    regex = "(?s:.*)"
+
+
+register_url_convertor("key", KeyConvertor())
+
 #: every endpoint of the control plane and what it needs; an app route missing here is a
 #: startup error (see :meth:`AuthGate.bind`), so nothing new goes out unclassified
 ACCESS: dict[tuple[str, str], Access] = {
@@ -108,7 +121,7 @@ ACCESS: dict[tuple[str, str], Access] = {
     ("GET", "/ratelimit/stats"): Access.READ,
     ("GET", "/ratelimit/clients"): Access.READ,
     ("POST", "/ratelimit/reset/{client_id}"): Access.OPERATOR,  # as OpenAPI shows it
-    ("POST", "/ratelimit/reset/{client_id:path}"): Access.OPERATOR,  # as served: keys may hold "/"
+    ("POST", "/ratelimit/reset/{client_id:key}"): Access.OPERATOR,  # as served: keys may hold "/"
     ("PUT", "/ratelimit/config"): Access.OPERATOR,
     ("POST", "/ratelimit/rules/reload"): Access.ADMIN,
     ("GET", "/healthz"): Access.OPEN,

@@ -4,9 +4,9 @@
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import Annotated, Any
 
-from fastapi import APIRouter, Query, Request
+from fastapi import APIRouter, Path, Query, Request
 
 from limiter import Policy
 from limiter.errors import BackendError
@@ -17,10 +17,11 @@ from ..model.rollout import AuditEntry
 from ..store import StoreUnavailable
 from . import examples
 from .deps import AdjustmentsDep, AdminDep, ApiError, EngineDep, OperatorDep, RulesDep, actor_of
-from .openapi import body_example, errors, ok
+from .openapi import errors, json_request, ok
 from .readmodels import key_policies
+from .requests import json_body
 from .responses import ClientsList, ConfigResult, ResetResult, RulesReloaded, Stats
-from .schemas import ADJUST_MAX_PERIOD_S, ConfigAdjust
+from .schemas import ADJUST_MAX_PERIOD_S, KEY_LEN, ConfigAdjust
 
 _BAD_RULES = {
     "error": "invalid_rules",
@@ -30,6 +31,8 @@ _BAD_RULES = {
 }
 
 router = APIRouter(prefix="/ratelimit", tags=["admin"])
+
+ConfigAdjustBody = Annotated[ConfigAdjust, json_body(ConfigAdjust)]
 
 
 def _counter_total(counter: Any, **labels: str) -> float:
@@ -105,11 +108,21 @@ async def clients(
     return {"clients": out, "total": len(engine.local)}
 
 
-@router.post("/reset/{client_id:path}", responses={**ok(ResetResult, examples.RESET), **errors(404, 422, 503)})
+@router.post("/reset/{client_id:key}", responses={**ok(ResetResult, examples.RESET), **errors(404, 422, 503)})
 async def reset(
-    client_id: str, request: Request, engine: EngineDep, _: OperatorDep, route: str | None = Query(None, max_length=256)
+    request: Request,
+    engine: EngineDep,
+    _: OperatorDep,
+    client_id: str = Path(
+        min_length=KEY_LEN[0], max_length=KEY_LEN[1], description="The rate-limit key, as /v1/decide takes it."
+    ),
+    route: str | None = Query(None, max_length=256),
 ) -> dict[str, Any]:
     """Reset one client's buckets (local on this replica and distributed), on one route or all."""
+    try:  # a key /v1/decide would accept (no bucket is held under another), checked the same way
+        validate_key(client_id, field="client_id")
+    except InvalidKeyError as exc:
+        raise ApiError(422, "invalid_key", str(exc), field=exc.field) from exc
     names = [route] if route else engine.rules.names()
     if route and engine.rules.get(route) is None:
         raise ApiError(404, "unknown_route", f"no route named {route!r}", field="route")
@@ -167,9 +180,14 @@ def _adjusted_policy(change: ConfigAdjust) -> Policy:
 @router.put(
     "/config",
     responses={**ok(ConfigResult, examples.CONFIG), **errors(404, 413, 422, 503)},
-    openapi_extra=body_example(examples.CONFIG_REQUEST),
+    openapi_extra=json_request(ConfigAdjust, examples.CONFIG_REQUEST),
 )
-async def config(change: ConfigAdjust, request: Request, adjustments: AdjustmentsDep, _: OperatorDep) -> dict[str, Any]:
+async def config(
+    request: Request,
+    adjustments: AdjustmentsDep,
+    _: OperatorDep,
+    change: ConfigAdjustBody,
+) -> dict[str, Any]:
     """Adjust a route's (or one client's) limit at runtime, fleet-wide and audited."""
     policy = None
     rule = request.app.state.engine.rules.get(change.route)

@@ -14,7 +14,7 @@ from ..decision import Decider, DecideResult, UnknownRoute
 from ..observe import incidents
 from . import examples
 from .deps import ApiError
-from .openapi import RATE_LIMIT_HEADERS, RETRY_AFTER, errors, keep_example, ok
+from .openapi import RATE_LIMIT_HEADERS, RETRY_AFTER, errors, json_request, keep_example, ok
 from .requests import parse_batch, to_input, validate_body
 from .schemas import BatchRequest, BatchResponse, DecideRequest, DecideResponse, ErrorBody
 
@@ -109,22 +109,11 @@ DECISION_RESPONSES: dict[int | str, dict[str, Any]] = {
 }
 
 
-_DECIDE_BODY = {
-    "required": True,
-    "content": {
-        "application/json": {
-            "schema": {"$ref": "#/components/schemas/DecideRequest"},
-            "example": keep_example(examples.DECIDE_REQUEST),
-        }
-    },
-}
-
-
 @router.post(
     "/decide",
     response_model=DecideResponse,
     responses=DECISION_RESPONSES,
-    openapi_extra={"requestBody": _DECIDE_BODY},
+    openapi_extra=json_request(DecideRequest, examples.DECIDE_REQUEST),
 )
 async def decide(request: Request) -> Response:
     """Decide one request under its route's mode; the response says who enforced it."""
@@ -142,22 +131,11 @@ async def decide(request: Request) -> Response:
     )
 
 
-_BATCH_BODY = {
-    "required": True,
-    "content": {
-        "application/json": {
-            "schema": BatchRequest.model_json_schema(ref_template="#/components/schemas/{model}"),
-            "example": keep_example(examples.BATCH_REQUEST),
-        }
-    },
-}
-
-
 @router.post(
     "/decide/batch",
     response_model=BatchResponse,
     responses={**ok(BatchResponse, examples.BATCH), **errors(413, 422)},
-    openapi_extra={"requestBody": _BATCH_BODY},
+    openapi_extra=json_request(BatchRequest, examples.BATCH_REQUEST),
 )
 async def decide_batch(request: Request) -> Response:
     """Many decisions in order; a bad item gets an error in its place, the rest are decided.

@@ -19,9 +19,10 @@ it:
   generic ``object`` schema of that dict is dropped beside the model's ``$ref``;
 * every operation declares the ``500 internal_error`` any endpoint may give
   (:class:`control_plane.observe.incidents.CatchAll`);
-* the examples get back the ``null`` values FastAPI drops (:func:`keep_example`); models
-  written out by hand for a request body move their ``$defs`` to the components; a
-  ``$ref`` to no schema is a ``RuntimeError``.
+* the links between operations (:mod:`.links`): which answer feeds which request;
+* the examples get back the ``null`` values FastAPI drops (:func:`keep_example`); the
+  request bodies the handlers read themselves (:func:`json_request`) and the models of
+  their ``$defs`` go to the components; a ``$ref`` to no schema is a ``RuntimeError``.
 
 Nothing here runs per request.
 """
@@ -36,15 +37,16 @@ from pydantic import BaseModel
 
 from ..auth import ACCESS, Access
 from ..observe import incidents
+from .links import add_links
 from .schemas import ErrorBody
 
 __all__ = [
     "BEARER",
     "RATE_LIMIT_HEADERS",
     "RETRY_AFTER",
-    "body_example",
     "document",
     "errors",
+    "json_request",
     "keep_example",
     "ok",
 ]
@@ -73,6 +75,8 @@ _ACCESS_TEXT = {
 
 #: the examples given to routes, by their JSON without nulls (see :func:`keep_example`)
 _EXAMPLES: dict[str, Any] = {}
+#: the request bodies declared by :func:`json_request`, by name
+_BODIES: dict[str, type[BaseModel]] = {}
 
 _INT = {"type": "integer"}
 _STR = {"type": "string"}
@@ -161,10 +165,13 @@ def ok(model: type[BaseModel], example: Any, description: str = "Successful Resp
     return {200: {"model": model, "description": description, "content": {"application/json": content}}}
 
 
-def body_example(example: Any) -> dict[str, Any]:
-    """``openapi_extra=`` for an example of the JSON request body (documentation only: the
-    body is validated by its model as before)."""
-    return {"requestBody": {"content": {"application/json": {"example": keep_example(example)}}}}
+def json_request(model: type[BaseModel], example: Any) -> dict[str, Any]:
+    """``openapi_extra=`` declaring the JSON request body a handler reads itself with
+    :func:`~.requests.json_body` (or :func:`~.requests.validate_body`): ``model`` (put in
+    the components by :func:`document`) and one example."""
+    _BODIES[model.__name__] = model
+    content = {"schema": {"$ref": f"#/components/schemas/{model.__name__}"}, "example": keep_example(example)}
+    return {"requestBody": {"required": True, "content": {"application/json": content}}}
 
 
 def errors(*statuses: int, **examples: dict[str, Any]) -> dict[int | str, Any]:
@@ -191,8 +198,9 @@ def document(schema: dict[str, Any]) -> dict[str, Any]:
     components = schema.setdefault("components", {})
     components.setdefault("securitySchemes", {})[BEARER] = _SCHEME
     schemas = components.setdefault("schemas", {})
-    if "ErrorBody" not in schemas:
-        schemas["ErrorBody"] = ErrorBody.model_json_schema(ref_template="#/components/schemas/{model}")
+    models: list[type[BaseModel]] = [ErrorBody, *_BODIES.values()]
+    for model in models:
+        _add_component(schemas, model.__name__, model.model_json_schema(ref_template="#/components/schemas/{model}"))
     missing = []
     for path, ops in schema.get("paths", {}).items():
         for method, op in ops.items():
@@ -209,6 +217,7 @@ def document(schema: dict[str, Any]) -> dict[str, Any]:
         raise RuntimeError(
             "OpenAPI operations without an access level in control_plane.auth.ACCESS: " + ", ".join(missing)
         )
+    add_links(schema.get("paths", {}))
     dangling = sorted(set(_refs(schema)) - {f"#/components/schemas/{name}" for name in schemas})
     if dangling:
         raise RuntimeError("OpenAPI references without a schema: " + ", ".join(dangling))
@@ -260,14 +269,20 @@ def _refs(node: Any) -> Iterator[str]:
             yield from _refs(v)
 
 
+def _add_component(schemas: dict[str, Any], name: str, schema: dict[str, Any]) -> None:
+    """``schema`` under ``name`` in ``components.schemas``, and the models of its ``$defs``."""
+    for def_name, s in schema.pop("$defs", {}).items():
+        _add_component(schemas, def_name, s)
+    if schemas.setdefault(name, schema) != schema:
+        raise RuntimeError(f"two different OpenAPI schemas named {name}")
+
+
 def _hoist_defs(op: dict[str, Any], schemas: dict[str, Any]) -> None:
     """A request body schema written out by hand (``Model.model_json_schema()``) brings its
     models in ``$defs``: they go to ``components.schemas``, where its refs point."""
     for media in op.get("requestBody", {}).get("content", {}).values():
-        defs = media.get("schema", {}).pop("$defs", {})
-        for name, s in defs.items():
-            if schemas.setdefault(name, s) != s:
-                raise RuntimeError(f"two different OpenAPI schemas named {name}")
+        for name, s in media.get("schema", {}).pop("$defs", {}).items():
+            _add_component(schemas, name, s)
 
 
 def _tidy_success(op: dict[str, Any]) -> None:

@@ -5,11 +5,12 @@ what pydantic + :func:`to_input` would give or steps aside."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypeVar
 
 import orjson
+from fastapi import Depends, Request
 from fastapi.exceptions import RequestValidationError
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from ..decision import DecideInput, PlainInput
 from .deps import ApiError
@@ -26,7 +27,9 @@ from .schemas import (
     DecideRequest,
 )
 
-__all__ = ["BatchItem", "missing_target", "parse_batch", "to_input", "validate_body"]
+__all__ = ["BatchItem", "json_body", "missing_target", "parse_batch", "to_input", "validate_body"]
+
+M = TypeVar("M", bound=BaseModel)
 
 #: one parsed batch item: an input for the engine, or the item's own error
 BatchItem = DecideInput | PlainInput | ApiError
@@ -36,13 +39,28 @@ _PLAIN_FIELDS = frozenset({"route", "key", "cost", "request_id"})
 _NO_HEADERS: Any = object()
 
 
-def validate_body(model: Any, raw: bytes) -> Any:
-    """Parse and validate a JSON body straight from bytes (pydantic-core), skipping
-    FastAPI's generic body handling on the hot path; errors become the usual 422."""
+def validate_body(model: type[M], raw: bytes) -> M:
+    """Parse and validate a JSON body straight from bytes (pydantic-core's parser, under the
+    model's strictness: :class:`~.schemas.StrictBody`); every error, of the JSON itself
+    (not JSON, not UTF-8, nested too deep) or of a field, is the usual 422 naming it
+    (``body`` for the JSON as a whole)."""
     try:
         return model.model_validate_json(raw)
     except ValidationError as exc:
-        raise RequestValidationError(exc.errors(include_url=False), body=None) from None
+        errors = [{**e, "loc": ("body", *e["loc"])} for e in exc.errors(include_url=False)]
+        raise RequestValidationError(errors, body=None) from None
+
+
+def json_body(model: type[M]) -> Any:
+    """A dependency giving the request's JSON body as ``model``, read by :func:`validate_body`:
+    every endpoint's body is parsed as ``/v1/decide``'s is (FastAPI's own body handling
+    parses with :mod:`json` and answers a body nested too deep with a 400). The operation
+    declares the body with :func:`~.openapi.json_request`."""
+
+    async def parse(request: Request) -> M:
+        return validate_body(model, await request.body())
+
+    return Depends(parse)
 
 
 def missing_target(

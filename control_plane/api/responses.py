@@ -131,6 +131,11 @@ class RuleView(_Open):
     distributed: PolicyView
 
 
+class NextStep(BaseModel):
+    mode: Mode
+    canary_percent: int
+
+
 class RouteView(_Open):
     name: str
     mode: Mode = Field(description="The effective mode (off while the kill switch is off).")
@@ -144,7 +149,14 @@ class RouteView(_Open):
         " within the caller's deadline (redis_timeout), or too little was left to ask it (no_time)."
     )
     divergence_5m: DivergenceTotals | None
-    gate: GateView = Field(description="The gate of the route's next step.")
+    next_step: NextStep | None = Field(
+        description="The runbook's next step for the route (off -> shadow -> canary 10/25/50% -> enforce);"
+        " null once enforced."
+    )
+    gate: GateView | None = Field(
+        description="The gate of the route's next step, evaluated now; null when that step is not gated"
+        " (off -> shadow) or there is none (enforced)."
+    )
     figures_age_s: float | None
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Query, Request
 
@@ -12,12 +12,15 @@ from ..rollout.manager import GateRefused
 from ..store import StoreUnavailable, VersionConflict
 from . import examples
 from .deps import ActivityDep, ApiError, MetricsDep, OperatorDep, RolloutDep, RulesDep, StoreDep, ViewsDep, actor_of
-from .openapi import body_example, errors, ok
+from .openapi import errors, json_request, ok
 from .readmodels import route_views
+from .requests import json_body
 from .responses import AuditTrail, ModeChanged, RoutesList
 from .schemas import ModeChange
 
 router = APIRouter(prefix="/v1", tags=["rollout"])
+
+ModeChangeBody = Annotated[ModeChange, json_body(ModeChange)]
 
 _GATE_FAILED = {
     "error": "gate_failed",
@@ -46,10 +49,14 @@ async def list_routes(
 @router.put(
     "/routes/{route:path}/mode",
     responses={**ok(ModeChanged, examples.MODE_CHANGED), **errors(404, 409, 413, 422, 503, e409=_GATE_FAILED)},
-    openapi_extra=body_example(examples.MODE_REQUEST),
+    openapi_extra=json_request(ModeChange, examples.MODE_REQUEST),
 )
 async def set_mode(
-    route: str, change: ModeChange, request: Request, rollout: RolloutDep, _: OperatorDep
+    route: str,
+    request: Request,
+    rollout: RolloutDep,
+    _: OperatorDep,
+    change: ModeChangeBody,
 ) -> dict[str, Any]:
     """Move a route to another mode (gated promotions; ``force`` with a reason overrides)."""
     if change.mode == "canary" and not 1 <= change.canary_percent <= 100:

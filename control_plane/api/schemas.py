@@ -1,9 +1,11 @@
 """Pydantic models at the API edge (requests and responses).
 
-Request bodies are strict: ``"5"`` or ``true`` is not an integer and ``1`` or ``"true"``
-not a boolean (a 422 naming the field); a whole number where a float is expected
-(``average``, ``period``) is fine. ``parse_batch`` in ``api/batch_body.py`` checks batch items
-by hand the same way (``tests/test_batch_fastpath.py`` keeps the two in step).
+Request bodies are :class:`StrictBody` models, every one read by
+:func:`~.requests.validate_body` (pydantic-core's JSON parser): ``"5"``, ``5.0`` or ``true``
+is not an integer and ``1`` or ``"true"`` not a boolean, ``NaN`` and ``Infinity`` not numbers,
+unknown fields are refused (a 422 naming the field); a whole number where a float is expected
+(``average``, ``period``) is fine. ``parse_batch`` in ``api/requests.py`` checks batch items
+by hand the same way (``tests/unit/test_request_bodies.py`` keeps the two in step).
 """
 
 from __future__ import annotations
@@ -22,8 +24,14 @@ class ErrorBody(BaseModel):
     model_config = ConfigDict(extra="allow")
 
 
+class StrictBody(BaseModel):
+    """A JSON request body: one strictness for every endpoint (see the module docstring)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
+
+
 #: the bounds of a decide request's fields, shared by the model below and the batch
-#: endpoint's hand-written check (``api/batch_body.py``): (min length, max length)
+#: endpoint's hand-written check (``api/requests.py``): (min length, max length)
 ROUTE_LEN = (1, 64)
 METHOD_LEN = (1, 16)
 PATH_LEN = (1, 2048)
@@ -36,8 +44,7 @@ COST_RANGE = (1, 1_000_000)
 ADJUST_MAX_PERIOD_S = 86_400
 
 
-class DecideRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True)
+class DecideRequest(StrictBody):
     route: str | None = Field(
         None, min_length=ROUTE_LEN[0], max_length=ROUTE_LEN[1], description="Route name; or give method + path."
     )
@@ -93,8 +100,7 @@ class DecideResponse(BaseModel):
 MAX_BATCH = 10_000
 
 
-class BatchRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True)
+class BatchRequest(StrictBody):
     requests: list[DecideRequest] = Field(..., min_length=1, max_length=MAX_BATCH)
 
 
@@ -115,18 +121,16 @@ class BatchResponse(BaseModel):
     decisions: list[DecideResponse | BatchItemError]
 
 
-class ModeChange(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True)
+class ModeChange(StrictBody):
     mode: Literal["off", "shadow", "canary", "enforce"]
     canary_percent: int = Field(0, ge=0, le=100)
     reason: str = Field(..., min_length=1, max_length=500)
     force: bool = False
 
 
-class ConfigAdjust(BaseModel):
+class ConfigAdjust(StrictBody):
     """Seed 002's ``adjust``: change a route's limit (or one key's) at runtime, fleet-wide."""
 
-    model_config = ConfigDict(extra="forbid", strict=True)
     route: str = Field("default", min_length=1, max_length=256)
     key: str | None = Field(
         None, min_length=1, max_length=256, description="One client's key; omit for the whole route."

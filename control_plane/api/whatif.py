@@ -14,19 +14,22 @@ from __future__ import annotations
 import asyncio
 import math
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Request
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from limiter.policy import Policy
 
+from ..rules.model import ROUTE_NAME_MAX
 from ..whatif.recorder import TooManyEvents, decode
 from ..whatif.replay import ReplayResult, replay
 from . import examples
 from .deps import ApiError
-from .openapi import body_example, errors, ok
+from .openapi import errors, json_request, ok
+from .requests import json_body
 from .responses import Suggestion, WhatIfResult
+from .schemas import ADJUST_MAX_PERIOD_S, StrictBody
 
 router = APIRouter(prefix="/v1", tags=["whatif"])
 
@@ -61,27 +64,28 @@ class _one_at_a_time:  # noqa: N801 - used as a statement: async with _one_at_a_
         _BUSY.release()
 
 
-class PolicyIn(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class PolicyIn(StrictBody):
     algorithm: Algorithm = "token_bucket"
-    average: float = Field(..., gt=0, description="Tokens (requests) per period.")
-    period: float = Field(1.0, gt=0, description="Seconds.")
-    burst: int | None = Field(None, ge=1, description="Bucket size (default ceil(average)).")
+    average: float = Field(..., gt=0, le=MAX_AVERAGE, description="Tokens (requests) per period.")
+    period: float = Field(1.0, gt=0, le=ADJUST_MAX_PERIOD_S, description="Seconds.")
+    burst: int | None = Field(None, ge=1, le=1_000_000_000, description="Bucket size (default ceil(average)).")
 
 
-class WhatIfRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    route: str = Field(..., min_length=1, max_length=256)
+class WhatIfRequest(StrictBody):
+    route: str = Field(..., min_length=1, max_length=ROUTE_NAME_MAX)
     policy: PolicyIn
     minutes: int = Field(15, ge=1, le=24 * 60)
 
 
-class SuggestRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    route: str = Field(..., min_length=1, max_length=256)
+class SuggestRequest(StrictBody):
+    route: str = Field(..., min_length=1, max_length=ROUTE_NAME_MAX)
     algorithm: Algorithm = "token_bucket"
     max_reject_share: float = Field(..., ge=0, le=1, description="0.005 = at most 0.5% of requests rejected.")
     minutes: int = Field(15, ge=1, le=24 * 60)
+
+
+WhatIfBody = Annotated[WhatIfRequest, json_body(WhatIfRequest)]
+SuggestBody = Annotated[SuggestRequest, json_body(SuggestRequest)]
 
 
 async def _recording(request: Request, route: str, minutes: int) -> tuple[Any, Any, dict[str, Any], float, int]:
@@ -129,9 +133,9 @@ def _policy(p: PolicyIn) -> Policy:
 @router.post(
     "/whatif",
     responses={**ok(WhatIfResult, examples.WHATIF), **errors(404, 409, 413, 422, 503, e409=_RECORDING_OFF)},
-    openapi_extra=body_example(examples.WHATIF_REQUEST),
+    openapi_extra=json_request(WhatIfRequest, examples.WHATIF_REQUEST),
 )
-async def whatif(body: WhatIfRequest, request: Request) -> dict[str, Any]:
+async def whatif(body: WhatIfBody, request: Request) -> dict[str, Any]:
     """Replay the route's recorded requests of the last ``minutes`` against ``policy``
     and against the route's current global policy."""
     candidate = _policy(body.policy)
@@ -155,9 +159,9 @@ def _both(by_key: dict[str, Any], a: Policy, b: Policy, share: float) -> tuple[R
 @router.post(
     "/whatif/suggest",
     responses={**ok(Suggestion, examples.SUGGEST), **errors(404, 409, 413, 422, 503, e409=_RECORDING_OFF)},
-    openapi_extra=body_example(examples.SUGGEST_REQUEST),
+    openapi_extra=json_request(SuggestRequest, examples.SUGGEST_REQUEST),
 )
-async def suggest(body: SuggestRequest, request: Request) -> dict[str, Any]:
+async def suggest(body: SuggestBody, request: Request) -> dict[str, Any]:
     """The smallest average (burst in the current policy's proportion) whose replay rejects
     at most ``max_reject_share`` of the recorded requests."""
     async with _one_at_a_time():

@@ -11,8 +11,6 @@ nothing written: retry later), 7 ``routes``: the fleet figures are stale.
 from __future__ import annotations
 
 import argparse
-import contextlib
-import io
 import os
 import shutil
 import sys
@@ -20,6 +18,16 @@ from typing import Any
 from urllib.parse import quote
 
 from .. import package_version
+from .options import (
+    add_connection_options,
+    amount,
+    connection_options,
+    count,
+    duration,
+    period,
+    port,
+    share,
+)
 from .output import (
     EXIT_AUTH,
     EXIT_GATE,
@@ -32,6 +40,7 @@ from .output import (
     EXIT_USAGE,
     CliError,
     CliParser,
+    UsageError,
     error_for_response,
     print_error,
     print_json,
@@ -320,12 +329,12 @@ def cmd_whatif(args: argparse.Namespace) -> int:
 
 
 def cmd_suggest(args: argparse.Namespace) -> int:
-    text = args.max_reject.strip()
-    try:
-        share = float(text[:-1]) / 100 if text.endswith("%") else float(text)
-    except ValueError:
-        raise CliError(f"--max-reject: expected a share like 0.5% or 0.005, got {text!r}", EXIT_USAGE) from None
-    body = {"route": args.route, "algorithm": args.algorithm, "max_reject_share": share, "minutes": args.minutes}
+    body = {
+        "route": args.route,
+        "algorithm": args.algorithm,
+        "max_reject_share": args.max_reject,
+        "minutes": args.minutes,
+    }
     data = _request(args, "POST", "/v1/whatif/suggest", body)
     rows = [["SUGGESTED", "POLICY", "REQUESTS", "REJECTED", "SHARE"], _replay_row(args.route, data["replay"])]
     _print(args, data, _replay_table(data, rows))
@@ -343,6 +352,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 def cmd_demo(args: argparse.Namespace) -> int:
     from .demo import run_demo
+
+    if args.base_port and args.base_port + args.replicas - 1 > 65535:
+        raise CliError(f"--base-port: {args.replicas} replicas from port {args.base_port} pass 65535", EXIT_USAGE)
 
     return run_demo(args)
 
@@ -370,12 +382,20 @@ def cmd_completion(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+#: the bounds of numeric options that are the control plane's own bounds
+MAX_WORKERS = 64  # SHADOWLIMIT_WORKERS
+MAX_DEMO_REPLICAS = 16
+MAX_BURST = 1_000_000_000
+MAX_MINUTES = 24 * 60  # POST /v1/whatif
+
+
 def build_parser() -> CliParser:
     p = CliParser(
         prog="shadowlimit",
         description="Move a fleet from per-replica rate limits to one global Redis-backed limit, safely.",
     )
     p.add_argument("--version", action="version", version=f"shadowlimit {package_version()}")
+    add_connection_options(p)  # also before the command: shadowlimit --url URL routes
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
     _add_local_commands(sub)
     _add_remote_commands(sub)
@@ -398,16 +418,16 @@ def _add_local_commands(sub: Any) -> None:
     """``serve`` and ``demo``: the commands that run a control plane here."""
     s = _command(sub, "serve", "run the control plane (production entry)")
     s.add_argument("--host", default=None, help="listen address (default SHADOWLIMIT_HOST or 127.0.0.1)")
-    s.add_argument("--port", type=int, default=None, help="listen port (default SHADOWLIMIT_PORT or 8080)")
+    s.add_argument("--port", type=port, default=None, help="listen port (default SHADOWLIMIT_PORT or 8080)")
     s.add_argument(
         "--grpc-port",
-        type=int,
+        type=port,
         default=None,
         help="also serve Envoy's rate limit service (gRPC) on this port (default SHADOWLIMIT_GRPC_PORT: off)",
     )
     s.add_argument(
         "--workers",
-        type=int,
+        type=count(1, MAX_WORKERS),
         default=None,
         help="worker processes on the one port, each a fleet instance (default SHADOWLIMIT_WORKERS or 1)",
     )
@@ -421,12 +441,12 @@ def _add_local_commands(sub: Any) -> None:
 
     d = _command(sub, "demo", "the main job: embedded Redis, 3 replicas, demo traffic, dashboard")
     d.add_argument("--no-dash", action="store_true", help="run headless; print where it listens and the admin token")
-    d.add_argument("--replicas", type=int, default=3)
+    d.add_argument("--replicas", type=count(1, MAX_DEMO_REPLICAS), default=3, help="replicas to start (1-16)")
     d.add_argument("--keep-logs", action="store_true", help="keep the demo's logs and rules after it stops")
-    d.add_argument("--base-port", type=int, default=0, help="first replica port (default: free ports)")
+    d.add_argument("--base-port", type=port, default=0, help="first replica port (default: free ports)")
     d.add_argument(
         "--duration",
-        type=float,
+        type=duration,
         default=0,
         help="stop after this many seconds (0 = until Ctrl-C / quitting the dashboard)",
     )
@@ -434,22 +454,11 @@ def _add_local_commands(sub: Any) -> None:
 
 
 def _remote(sub: Any, name: str, help_: str) -> CliParser:
-    """A command that talks to a control plane over HTTP: ``--url``, ``--token``, ``--timeout``."""
+    """A command that talks to a control plane over HTTP: ``--url``, ``--token``, ``--timeout``
+    (:mod:`control_plane.cli.options`)."""
     sp = _command(sub, name, help_)
-    sp.add_argument(
-        "--url",
-        default=os.environ.get("SHADOWLIMIT_URL", "http://127.0.0.1:8080"),
-        help="control plane URL (env SHADOWLIMIT_URL)",
-    )
-    sp.add_argument(
-        "--token",
-        default=os.environ.get("SHADOWLIMIT_TOKEN") or os.environ.get("SHADOWLIMIT_ADMIN_TOKEN"),
-        help=(
-            "your token (env SHADOWLIMIT_TOKEN or SHADOWLIMIT_ADMIN_TOKEN): viewer to read,"
-            " operator to change modes, adjust and reset, admin for everything"
-        ),
-    )
-    sp.add_argument("--timeout", type=float, default=10.0, help="seconds to wait for an answer (default 10)")
+    add_connection_options(sp)
+    sp.connection = True
     return sp
 
 
@@ -464,7 +473,7 @@ def _add_remote_commands(sub: Any) -> None:
     rt = _remote(sub, "routes", "list routes, modes, divergence and the gate of each route's next step")
     rt.add_argument(
         "--stale-after",
-        type=float,
+        type=duration,
         default=10.0,
         metavar="SECONDS",
         help="fleet figures older than this (or whose last refresh failed) are stale: exit 7 (default 10)",
@@ -473,22 +482,22 @@ def _add_remote_commands(sub: Any) -> None:
     m = _remote(sub, "mode", "move a route to off, shadow, canary or enforce")
     m.add_argument("route")
     m.add_argument("mode", choices=["off", "shadow", "canary", "enforce"])
-    m.add_argument("--percent", type=int, help="canary percentage (1-100)")
+    m.add_argument("--percent", type=count(1, 100), help="canary percentage (1-100)")
     m.add_argument("--reason", required=True)
     m.add_argument("--force", action="store_true", help="override a failing gate (audited)")
     m.set_defaults(func=cmd_mode)
     a = _remote(sub, "audit", "the rollout audit trail")
     a.add_argument("--route")
-    a.add_argument("--limit", type=int, default=50)
+    a.add_argument("--limit", type=count(1, 1000), default=50, help="entries, newest first (1-1000)")
     a.set_defaults(func=cmd_audit)
     _remote(sub, "stats", "rate limiting statistics").set_defaults(func=cmd_stats)
     t = _remote(sub, "top", "most active clients with local and distributed tokens")
     t.add_argument("--route")
-    t.add_argument("--limit", type=int, default=20)
+    t.add_argument("--limit", type=count(1, 200), default=20, help="keys (1-200)")
     t.set_defaults(func=cmd_top)
     c = _remote(sub, "clients", "active rate-limited clients")
     c.add_argument("--route")
-    c.add_argument("--limit", type=int, default=50)
+    c.add_argument("--limit", type=count(1, 1000), default=50, help="clients (1-1000)")
     c.set_defaults(func=cmd_clients)
     r = _remote(sub, "reset", "reset a client's buckets")
     r.add_argument("id")
@@ -498,9 +507,9 @@ def _add_remote_commands(sub: Any) -> None:
     adj.add_argument("--route", required=True)
     adj.add_argument("--key", help="one client's key (default: the whole route)")
     adj.add_argument("--limit", help='the limit as text: "100/minute", "5/1s", "1000 per hour" (burst: the quantity)')
-    adj.add_argument("--rate", type=float, help="tokens per period (0 = unlimited); or use --limit")
-    adj.add_argument("--period", type=float, default=None, help="seconds, with --rate (default 1)")
-    adj.add_argument("--burst", type=int)
+    adj.add_argument("--rate", type=amount, help="tokens per period (0 = unlimited); or use --limit")
+    adj.add_argument("--period", type=period, default=None, help="seconds, with --rate (default 1)")
+    adj.add_argument("--burst", type=count(1, MAX_BURST))
     adj.add_argument(
         "--algorithm",
         choices=["token_bucket", "gcra", "fixed_window", "sliding_window", "sliding_log"],
@@ -514,36 +523,30 @@ def _add_remote_commands(sub: Any) -> None:
     w = _remote(sub, "whatif", "replay a route's recorded traffic against a candidate limit")
     w.add_argument("route")
     w.add_argument("--rate", required=True, help="the candidate limit: 50/1s, 100/minute, 1000 per hour")
-    w.add_argument("--burst", type=int, help="bucket size (default: the rate's N)")
+    w.add_argument("--burst", type=count(1, MAX_BURST), help="bucket size (default: the rate's N)")
     w.add_argument("--algorithm", choices=algorithms, default="token_bucket")
-    w.add_argument("--minutes", type=int, default=15, help="the last M minutes of recording (default 15)")
+    w.add_argument(
+        "--minutes", type=count(1, MAX_MINUTES), default=15, help="the last M minutes of recording (default 15)"
+    )
     w.set_defaults(func=cmd_whatif)
     sg = _remote(sub, "suggest", "the smallest limit whose replay rejects at most a share of requests")
     sg.add_argument("route")
-    sg.add_argument("--max-reject", required=True, help="a share: 0.5%% or 0.005")
+    sg.add_argument("--max-reject", type=share, required=True, help="a share: 0.5%% or 0.005")
     sg.add_argument("--algorithm", choices=algorithms, default="token_bucket")
-    sg.add_argument("--minutes", type=int, default=15)
+    sg.add_argument("--minutes", type=count(1, MAX_MINUTES), default=15, help="the last M minutes of recording")
     sg.set_defaults(func=cmd_suggest)
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    as_json = "--json" in argv
     parser = build_parser()
-    if as_json:  # a usage error is a JSON object on stdout too
-        errors = io.StringIO()
-        try:
-            with contextlib.redirect_stderr(errors):
-                args = parser.parse_args(argv)
-        except SystemExit as exc:
-            if exc.code in (0, None):
-                raise
-            message = (errors.getvalue().strip().splitlines() or ["bad usage"])[-1]
-            command = next((a for a in argv if a in parser.subcommands), "")
-            print_error(command, CliError(message.split(": error: ", 1)[-1], EXIT_USAGE), True)
-            return EXIT_USAGE
-    else:
+    try:
         args = parser.parse_args(argv)
+        connection_options(args, args.command, parser.subcommands[args.command].connection)
+    except UsageError as exc:  # one line, or a JSON object on stdout with --json
+        command = exc.command or next((a for a in argv if a in parser.subcommands), "")
+        print_error(command, exc, "--json" in argv)
+        return EXIT_USAGE
     try:
         return int(args.func(args) or 0)
     except CliError as exc:

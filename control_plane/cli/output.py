@@ -10,7 +10,7 @@ import json
 import shutil
 import sys
 import textwrap
-from typing import Any
+from typing import Any, NoReturn
 
 __all__ = [
     "EXIT_AUTH",
@@ -26,6 +26,7 @@ __all__ = [
     "EXIT_USAGE",
     "CliError",
     "CliParser",
+    "UsageError",
     "error_for_response",
     "print_error",
     "print_json",
@@ -70,15 +71,28 @@ class CliError(Exception):
         self.detail = detail  # more lines for people (``--json`` has them in ``response``)
 
 
+class UsageError(CliError):
+    """Bad usage (exit 2), found before anything was sent or started; ``command`` is the
+    command it concerns (``""`` for none, ``"rules check"``)."""
+
+    def __init__(self, message: str, command: str = "") -> None:
+        super().__init__(message, EXIT_USAGE)
+        self.command = command
+
+
 class CliParser(argparse.ArgumentParser):
     """An :class:`argparse.ArgumentParser` with the exit codes in every ``--help``, a
-    ``--json`` option on every command, and what was added to it kept in public
-    attributes (``arguments``, ``subcommands``) for :mod:`control_plane.cli.completion`."""
+    ``--json`` option on every command, errors raised as :class:`UsageError` (one line,
+    printed as every other error is, not argparse's usage text and exit), and what was
+    added to it kept in public attributes (``arguments``, ``subcommands``) for
+    :mod:`control_plane.cli.completion`; ``connection`` says whether the command talks to
+    a control plane (``--url``, ``--token``, ``--timeout``)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         self.arguments: list[argparse.Action] = []
         self._options: set[int] = set()
         self.subcommands: dict[str, CliParser] = {}
+        self.connection = False
         kwargs.setdefault("epilog", EXIT_CODES_EPILOG)
         kwargs.setdefault("formatter_class", argparse.RawDescriptionHelpFormatter)
         kwargs.setdefault("conflict_handler", "resolve")  # a command may define its own --json
@@ -105,6 +119,12 @@ class CliParser(argparse.ArgumentParser):
         action = super().add_subparsers(**kwargs)
         self.subcommands = action.choices  # name -> parser, filled by add_parser
         return action
+
+    def error(self, message: str) -> NoReturn:
+        """argparse's errors (a missing argument, a bad value, an unknown option) as a
+        :class:`UsageError` naming the option: ``--timeout: expected ...``."""
+        command = self.prog.partition(" ")[2]
+        raise UsageError(message.removeprefix("argument "), command)
 
 
 def wants_json(args: argparse.Namespace) -> bool:
@@ -143,7 +163,7 @@ def print_error(command: str, exc: CliError, as_json: bool) -> None:
             error["response"] = exc.response
         print_json({"error": error})
         return
-    print(f"shadowlimit {command}: {exc}", file=sys.stderr)
+    print(f"shadowlimit {command}: {exc}" if command else f"shadowlimit: {exc}", file=sys.stderr)
     if exc.detail:
         print(exc.detail, file=sys.stderr)
 

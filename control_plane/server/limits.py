@@ -20,9 +20,10 @@ server frames such a body by its ``Content-Length``, so the app cannot be handed
 refuses).
 
 A header set the middleware sees has already been parsed by the server; bounding it while
-it arrives, in size and in time (:attr:`RequestLimits.header_timeout_s`), is the HTTP
-protocol's job (:mod:`control_plane.server.serving`), which uses :meth:`RequestLimits.head_bytes`
-and :func:`refusal_body`.
+it arrives, in size and in time (:attr:`RequestLimits.header_timeout_s`), and the request
+target's length (:data:`MAX_TARGET_BYTES`), is the HTTP protocol's job
+(:mod:`control_plane.server.serving`), which uses :meth:`RequestLimits.head_bytes` and
+:func:`refusal_body` (its refusals, a request that is not HTTP included, are JSON too).
 """
 
 from __future__ import annotations
@@ -32,9 +33,9 @@ from typing import Any
 
 import orjson
 
-from ..settings.limits import REQUEST_LINE_ALLOWANCE, RequestLimits
+from ..settings.limits import MAX_TARGET_BYTES, REQUEST_LINE_ALLOWANCE, RequestLimits
 
-__all__ = ["REQUEST_LINE_ALLOWANCE", "RequestLimits", "RequestLimitsMiddleware", "refusal_body"]
+__all__ = ["MAX_TARGET_BYTES", "REQUEST_LINE_ALLOWANCE", "RequestLimits", "RequestLimitsMiddleware", "refusal_body"]
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -43,12 +44,22 @@ Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 
-_REFUSALS = {408: "request_timeout", 413: "payload_too_large", 431: "request_header_fields_too_large"}
+_REFUSALS = {
+    400: "bad_request",
+    408: "request_timeout",
+    413: "payload_too_large",
+    414: "uri_too_long",
+    431: "request_header_fields_too_large",
+}
 
 
-def refusal_body(status: int, message: str, limit: float) -> bytes:
-    """The JSON body of a 408 (``limit`` in seconds), 413 or 431 (in bytes or fields) refusal."""
-    return orjson.dumps({"error": _REFUSALS[status], "message": message, "limit": limit})
+def refusal_body(status: int, message: str, limit: float | None = None) -> bytes:
+    """The JSON body of a refusal before the app: a 400 (a request that is not HTTP), 408
+    (``limit`` in seconds), 413, 414 or 431 (in bytes or fields)."""
+    body: dict[str, Any] = {"error": _REFUSALS[status], "message": message}
+    if limit is not None:
+        body["limit"] = limit
+    return orjson.dumps(body)
 
 
 def _response_start(status: int, body: bytes) -> Message:

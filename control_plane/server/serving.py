@@ -14,6 +14,13 @@ same JSON 431 as :class:`~control_plane.server.limits.RequestLimitsMiddleware` a
 connection. A head is thus never buffered beyond that plus one read from the socket; the
 middleware then applies the exact count and size limits to the parsed header list.
 
+Nor do they bound the request target: httptools takes any length (up to 64 KiB, where its
+URL parser fails with a plain-text 400), h11 any length that arrives in one read. Here a
+target longer than :data:`~control_plane.server.limits.MAX_TARGET_BYTES` (16 KiB) is refused
+with a JSON 414 ``uri_too_long`` however it arrives; and a request the parser cannot read at
+all gets a JSON 400 ``bad_request`` (uvicorn's own is plain text), so every refusal before
+the app has the API's error shape.
+
 Neither implementation bounds how long a head takes: one byte a second holds a connection
 for ever (uvicorn's ``timeout_keep_alive`` only covers the silence *between* requests and is
 cancelled by the first byte of the next one). So a head must be complete within
@@ -38,12 +45,13 @@ request.
 from __future__ import annotations
 
 import asyncio
+import sys
 from typing import Any, ClassVar
 
 import h11
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-from .limits import RequestLimits, refusal_body
+from .limits import MAX_TARGET_BYTES, REQUEST_LINE_ALLOWANCE, RequestLimits, refusal_body
 
 __all__ = ["http_protocol"]
 
@@ -63,6 +71,22 @@ def _timeout_refusal(limits: RequestLimits) -> bytes:
         f"the request head (request line and header fields) did not arrive within {limits.header_timeout_s:g} s",
         limits.header_timeout_s,
     )
+
+
+_TARGET_REFUSAL = refusal_body(
+    414, f"the request target (path and query) is longer than {MAX_TARGET_BYTES:,} bytes", MAX_TARGET_BYTES
+)
+_STATUS_LINES = {
+    400: b"400 Bad Request",
+    414: b"414 URI Too Long",
+    431: b"431 Request Header Fields Too Large",
+}
+
+
+def _bad_request(detail: str) -> bytes:
+    """A 400's body, with what the parser said (which may quote the request: 200 characters at most)."""
+    detail = detail if len(detail) <= 200 else detail[:199] + "\u2026"
+    return refusal_body(400, "the request is not valid HTTP/1.1" + (f": {detail}" if detail else ""))
 
 
 def http_protocol(limits: RequestLimits, impl: str = "auto") -> type[asyncio.Protocol]:
@@ -121,10 +145,56 @@ class _HeadClock(asyncio.Protocol):
     _head_deadline: float | None = None  # loop time by which the head under way must be complete
     _head_timer: asyncio.TimerHandle | None = None  # at most one pending, due at or before the deadline
     _head_seen = False  # bytes of the head under way arrived (a connection that said nothing gets no 408)
+    _after_responses: bytes | None = None  # a refusal to send once the responses under way are complete
+    flow: Any
+
+    refusal: ClassVar[bytes]
 
     def connection_made(self, transport: Any) -> None:
         super().connection_made(transport)
         self._head_begins(seen=False)
+
+    def _refuse(self, status: int) -> None:
+        """Answer what the parser refused (400, or 414 and 431: the bounds above) with the
+        JSON refusal and close. A head pipelined after whole requests whose responses are
+        under way is answered after them (the first refusal only); a request whose own body
+        is refused (bad chunked framing) is answered at once, unless its response has begun
+        (no room for an answer then), and its app sees the client gone. Called from uvicorn's
+        ``send_400_response``, in the handler of the parser's error, which says what was
+        wrong with a 400."""
+        self._head_deadline = None
+        if self._after_responses is not None or self.transport.is_closing():
+            return
+        if status == 431:
+            body = self.refusal
+        elif status == 414:
+            body = _TARGET_REFUSAL
+        else:
+            status, body = 400, _bad_request(str(sys.exc_info()[1] or ""))
+        refusal = _raw_refusal(_STATUS_LINES[status], self.server_state, body)
+        cycle = self.cycle  # the request parsed last
+        if cycle is not None and not cycle.response_complete:
+            if not cycle.more_body:  # whole: the refused bytes are a later request's
+                self._after_responses = refusal
+                self.flow.pause_reading()  # nothing more is parsed on this connection
+                return
+            if cycle.response_started:
+                self.transport.close()
+                return
+        self.transport.write(refusal)
+        self.transport.close()
+
+    def _responding(self) -> bool:
+        """A response is under way, or a pipelined request waits for its turn."""
+        cycle = self.cycle
+        return (cycle is not None and not cycle.response_complete) or bool(getattr(self, "pipeline", None))
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()  # type: ignore[misc]  # uvicorn's (after this class in the MRO)
+        refusal = self._after_responses
+        if refusal is not None and not self._responding() and not self.transport.is_closing():
+            self.transport.write(refusal)
+            self.transport.close()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._head_deadline = None
@@ -168,16 +238,27 @@ class _HeadClock(asyncio.Protocol):
 
 
 class _RefusalMemo(h11.Connection):
-    """h11's connection, remembering the status hint of the protocol error it raised."""
+    """h11's connection, remembering the status of the protocol error it raised: h11's hint,
+    or 414 for a request target over :data:`MAX_TARGET_BYTES` (a whole request line in one
+    read, or one still without its end when h11 refuses the incomplete head)."""
 
     refused_status: int | None = None
 
     def next_event(self) -> Any:
         try:
-            return super().next_event()
+            event = super().next_event()
         except h11.RemoteProtocolError as exc:
-            self.refused_status = exc.error_status_hint
+            status = exc.error_status_hint
+            if status == 431:  # the head is too large: is its request line alone?
+                line_end = self.trailing_data[0].find(b"\n")
+                if line_end < 0 or line_end > REQUEST_LINE_ALLOWANCE:
+                    status = 414
+            self.refused_status = status
             raise
+        if type(event) is h11.Request and len(event.target) > MAX_TARGET_BYTES:
+            self.refused_status = 414
+            raise h11.RemoteProtocolError("the request target is too long", 414)
+        return event
 
 
 class _BoundedH11Protocol(_HeadClock, H11Protocol):
@@ -209,20 +290,8 @@ class _BoundedH11Protocol(_HeadClock, H11Protocol):
                 self._head_begins()  # part of the next head is already here
 
     def send_400_response(self, msg: str) -> None:
-        if not isinstance(self.conn, _RefusalMemo) or self.conn.refused_status != 431:
-            super().send_400_response(msg)
-            return
-        headers = [
-            (b"content-type", b"application/json"),
-            (b"content-length", str(len(self.refusal)).encode()),
-            (b"connection", b"close"),
-        ]
-        self.transport.write(
-            self.conn.send(h11.Response(status_code=431, headers=headers, reason=b"Request Header Fields Too Large"))
-        )
-        self.transport.write(self.conn.send(h11.Data(data=self.refusal)))
-        self.transport.write(self.conn.send(h11.EndOfMessage()))
-        self.transport.close()
+        conn = self.conn
+        self._refuse((conn.refused_status if isinstance(conn, _RefusalMemo) else None) or 400)
 
 
 def _bounded_httptools() -> type[Any]:
@@ -236,6 +305,8 @@ def _bounded_httptools() -> type[Any]:
         limits: ClassVar[RequestLimits]
         refusal: ClassVar[bytes]
         _head_bytes = 0
+        _target_bytes = 0  # of the request line under way
+        _refused_status = 400  # what the next send_400_response answers
 
         def data_received(self, data: bytes) -> None:
             cycle = self.cycle
@@ -254,16 +325,23 @@ def _bounded_httptools() -> type[Any]:
             self._head_seen = True
             super().on_message_begin()
 
+        def on_url(self, url: bytes) -> None:
+            # called once or more per request line (as its bytes arrive), after on_message_begin
+            self._target_bytes = size = (self._target_bytes if self.url else 0) + len(url)
+            if size > MAX_TARGET_BYTES:
+                self._refused_status = 414
+                raise ValueError("the request target is too long")  # the parser's error: send_400_response
+            super().on_url(url)
+
         def on_headers_complete(self) -> None:
             self._head_ends()
             super().on_headers_complete()
 
+        def send_400_response(self, msg: str) -> None:
+            status, self._refused_status = self._refused_status, 400
+            self._refuse(status)
+
         def _refuse_head(self) -> None:
-            if self.cycle is None or self.cycle.response_complete:
-                self.transport.write(
-                    _raw_refusal(b"431 Request Header Fields Too Large", self.server_state, self.refusal)
-                )
-            # else: a pipelined head during a response in progress; no room for an answer
-            self.transport.close()
+            self._refuse(431)
 
     return _BoundedHttpToolsProtocol

@@ -6,11 +6,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["REQUEST_LINE_ALLOWANCE", "RequestLimits"]
+__all__ = ["MAX_TARGET_BYTES", "REQUEST_LINE_ALLOWANCE", "RequestLimits"]
 
+#: The longest request target (path and query) ``serve`` takes: longer is 414
+#: ``uri_too_long`` (a key in a path, ``/ratelimit/reset/{client_id}``, is 256 bytes at
+#: most, 768 percent-encoded: a longer one reaches the endpoint, which names it).
+MAX_TARGET_BYTES = 16384
 #: Bytes a request head may use beyond its header fields while it arrives: the request
 #: line (method, target, version) and the line breaks.
-REQUEST_LINE_ALLOWANCE = 8192
+REQUEST_LINE_ALLOWANCE = MAX_TARGET_BYTES + 32
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,15 +1,18 @@
 """The control plane's own OpenAPI document: a property-based run over it (schemathesis 4):
 every operation (except the endless ``/v1/stream``) against a live server on loopback with
 real Redis, with the admin token so mutating endpoints are exercised too (no response may
-be a 5xx, every response must match the schema); what the document must declare (a typed
-answer, the error body, the bearer scheme from the access table, an example each, the
-rate-limit headers, the event stream), checked against real answers; and ``/docs`` and
-``/redoc`` loading nothing from another host."""
+be a 5xx, every response must match the schema), one operation at a time and in sequences
+that follow the document's links (the stateful phase: a route enforced, then listed, ...);
+what the document must declare (a typed answer, the error body, the bearer scheme from the
+access table, an example each, the rate-limit headers, the event stream, the links),
+checked against real answers; and ``/docs`` and ``/redoc`` loading nothing from another
+host."""
 
 from __future__ import annotations
 
 import re
 import uuid
+from collections import Counter
 
 import httpx
 import jsonschema_rs
@@ -18,13 +21,25 @@ import schemathesis
 from cp_server import ControlPlaneServer, admin_headers, write_rules
 from hypothesis import HealthCheck, settings
 from schemathesis.checks import not_a_server_error
-from schemathesis.specs.openapi.checks import response_schema_conformance
+from schemathesis.specs.openapi.checks import (
+    content_type_conformance,
+    response_headers_conformance,
+    response_schema_conformance,
+    status_code_conformance,
+)
 
 from control_plane.api.authz import AUTHZ_METHODS
 from control_plane.api.responses import AuditTrail, Readiness, RoutesList, RuleView
 from control_plane.auth import ACCESS, Access
 
-CHECKS = [not_a_server_error, response_schema_conformance]
+#: every answer: no 5xx, a status, media type, headers and body the document declares
+CHECKS = [
+    not_a_server_error,
+    status_code_conformance,
+    content_type_conformance,
+    response_headers_conformance,
+    response_schema_conformance,
+]
 
 
 @pytest.fixture(scope="module")
@@ -50,6 +65,52 @@ schema = schemathesis.pytest.from_fixture("api_schema").exclude(path="/v1/stream
 @settings(max_examples=30, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
 def test_api_conforms_to_its_schema(case, live_cp):
     case.call_and_validate(base_url=live_cp.url, headers=admin_headers(), checks=CHECKS, timeout=10)
+
+
+@pytest.fixture
+def stateful_cp(redis_server, tmp_path):
+    """A control plane of its own: the sequences enforce routes, adjust limits, reset keys."""
+    server = ControlPlaneServer(redis_url=redis_server.url, rules_path=write_rules(tmp_path), gate_min_samples=0)
+    server.start()
+    yield server
+    server.stop()
+
+
+def test_api_conforms_to_its_schema_in_sequences(stateful_cp):
+    """schemathesis' stateful phase: sequences of calls that follow the document's links (a
+    route name from ``GET /v1/routes`` into a mode change, then the routes listed again, a
+    decision's key into a reset, ...), so answers are checked in the states calls lead to
+    (an enforced route has no next step and no gate); every operation is reached. A round
+    is 100 sequences of up to 10 calls (about 5 s); the first is derandomized, another
+    (at most two) runs only if an operation was not reached yet."""
+    cp = stateful_cp
+    schema = schemathesis.openapi.from_url(cp.url + "/openapi.json").exclude(path="/v1/stream")
+    every = {result.ok().label for result in schema.get_all_operations()}
+    assert len(every) >= 25
+    called: Counter[str] = Counter()
+
+    class Workflow(schema.as_state_machine()):
+        def get_call_kwargs(self, case):
+            return {"base_url": cp.url, "headers": admin_headers(), "timeout": 10}
+
+        def validate_response(self, response, case, additional_checks=None, **kwargs):
+            called[case.operation.label] += 1
+            case.validate_response(response, checks=CHECKS, transport_kwargs=kwargs)
+
+    for first in (True, False, False):
+        Workflow.run(
+            settings=settings(
+                max_examples=100,
+                stateful_step_count=10,
+                deadline=None,
+                suppress_health_check=list(HealthCheck),
+                derandomize=first,
+                database=None,
+            )
+        )
+        if every <= set(called):
+            break
+    assert every <= set(called), f"not reached by any sequence: {sorted(every - set(called))}"
 
 
 # -- the document itself -------------------------------------------------------------------

@@ -20,7 +20,7 @@ from cp_server import ADMIN_TOKEN, ControlPlaneServer, free_port, wait_until, wr
 from ext_service import AppServer
 
 from control_plane.api.schemas import BatchRequest, DecideRequest
-from control_plane.server.limits import RequestLimits, RequestLimitsMiddleware
+from control_plane.server.limits import MAX_TARGET_BYTES, RequestLimits, RequestLimitsMiddleware
 from control_plane.settings import Settings, SettingsError, load_settings
 
 WAIT_S = 10.0  # the longest any answer is waited for
@@ -312,6 +312,89 @@ def test_many_heads_on_one_connection_are_each_counted_alone(make_cp, http):
         reader = _Reader(s)
         statuses = [reader.response()[0] for _ in range(60)]
     assert set(statuses) <= {200, 429}, statuses
+
+
+# --------------------------------------------------------------------------- request lines
+
+
+def _json_refusal(sock: socket.socket, status: int, error: str) -> dict[str, Any]:
+    got, headers, body = _read_response(sock)
+    assert got == status, body
+    assert headers["content-type"] == "application/json" and headers["connection"] == "close"
+    data = json.loads(body)
+    assert data["error"] == error and data["message"], data
+    assert _closed_by_server(sock)
+    return data
+
+
+@pytest.mark.parametrize("http", ["httptools", "h11"])
+@pytest.mark.parametrize("pieces", [1, 8])
+def test_a_request_line_too_long_is_a_json_414_however_it_arrives(make_cp, http, pieces):
+    """A target over 16 KiB (64 KiB here: httptools' own URL parser gives up there with a
+    plain-text 400) is refused in the API's error shape, in one read or in pieces."""
+    cp = make_cp(http=http)
+    line = b"GET /ratelimit/reset/" + b"a" * 65536 + b" HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
+    with _connect(cp.port) as s:
+        try:
+            for i in range(pieces):
+                s.sendall(line[i * len(line) // pieces : (i + 1) * len(line) // pieces])
+        except (ConnectionResetError, BrokenPipeError):
+            pass  # refused and closed while the rest was still being sent
+        data = _json_refusal(s, 414, "uri_too_long")
+        assert data["limit"] == MAX_TARGET_BYTES == 16384
+    _decide_ok(cp)
+
+
+@pytest.mark.parametrize("http", ["httptools", "h11"])
+def test_the_longest_target_reaches_the_app(make_cp, http):
+    cp = make_cp(http=http)
+    for size, status in ((MAX_TARGET_BYTES, 404), (MAX_TARGET_BYTES + 1, 414)):
+        with _connect(cp.port) as s:
+            s.sendall(_head("GET", "/" + "a" * (size - 1)))
+            got, _, body = _read_response(s)
+            assert got == status and json.loads(body)["error"] == ("not_found" if status == 404 else "uri_too_long")
+
+
+@pytest.mark.parametrize("http", ["httptools", "h11"])
+@pytest.mark.parametrize("request_line", [b"G(T / HTTP/1.1", b"\x00\x01 nothing"])
+def test_a_request_that_is_not_http_gets_the_json_error_body(make_cp, http, request_line):
+    cp = make_cp(http=http)
+    with _connect(cp.port) as s:
+        s.sendall(request_line + b"\r\nHost: 127.0.0.1\r\n\r\n")
+        data = _json_refusal(s, 400, "bad_request")
+        assert data["message"].startswith("the request is not valid HTTP/1.1") and len(data["message"]) < 300
+    _decide_ok(cp)
+
+
+@pytest.mark.parametrize("http", ["httptools", "h11"])
+def test_a_body_with_bad_chunked_framing_gets_the_json_error_body(make_cp, http):
+    cp = make_cp(http=http)
+    chunk = b'{"route":"search","key":"ch"}'  # 29 bytes, announced as 28
+    with _connect(cp.port) as s:
+        s.sendall(
+            _head("POST", "/v1/decide", "Content-Type: application/json", "Transfer-Encoding: chunked")
+            + b"1c\r\n"
+            + chunk
+            + b"\r\n0\r\n\r\n"
+        )
+        _json_refusal(s, 400, "bad_request")
+    _decide_ok(cp)
+
+
+@pytest.mark.parametrize("http", ["httptools", "h11"])
+def test_a_bad_request_pipelined_after_a_good_one_is_answered_after_it(make_cp, http):
+    cp = make_cp(http=http)
+    body = json.dumps(DECIDE).encode()
+    good = _head("POST", "/v1/decide", "Content-Type: application/json", f"Content-Length: {len(body)}") + body
+    with _connect(cp.port) as s:
+        s.sendall(good + b"G(T / HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")  # in one write
+        reader = _Reader(s)
+        status, _, answer = reader.response()
+        assert status == 200 and json.loads(answer)["allowed"] is True
+        status, headers, refusal = reader.response()
+        assert status == 400 and headers["content-type"] == "application/json"
+        assert json.loads(refusal)["error"] == "bad_request"
+        assert _closed_by_server(s)
 
 
 # --------------------------------------------------------------------------- settings and `serve`
