@@ -112,6 +112,12 @@ ACCESS: dict[tuple[str, str], Access] = {
     ("POST", "/v1/whatif/suggest"): Access.READ,
     ("PUT", "/v1/routes/{route}/mode"): Access.OPERATOR,  # as OpenAPI shows it
     ("PUT", "/v1/routes/{route:path}/mode"): Access.OPERATOR,  # as served: Envoy's route names hold "/"
+    ("PUT", "/v1/routes/{route}/candidate"): Access.OPERATOR,
+    ("PUT", "/v1/routes/{route:path}/candidate"): Access.OPERATOR,
+    ("DELETE", "/v1/routes/{route}/candidate"): Access.OPERATOR,
+    ("DELETE", "/v1/routes/{route:path}/candidate"): Access.OPERATOR,
+    ("POST", "/v1/routes/{route}/candidate/promote"): Access.OPERATOR,
+    ("POST", "/v1/routes/{route:path}/candidate/promote"): Access.OPERATOR,
     ("GET", "/v1/rollout/audit"): Access.READ,
     ("GET", "/v1/divergence"): Access.READ,
     ("GET", "/v1/buckets"): Access.READ,

@@ -43,6 +43,7 @@ from .observe.logs import event_fields
 from .observe.metrics import Metrics
 from .observe.views import FleetViews
 from .rollout.adjustments import Adjustments
+from .rollout.candidates import Candidates
 from .rollout.manager import GateRefused, RolloutManager
 from .rules import Rules
 from .settings import Settings
@@ -75,6 +76,7 @@ class Engine:
     live_rules: LiveRules
     adjustments: Adjustments
     rollout: RolloutManager
+    candidates: Candidates
     activity: Activity
     views: FleetViews
     external: ExternalManager

@@ -32,6 +32,7 @@ from .observe.hitters import WouldBeBlocked
 from .observe.metrics import Metrics
 from .observe.views import FleetViews
 from .rollout.adjustments import Adjustments
+from .rollout.candidates import Candidates
 from .rollout.manager import RolloutManager
 from .rules import Rules
 from .settings import Settings, SettingsError
@@ -136,6 +137,22 @@ async def open_engine(settings: Settings, *, metrics: Metrics | None = None) -> 
     return handle
 
 
+def _resilient(settings: Settings, redis: RedisLimiter, iid: str) -> tuple[CircuitBreaker, FleetMembership, Any]:
+    """The Redis circuit breaker, the fleet's membership and the resilient limiter over them."""
+    # the engine logs the transitions (with their event fields)
+    breaker = CircuitBreaker(failure_threshold=settings.breaker_failure_threshold, trial_half_opens=False, name=None)
+    fleet = FleetMembership(redis, instance_id=iid, interval_s=2.0, joins=settings.enable_distributed_rate_limiting)
+    resilient = ResilientLimiter(
+        redis,
+        failure_policy=settings.failure_policy,
+        failure_code=settings.failure_code,
+        fallback=LocalLimiter(max_keys=settings.local_max_keys),
+        breaker=breaker,
+        fleet=fleet,
+    )
+    return breaker, fleet, resilient
+
+
 def build_engine(
     settings: Settings,
     *,
@@ -154,17 +171,7 @@ def build_engine(
     iid = instance_id or settings.instance_id or uuid.uuid4().hex[:12]
     metrics = metrics or Metrics(max_routes=settings.metrics_max_routes)
     events = EventHub(history=settings.stream_history)
-    # the engine logs the transitions (with their event fields)
-    breaker = CircuitBreaker(failure_threshold=settings.breaker_failure_threshold, trial_half_opens=False, name=None)
-    fleet = FleetMembership(redis, instance_id=iid, interval_s=2.0, joins=settings.enable_distributed_rate_limiting)
-    resilient = ResilientLimiter(
-        redis,
-        failure_policy=settings.failure_policy,
-        failure_code=settings.failure_code,
-        fallback=LocalLimiter(max_keys=settings.local_max_keys),
-        breaker=breaker,
-        fleet=fleet,
-    )
+    breaker, fleet, resilient = _resilient(settings, redis, iid)
     memory = StateMemory()
     store = RolloutStore(client, settings.namespace, clock=clock)
     divergence = DivergenceStore(client, settings.namespace, clock=clock)
@@ -183,7 +190,8 @@ def build_engine(
         metrics=metrics, publish=events.publish, instance_id=iid,
     )  # fmt: skip
     external.configure(live.current.all_routes)
-    live.listeners += [lambda r: external.configure(r.all_routes), rollout.rules_changed]
+    candidates = Candidates(client, store, adjustments, divergence, live, rollout, clock)
+    live.listeners += [lambda r: external.configure(r.all_routes), rollout.rules_changed, candidates.rules_changed]
     comparisons = Comparisons(divergence, blocked, metrics)
     shadow = ShadowPipeline(
         resilient,
@@ -205,12 +213,20 @@ def build_engine(
         clock_us=clock_us,
         over_limit=OverLimitCache(settings.over_limit_cache_keys) if settings.over_limit_cache_keys else None,
     )  # fmt: skip
-    views = FleetViews(divergence, blocked, client, live, clock, settings.metrics_max_routes)
+    views = FleetViews(
+        divergence,
+        blocked,
+        client,
+        live,
+        clock,
+        settings.metrics_max_routes,
+        candidate_of=lambda r: adjustments.candidates.get(r),
+    )
     engine = Engine(
         settings=settings, instance_id=iid, metrics=metrics, events=events, redis=redis, client=client,
         local=local, breaker=breaker, fleet=fleet, resilient=resilient, store=store, divergence=divergence,
         blocked=blocked, memory=memory, live_rules=live, adjustments=adjustments, rollout=rollout,
-        activity=activity, views=views, external=external,
+        candidates=candidates, activity=activity, views=views, external=external,
         comparisons=comparisons, shadow=shadow, decider=decider, recorder=recorder, started_at=clock(),
     )  # fmt: skip
     breaker.on_transition = engine.on_breaker

@@ -4,7 +4,7 @@ the auth gate) and the audit trail's actor."""
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import Depends, Request
 
@@ -16,6 +16,7 @@ from ..observe.activity import Activity
 from ..observe.metrics import Metrics
 from ..observe.views import FleetViews
 from ..rollout.adjustments import Adjustments
+from ..rollout.candidates import Candidates
 from ..rollout.manager import RolloutManager
 from ..store import RolloutStore
 
@@ -55,6 +56,10 @@ async def get_adjustments(request: Request) -> Adjustments:
     return request.app.state.engine.adjustments  # type: ignore[no-any-return]
 
 
+async def get_candidates(request: Request) -> Candidates:
+    return request.app.state.engine.candidates  # type: ignore[no-any-return]
+
+
 async def get_external(request: Request) -> ExternalManager:
     return request.app.state.engine.external  # type: ignore[no-any-return]
 
@@ -92,6 +97,16 @@ def requires(role: Role) -> Callable[[Request], Awaitable[Identity]]:
     return dependency
 
 
+def gate_failed(gate: Any) -> ApiError:
+    """A promotion the gate refused: a 409 with its reasons and figures."""
+    return ApiError(
+        409,
+        "gate_failed",
+        "promotion refused by the gate: " + "; ".join(gate.reasons) + " (use force with a reason to override)",
+        gate=gate.to_dict(),
+    )
+
+
 def actor_of(request: Request) -> str:
     """The audit trail's actor: the token's name and the peer address; the optional
     ``X-Shadowlimit-Actor`` header only adds a note (it cannot change who acted)."""
@@ -108,6 +123,7 @@ RulesDep = Annotated[LiveRules, Depends(get_rules)]
 ViewsDep = Annotated[FleetViews, Depends(get_views)]
 ActivityDep = Annotated[Activity, Depends(get_activity)]
 AdjustmentsDep = Annotated[Adjustments, Depends(get_adjustments)]
+CandidatesDep = Annotated[Candidates, Depends(get_candidates)]
 ExternalDep = Annotated[ExternalManager, Depends(get_external)]
 StoreDep = Annotated[RolloutStore, Depends(get_store)]
 MetricsDep = Annotated[Metrics, Depends(get_metrics)]

@@ -120,6 +120,87 @@ BATCH: dict[str, Any] = {
     ]
 }
 
+_POLICY_5 = {"algorithm": "token_bucket", "average": 5.0, "period": 1.0, "burst": 5}
+_LIMIT_10 = {
+    "in_force": _POLICY_10,
+    "rules": _POLICY_10,
+    "adjusted": False,
+    "describe": "10/1s burst 10 (token_bucket)",
+}
+_CANDIDATE_GATE = {
+    "passed": False,
+    "required": True,
+    "reasons": ["only 120 compared decisions since the candidate was set 95s ago (need 500)"],
+    "window_s": 300,
+    "compared": 120,
+    "min_samples": 500,
+    "new_rejections": 6,
+    "new_rejection_rate": 0.05,
+    "max_new_rejection_rate": 0.01,
+    "backend_errors": 0,
+    "backend_error_rate": 0.0,
+    "max_backend_error_rate": 0.001,
+    "shadow_dropped": 0,
+    "sampled_share": 1.0,
+    "min_sampled_share": 0.9,
+    "in_step_s": 95.0,
+    "min_dwell_s": 600.0,
+}
+_CANDIDATE_TOTALS = {
+    "agree": 114, "newly_rejected": 6, "newly_admitted": 0, "errors": 0, "dropped": 0, "compared": 120,
+    "newly_rejected_share": 0.05, "newly_admitted_share": 0.0, "sampled_share": 1.0,
+}  # fmt: skip
+_CANDIDATE = {
+    "id": "4f1c2a9b7e10",
+    "policy": _POLICY_5,
+    "describe": "5/1s burst 5 (token_bucket)",
+    "since": 1795710115.2,
+    "age_s": 95.0,
+    "actor": "alice@10.0.0.7",
+    "reason": "tighten checkout",
+    "totals": _CANDIDATE_TOTALS,
+    "gate": _CANDIDATE_GATE,
+}
+_CANDIDATE_AUDIT = {
+    **_AUDIT,
+    "id": "1795710115201-0",
+    "kind": "candidate",
+    "route": "checkout",
+    "at": 1795710115.2,
+    "from": "",
+    "to": "candidate 5/1s burst 5 (token_bucket)",
+    "reason": "tighten checkout",
+    "gate": None,
+}
+CANDIDATE_REQUEST: dict[str, Any] = {"limit": "5/second", "reason": "tighten checkout"}
+CANDIDATE_SET: dict[str, Any] = {
+    "route": "checkout",
+    "candidate": {**_CANDIDATE, "age_s": 0.0, "since": 1795710115.2, "totals": None, "gate": None},
+    "audit": _CANDIDATE_AUDIT,
+}
+CANDIDATE_ACTION: dict[str, Any] = {"reason": "not now"}
+CANDIDATE_PROMOTE: dict[str, Any] = {"reason": "clean for a day"}
+CANDIDATE_DROPPED: dict[str, Any] = {
+    "route": "checkout",
+    "candidate": None,
+    "audit": {**_CANDIDATE_AUDIT, "to": "dropped candidate 5/1s burst 5 (token_bucket)", "reason": "not now"},
+}
+CANDIDATE_PROMOTED: dict[str, Any] = {
+    "route": "checkout",
+    "limit": _POLICY_5,
+    "adjustment": {
+        **_CANDIDATE_AUDIT, "kind": "config_change", "to": "5/1s burst 5 (token_bucket)",
+        "reason": "promoted candidate: clean for a day (distributed)",
+    },
+    "audit": {
+        **_CANDIDATE_AUDIT, "to": "promoted candidate 5/1s burst 5 (token_bucket)", "reason": "clean for a day",
+        "gate": {**_CANDIDATE_GATE, "passed": True, "reasons": [], "compared": 5210, "new_rejections": 3,
+                 "new_rejection_rate": 0.000576, "in_step_s": 86400.0},
+    },
+    "gate": {**_CANDIDATE_GATE, "passed": True, "reasons": [], "compared": 5210, "new_rejections": 3,
+             "new_rejection_rate": 0.000576, "in_step_s": 86400.0},
+}  # fmt: skip
+
 ROUTES: dict[str, Any] = {
     "routes": [
         {
@@ -144,6 +225,8 @@ ROUTES: dict[str, Any] = {
             "next_step": {"mode": "canary", "canary_percent": 10},
             "gate": {"target": "canary", "target_percent": 10, **_GATE},
             "figures_age_s": 0.6,
+            "limit": _LIMIT_10,
+            "candidate": None,
         },
         {
             "name": "checkout",
@@ -167,6 +250,8 @@ ROUTES: dict[str, Any] = {
             "next_step": None,  # enforced: no next step, no gate
             "gate": None,
             "figures_age_s": 0.6,
+            "limit": _LIMIT_10,
+            "candidate": _CANDIDATE,
         },
     ],
     "distributed_enabled": True,
@@ -186,6 +271,20 @@ DIVERGENCE: dict[str, Any] = {
             "totals": {**_TOTALS, "minutes": 1},
             "series": [{"minute": 1795710180, **_MINUTE}],
             "would_be_blocked": [{"key": "alice", "count": 1, "last_request_id": "2fce927b8478-14"}],
+            "candidate": {
+                **_CANDIDATE,
+                "series": [
+                    {
+                        "minute": 1795710180,
+                        "agree": 114,
+                        "newly_rejected": 6,
+                        "newly_admitted": 0,
+                        "errors": 0,
+                        "dropped": 0,
+                    },
+                ],
+                "would_be_blocked": [{"key": "bob", "count": 6, "last_request_id": "2fce927b8478-31"}],
+            },
         }
     },
     "as_of": 1795710210.1,

@@ -10,7 +10,7 @@ from limiter.errors import BackendError
 
 from ..store import StoreUnavailable
 from . import examples
-from .deps import ApiError, EngineDep, RulesDep, ViewsDep
+from .deps import ApiError, EngineDep, RolloutDep, RulesDep, ViewsDep
 from .openapi import errors, ok
 from .readmodels import Buckets, buckets_view, divergence_view
 from .responses import BackendReport, BucketsList, DivergenceReport
@@ -27,11 +27,15 @@ BucketsDep = Annotated[Buckets, Depends(get_buckets)]
 
 
 @router.get("/divergence", responses={**ok(DivergenceReport, examples.DIVERGENCE), **errors(422, 503)})
-async def divergence(rules: RulesDep, views: ViewsDep, minutes: int = Query(60, ge=1, le=120)) -> dict[str, Any]:
+async def divergence(
+    rules: RulesDep, views: ViewsDep, rollout: RolloutDep, minutes: int = Query(60, ge=1, le=120)
+) -> dict[str, Any]:
     """Per route: fleet-wide agree / new rejections / reverse counts, rates, a per-minute series
-    and the keys that enforcement would block (who would be blocked)."""
+    and the keys that enforcement would block (who would be blocked); and its candidate limit
+    against its current one (newly rejected, newly admitted, per minute since it was set,
+    who it would newly reject, its gate), or null."""
     try:
-        return await divergence_view(rules.current, views, minutes)
+        return await divergence_view(rules.current, views, minutes, rollout.adjustments.candidates, rollout)
     except (StoreUnavailable, BackendError) as exc:
         raise ApiError(503, "backend_unavailable", f"Redis is unreachable: {exc}") from exc
 

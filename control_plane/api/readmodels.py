@@ -11,18 +11,23 @@ from limiter import LocalLimiter, Policy, RedisLimiter
 from limiter.errors import BackendError
 from limiter.resilience import BreakerState, CircuitBreaker
 
+from ..model.candidate import Candidate, candidate_gate
 from ..model.rollout import Mode, RouteState, evaluate_gate, next_step
 from ..observe.activity import Activity
 from ..observe.views import FleetViews
 from ..rollout.adjustments import Adjustments
 from ..rollout.manager import RolloutManager
 from ..store import StoreUnavailable, gate_stats_of, totals_of
+from ..store.divergence import CANDIDATE_COUNTS, candidate_stats_of
 from .deps import ApiError
 
 if TYPE_CHECKING:
     from ..rules import RouteRule, Rules
 
-__all__ = ["Buckets", "buckets_view", "divergence_view", "key_policies", "route_views"]
+__all__ = [
+    "Buckets", "buckets_view", "candidate_totals", "candidate_view", "divergence_view", "key_policies",
+    "limit_view", "route_views",
+]  # fmt: skip
 
 
 async def route_views(
@@ -33,9 +38,11 @@ async def route_views(
     deadlines: dict[str, dict[str, int]] | None = None,
 ) -> list[dict[str, Any]]:
     """Every route with its rules, rollout state, live rate, fleet-wide divergence, the
-    gate of its next step, and this replica's answers given by the failure policy for want
-    of time (``deadlines``: :meth:`~control_plane.observe.metrics.Metrics.deadline_counts`)."""
+    gate of its next step, this replica's answers given by the failure policy for want
+    of time (``deadlines``: :meth:`~control_plane.observe.metrics.Metrics.deadline_counts`),
+    its global limit in force against the rules' (``limit``) and its candidate limit."""
     deadlines = deadlines or {}
+    adjustments = rollout.adjustments
     out = []
     for name in rules.names():
         rule = rules.get(name)
@@ -52,10 +59,60 @@ async def route_views(
             "decisions_per_s": round(activity.rate(name), 2),
             "deadline_answers": deadlines.get(name) or {"redis_timeout": 0, "no_time": 0},
         }
-        view.update(_figures(name, st, await views.route(name), rollout, views))
+        cached = await views.route(name)
+        view.update(_figures(name, st, cached, rollout, views))
         view["figures_age_s"] = views.age_s()
+        view["limit"] = limit_view(rule, adjustments)
+        view["candidate"] = candidate_view(adjustments.candidates.get(name), cached, rollout)
         out.append(view)
     return out
+
+
+def limit_view(rule: RouteRule, adjustments: Adjustments) -> dict[str, Any]:
+    """The route's global limit in force and the rules' (they differ after an adjustment,
+    a promoted candidate's included: the rules file is never rewritten)."""
+    in_force = adjustments.route_policies(rule)[1]
+    return {
+        "in_force": in_force.to_dict(),
+        "rules": rule.distributed.to_dict(),
+        "adjusted": in_force != rule.distributed,
+        "describe": in_force.describe(),
+    }
+
+
+def candidate_view(
+    candidate: Candidate | None, cached: dict[str, Any] | None, rollout: RolloutManager, *, series: bool = False
+) -> dict[str, Any] | None:
+    """A route's candidate: its limit, its comparisons with the current limit since it was
+    set (fleet-wide, from the background views), the gate of its promotion; with
+    ``series``, per minute and who it would newly reject."""
+    if candidate is None:
+        return None
+    now = rollout.clock()
+    view = candidate.to_dict(now)
+    c = (cached or {}).get("candidate")
+    if c is None or c.get("id") != candidate.id:
+        view.update(totals=None, gate=None)
+        if series:
+            view.update(series=[], would_be_blocked=[])
+        return view
+    stats = candidate_stats_of(c["series"])
+    view["totals"] = candidate_totals(c["series"], stats)
+    view["gate"] = candidate_gate(candidate, stats, rollout.gate_config_for(candidate.route), now=now).to_dict()
+    if series:
+        view.update(series=c["series"], would_be_blocked=c["top"])
+    return view
+
+
+def candidate_totals(rows: list[dict[str, int]], stats: Any) -> dict[str, Any]:
+    s = {n: sum(r.get(n, 0) for r in rows) for n in CANDIDATE_COUNTS}
+    return {
+        **s,
+        "compared": stats.compared,
+        "newly_rejected_share": round(stats.new_rejection_rate, 6),
+        "newly_admitted_share": round(s["newly_admitted"] / stats.compared, 6) if stats.compared else 0.0,
+        "sampled_share": None if stats.sampled_share is None else round(stats.sampled_share, 6),
+    }
 
 
 def _figures(
@@ -87,9 +144,17 @@ def _figures(
     return out
 
 
-async def divergence_view(rules: Rules, views: FleetViews, minutes: int = 60) -> dict[str, Any]:
+async def divergence_view(
+    rules: Rules,
+    views: FleetViews,
+    minutes: int = 60,
+    candidates: dict[str, Candidate] | None = None,
+    rollout: RolloutManager | None = None,
+) -> dict[str, Any]:
     """Fleet-wide divergence per route from the cached views (refreshed every second in
-    the background); raises StoreUnavailable when there are none yet."""
+    the background), with each route's candidate against its current limit (``candidate``,
+    None without one) when ``candidates`` are given; raises StoreUnavailable when there are
+    none yet."""
     routes: dict[str, Any] = {}
     for name in rules.names():
         cached = await views.route(name)
@@ -97,6 +162,8 @@ async def divergence_view(rules: Rules, views: FleetViews, minutes: int = 60) ->
             raise StoreUnavailable(views.error or "no divergence figures yet")
         series = cached["series"][-minutes:]
         routes[name] = {"totals": totals_of(series, minutes), "series": series, "would_be_blocked": cached["top"]}
+        if candidates is not None and rollout is not None:
+            routes[name]["candidate"] = candidate_view(candidates.get(name), cached, rollout, series=True)
     return {"minutes": minutes, "routes": routes, "as_of": views.at, "age_s": views.age_s(), "error": views.error}
 
 

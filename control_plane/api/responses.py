@@ -68,7 +68,7 @@ class GateView(_Open):
 class AuditEntryView(_Open):
     model_config = ConfigDict(extra="allow", populate_by_name=True)
     id: str
-    kind: Literal["mode_change", "rules_reload", "config_change", "reset", "restore"]
+    kind: Literal["mode_change", "rules_reload", "config_change", "reset", "restore", "candidate"]
     route: str
     actor: str = Field(description="The token's name and the caller's address, e.g. alice@10.0.0.7.")
     at: float = Field(description="Unix seconds.")
@@ -136,6 +136,56 @@ class NextStep(BaseModel):
     canary_percent: int
 
 
+class LimitView(_Open):
+    """A route's global limit in force and the rules' (different after a runtime adjustment,
+    a promoted candidate's included)."""
+
+    in_force: PolicyView
+    rules: PolicyView
+    adjusted: bool
+    describe: str
+
+
+class CandidateTotals(_Open):
+    agree: int
+    newly_rejected: int = Field(description="The current limit admits, the candidate would refuse.")
+    newly_admitted: int = Field(description="The current limit refuses, the candidate would admit.")
+    errors: int = Field(description="Evaluations that failed (Redis).")
+    dropped: int = Field(description="Evaluations dropped (the shadow queue was full).")
+    compared: int
+    newly_rejected_share: float
+    newly_admitted_share: float
+    sampled_share: float | None
+
+
+class CandidateMinute(_Open):
+    minute: int = Field(description="The minute's start, Unix seconds.")
+    agree: int
+    newly_rejected: int
+    newly_admitted: int
+    errors: int
+    dropped: int
+
+
+class CandidateSummary(_Open):
+    """A route's candidate limit, compared in shadow with the current one since ``since``."""
+
+    id: str
+    policy: PolicyView
+    describe: str
+    since: float = Field(description="Unix seconds.")
+    age_s: float | None = None
+    actor: str
+    reason: str
+    totals: CandidateTotals | None = Field(description="Fleet-wide; null until the views have read them.")
+    gate: GateView | None = Field(description="The gate of its promotion, evaluated now.")
+
+
+class CandidateDetail(CandidateSummary):
+    series: list[CandidateMinute] = Field(description="Per minute since it was set, oldest first.")
+    would_be_blocked: list[BlockedKey] = Field(description="The keys it would newly reject, most first.")
+
+
 class RouteView(_Open):
     name: str
     mode: Mode = Field(description="The effective mode (off while the kill switch is off).")
@@ -158,6 +208,8 @@ class RouteView(_Open):
         " (off -> shadow) or there is none (enforced)."
     )
     figures_age_s: float | None
+    limit: LimitView
+    candidate: CandidateSummary | None = Field(description="The route's candidate limit; null without one.")
 
 
 class RoutesList(BaseModel):
@@ -176,6 +228,20 @@ class ModeChanged(BaseModel):
     gate: GateView
 
 
+class CandidateChanged(BaseModel):
+    route: str
+    candidate: CandidateSummary | None = Field(description="The candidate in force now; null once dropped.")
+    audit: AuditEntryView
+
+
+class CandidatePromoted(BaseModel):
+    route: str
+    limit: PolicyView = Field(description="The route's global limit now (a runtime adjustment).")
+    adjustment: AuditEntryView = Field(description="The runtime adjustment's audit entry.")
+    audit: AuditEntryView = Field(description="The candidate's audit entry (promoted, with the gate).")
+    gate: GateView
+
+
 class AuditTrail(BaseModel):
     entries: list[AuditEntryView]
 
@@ -187,6 +253,9 @@ class RouteDivergence(BaseModel):
     totals: DivergenceTotals
     series: list[MinuteCounts]
     would_be_blocked: list[BlockedKey]
+    candidate: CandidateDetail | None = Field(
+        None, description="The route's candidate limit against its current one; null without one."
+    )
 
 
 class DivergenceReport(BaseModel):

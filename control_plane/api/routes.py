@@ -11,7 +11,18 @@ from ..model.rollout import Mode
 from ..rollout.manager import GateRefused
 from ..store import StoreUnavailable, VersionConflict
 from . import examples
-from .deps import ActivityDep, ApiError, MetricsDep, OperatorDep, RolloutDep, RulesDep, StoreDep, ViewsDep, actor_of
+from .deps import (
+    ActivityDep,
+    ApiError,
+    MetricsDep,
+    OperatorDep,
+    RolloutDep,
+    RulesDep,
+    StoreDep,
+    ViewsDep,
+    actor_of,
+    gate_failed,
+)  # fmt: skip
 from .openapi import errors, json_request, ok
 from .readmodels import route_views
 from .requests import json_body
@@ -73,12 +84,7 @@ async def set_mode(
     except UnknownRoute as exc:
         raise ApiError(404, "unknown_route", f"no route named {exc.route!r}", field="route") from exc
     except GateRefused as exc:
-        raise ApiError(
-            409,
-            "gate_failed",
-            "promotion refused by the gate: " + "; ".join(exc.gate.reasons) + " (use force with a reason to override)",
-            gate=exc.gate.to_dict(),
-        ) from exc
+        raise gate_failed(exc.gate) from exc
     except StoreUnavailable as exc:
         raise ApiError(
             503,

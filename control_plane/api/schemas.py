@@ -128,6 +128,31 @@ class ModeChange(StrictBody):
     force: bool = False
 
 
+class CandidateSet(StrictBody):
+    """A route's candidate limit: evaluated in shadow beside its current one until promoted
+    or dropped."""
+
+    limit: str = Field(
+        ...,
+        min_length=1,
+        max_length=100,
+        description='The candidate limit as text: "20/second", "100/minute", "1000 per hour" (burst defaults to'
+        " the quantity).",
+    )
+    burst: int | None = Field(None, ge=1, le=1_000_000_000)
+    algorithm: Literal["token_bucket", "gcra", "fixed_window", "sliding_window", "sliding_log"] | None = Field(
+        None, description="Default: the route's current algorithm."
+    )
+    reason: str = Field(..., min_length=1, max_length=500)
+
+
+class CandidateAction(StrictBody):
+    """Promote (``force`` passes the gate, said in the audit trail) or drop a candidate."""
+
+    reason: str = Field(..., min_length=1, max_length=500)
+    force: bool = False
+
+
 class ConfigAdjust(StrictBody):
     """Seed 002's ``adjust``: change a route's limit (or one key's) at runtime, fleet-wide."""
 

@@ -45,7 +45,9 @@ async def snapshot(engine: Engine, route: str | None, minutes: int) -> dict[str,
         rules, engine.rollout, engine.activity, engine.views, engine.metrics.deadline_counts()
     )
     try:
-        snap["divergence"] = await divergence_view(rules, engine.views, minutes)
+        snap["divergence"] = await divergence_view(
+            rules, engine.views, minutes, engine.adjustments.candidates, engine.rollout
+        )
     except (StoreUnavailable, BackendError) as exc:
         snap["divergence"] = None
         snap["divergence_error"] = str(exc)

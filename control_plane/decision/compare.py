@@ -6,6 +6,7 @@ shadow pipeline (pairs evaluated later), so both count the same way."""
 
 from __future__ import annotations
 
+from ..model.candidate import CandidateDirection
 from ..model.rollout import Divergence
 from ..observe.hitters import WouldBeBlocked
 from ..observe.metrics import Metrics
@@ -14,6 +15,7 @@ from ..store import DivergenceStore
 __all__ = ["Comparisons"]
 
 _LADD = Divergence.LOCAL_ALLOW_DISTRIBUTED_DENY
+_AGREE, _REJECTED, _ADMITTED = CandidateDirection.ALL
 
 
 class Comparisons:
@@ -48,6 +50,23 @@ class Comparisons:
                 m.child(m.divergence, route, div.value).inc(n)
         if errors:
             m.backend_errors.inc(errors)
+
+    def candidate_batch(self, route: str, cid: str, agree: int, rejected: int, admitted: int, errors: int) -> None:
+        """Comparisons of a route's candidate limit ``cid`` with its current limit, counted
+        at once (their newly rejected keys are recorded by the caller, one by one)."""
+        self.divergence.add_candidate(
+            route, cid, agree=agree, newly_rejected=rejected, newly_admitted=admitted, errors=errors
+        )
+        m = self.metrics
+        for direction, n in ((_AGREE, agree), (_REJECTED, rejected), (_ADMITTED, admitted)):
+            if n:
+                m.child(m.candidate_divergence, route, direction).inc(n)
+        if errors:
+            m.backend_errors.inc(errors)
+
+    def candidate_dropped(self, route: str, cid: str, n: int) -> None:
+        """``n`` evaluations of a route's candidate dropped (the shadow queue was full)."""
+        self.divergence.add_candidate(route, cid, dropped=n)
 
     def shadow_dropped(self, route: str, n: int) -> None:
         """``n`` shadow evaluations of ``route`` dropped: the figures become a sample."""

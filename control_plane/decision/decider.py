@@ -40,7 +40,7 @@ from .compare import Comparisons
 from .enforce import Path, divergence_of, failure_verdict, path_for
 from .headers import HeaderStyle
 from .plan import RoutePlan, check_cost
-from .shadow import ShadowPipeline
+from .shadow import ShadowPipeline, candidate_item
 from .types import DecideInput, DecideResult, PlainInput, UnknownRoute
 
 if TYPE_CHECKING:
@@ -379,11 +379,7 @@ class Decider:
         shadow = None
         if path is _SHADOW:
             shadow = dp
-            item = (lkey, dp, cost, now_us, p.name, key, allowed, request_id)
-            if b.inline is not None:
-                b.inline.append((i, item))
-            elif not self._offer_shadow(item):
-                p.dropped += 1
+            self._queue_shadow(b, i, p, (lkey, dp, cost, now_us, p.name, key, allowed, request_id))
         p.fin[allowed] += 1
         p.remaining = local.remaining
         last[key] = (now_s, allowed, "local")
@@ -395,6 +391,19 @@ class Decider:
             b.out[i] = p.answer(
                 b.as_dict, local, "local", 429, key, request_id, local, None, None, lp, shadow, now_s, (None, None, res)
             )
+
+    def _queue_shadow(self, b: _Batch, i: int, p: RoutePlan, item: tuple[Any, ...]) -> None:
+        """A request's shadow evaluation (with its candidate's, when the route has one), in
+        the request path (inline) or on the pipeline (a drop counted)."""
+        cost = item[2]
+        if p.cand is not None and cost:  # compared with the current global answer, evaluated with it
+            item += (candidate_item(p.cand, item[0], cost, None),)
+        if b.inline is not None:
+            b.inline.append((i, item))
+        elif not self._offer_shadow(item):
+            p.dropped += 1
+            if p.cand is not None and cost:
+                p.cand_dropped += 1
 
     def _pend(self, b: _Batch, entry: tuple[Any, ...], req: tuple[str, Policy, int, int], fc: int | None) -> None:
         """A request whose distributed answer counts: into the burst to Redis, or (a key
@@ -455,6 +464,8 @@ class Decider:
             for entry, outcome, req in zip(b.pend, outcomes, b.reqs):
                 try:
                     self._complete(b, entry, outcome)
+                    if entry[1].cand is not None and req[2] and outcome.source == "distributed":
+                        self._candidate(entry, req, outcome.decision.allowed)
                     if (
                         over is not None
                         and req[2] <= 1
@@ -486,12 +497,23 @@ class Decider:
             b.as_dict, dist, "distributed", 429, key, request_id, local, dist, div, dp, None, now_s, (None, None, res)
         )
 
+    def _candidate(self, entry: tuple[Any, ...], req: tuple[str, Policy, int, int], current: bool) -> None:
+        """A request whose current global answer is ``current``: its candidate evaluation
+        queued on the shadow pipeline (a drop is counted as the candidate's)."""
+        p = entry[1]
+        lkey, _, cost, now_us = req
+        cand = candidate_item(p.cand, lkey, cost, current)
+        if not self._offer_shadow((None, None, cost, now_us, p.name, entry[2], current, entry[4], cand)):
+            p.cand_dropped += 1
+
     def _answer_cached(self, b: _Batch) -> None:
         """The requests of keys over their global limit: the cached refusal, as Redis's."""
         record = self._record
         for entry, req, refusal in b.cached:
             try:
                 self._complete(b, entry, Outcome(refusal, "distributed"))
+                if entry[1].cand is not None and req[2]:
+                    self._candidate(entry, req, False)
                 if record is not None and req[2]:
                     record(entry[1].name, entry[2], req[2], req[3], entry[1].mode_value, False)
             except Exception as exc:  # noqa: BLE001 - one item never fails the batch

@@ -14,6 +14,7 @@ from limiter import Decision, Policy
 from limiter.policy import validate_cost
 from limiter.resilience import FailurePolicy
 
+from ..model.candidate import candidate_key_prefix
 from ..model.rollout import Divergence, Mode
 from ..observe.metrics import Metrics
 from .enforce import Path, path_for, route_path
@@ -58,7 +59,7 @@ class RoutePlan:
 
     __slots__ = (
         "rule", "name", "prefix", "mode", "mode_value", "percent", "path", "lp", "dp", "simple", "lists",
-        "failure", "cost_max", "adjust", "stamp", "l_shadow",
+        "failure", "cost_max", "adjust", "stamp", "l_shadow", "cand", "cand_dropped",
         "req", "fin", "dreq", "div", "remaining", "dropped",
         "style", "l_hdr", "d_hdr",
         "_children_of", "_local_children", "_gauge", "_gauge_of",
@@ -85,6 +86,13 @@ class RoutePlan:
         lp, dp = adjust.route_policies(rule)
         self.lp, self.dp = lp, dp
         self.l_shadow = None if mode is Mode.OFF else dp
+        # the route's candidate limit, compared on the shadow pipeline: (its keys' prefix,
+        # policy, id, the largest cost it can admit); None without one, or in off
+        c = adjust.candidates.get(rule.name) if adjust.candidates else None
+        self.cand: tuple[str, Policy, str, float] | None = None
+        if c is not None and mode is not Mode.OFF:
+            self.cand = (candidate_key_prefix(c.id), c.policy, c.id, math.inf if c.policy.unlimited else c.policy.limit)
+        self.cand_dropped = 0
         # requests that need nothing beyond the route's own policies
         self.simple = (
             rule.external is None
@@ -196,6 +204,10 @@ class RoutePlan:
         if self.dropped:
             comparisons.shadow_dropped(name, self.dropped)
             self.dropped = 0
+        if self.cand_dropped:
+            n, self.cand_dropped = self.cand_dropped, 0
+            if self.cand is not None:
+                comparisons.candidate_dropped(name, self.cand[2], n)
         req, fin = self.req, self.fin
         if req[1] or fin[1]:  # the usual case: allowed by the local answer
             c = self._local_children if self._children_of is m else self._resolve_children(m)

@@ -18,16 +18,28 @@ from typing import Any
 
 from limiter import Policy
 
+from ..model.candidate import blocked_view_name
 from .compare import Comparisons
 
-__all__ = ["ShadowItem", "ShadowPipeline", "ShadowQueue"]
+__all__ = ["ShadowItem", "ShadowPipeline", "ShadowQueue", "candidate_item"]
 
 log = logging.getLogger("shadowlimit.engine")
 
 #: One request waiting for its shadow evaluation, as a plain tuple (the cheapest thing to
 #: build on the request path): (lkey, dist_policy, cost, now_us, route, key,
-#: local_allowed, request_id). The first four are RedisLimiter's request.
-ShadowItem = tuple[str, Policy, int, int, str, str, bool, str]
+#: local_allowed, request_id). The first four are RedisLimiter's request. A route with a
+#: candidate limit adds a ninth, :func:`candidate_item`'s; a request whose current global
+#: answer is already known (enforce) is queued for its candidate alone, with ``lkey`` None.
+ShadowItem = tuple[Any, ...]
+
+
+def candidate_item(cand: tuple[str, Policy, str, float], lkey: str, cost: int, current: bool | None) -> tuple[Any, ...]:
+    """A request's candidate evaluation, from its plan's ``cand`` (prefix, policy, id, the
+    largest cost it admits): (its candidate key, policy (None: a cost the candidate refuses
+    outright, no Redis), candidate id, the current global answer (None: the one this very
+    item's evaluation gives))."""
+    prefix, policy, cid, most = cand
+    return (prefix + lkey, policy if cost <= most else None, cid, current)
 
 
 class ShadowQueue:
@@ -133,12 +145,59 @@ class ShadowPipeline:
     async def evaluate(self, batch: list[ShadowItem], *, timeout_s: float | None = None) -> list[bool | None]:
         """Redis's verdict on each queued request, compared with its local decision and
         counted per route at once (the would-be-blocked keys one by one); returns the
-        verdicts (None: Redis failed, or did not answer within ``timeout_s``)."""
+        verdicts (None: Redis failed, or did not answer within ``timeout_s``; or the item
+        was a candidate's alone). Candidate evaluations go in the same burst
+        (:meth:`_with_candidates`)."""
+        if any(len(item) > 8 for item in batch):
+            return await self._with_candidates(batch, timeout_s)
         requests = [item[:4] for item in batch]
+        verdicts = await self._ask(requests, timeout_s)
+        self._count(batch, verdicts)
+        return verdicts
+
+    async def _ask(self, requests: list[Any], timeout_s: float | None) -> list[bool | None]:
         if timeout_s is None:
-            verdicts = await self.resilient.compare_many(requests)
-        else:
-            verdicts = await self.resilient.compare_many(requests, timeout_s=timeout_s)
+            return await self.resilient.compare_many(requests)  # type: ignore[no-any-return]
+        return await self.resilient.compare_many(requests, timeout_s=timeout_s)  # type: ignore[no-any-return]
+
+    async def _with_candidates(self, batch: list[ShadowItem], timeout_s: float | None) -> list[bool | None]:
+        """A batch with candidate evaluations: the current global answers (where not known)
+        and the candidates' in one burst, then each candidate compared with its current."""
+        main = [i for i, item in enumerate(batch) if item[0] is not None]
+        cands = [i for i, item in enumerate(batch) if len(item) > 8 and item[8][1] is not None]
+        requests = [batch[i][:4] for i in main]
+        requests += [(batch[i][8][0], batch[i][8][1], batch[i][2], batch[i][3]) for i in cands]
+        results = await self._ask(requests, timeout_s) if requests else []
+        verdicts: list[bool | None] = [None] * len(batch)
+        for j, i in enumerate(main):
+            verdicts[i] = results[j]
+        self._count([batch[i] for i in main], [verdicts[i] for i in main])
+        answers = dict(zip(cands, results[len(main) :]))
+        per: dict[tuple[str, str], list[int]] = {}  # (route, id) -> [agree, newly rejected, newly admitted, errors]
+        blocked = self.comparisons.blocked.record
+        for i, item in enumerate(batch):
+            if len(item) <= 8:
+                continue
+            _, policy, cid, current = item[8]
+            if current is None:
+                current = verdicts[i]
+            mine = answers.get(i) if policy is not None else False
+            c = per.setdefault((item[4], cid), [0, 0, 0, 0])
+            if current is None or mine is None:
+                c[3] += 1
+            elif current == mine:
+                c[0] += 1
+            elif current:
+                c[1] += 1
+                blocked(blocked_view_name(item[4]), item[5], item[7])
+            else:
+                c[2] += 1
+        for (route, cid), (agree, rejected, admitted, errors) in per.items():
+            self.comparisons.candidate_batch(route, cid, agree, rejected, admitted, errors)
+        return verdicts
+
+    def _count(self, batch: list[ShadowItem], verdicts: list[bool | None]) -> None:
+        """The shadow evaluations compared with their local decisions, counted per route."""
         per_route: dict[str, list[int]] = {}  # route -> [agree, ladd, ldda, backend errors]
         blocked = self.comparisons.blocked.record
         try:
@@ -159,4 +218,3 @@ class ShadowPipeline:
         finally:
             for route, (agree, ladd, ldda, errors) in per_route.items():
                 self.comparisons.evaluated_batch(route, agree, ladd, ldda, errors)
-        return verdicts  # type: ignore[no-any-return]

@@ -32,6 +32,7 @@ __all__ = [
     "classify",
     "enforced_by_distributed",
     "evaluate_gate",
+    "figure_problems",
     "next_step",
 ]
 
@@ -148,7 +149,7 @@ class AuditEntry:
     forced: bool = False
     automatic: bool = False
     gate: dict[str, Any] | None = None
-    kind: Literal["mode_change", "rules_reload", "config_change", "reset", "restore"] = "mode_change"
+    kind: Literal["mode_change", "rules_reload", "config_change", "reset", "restore", "candidate"] = "mode_change"
     id: str = ""
 
     def to_dict(self) -> dict[str, Any]:
@@ -260,7 +261,7 @@ def evaluate_gate(
     )
     if not promoting:
         return GateResult(True, False, (), stats, config, in_step)
-    reasons = _figure_problems(stats, config)
+    reasons = figure_problems(stats, config)
     if in_step is not None and in_step < config.min_dwell_s:
         reasons.append(
             f"in {current.label()} for {in_step:.0f}s, the minimum before the next step is"
@@ -269,13 +270,13 @@ def evaluate_gate(
     return GateResult(not reasons, True, tuple(reasons), stats, config, in_step)
 
 
-def _figure_problems(stats: GateStats, config: GateConfig) -> list[str]:
-    """Why the window's figures do not allow a promotion (empty when they do)."""
+def figure_problems(stats: GateStats, config: GateConfig, *, since: str | None = None) -> list[str]:
+    """Why the figures do not allow a promotion (empty when they do); ``since`` says what
+    period they cover (the gate window by default)."""
     reasons: list[str] = []
     if stats.compared < config.min_samples:
-        reasons.append(
-            f"only {stats.compared} compared decisions in the last {config.window_s}s (need {config.min_samples})"
-        )
+        period = since or f"in the last {config.window_s}s"
+        reasons.append(f"only {stats.compared} compared decisions {period} (need {config.min_samples})")
     if stats.new_rejection_rate > config.max_new_rejection_rate:
         reasons.append(f"new rejections {stats.new_rejection_rate:.2%} exceed {config.max_new_rejection_rate:.2%}")
     if stats.backend_error_rate > config.max_backend_error_rate:

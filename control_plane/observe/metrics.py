@@ -54,6 +54,9 @@ rate_limit_deadline_answers_total         counter  route, reason: redis_timeout,
                                                    policy answered within the caller's deadline)
 rate_limit_over_limit_cache_total         counter  result: hit, stored (keys over their global limit
                                                    answered without Redis, in enforce)
+rate_limit_candidate_divergence_total     counter  route, direction: agree, newly_rejected,
+                                                   newly_admitted (a candidate limit against
+                                                   the current one; control_plane/model/candidate.py)
 rate_limit_envoy_hits_total               counter  route, stat: total_hits, over_limit, near_limit,
                                                    within_limit, shadow_mode (envoyproxy/ratelimit's
                                                    per-descriptor stats; control_plane/envoy/stats.py)
@@ -80,6 +83,7 @@ from limiter.breaker import BreakerState
 from limiter.resilience import FailurePolicy
 
 from ..external.resolver import SOURCES
+from ..model.candidate import CandidateDirection
 from ..model.rollout import Divergence, Mode
 
 __all__ = [
@@ -231,6 +235,9 @@ DECISION_ENFORCERS: dict[str, tuple[str, ...]] = {
     Mode.ENFORCE.value: ("distributed", "failure_policy"),
 }
 
+#: rate_limit_candidate_divergence_total's directions
+CANDIDATE_DIRECTIONS = CandidateDirection.ALL
+
 #: the interpreter's switch interval while /metrics is rendered in a thread (Metrics.render_async)
 RENDER_SWITCH_INTERVAL_S = 0.001
 
@@ -342,6 +349,13 @@ class Metrics:
             "Requests the failure policy answered within the caller's deadline (gRPC grpc-timeout): Redis did not"
             " answer in time (redis_timeout) or too little time was left to ask it (no_time).",
             ["route", "reason"],
+            registry=r,
+        )
+        self.candidate_divergence = FastCounter(
+            "rate_limit_candidate_divergence_total",
+            "A route's candidate limit compared with its current limit (the shadow pipeline): agree, newly_rejected"
+            " (the current limit admits, the candidate would refuse), newly_admitted (the reverse).",
+            ["route", "direction"],
             registry=r,
         )
         self.over_limit_cache = FastCounter(
@@ -514,6 +528,8 @@ class Metrics:
             self.divergence.labels(route, div.value)
         for reason in ("redis_timeout", "no_time"):
             self.deadline_answers.labels(route, reason)
+        for direction in CANDIDATE_DIRECTIONS:
+            self.candidate_divergence.labels(route, direction)
         self.shadow_dropped.labels(route)
 
     def remove_route(self, route: str) -> None:
@@ -528,7 +544,7 @@ class Metrics:
             return
         for family in (
             self.decisions, self.divergence, self.shadow_dropped, self.deadline_answers, self.envoy_hits,
-            self.external_limits, self.tokens_remaining,
+            self.external_limits, self.tokens_remaining, self.candidate_divergence,
         ):  # fmt: skip
             family.remove_route(route)
         for mode in DECISION_ENFORCERS:

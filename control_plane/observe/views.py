@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from limiter.errors import BackendError
 
+from ..model.candidate import Candidate, blocked_view_name
 from ..store import DivergenceStore, StoreUnavailable
 from .hitters import WouldBeBlocked
 
@@ -44,8 +45,10 @@ class FleetViews:
         rules: Callable[[], Rules],
         clock: Callable[[], float] = time.time,
         max_routes: int = 1000,
+        candidate_of: Callable[[str], Candidate | None] = lambda route: None,
     ) -> None:
         self.divergence = divergence
+        self.candidate_of = candidate_of  # a route's candidate limit, whose figures are read with it
         self.max_routes = max_routes  # routes read in the background; the others when asked
         self._asked: OrderedDict[str, tuple[float, dict[str, Any]]] = OrderedDict()  # (read at, view)
         self.blocked = blocked
@@ -79,8 +82,22 @@ class FleetViews:
                 top = await self.blocked.fleet_top(self.client, name, n=10)
             except (StoreUnavailable, BackendError, OSError):
                 top = self.blocked.top(name, n=10)
-            views[name] = {"series": series, "top": top}
+            views[name] = {"series": series, "top": top, "candidate": await self._candidate(name)}
         return views
+
+    async def _candidate(self, name: str) -> dict[str, Any] | None:
+        """A route's candidate's comparisons per minute since it was set, and the keys it
+        would newly reject (fleet-wide); None without a candidate."""
+        c = self.candidate_of(name)
+        if c is None:
+            return None
+        series = await self.divergence.candidate_series(name, c.id, c.since)
+        view = blocked_view_name(name)
+        try:
+            top = await self.blocked.fleet_top(self.client, view, n=10)
+        except (StoreUnavailable, BackendError, OSError):
+            top = self.blocked.top(view, n=10)
+        return {"id": c.id, "series": series, "top": top}
 
     async def step(self) -> bool:
         """The next :data:`CHUNK` routes of the pass in progress; True when a pass ended

@@ -7,6 +7,7 @@ are in :mod:`control_plane.model`."""
 from __future__ import annotations
 
 from .adjustments import Adjustments
+from .candidates import CandidateRefused, Candidates, NoCandidate
 from .manager import GateRefused, RolloutManager
 
-__all__ = ["Adjustments", "GateRefused", "RolloutManager"]
+__all__ = ["Adjustments", "CandidateRefused", "Candidates", "GateRefused", "NoCandidate", "RolloutManager"]

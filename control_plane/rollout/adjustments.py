@@ -2,7 +2,10 @@
 time, fleet-wide, audited. Stored in ``rl:{ns}:adjust`` (field ``<route>`` or
 ``<route>\\x00<key>``, value ``{"local": {...}, "distributed": {...}}``); each replica
 keeps the parsed policies and re-reads them with every rollout resync (through the
-state memory, so a store that lost its data never takes them away)."""
+state memory, so a store that lost its data never takes them away). The routes' candidate
+limits live in the same hash (:func:`~control_plane.model.candidate.candidate_field`), read
+here with the adjustments (:attr:`Adjustments.candidates`) and changed by
+:class:`~control_plane.rollout.candidates.Candidates`."""
 
 from __future__ import annotations
 
@@ -15,6 +18,7 @@ from limiter import Policy
 from limiter.errors import BackendError
 
 from ..decision.types import UnknownRoute
+from ..model.candidate import Candidate, route_of_field
 from ..model.recovery import StateMemory
 from ..model.rollout import AuditEntry
 from ..store import RolloutStore, StoreUnavailable
@@ -22,9 +26,19 @@ from ..store import RolloutStore, StoreUnavailable
 if TYPE_CHECKING:
     from ..rules import RouteRule, Rules
 
-__all__ = ["Adjustments"]
+__all__ = ["Adjustments", "unavailable"]
 
 log = logging.getLogger("shadowlimit.engine")
+
+
+def unavailable(exc: Exception) -> Exception:
+    """A failure of Redis (the connection, a reply, redis-py's own errors) as
+    :class:`StoreUnavailable`; anything else as it is."""
+    if isinstance(exc, (OSError, BackendError, StoreUnavailable, ConnectionError)) or type(exc).__module__.startswith(
+        "redis"
+    ):
+        return exc if isinstance(exc, StoreUnavailable) else StoreUnavailable(str(exc))
+    return exc
 
 
 class Adjustments:
@@ -36,6 +50,8 @@ class Adjustments:
         self.memory = memory
         self._rules = rules
         self.by_field: dict[str, dict[str, Policy]] = {}
+        #: the candidate limits in force, by route (see :mod:`control_plane.model.candidate`)
+        self.candidates: dict[str, Candidate] = {}
         self._key_routes: frozenset[str] = frozenset()
         #: grows with every change of the adjustments in force (decision plans follow it)
         self.generation = 0
@@ -52,6 +68,10 @@ class Adjustments:
                 if adj is not None:
                     return adj.get("local", local), adj.get("distributed", dist)
         return local, dist
+
+    def rule(self, route: str) -> RouteRule | None:
+        """The route of that name in the rules in force."""
+        return self._rules().get(route)
 
     def route_policies(self, rule: RouteRule) -> tuple[Policy, Policy]:
         """A route's own policies with its route-wide adjustment."""
@@ -75,14 +95,23 @@ class Adjustments:
     def apply(self) -> None:
         """Parse the remembered adjustments (the hash's raw fields) into policies."""
         parsed: dict[str, dict[str, Policy]] = {}
+        candidates: dict[str, Candidate] = {}
         for k, v in self.memory.adjustments.items():
+            route = route_of_field(k)
+            if route is not None:  # a candidate limit (rollout/candidates.py), kept in the same hash
+                try:
+                    candidates[route] = Candidate.from_json(route, v)
+                except ValueError as exc:
+                    log.warning("ignoring bad candidate of %r: %s", route, exc)
+                continue
             try:
                 d = json.loads(v)
                 parsed[k] = {t: Policy(**p) for t, p in d.items() if t in ("local", "distributed")}
             except (ValueError, TypeError, AttributeError) as exc:
                 log.warning("ignoring bad adjustment %r: %s", k, exc)
-        if parsed != self.by_field:
+        if parsed != self.by_field or candidates != self.candidates:
             self.by_field = parsed
+            self.candidates = candidates
             self._key_routes = frozenset(k.partition("\x00")[0] for k in parsed if "\x00" in k)
             self.generation += 1
 
@@ -115,12 +144,8 @@ class Adjustments:
             )
             entry = await self.store.append_audit(entry)
             await self.load()
-        except (OSError, BackendError, StoreUnavailable, ConnectionError) as exc:
-            raise StoreUnavailable(str(exc)) from exc
-        except Exception as exc:  # redis-py errors
-            if type(exc).__module__.startswith("redis"):
-                raise StoreUnavailable(str(exc)) from exc
-            raise
+        except Exception as exc:  # noqa: BLE001 - Redis's errors, translated; the rest re-raised
+            raise unavailable(exc) from exc
         return entry
 
     async def _write(self, route: str, key: str | None, target: str, policy: Policy | None) -> None:

@@ -18,7 +18,10 @@ from ..model.rollout import Divergence, GateStats
 from .codec import check_namespace, text
 from .errors import StoreError, translate_errors
 
-__all__ = ["DIVERGENCE_FIELDS", "DIVERGENCE_TTL_S", "DivergenceStore", "gate_stats_of", "totals_of"]
+__all__ = [
+    "CANDIDATE_COUNTS", "DIVERGENCE_FIELDS", "DIVERGENCE_TTL_S", "DivergenceStore", "candidate_stats_of",
+    "gate_stats_of", "totals_of",
+]  # fmt: skip
 
 log = logging.getLogger(__name__)
 
@@ -33,6 +36,8 @@ DIVERGENCE_FIELDS = (
     "shadow_dropped",
 )
 
+#: a candidate limit's counters (DivergenceStore.add_candidate), field ``c:<candidate id>:<name>``
+CANDIDATE_COUNTS = ("agree", "newly_rejected", "newly_admitted", "errors", "dropped")
 
 _F_AGREE, _F_LADD, _F_LDDA, _F_CMP, _F_ERR, _F_ATT, _F_DROP = range(7)
 _DIV_INDEX = {
@@ -69,6 +74,8 @@ class DivergenceStore:
         self.clock = clock
         self._prefix = f"rl:{namespace}:div:"
         self._pending: dict[tuple[str, int], list[int]] = {}
+        # counters of other names in the same hashes (a candidate limit's: add_candidate)
+        self._extra: dict[tuple[str, int], dict[str, int]] = {}
 
     def key(self, route: str, minute: int) -> str:
         return f"{self._prefix}{route}:{minute}"
@@ -129,15 +136,66 @@ class DivergenceStore:
         c[_F_ATT] += compared + backend_errors
         c[_F_DROP] += dropped
 
+    def add_candidate(
+        self,
+        route: str,
+        cid: str,
+        *,
+        agree: int = 0,
+        newly_rejected: int = 0,
+        newly_admitted: int = 0,
+        errors: int = 0,
+        dropped: int = 0,
+        now: float | None = None,
+    ) -> None:
+        """Count comparisons of ``route``'s candidate limit ``cid`` with its current limit
+        (see :mod:`control_plane.model.candidate`), in the route's hashes under the
+        candidate's own field names (:func:`candidate_fields`)."""
+        slot = (route, _minute(self.clock() if now is None else now))
+        extra = self._extra.get(slot)
+        if extra is None:
+            extra = self._extra[slot] = {}
+        for name, n in (
+            ("agree", agree), ("newly_rejected", newly_rejected), ("newly_admitted", newly_admitted),
+            ("errors", errors), ("dropped", dropped),
+        ):  # fmt: skip
+            if n:
+                f = f"c:{cid}:{name}"
+                extra[f] = extra.get(f, 0) + n
+
     def pending(self) -> dict[tuple[str, int], dict[str, int]]:
         """Unflushed deltas (a copy), keyed by (route, minute)."""
         return {k: dict(zip(DIVERGENCE_FIELDS, v)) for k, v in self._pending.items()}
 
-    def _merge_back(self, slot: tuple[str, int], index: int, delta: int) -> None:
+    def _merge_back(self, slot: tuple[str, int], index: int | str, delta: int) -> None:
+        if isinstance(index, str):
+            extra = self._extra.setdefault(slot, {})
+            extra[index] = extra.get(index, 0) + delta
+            return
         c = self._pending.get(slot)
         if c is None:
             c = self._pending[slot] = [0, 0, 0, 0, 0, 0, 0]
         c[index] += delta
+
+    def _plan(
+        self, pipe: Any, batch: dict[tuple[str, int], list[int]], extras: dict[tuple[str, int], dict[str, int]]
+    ) -> list[tuple[tuple[str, int], int | str, int] | None]:
+        """The HINCRBYs (and an EXPIRE per hash) of the deltas, queued on ``pipe``; what each
+        command adds, in order (None for an EXPIRE)."""
+        plan: list[tuple[tuple[str, int], int | str, int] | None] = []
+        for slot in {**batch, **extras}:
+            key = self.key(*slot)
+            counts = batch.get(slot)
+            for i, name in enumerate(DIVERGENCE_FIELDS):
+                if counts and counts[i]:
+                    pipe.hincrby(key, name, counts[i])
+                    plan.append((slot, i, counts[i]))
+            for name, n in extras.get(slot, {}).items():
+                pipe.hincrby(key, name, n)
+                plan.append((slot, name, n))
+            pipe.expire(key, DIVERGENCE_TTL_S)
+            plan.append(None)
+        return plan
 
     async def flush(self) -> int:
         """Write the accumulated deltas to Redis (one non-transactional pipeline).
@@ -145,18 +203,11 @@ class DivergenceStore:
         not known to be applied are kept and :class:`StoreUnavailable` /
         :class:`StoreError` is raised."""
         batch, self._pending = self._pending, {}
-        if not batch:
+        extras, self._extra = self._extra, {}
+        if not batch and not extras:
             return 0
-        plan: list[tuple[tuple[str, int], int, int] | None] = []
         pipe = self.client.pipeline(transaction=False)
-        for slot, counts in batch.items():
-            key = self.key(*slot)
-            for i, name in enumerate(DIVERGENCE_FIELDS):
-                if counts[i]:
-                    pipe.hincrby(key, name, counts[i])
-                    plan.append((slot, i, counts[i]))
-            pipe.expire(key, DIVERGENCE_TTL_S)
-            plan.append(None)
+        plan = self._plan(pipe, batch, extras)
         done = False
         try:
             with translate_errors("flush divergence counters"):
@@ -164,10 +215,9 @@ class DivergenceStore:
             done = True
         finally:
             if not done:  # nothing known to be applied: keep every delta
-                for slot, counts in batch.items():
-                    for i, v in enumerate(counts):
-                        if v:
-                            self._merge_back(slot, i, v)
+                for item in plan:
+                    if item is not None:
+                        self._merge_back(*item)
             with contextlib.suppress(Exception):
                 await pipe.reset()
         failed: list[BaseException] = []
@@ -179,7 +229,7 @@ class DivergenceStore:
         if failed:
             with translate_errors("flush divergence counters"):
                 raise failed[0]
-        return len(batch)
+        return len(set(batch) | set(extras))
 
     async def run(self, interval_s: float = 1.0) -> None:
         """Flush every ``interval_s`` until cancelled; errors are logged, not raised.
@@ -224,6 +274,30 @@ class DivergenceStore:
         cur = _minute(self.clock() if now is None else now)
         return await self._read(route, [cur - 60 * i for i in range(minutes - 1, -1, -1)])
 
+    async def candidate_series(
+        self, route: str, cid: str, since: float, now: float | None = None, max_minutes: int = 120
+    ) -> list[dict[str, int]]:
+        """The fleet-wide comparisons of ``route``'s candidate ``cid`` per minute since the
+        minute of ``since`` (at most ``max_minutes``, the counters' lifetime), oldest first:
+        ``agree``, ``newly_rejected``, ``newly_admitted``, ``errors``, ``dropped``."""
+        cur = _minute(self.clock() if now is None else now)
+        first = max(_minute(since), cur - 60 * (max_minutes - 1))
+        minutes = list(range(first, cur + 1, 60))
+        names = [f"c:{cid}:{n}" for n in CANDIDATE_COUNTS]
+        pipe = self.client.pipeline(transaction=False)
+        for m in minutes:
+            pipe.hmget(self.key(route, m), names)
+        try:
+            with translate_errors("read candidate counters"):
+                rows = await pipe.execute()
+        finally:
+            with contextlib.suppress(Exception):
+                await pipe.reset()
+        return [
+            {"minute": m, **{n: int(v or 0) for n, v in zip(CANDIDATE_COUNTS, row or [])}}
+            for m, row in zip(minutes, rows)
+        ]
+
     async def window_stats(self, route: str, window_s: float, now: float | None = None) -> GateStats:
         """Gate figures over the minutes covering ``[now - window_s, now]`` (whole
         minutes: the first may start up to 59 s before the window)."""
@@ -252,6 +326,20 @@ def totals_of(rows: list[dict[str, int]], minutes: int) -> dict[str, Any]:
     s["backend_error_rate"] = s["backend_errors"] / att if att else 0.0
     s["sampled_share"] = gate_stats_of(rows).sampled_share
     return s
+
+
+def candidate_stats_of(rows: list[dict[str, int]]) -> GateStats:
+    """A candidate's comparisons (rows as :meth:`DivergenceStore.candidate_series` returns)
+    as the gate's figures: newly rejected are its new rejections."""
+    s = {n: sum(r.get(n, 0) for r in rows) for n in CANDIDATE_COUNTS}
+    compared = s["agree"] + s["newly_rejected"] + s["newly_admitted"]
+    return GateStats(
+        compared=compared,
+        new_rejections=s["newly_rejected"],
+        backend_errors=s["errors"],
+        distributed_attempts=compared + s["errors"],
+        shadow_dropped=s["dropped"],
+    )
 
 
 def gate_stats_of(rows: list[dict[str, int]]) -> GateStats:

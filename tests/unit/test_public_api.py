@@ -203,7 +203,7 @@ def test_dashboard_talks_http_only():
 
 
 ROOMS = {
-    "api": ["admin", "authz", "decide", "external", "health", "observe", "routes", "stream", "whatif"],
+    "api": ["admin", "authz", "candidates", "decide", "external", "health", "observe", "routes", "stream", "whatif"],
     "cli": [
         "CliError", "EXIT_AUTH", "EXIT_GATE", "EXIT_OK", "EXIT_REFUSED", "EXIT_STALE", "EXIT_UNAVAILABLE",
         "EXIT_UNREACHABLE", "EXIT_USAGE", "build_parser", "main",
@@ -213,7 +213,7 @@ ROOMS = {
         "evaluate_gate",
     ],
     "observe": ["Activity", "EventHub", "FleetViews", "Metrics"],
-    "rollout": ["Adjustments", "GateRefused", "RolloutManager"],
+    "rollout": ["Adjustments", "CandidateRefused", "Candidates", "GateRefused", "NoCandidate", "RolloutManager"],
     "server": ["create_app"],
     "settings": ["Settings", "SettingsError", "env_name", "load_settings"],
 }  # fmt: skip
