@@ -11,8 +11,6 @@ nothing written: retry later), 7 ``routes``: the fleet figures are stale.
 from __future__ import annotations
 
 import argparse
-import os
-import shutil
 import sys
 from typing import Any
 from urllib.parse import quote
@@ -41,13 +39,12 @@ from .output import (
     CliError,
     CliParser,
     UsageError,
-    error_for_response,
     print_error,
     print_json,
-    print_table,
     wants_json,
-    wrap,
 )
+from .remote import request, show
+from .routes import cmd_routes
 
 __all__ = [
     "EXIT_AUTH",
@@ -64,141 +61,14 @@ __all__ = [
 ]
 
 
-# -- talking to a control plane ----------------------------------------------------------
-
-
-def _request(
-    args: argparse.Namespace,
-    method: str,
-    path: str,
-    body: dict[str, Any] | None = None,
-    params: dict[str, Any] | None = None,
-) -> Any:
-    import httpx
-
-    headers = {"X-Shadowlimit-Actor": os.environ.get("USER", "cli")}
-    if args.token:
-        headers["Authorization"] = f"Bearer {args.token}"
-    try:
-        r = httpx.request(
-            method, args.url.rstrip("/") + path, json=body, params=params, headers=headers, timeout=args.timeout
-        )
-    except httpx.HTTPError as exc:
-        raise CliError(f"cannot reach the control plane at {args.url}: {exc}", EXIT_UNREACHABLE) from None
-    try:
-        data = r.json()
-    except ValueError:
-        data = {"message": r.text}
-    if r.status_code >= 400:
-        raise error_for_response(r.status_code, data, has_token=bool(args.token))
-    return data
-
-
-def _print(args: argparse.Namespace, data: Any, table: list[list[str]] | None = None) -> None:
-    if wants_json(args) or table is None:
-        print_json(data)
-    else:
-        print_table(table)
-
-
-def cmd_routes(args: argparse.Namespace) -> int:
-    data = _request(args, "GET", "/v1/routes")
-    stale = _stale(data, args.stale_after)
-    if wants_json(args):
-        print_json(data)
-        return EXIT_STALE if stale else EXIT_OK
-    # LATE (answers by the failure policy for want of time) only once a route has some
-    late = any(_late_cell(r) != "-" for r in data["routes"])
-    rows = [
-        [
-            "ROUTE",
-            "MODE",
-            "DEC/S",
-            "COMPARED(5m)",
-            "NEW REJ",
-            "SAMPLED",
-            *(["LATE"] if late else []),
-            "GATE (next step)",
-        ]
-    ]
-    rows += [_route_row(r, late) for r in data["routes"]]
-    offset = sum(max(len(row[i]) for row in rows) + 2 for i in range(len(rows[0]) - 1))
-    table: list[list[str]] = []
-    for row in rows:
-        lines = wrap(row[-1], shutil.get_terminal_size((120, 24)).columns - offset, indent="  ")
-        table.append([*row[:-1], lines[0]])
-        table += [[""] * (len(row) - 1) + [line] for line in lines[1:]]
-    print_table(table)
-    age = data.get("figures_age_s")
-    print(f"\nfleet figures: STALE, {stale}" if stale else f"\nfleet figures: {age:.1f}s old")
-    if stale:
-        print(f"shadowlimit routes: the fleet figures are stale: {stale}", file=sys.stderr)
-        return EXIT_STALE
-    return EXIT_OK
-
-
-def _stale(data: dict[str, Any], max_age_s: float) -> str | None:
-    """Why the fleet figures ``GET /v1/routes`` gave are stale, or None when they are fresh."""
-    age, error = data.get("figures_age_s"), data.get("figures_error")
-    if age is None:
-        return "no fleet figures read yet" + (f" (last refresh failed: {error})" if error else "")
-    if error:
-        return f"{age:.0f}s old, the last refresh failed: {error}"
-    if age > max_age_s:
-        return f"{age:.0f}s old (more than --stale-after {max_age_s:g}s)"
-    return None
-
-
-def _route_row(r: dict[str, Any], late: bool = False) -> list[str]:
-    div = r.get("divergence_5m") or {}
-    mode = f"canary {r['canary_percent']}%" if r["mode"] == "canary" else r["mode"]
-    share = div.get("sampled_share")
-    sampled = (
-        "-" if share is None else f"{share:.1%}" + (f" ({div.get('shadow_dropped', 0):,} dropped)" if share < 1 else "")
-    )
-    return [
-        r["name"],
-        mode,
-        str(r["decisions_per_s"]),
-        str(div.get("compared", "-")),
-        f"{div.get('new_rejection_rate', 0):.2%}" if div else "-",
-        sampled,
-        *([_late_cell(r)] if late else []),
-        _gate_cell(r),
-    ]
-
-
-def _late_cell(r: dict[str, Any]) -> str:
-    """This replica's answers by the failure policy for want of time (a caller's deadline):
-    ``redis_timeout/no_time`` (Redis too slow / too little time left), ``-`` for none."""
-    late = r.get("deadline_answers") or {}
-    slow, none = int(late.get("redis_timeout", 0)), int(late.get("no_time", 0))
-    return f"{slow}/{none}" if slow or none else "-"
-
-
-def _gate_cell(r: dict[str, Any]) -> str:
-    """The runbook's next step and whether its gate passes now, with every reason it
-    does not (empty for an enforced route: there is no next step)."""
-    gate = r.get("gate")
-    if "next_step" in r:
-        step = r["next_step"]
-    else:  # a control plane from before next_step: its gate's target
-        step = {"mode": gate.get("target"), "canary_percent": 10} if gate else None
-    if not step:
-        return ""
-    label = f"->{step['mode']}" + (f" {step['canary_percent']}%" if step["mode"] == "canary" else "")
-    if gate is None or not gate.get("required", True):
-        return f"{label} (not gated)"
-    if gate.get("passed"):
-        return f"{label}: pass"
-    return f"{label}: " + "; ".join(gate.get("reasons") or ["refused"])
+# -- talking to a control plane: remote.request / remote.show ---------------------------
 
 
 def cmd_mode(args: argparse.Namespace) -> int:
     if args.mode == "canary" and args.percent is None:
         raise CliError("canary needs --percent (1-100)", EXIT_USAGE)
     body = {"mode": args.mode, "canary_percent": args.percent or 0, "reason": args.reason, "force": args.force}
-    data = _request(args, "PUT", f"/v1/routes/{quote(args.route, safe='')}/mode", body)
+    data = request(args, "PUT", f"/v1/routes/{quote(args.route, safe='')}/mode", body)
     if wants_json(args):
         print_json(data)
         return EXIT_OK
@@ -212,7 +82,7 @@ def cmd_mode(args: argparse.Namespace) -> int:
 
 
 def cmd_audit(args: argparse.Namespace) -> int:
-    data = _request(
+    data = request(
         args, "GET", "/v1/rollout/audit", params={"limit": args.limit, **({"route": args.route} if args.route else {})}
     )
     rows = [["AT", "KIND", "ROUTE", "FROM", "TO", "ACTOR", "REASON"]]
@@ -223,17 +93,17 @@ def cmd_audit(args: argparse.Namespace) -> int:
         to = e["to"] + (f" {e['to_percent']}%" if e["to"] == "canary" else "")
         flags = (" [forced]" if e.get("forced") else "") + (" [auto]" if e.get("automatic") else "")
         rows.append([at, e["kind"], e["route"], e["from"], to, e["actor"], e["reason"] + flags])
-    _print(args, data, rows)
+    show(args, data, rows)
     return EXIT_OK
 
 
 def cmd_stats(args: argparse.Namespace) -> int:
-    _print(args, _request(args, "GET", "/ratelimit/stats"))
+    show(args, request(args, "GET", "/ratelimit/stats"))
     return EXIT_OK
 
 
 def cmd_top(args: argparse.Namespace) -> int:
-    data = _request(
+    data = request(
         args, "GET", "/v1/buckets", params={"limit": args.limit, **({"route": args.route} if args.route else {})}
     )
     rows = [["ROUTE", "KEY", "RECENT", "LOCAL TOKENS", "DISTRIBUTED TOKENS"]]
@@ -248,14 +118,14 @@ def cmd_top(args: argparse.Namespace) -> int:
                 f"{d['tokens']:.1f}/{d['limit']}" if d else "-",
             ]
         )
-    _print(args, data, rows)
+    show(args, data, rows)
     return EXIT_OK
 
 
 def cmd_clients(args: argparse.Namespace) -> int:
-    _print(
+    show(
         args,
-        _request(
+        request(
             args,
             "GET",
             "/ratelimit/clients",
@@ -266,7 +136,7 @@ def cmd_clients(args: argparse.Namespace) -> int:
 
 
 def cmd_reset(args: argparse.Namespace) -> int:
-    data = _request(
+    data = request(
         args,
         "POST",
         f"/ratelimit/reset/{quote(args.id, safe='')}",
@@ -292,7 +162,7 @@ def cmd_adjust(args: argparse.Namespace) -> int:
         "reason": args.reason,
         "clear": args.clear,
     }
-    _print(args, _request(args, "PUT", "/ratelimit/config", body))
+    show(args, request(args, "PUT", "/ratelimit/config", body))
     return EXIT_OK
 
 
@@ -321,10 +191,10 @@ def cmd_whatif(args: argparse.Namespace) -> int:
     average, period = _rate(args.rate)
     policy = {"algorithm": args.algorithm, "average": average, "period": period, "burst": args.burst}
     body = {"route": args.route, "policy": policy, "minutes": args.minutes}
-    data = _request(args, "POST", "/v1/whatif", body)
+    data = request(args, "POST", "/v1/whatif", body)
     rows = [["REPLAY", "POLICY", "REQUESTS", "REJECTED", "SHARE"]]
     rows += [_replay_row("candidate", data["candidate"]), _replay_row("current", data["current"])]
-    _print(args, data, _replay_table(data, rows))
+    show(args, data, _replay_table(data, rows))
     return EXIT_OK
 
 
@@ -335,9 +205,17 @@ def cmd_suggest(args: argparse.Namespace) -> int:
         "max_reject_share": args.max_reject,
         "minutes": args.minutes,
     }
-    data = _request(args, "POST", "/v1/whatif/suggest", body)
+    data = request(args, "POST", "/v1/whatif/suggest", body)
+    if args.try_live:  # the suggestion, straight to a candidate evaluated live beside the route's limit
+        from .candidate import try_live
+
+        data = {**data, "try_live": try_live(args, data)}
     rows = [["SUGGESTED", "POLICY", "REQUESTS", "REJECTED", "SHARE"], _replay_row(args.route, data["replay"])]
-    _print(args, data, _replay_table(data, rows))
+    show(args, data, _replay_table(data, rows))
+    if args.try_live and not wants_json(args):
+        cand = data["try_live"]["candidate"]
+        print(f"\n{args.route}: candidate {cand['describe']} now in shadow beside the current limit"
+              f" (audit {data['try_live']['audit']['id']}); watch it with `shadowlimit routes`")  # fmt: skip
     return EXIT_OK
 
 
@@ -534,7 +412,12 @@ def _add_remote_commands(sub: Any) -> None:
     sg.add_argument("--max-reject", type=share, required=True, help="a share: 0.5%% or 0.005")
     sg.add_argument("--algorithm", choices=algorithms, default="token_bucket")
     sg.add_argument("--minutes", type=count(1, MAX_MINUTES), default=15, help="the last M minutes of recording")
+    sg.add_argument("--try-live", action="store_true", help="set the suggestion as the route's candidate limit")
+    sg.add_argument("--reason", help="with --try-live: the audit trail's reason (default: what was asked)")
     sg.set_defaults(func=cmd_suggest)
+    from .candidate import add_candidate_command
+
+    add_candidate_command(sub, _remote)
 
 
 def main(argv: list[str] | None = None) -> int:

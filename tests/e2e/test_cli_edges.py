@@ -41,6 +41,7 @@ BASE: dict[str, list[str]] = {
     "adjust": ["--route", "search"],
     "whatif": ["search", "--rate", "5/s"],
     "suggest": ["search", "--max-reject", "1%"],
+    "candidate": ["search", "--limit", "5/s", "--reason", "r"],
 }
 NUMERIC_TYPES = {
     cli_options.seconds,

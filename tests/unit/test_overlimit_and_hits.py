@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from control_plane.cli import _late_cell
+from control_plane.cli.routes import late_cell
 from control_plane.decision.overlimit import OverLimitCache
 from control_plane.envoy.stats import split_hits
 from dashboard.backend_views import BackendView
@@ -70,8 +70,8 @@ def test_the_peers_split_of_a_requests_hits(over, limit, before, cost, expected)
 
 
 def test_deadline_answers_are_shown_in_the_cli_and_the_dashboard() -> None:
-    assert _late_cell({"deadline_answers": {"redis_timeout": 3, "no_time": 1}}) == "3/1"
-    assert _late_cell({"deadline_answers": {"redis_timeout": 0, "no_time": 0}}) == "-"
+    assert late_cell({"deadline_answers": {"redis_timeout": 3, "no_time": 1}}) == "3/1"
+    assert late_cell({"deadline_answers": {"redis_timeout": 0, "no_time": 0}}) == "-"
     view = BackendView.parse(
         {"deadline_answers": {"redis_timeout": 7, "no_time": 2}, "over_limit_cache": {"hits": 40, "keys": 3}}
     )
