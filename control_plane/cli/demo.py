@@ -72,7 +72,8 @@ TRAFFIC: list[tuple[str, str, str, float, bool, str, dict[str, str]]] = [
     ("alice", "GET", "/api/v1/search/books", 5.0, False, "198.51.100.10", {}),
     ("bob", "GET", "/api/v1/search/all", 45.0, True, "198.51.100.20", {}),  # multiplies his limit
     ("scraper", "GET", "/api/v1/search/all", 0.5, False, "203.0.113.50", {}),  # deny list: 403
-    # checkout, per tenant and API family ("globex:checkout")
+    # checkout, per tenant and API family ("globex:checkout"): its global limit (100/s) is far
+    # above what carol sends, the limit worth tightening in the runbook's "Changing a limit"
     ("carol", "POST", "/checkout/c-1001/pay", 4.0, False, "198.51.100.30", {"X-Tenant-Id": "globex"}),
     # login, 5 per minute per client IP: erin logs in now and then, mallory guesses passwords
     # on every replica (each admits 5 a minute: 15 in all, where the global limit admits 5)
