@@ -7,7 +7,7 @@ imports the control plane. Errors are translated here, once::
     ├── ControlPlaneUnavailable   cannot connect, timed out, stream broke, or 503
     └── ApiError(status, error, message)
         ├── Unauthorized          401 / 403: missing or wrong token, too small a role, none configured
-        └── GateRefused(gate)     409 gate_failed: the promotion gate said no
+        └── GateRefused(gate)     409 gate_failed: the promotion gate said no (a mode's or a candidate's)
 
 Usage::
 
@@ -30,6 +30,7 @@ from .models import (
     AuditEntryView,
     BackendView,
     BucketView,
+    CandidateChange,
     DivergenceView,
     EventView,
     ExternalView,
@@ -45,6 +46,7 @@ __all__ = [
     "AuditEntryView",
     "BackendView",
     "BucketView",
+    "CandidateChange",
     "ClientError",
     "ControlPlaneClient",
     "ControlPlaneUnavailable",
@@ -81,6 +83,14 @@ class ApiError(ClientError):
         self.error = error
         self.message = message
         self.body = body or {}
+        #: the request field the server named (``limit``, ``burst``, ``route`` ...), or None
+        self.field: str | None = str(self.body["field"]) if self.body.get("field") else None
+
+    def explain(self) -> str:
+        """``422 invalid_request: limit: equal to the route's current limit (...)``: the status,
+        the error and the message, naming the field when the message does not already."""
+        named = self.field is None or self.message.startswith(f"{self.field}:")
+        return f"{self.status} {self.error}: " + (self.message if named else f"{self.field}: {self.message}")
 
 
 class Unauthorized(ApiError):
@@ -225,7 +235,7 @@ class ControlPlaneClient:
         data = await self._request("GET", "/v1/rollout/audit", params=params)
         return [AuditEntryView.parse(e) for e in data.get("entries") or ()]
 
-    # -- the one write -------------------------------------------------------------------
+    # -- changing a route's mode ---------------------------------------------------------------
 
     async def set_mode(
         self, route: str, mode: str, *, canary_percent: int = 0, reason: str, force: bool = False
@@ -260,6 +270,44 @@ class ControlPlaneClient:
             raise Unauthorized(401, "unauthorized", "adjusting a limit needs a token with the operator role (--token)")
         body = {"route": route, "target": "distributed", "reason": reason, **policy}
         await self._request("PUT", "/ratelimit/config", body=body)
+
+    # -- candidate limits: set one in shadow beside the current limit, drop it, promote it ------
+
+    def _operator(self, what: str) -> None:
+        if not self.token:
+            raise Unauthorized(401, "unauthorized", f"{what} needs a token with the operator role (--token)")
+
+    def _candidate_path(self, route: str) -> str:
+        return f"/v1/routes/{quote(route, safe='')}/candidate"
+
+    async def set_candidate(
+        self, route: str, limit: str, *, reason: str, burst: int | None = None, algorithm: str | None = None
+    ) -> CandidateChange:
+        """``PUT /v1/routes/{route}/candidate``: evaluate ``limit`` (``"20/1s"``, ``"100/minute"``)
+        in shadow beside the route's global limit (``algorithm``: default the route's). A 422
+        :class:`ApiError` names the field in ``body["field"]`` (a limit equal to the current one,
+        a route that is off, a limit the rules would refuse); 404 for an unknown route."""
+        self._operator("setting a candidate limit")
+        body: dict[str, Any] = {"limit": limit, "reason": reason}
+        if burst is not None:
+            body["burst"] = burst
+        if algorithm is not None:
+            body["algorithm"] = algorithm
+        return CandidateChange.parse(await self._request("PUT", self._candidate_path(route), body=body))
+
+    async def drop_candidate(self, route: str, *, reason: str) -> CandidateChange:
+        """``DELETE /v1/routes/{route}/candidate`` (a 404 ``no_candidate`` when it has none)."""
+        self._operator("dropping a candidate limit")
+        return CandidateChange.parse(
+            await self._request("DELETE", self._candidate_path(route), body={"reason": reason})
+        )
+
+    async def promote_candidate(self, route: str, *, reason: str, force: bool = False) -> CandidateChange:
+        """``POST /v1/routes/{route}/candidate/promote``: the candidate becomes the route's global
+        limit; raises :class:`GateRefused` with the gate's reasons unless ``force``."""
+        self._operator("promoting a candidate limit")
+        body = {"reason": reason, "force": force}
+        return CandidateChange.parse(await self._request("POST", self._candidate_path(route) + "/promote", body=body))
 
     # -- the live stream -----------------------------------------------------------------
 

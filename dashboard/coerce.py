@@ -1,19 +1,24 @@
 """Lenient coercions for the control plane's JSON: a missing or malformed field becomes
 a neutral default instead of an error, so a newer (or older) control plane still renders::
 
-    as_int("12") == 12, as_int(None) == 0, opt_float(None) is None, as_dict([]) == {}
+    as_int("12") == 12, as_int(None) == 0, opt_float(None) is None, as_dict([]) == {}, as_list(3) == []
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["as_dict", "as_float", "as_int", "as_str", "opt_float", "opt_str"]
+__all__ = ["as_dict", "as_float", "as_int", "as_list", "as_str", "opt_float", "opt_str"]
 
 
 def as_dict(v: Any) -> dict[str, Any]:
     """``v`` if it is a dict, else an empty one."""
     return v if isinstance(v, dict) else {}
+
+
+def as_list(v: Any) -> list[Any]:
+    """``v`` if it is a list, else an empty one (a string or a number is not a list of items)."""
+    return v if isinstance(v, list) else []
 
 
 def as_float(v: Any, default: float = 0.0) -> float:

@@ -12,6 +12,15 @@ from typing import Any
 
 from .backend_views import BackendView, ExternalBreakerView, ExternalView
 from .coerce import as_dict, as_float, as_int, as_str, opt_float, opt_str
+from .limit_views import (
+    BlockedKey,
+    CandidatePoint,
+    CandidateTotals,
+    CandidateView,
+    GateView,
+    LimitView,
+    PolicyView,
+)
 
 __all__ = [
     "AuditEntryView",
@@ -19,6 +28,10 @@ __all__ = [
     "BlockedKey",
     "BucketSide",
     "BucketView",
+    "CandidateChange",
+    "CandidatePoint",
+    "CandidateTotals",
+    "CandidateView",
     "ConnectionState",
     "DivergenceTotals",
     "DivergenceView",
@@ -27,6 +40,7 @@ __all__ = [
     "ExternalView",
     "GateView",
     "LastDecision",
+    "LimitView",
     "MinutePoint",
     "ModeChangeResult",
     "PolicyView",
@@ -35,38 +49,6 @@ __all__ = [
     "RouteView",
     "Snapshot",
 ]
-
-
-@dataclass(frozen=True, slots=True)
-class PolicyView:
-    algorithm: str
-    average: float
-    period: float
-    burst: int
-    blocked: bool = False  # Envoy's requests_per_unit: 0
-
-    @classmethod
-    def parse(cls, d: Any) -> PolicyView | None:
-        d = as_dict(d)
-        if not d:
-            return None
-        return cls(
-            as_str(d.get("algorithm"), "token_bucket"),
-            as_float(d.get("average")),
-            as_float(d.get("period"), 1.0),
-            as_int(d.get("burst")),
-            d.get("blocked") is True,
-        )
-
-    def describe(self) -> str:
-        if self.blocked:
-            return f"0/{self.period:g}s (blocks all)"
-        if self.average <= 0:
-            return "unlimited"
-        per = f"{self.period:g}s"
-        burst = f" burst {self.burst}" if self.burst else ""
-        algo = "" if self.algorithm == "token_bucket" else f" {self.algorithm}"
-        return f"{self.average:g}/{per}{burst}{algo}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,72 +96,6 @@ class DivergenceTotals:
 
 
 @dataclass(frozen=True, slots=True)
-class GateView:
-    """A promotion gate's verdict and the figures behind it."""
-
-    passed: bool
-    required: bool
-    reasons: tuple[str, ...]
-    target: str | None = None
-    target_percent: int | None = None  # the canary step the gate is for (canary targets)
-    compared: int | None = None
-    min_samples: int | None = None
-    new_rejections: int | None = None
-    new_rejection_rate: float | None = None
-    max_new_rejection_rate: float | None = None
-    backend_errors: int | None = None
-    backend_error_rate: float | None = None
-    max_backend_error_rate: float | None = None
-    window_s: int | None = None
-    sampled_share: float | None = None
-    min_sampled_share: float | None = None
-    shadow_dropped: int | None = None
-    in_step_s: float | None = None  # time in the current step (None: unknown)
-    min_dwell_s: float | None = None  # the minimum before the next step
-
-    @classmethod
-    def parse(cls, d: Any) -> GateView | None:
-        if not isinstance(d, dict):
-            return None
-
-        def opt_i(k: str) -> int | None:
-            return None if d.get(k) is None else as_int(d.get(k))
-
-        return cls(
-            passed=bool(d.get("passed", False)),
-            required=bool(d.get("required", True)),
-            reasons=tuple(str(r) for r in d.get("reasons") or ()),
-            target=opt_str(d.get("target")),
-            target_percent=opt_i("target_percent"),
-            compared=opt_i("compared"),
-            min_samples=opt_i("min_samples"),
-            new_rejections=opt_i("new_rejections"),
-            new_rejection_rate=opt_float(d.get("new_rejection_rate")),
-            max_new_rejection_rate=opt_float(d.get("max_new_rejection_rate")),
-            backend_errors=opt_i("backend_errors"),
-            backend_error_rate=opt_float(d.get("backend_error_rate")),
-            max_backend_error_rate=opt_float(d.get("max_backend_error_rate")),
-            window_s=opt_i("window_s"),
-            sampled_share=opt_float(d.get("sampled_share")),
-            min_sampled_share=opt_float(d.get("min_sampled_share")),
-            shadow_dropped=opt_i("shadow_dropped"),
-            in_step_s=opt_float(d.get("in_step_s")),
-            min_dwell_s=opt_float(d.get("min_dwell_s")),
-        )
-
-    @property
-    def has_figures(self) -> bool:
-        return self.compared is not None
-
-    @property
-    def target_label(self) -> str | None:
-        """``canary 25%`` for a canary step, else the target mode."""
-        if self.target == "canary" and self.target_percent:
-            return f"canary {self.target_percent}%"
-        return self.target
-
-
-@dataclass(frozen=True, slots=True)
 class RouteStateView:
     mode: str = "shadow"
     canary_percent: int = 0
@@ -214,6 +130,8 @@ class RouteView:
     local_policy: PolicyView | None = None
     distributed_policy: PolicyView | None = None
     rule: dict[str, Any] = field(default_factory=dict, compare=False)
+    limit: LimitView | None = None  # the global limit in force against the rules' (None: not sent)
+    candidate: CandidateView | None = None
 
     @classmethod
     def parse(cls, d: Any) -> RouteView:
@@ -231,7 +149,21 @@ class RouteView:
             local_policy=PolicyView.parse(rule.get("local")),
             distributed_policy=PolicyView.parse(rule.get("distributed")),
             rule=rule,
+            limit=LimitView.parse(d.get("limit")),
+            candidate=CandidateView.parse(d.get("candidate")),
         )
+
+    @property
+    def adjusted(self) -> bool:
+        """The global limit in force is not the rules file's (an adjustment, a promoted candidate)."""
+        return self.limit is not None and self.limit.adjusted and self.limit.in_force is not None
+
+    @property
+    def global_policy(self) -> PolicyView | None:
+        """The global limit in force: the adjusted one when there is one, else the rules'."""
+        if self.limit is not None and self.limit.in_force is not None:
+            return self.limit.in_force
+        return self.distributed_policy
 
 
 @dataclass(frozen=True, slots=True)
@@ -268,22 +200,11 @@ class MinutePoint:
 
 
 @dataclass(frozen=True, slots=True)
-class BlockedKey:
-    key: str
-    count: int
-    last_request_id: str
-
-    @classmethod
-    def parse(cls, d: Any) -> BlockedKey:
-        d = as_dict(d)
-        return cls(as_str(d.get("key")), as_int(d.get("count")), as_str(d.get("last_request_id")))
-
-
-@dataclass(frozen=True, slots=True)
 class RouteDivergence:
     totals: DivergenceTotals
     series: tuple[MinutePoint, ...]
     would_be_blocked: tuple[BlockedKey, ...]
+    candidate: CandidateView | None = None  # with its series and the keys it would newly reject
 
     @classmethod
     def parse(cls, d: Any) -> RouteDivergence:
@@ -292,6 +213,7 @@ class RouteDivergence:
             DivergenceTotals.parse(d.get("totals")) or DivergenceTotals(),
             tuple(MinutePoint.parse(p) for p in d.get("series") or ()),
             tuple(BlockedKey.parse(b) for b in d.get("would_be_blocked") or ()),
+            CandidateView.parse(d.get("candidate")),
         )
 
 
@@ -483,6 +405,34 @@ class ModeChangeResult:
             as_str(d.get("route")),
             RouteStateView.parse(d.get("state")),
             AuditEntryView.parse(d.get("audit")),
+            GateView.parse(d.get("gate")),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class CandidateChange:
+    """The server's answer to setting, dropping or promoting a candidate: the candidate now
+    (``None`` after a drop or a promotion), the audit entry; after a promotion also the
+    route's new global limit, the adjustment's audit entry and the gate it passed (or was
+    forced past)."""
+
+    route: str
+    candidate: CandidateView | None
+    audit: AuditEntryView
+    limit: PolicyView | None = None
+    adjustment: AuditEntryView | None = None
+    gate: GateView | None = None
+
+    @classmethod
+    def parse(cls, d: Any) -> CandidateChange:
+        d = as_dict(d)
+        adjustment = d.get("adjustment")
+        return cls(
+            as_str(d.get("route")),
+            CandidateView.parse(d.get("candidate")),
+            AuditEntryView.parse(d.get("audit")),
+            PolicyView.parse(d.get("limit")),
+            AuditEntryView.parse(adjustment) if isinstance(adjustment, dict) else None,
             GateView.parse(d.get("gate")),
         )
 
