@@ -149,6 +149,19 @@ class ShadowlimitDashboard(App[int]):
                     f"Move route {route} to {label}; asks for a reason",
                     lambda m=mode: dash.action_mode(m),
                 )
+            view = dash.snapshot.route(route) if dash.snapshot is not None else None
+            if view is not None and view.candidate is not None:
+                limit = view.candidate.limit
+                yield SystemCommand(
+                    f"Promote {route}'s candidate",
+                    f"Make {limit} {route}'s global limit (gated); asks for a reason",
+                    lambda: dash.action_candidate("promote"),
+                )
+                yield SystemCommand(
+                    f"Drop {route}'s candidate",
+                    f"Stop evaluating {limit} beside {route}'s global limit; asks for a reason",
+                    lambda: dash.action_candidate("drop"),
+                )
 
 
 def run_dashboard(

@@ -1,5 +1,7 @@
 """Divergence over time: per route, one sparkline per class (agree, new rejections, reverse)
-over the last hour, one column per minute, sized to the panel."""
+over the last hour, one column per minute, sized to the panel; under a route with a
+candidate limit, the candidate's comparisons with the current limit and its newly rejected
+requests per minute."""
 
 from __future__ import annotations
 
@@ -9,11 +11,11 @@ from rich.text import Text
 from textual.geometry import Region
 from textual.widget import Widget
 
-from .models import DivergenceView
+from .models import CandidateView, DivergenceView
 from .render import pct, spark_text
-from .theme import BAD, BAD_BOLD, OK, SELECTED_MARK, WARN, WARN_BOLD
+from .theme import BAD, BAD_BOLD, INFO_BOLD, OK, SELECTED_MARK, WARN, WARN_BOLD
 
-__all__ = ["DivergenceChart"]
+__all__ = ["DivergenceChart", "candidate_lines"]
 
 LABEL = 14
 SERIES = (
@@ -48,7 +50,9 @@ class DivergenceChart(Widget):
 
     def _block_height(self, name: str) -> int:
         assert self._view is not None
-        return 4 + bool(self._view.routes[name].would_be_blocked)
+        rd = self._view.routes[name]
+        cand = 0 if rd.candidate is None else 2 + bool(rd.candidate.would_be_blocked)
+        return 4 + bool(rd.would_be_blocked) + cand
 
     def _names(self) -> list[str]:
         if self._view is None:
@@ -111,8 +115,32 @@ class DivergenceChart(Widget):
             if rd.would_be_blocked:
                 out.append(f"  {'would block':<{LABEL - 3}} ", style="dim")
                 out.append(" · ".join(f"{b.key} ×{b.count:,}" for b in rd.would_be_blocked[:4]) + "\n", style=BAD)
+            if rd.candidate is not None:
+                candidate_lines(out, rd.candidate, minutes)
         out.append(_axis(minutes), style="dim")
         return out
+
+
+def candidate_lines(out: Text, c: CandidateView, minutes: int) -> None:
+    """Two or three lines: the candidate and its totals since it was set, its newly rejected
+    requests per minute, the keys it would newly reject."""
+    out.append(f"  {'↳ candidate':<{LABEL - 3}} ", style=INFO_BOLD)
+    out.append(c.limit, style="bold")
+    t = c.totals
+    if t is None:
+        out.append(" · no figures yet\n", style="dim")
+    else:
+        out.append(f" · {t.compared:,} compared · ", style="dim")
+        out.append(f"{pct(t.newly_rejected_share, 2)} newly rejected", style=BAD if t.newly_rejected else "dim")
+        out.append(f" · {pct(t.newly_admitted_share, 2)} newly admitted\n", style=WARN if t.newly_admitted else "dim")
+    series = list(c.series)[-minutes:]
+    out.append(f"  {'cand. rej':<{LABEL - 3}} ", style="dim")
+    out.append_text(spark_text([float(p.newly_rejected) for p in series], minutes, BAD))
+    total = t.newly_rejected if t is not None else 0
+    out.append(f" {_short(total):>7}\n", style=BAD if total else "dim")
+    if c.would_be_blocked:
+        out.append(f"  {'cand. block':<{LABEL - 3}} ", style="dim")
+        out.append(" · ".join(f"{b.key} ×{b.count:,}" for b in c.would_be_blocked[:4]) + "\n", style=BAD)
 
 
 def _short(n: int) -> str:

@@ -1,5 +1,6 @@
-"""Dialogs: canary percent, confirm a mode change (gate figures + reason), a refused gate
-(why, and force with a reason), and help. Each dismisses with its answer; none does IO."""
+"""Dialogs: canary percent, confirm a mode change (gate figures + reason), confirm promoting or
+dropping a candidate limit, a refused gate (why, and force with a reason), and help. Each
+dismisses with its answer; none does IO."""
 
 from __future__ import annotations
 
@@ -11,11 +12,21 @@ from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Button, Input, Label, Static
 
-from .models import GateView, RouteView
-from .render import gate_figures, gate_problems, mode_text
+from .models import CandidateView, GateView, RouteView
+from .render import ago, gate_figures, gate_problems, mode_text, pct
 from .theme import BAD, BAD_BOLD
 
-__all__ = ["ConfirmModeScreen", "GateRefusedScreen", "HelpScreen", "PercentScreen", "ReasonDialog", "is_promotion"]
+__all__ = [
+    "CandidateGateRefusedScreen",
+    "ConfirmCandidateScreen",
+    "ConfirmModeScreen",
+    "GateRefusedScreen",
+    "HelpScreen",
+    "PercentScreen",
+    "ReasonDialog",
+    "candidate_summary",
+    "is_promotion",
+]
 
 _RANK = {"off": 0, "shadow": 1, "canary": 2, "enforce": 3}
 
@@ -148,20 +159,20 @@ class ConfirmModeScreen(_ReasonDialog):
         return Label("Why?", classes="field-label")
 
 
-class GateRefusedScreen(_ReasonDialog):
-    """The server refused the promotion: show why, offer to force it with a reason."""
+class _GateRefusedDialog(_ReasonDialog):
+    """The server refused a promotion (``change`` says which): why, and force it with a reason."""
 
     CONFIRM = "Force"
     VARIANT = "error"
 
-    def __init__(self, route: RouteView, mode: str, percent: int, gate: GateView, reason: str) -> None:
+    def __init__(self, change: Text, gate: GateView, reason: str) -> None:
         super().__init__(reason)
-        self.route, self.mode, self.percent, self.gate = route, mode, percent, gate
+        self.change, self.gate = change, gate
 
     def compose(self) -> ComposeResult:
         with Vertical(classes="dialog -refused"):
             yield Label(Text("The gate refused this promotion", style=BAD_BOLD), classes="dialog-title")
-            yield Static(_change(self.route, self.mode, self.percent))
+            yield Static(self.change)
             reasons = Text()
             for r in self.gate.reasons or ("refused",):
                 reasons.append(f"  ✘ {r}\n", style=BAD)
@@ -173,12 +184,94 @@ class GateRefusedScreen(_ReasonDialog):
             yield from self.reason_widgets()
 
 
+class GateRefusedScreen(_GateRefusedDialog):
+    """The server refused the mode's promotion: show why, offer to force it with a reason."""
+
+    def __init__(self, route: RouteView, mode: str, percent: int, gate: GateView, reason: str) -> None:
+        super().__init__(_change(route, mode, percent), gate, reason)
+        self.route, self.mode, self.percent = route, mode, percent
+
+
+class CandidateGateRefusedScreen(_GateRefusedDialog):
+    """The server refused promoting the route's candidate: why, and force it with a reason."""
+
+    def __init__(self, route: RouteView, candidate: CandidateView, gate: GateView, reason: str) -> None:
+        super().__init__(_promotion(route, candidate), gate, reason)
+        self.route, self.candidate = route, candidate
+
+
+def _promotion(route: RouteView, candidate: CandidateView) -> Text:
+    now = route.global_policy.describe() if route.global_policy else "?"
+    return Text.assemble(
+        ("Promote ", ""), (route.name, "bold"), ("'s candidate: global limit ", ""), (now, ""), (" → ", ""),
+        (candidate.limit, "bold"),
+    )  # fmt: skip
+
+
+def candidate_summary(route: RouteView, c: CandidateView, now: float | None = None) -> Text:
+    """Two lines: the candidate beside the limit in force (who set it, when, why), and its
+    comparisons since (``now``: the snapshot's time, for the age; else the server's age)."""
+    current = route.global_policy.describe() if route.global_policy else "?"
+    age = ago(c.since, now) if now else (f"{c.age_s:.0f}s ago" if c.age_s is not None else "")
+    t = Text.assemble(("Candidate ", ""), (c.limit, "bold"), (f" beside the global limit {current}", ""))
+    t.append(f", set {age} by {c.actor or '?'}" if age else f", set by {c.actor or '?'}", style="dim")
+    if c.reason:
+        t.append(f" · “{c.reason}”", style="italic")
+    tot = c.totals
+    if tot is None:
+        t.append("\nNo comparisons yet (the fleet's figures do not include it yet).", style="dim")
+        return t
+    t.append(f"\nSince then: {tot.compared:,} compared, ")
+    t.append(
+        f"{tot.newly_rejected:,} newly rejected ({pct(tot.newly_rejected_share, 2)})",
+        style=BAD if tot.newly_rejected else "",
+    )
+    t.append(f", {tot.newly_admitted:,} newly admitted ({pct(tot.newly_admitted_share, 2)}), {tot.errors:,} errors.")
+    return t
+
+
+class ConfirmCandidateScreen(_ReasonDialog):
+    """Confirm promoting (``promote``: the gate's figures) or dropping (``drop``) the route's
+    candidate limit, with a required reason."""
+
+    def __init__(self, route: RouteView, candidate: CandidateView, action: str, *, now: float | None = None) -> None:
+        super().__init__()
+        self.route, self.candidate, self.action, self.now = route, candidate, action, now
+        self.CONFIRM, self.VARIANT = ("Promote", "warning") if action == "promote" else ("Drop", "error")
+
+    def compose(self) -> ComposeResult:
+        c = self.candidate
+        title = "Promote " if self.action == "promote" else "Drop "
+        with Vertical(classes="dialog"):
+            yield Label(
+                Text.assemble((title, ""), (self.route.name, "bold"), ("'s candidate", "")), classes="dialog-title"
+            )
+            yield Static(candidate_summary(self.route, c, self.now), id="candidate-summary")
+            if self.action == "promote":
+                yield Static(
+                    f"It becomes the route's global limit ({c.limit}), a runtime adjustment kept across restarts;"
+                    " the rules file is not rewritten. The server checks the gate first.",
+                    id="gate-verdict",
+                )
+                yield Static(gate_figures(c.gate), id="gate-figures")
+                if c.gate is not None and c.gate.has_figures and not c.gate.passed:
+                    problems = gate_problems(c.gate, dwell="dwell {0:.0f}s of {1:.0f}s")
+                    yield Static(Text("Likely refused: " + "; ".join(problems), style=BAD))
+            else:
+                yield Static(
+                    "The route keeps its global limit; the candidate is no longer evaluated.", id="gate-verdict"
+                )
+            yield Label("Why?", classes="field-label")
+            yield from self.reason_widgets()
+
+
 HELP = """\
 [b]Keys[/b]
   ↑/↓        select a route (marked ▶; the buckets and divergence panels follow it)
   tab        move between panels; ↑/↓ pgup/pgdn then scroll the focused one
   o s c e    move the selected route to off / shadow / canary (asks the percent) / enforce
-  w          what-if: replay recorded traffic against a candidate limit, then adjust
+  w          what-if: replay recorded traffic against a limit, then adjust or try it live
+  p d        promote (gated) / drop the selected route's candidate limit (when it has one)
   r          reconnect now          n   next replica (when several are known)
   ?          this help              q   quit
   ctrl+p     command palette; its Theme command switches dark and light themes
@@ -191,12 +284,13 @@ HELP = """\
 
 [b]Panels[/b]
   Routes      effective mode, decisions/s, divergence (5 min) with the last 12 minutes,
-              new rejections (local allowed, distributed would deny), backend errors, gate
+              new rejections (local allowed, distributed would deny), backend errors, gate;
+              * limit adjusted (not the rules'); ↳ candidate: a candidate limit's figures
   Buckets     the selected route's most active keys: tokens left locally and globally
   Backend     the Redis circuit breaker, the failure policy in force, the live fleet
   Divergence  the last hour per route: agree, new rejections, reverse (one column a minute);
               scrolls when the routes do not fit, and to the selected route
-  Audit       mode changes, rules reloads, breaker transitions, as they happen
+  Audit       mode changes, candidates, rules reloads, breaker transitions, as they happen
 
 [b]Connection[/b]
   LIVE when snapshots arrive; STALE keeps the last data on screen and retries with backoff

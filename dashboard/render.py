@@ -30,6 +30,7 @@ __all__ = [
     "MODE_STYLE",
     "ago",
     "bar",
+    "candidate_gate_text",
     "clock",
     "gate_figures",
     "gate_problems",
@@ -146,9 +147,22 @@ def gate_text(gate: GateView | None) -> Text:
     return text
 
 
-def gate_problems(gate: GateView) -> list[str]:
+def candidate_gate_text(gate: GateView | None) -> Text:
+    """A candidate's promotion gate for a table cell: ``✔ can promote`` or why not yet."""
+    if gate is None:
+        return Text("promote: no figures yet", style="dim")
+    if gate.passed:
+        return Text("✔ can promote", style=OK_BOLD)
+    problems = gate_problems(gate, dwell="dwell {0:.0f}s of {1:.0f}s")
+    text = Text(f"✘ promote: {problems[0]}", style=BAD)
+    if len(problems) > 1:
+        text.append(f" (+{len(problems) - 1} more)", style=BAD_DIM)
+    return text
+
+
+def gate_problems(gate: GateView, *, dwell: str = "in step {0:.0f}s/{1:.0f}s") -> list[str]:
     """The gate's failed checks, short and most serious first (full sentences are in
-    ``gate.reasons``)."""
+    ``gate.reasons``); ``dwell`` words the time checked against the minimum."""
     if not gate.has_figures:
         return list(gate.reasons) or ["refused"]
     out = []
@@ -173,7 +187,7 @@ def gate_problems(gate: GateView) -> list[str]:
     ):
         out.append(f"sampled {pct(gate.sampled_share)} < {pct(gate.min_sampled_share)}")
     if gate.in_step_s is not None and gate.min_dwell_s is not None and gate.in_step_s < gate.min_dwell_s:
-        out.append(f"in step {gate.in_step_s:.0f}s/{gate.min_dwell_s:.0f}s")
+        out.append(dwell.format(gate.in_step_s, gate.min_dwell_s))
     return out or list(gate.reasons) or ["refused"]
 
 
@@ -209,4 +223,6 @@ def gate_figures(gate: GateView | None) -> Text:
         ms = gate.min_sampled_share or 0.0
         dropped = f" · {gate.shadow_dropped:,} dropped" if gate.shadow_dropped else ""
         row("sampled", pct(gate.sampled_share), f"min {pct(ms)}{dropped}", gate.sampled_share >= ms)
+    if gate.min_dwell_s and gate.in_step_s is not None:
+        row("dwell", f"{gate.in_step_s:.0f}s", f"min {gate.min_dwell_s:.0f}s", gate.in_step_s >= gate.min_dwell_s)
     return t

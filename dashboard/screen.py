@@ -1,4 +1,5 @@
-"""The main view: routes, buckets, backend, divergence and audit, fed by the live stream.
+"""The main view: routes, buckets, backend, divergence and audit, fed by the live stream; the
+keys that change a route (its mode, its limit through the what-if dialog, its candidate limit).
 
 All IO runs in workers calling :mod:`dashboard.client`; widgets only get typed views.
 """
@@ -20,9 +21,15 @@ from textual.widgets import Footer, Header
 
 from .chart import DivergenceChart
 from .client import ApiError, ClientError, ControlPlaneClient, ControlPlaneUnavailable, GateRefused, Unauthorized
-from .modals import ConfirmModeScreen, GateRefusedScreen, PercentScreen
-from .models import AuditEntryView, ConnectionState, EventView, RouteView, Snapshot, WhatIfView
-from .whatif import ConfirmAdjustScreen, WhatIfAnswer, WhatIfScreen
+from .modals import (
+    CandidateGateRefusedScreen,
+    ConfirmCandidateScreen,
+    ConfirmModeScreen,
+    GateRefusedScreen,
+    PercentScreen,
+)
+from .models import AuditEntryView, CandidateView, ConnectionState, EventView, RouteView, Snapshot, WhatIfView
+from .whatif import ConfirmAdjustScreen, ConfirmTryLiveScreen, WhatIfAnswer, WhatIfScreen
 from .widgets import AuditPanel, BackendPanel, BucketsTable, ConnectionBar, RoutesTable
 
 __all__ = ["BACKOFF_INITIAL_S", "BACKOFF_MAX_S", "DashboardScreen"]
@@ -32,6 +39,8 @@ BACKOFF_MAX_S = 10.0
 STREAM_MINUTES = 60
 AUDIT_KINDS_WITHOUT_ENTRY = {"breaker", "auto_rollback"}
 AUDIT_KEEP = 100
+#: events after which the routes are read again at once (not only with the next snapshot)
+ROUTE_CHANGES = {"mode_change", "auto_rollback", "rules_reload", "candidate", "config_change"}
 
 
 class DashboardScreen(Screen[None]):
@@ -43,6 +52,8 @@ class DashboardScreen(Screen[None]):
         Binding("c", "mode('canary')", "Canary %"),
         Binding("e", "mode('enforce')", "Enforce"),
         Binding("w", "whatif", "What-if"),
+        Binding("p", "candidate('promote')", "Promote cand."),
+        Binding("d", "candidate('drop')", "Drop cand."),
         Binding("r", "reconnect", "Reconnect"),
         Binding("n", "next_replica", "Next replica"),
     ]
@@ -72,6 +83,7 @@ class DashboardScreen(Screen[None]):
         self._audit: dict[tuple[str, str, str, int], AuditEntryView] = {}
         self._events: dict[int, EventView] = {}
         self._applied_at = 0.0  # monotonic time the last snapshot was shown
+        self._candidate_keys = False  # p and d shown: the route under the cursor has a candidate
         self._restart: Timer | None = None
 
     def compose(self) -> ComposeResult:
@@ -136,6 +148,15 @@ class DashboardScreen(Screen[None]):
         self._render_audit()
         self.conn = replace(self.conn, instance_id=snap.instance_id, data_at=snap.at)
         self._show_conn()
+        self._show_candidate_keys()
+
+    def _show_candidate_keys(self) -> None:
+        """Show ``p`` and ``d`` in the footer only while the route under the cursor has a candidate."""
+        route = self.route_at_cursor()
+        has = route is not None and route.candidate is not None
+        if has != self._candidate_keys:
+            self._candidate_keys = has
+            self.refresh_bindings()
 
     def _show_buckets(self) -> None:
         snap, route = self.snapshot, self.selected
@@ -144,9 +165,12 @@ class DashboardScreen(Screen[None]):
         box = self.query_one("#buckets")
         rv = snap.route(route)
         title = f"Buckets · {route}" if route else "Buckets"
-        if rv is not None and (rv.local_policy or rv.distributed_policy):
+        if rv is not None and (rv.local_policy or rv.global_policy):
             lp = rv.local_policy.describe() if rv.local_policy else "?"
-            dp = rv.distributed_policy.describe() if rv.distributed_policy else "?"
+            dp = rv.global_policy.describe() if rv.global_policy else "?"
+            if rv.adjusted:  # the limit in force is not the rules file's: say both
+                rules = rv.limit.rules.describe() if rv.limit and rv.limit.rules else "?"
+                dp += f" * (adjusted; rules: {rules})"
             box.border_subtitle = f"local {lp} · global {dp}"
         box.border_title = title
         self.query_one(BucketsTable).show([b for b in snap.buckets if b.route == route], snap.at)
@@ -216,7 +240,7 @@ class DashboardScreen(Screen[None]):
     def _on_event(self, ev: EventView) -> None:
         self._note_event(ev)
         self._render_audit()
-        if ev.type in ("mode_change", "auto_rollback", "rules_reload"):
+        if ev.type in ROUTE_CHANGES:
             self.refresh_routes()
 
     @work(exclusive=True, group="audit")
@@ -244,6 +268,7 @@ class DashboardScreen(Screen[None]):
 
     @on(RoutesTable.Selected)
     def _route_selected(self, event: RoutesTable.Selected) -> None:
+        self._show_candidate_keys()
         if event.route == self.selected:
             return
         self.selected = event.route
@@ -283,6 +308,9 @@ class DashboardScreen(Screen[None]):
             return len(self.urls) > 1
         if action == "reconnect":
             return self.fixed is None
+        if action == "candidate":
+            route = self.route_at_cursor()
+            return route is not None and route.candidate is not None
         return True
 
     # -- what-if ------------------------------------------------------------------------------
@@ -317,16 +345,41 @@ class DashboardScreen(Screen[None]):
                 if answer.action == "replay":
                     result = await self.client.whatif(route.name, answer.policy, answer.minutes)
                     continue
+                if answer.action == "try":
+                    if await self._try_live(route, answer, result):
+                        return
+                    continue
                 reason = await self.app.push_screen_wait(ConfirmAdjustScreen(route, answer, result))
                 if reason is None:
                     continue
                 await self.client.adjust(route.name, answer.policy, reason=reason)
-            except (ApiError, Unauthorized, ControlPlaneUnavailable) as exc:
-                error = getattr(exc, "message", None) or str(exc)
+            except ApiError as exc:
+                error = exc.explain() if answer.action == "try" else exc.message
+                continue
+            except ControlPlaneUnavailable as exc:
+                error = str(exc)
                 continue
             self.notify(f"{route.name}'s global limit is now {answer.rate} (audited).", title="Limit adjusted")
             self.refresh_routes()
             return
+
+    async def _try_live(self, route: RouteView, answer: WhatIfAnswer, result: WhatIfView | None) -> bool:
+        """Ask a reason, then set the replayed limit as the route's candidate (True: it was set)."""
+        reason = await self.app.push_screen_wait(ConfirmTryLiveScreen(route, answer, result))
+        if reason is None:
+            return False
+        burst = int(answer.burst) if answer.burst else None
+        change = await self.client.set_candidate(
+            route.name, answer.limit, burst=burst, algorithm=answer.algorithm, reason=reason
+        )
+        limit = change.candidate.limit if change.candidate else answer.label
+        self.notify(
+            f"{route.name}'s candidate {limit} is now evaluated beside its global limit (audited);"
+            " p promotes it, d drops it.",
+            title="Candidate set",
+        )
+        self.refresh_routes()
+        return True
 
     # -- rollout toggles ----------------------------------------------------------------
 
@@ -372,18 +425,8 @@ class DashboardScreen(Screen[None]):
                     return
                 reason, force = forced, True
                 continue
-            except Unauthorized as exc:
-                self.notify(
-                    f"The control plane refused the token: {exc.message}",
-                    title=f"{exc.status} {exc.error}",
-                    severity="error",
-                )
-                return
-            except ControlPlaneUnavailable as exc:
-                self.notify(f"{route.name} not changed: {exc}", title="Control plane unavailable", severity="error")
-                return
-            except ApiError as exc:
-                self.notify(exc.message, title=f"{exc.status} {exc.error}", severity="error")
+            except ClientError as exc:
+                self._refused(f"{route.name} not changed", exc)
                 return
             st = result.state
             label = f"canary {st.canary_percent}%" if st.mode == "canary" else st.mode
@@ -394,3 +437,90 @@ class DashboardScreen(Screen[None]):
             )
             self.refresh_routes()
             return
+
+    def _refused(self, what: str, exc: ClientError) -> None:
+        """Say why the control plane did not make a change (``what``: ``search not changed``)."""
+        if isinstance(exc, Unauthorized):
+            self.notify(
+                f"The control plane refused the token: {exc.message}",
+                title=f"{exc.status} {exc.error}",
+                severity="error",
+            )
+        elif isinstance(exc, ApiError):
+            self.notify(exc.message, title=f"{exc.status} {exc.error}", severity="error")
+        else:
+            self.notify(f"{what}: {exc}", title="Control plane unavailable", severity="error")
+
+    # -- candidate limits (set from the what-if dialog) -----------------------------------
+
+    def action_candidate(self, action: str) -> None:
+        """``p`` promotes, ``d`` drops the candidate limit of the route under the cursor."""
+        if not self.client.has_token:
+            self.notify(
+                "Promoting or dropping a candidate limit needs an operator or admin token:"
+                " start the dashboard with --token (or SHADOWLIMIT_ADMIN_TOKEN).",
+                title="Read-only",
+                severity="warning",
+            )
+            return
+        route = self.route_at_cursor()
+        if route is None or route.candidate is None:
+            self.notify("This route has no candidate limit: set one with w, Replay, Try live.", severity="warning")
+            return
+        if action == "promote":
+            self.promote_candidate(route, route.candidate)
+        else:
+            self.drop_candidate(route, route.candidate)
+
+    @work(exclusive=True, group="candidate")
+    async def promote_candidate(self, route: RouteView, candidate: CandidateView) -> None:
+        """Ask a reason (showing the gate's figures), promote; a refused gate shows why and
+        can be forced with a reason."""
+        now = self.snapshot.at if self.snapshot is not None else None
+        reason = await self.app.push_screen_wait(ConfirmCandidateScreen(route, candidate, "promote", now=now))
+        if reason is None:
+            return
+        force = False
+        while True:
+            try:
+                change = await self.client.promote_candidate(route.name, reason=reason, force=force)
+            except GateRefused as exc:
+                screen = CandidateGateRefusedScreen(route, candidate, exc.gate, reason)
+                forced = await self.app.push_screen_wait(screen)
+                if forced is None:
+                    self.notify(
+                        f"{route.name}'s candidate not promoted: the gate refused and it was not forced.",
+                        severity="warning",
+                    )
+                    return
+                reason, force = forced, True
+                continue
+            except ClientError as exc:
+                self._refused(f"{route.name}'s candidate not promoted", exc)
+                return
+            limit = change.limit.describe() if change.limit is not None else candidate.limit
+            forced_txt = " (forced past the gate)" if change.audit.forced else ""
+            self.notify(
+                f"{route.name}'s global limit is now {limit}{forced_txt}, confirmed by the control plane (audited).",
+                title="Candidate promoted",
+            )
+            self.refresh_routes()
+            return
+
+    @work(exclusive=True, group="candidate")
+    async def drop_candidate(self, route: RouteView, candidate: CandidateView) -> None:
+        """Ask a reason, drop the candidate; the route keeps its global limit."""
+        now = self.snapshot.at if self.snapshot is not None else None
+        reason = await self.app.push_screen_wait(ConfirmCandidateScreen(route, candidate, "drop", now=now))
+        if reason is None:
+            return
+        try:
+            await self.client.drop_candidate(route.name, reason=reason)
+        except ClientError as exc:
+            self._refused(f"{route.name}'s candidate not dropped", exc)
+            return
+        self.notify(
+            f"{route.name}'s candidate {candidate.limit} dropped (audited); its global limit stays.",
+            title="Candidate dropped",
+        )
+        self.refresh_routes()

@@ -17,13 +17,14 @@ from .models import (
     BackendView,
     BucketSide,
     BucketView,
+    CandidateView,
     ConnectionState,
     DivergenceView,
     EventView,
     ExternalView,
     RouteView,
 )
-from .render import BREAKER_STYLE, ago, bar, clock, gate_text, mode_text, pct, spark_text
+from .render import BREAKER_STYLE, ago, bar, candidate_gate_text, clock, gate_text, mode_text, pct, spark_text
 from .theme import (
     BAD,
     BAD_BOLD,
@@ -33,21 +34,42 @@ from .theme import (
     BADGE_WARN,
     HINT,
     INFO,
+    INFO_BOLD,
     OK,
     SELECTED_MARK,
     WARN,
     WARN_BOLD,
 )
 
-__all__ = ["AuditPanel", "BackendPanel", "BucketsTable", "ConnectionBar", "RoutesTable"]
+__all__ = [
+    "CANDIDATE_ROW",
+    "AuditPanel",
+    "BackendPanel",
+    "BucketsTable",
+    "ConnectionBar",
+    "RoutesTable",
+    "route_of_row",
+]
 
 SPARK_MINUTES = 12
+#: a route's name followed by this is the key of its candidate's row (no route name has \x1f)
+CANDIDATE_ROW = "\x1fcandidate"
+#: after a route's name in the routes table: its global limit in force is not the rules file's
+ADJUSTED_MARK = " *"
 _TRANSITION_STYLE = {"closed": OK, "open": BAD_BOLD}  # a breaker's new state; anything else is a probe
 
 
+def route_of_row(key: str | None) -> str | None:
+    """The route a routes-table row is about (its own row, or its candidate's)."""
+    return None if key is None else key.removesuffix(CANDIDATE_ROW)
+
+
 class RoutesTable(DataTable[Text | str]):
-    """Every route: mode, rate, divergence (with a sparkline of recent minutes), gate. The
-    selected route (the cursor row) is marked ``▶`` in the first column, not by colour alone."""
+    """Every route: mode, rate, divergence (with a sparkline of recent minutes), gate; under a
+    route with a candidate limit, a ``↳ candidate`` row with its comparisons and its gate. The
+    selected route is marked ``▶`` in the first column, not by colour alone (the cursor on a
+    candidate's row selects its route); ``*`` after a name: its global limit in force is not
+    the rules file's."""
 
     class Selected(Message):
         """The user moved to another route."""
@@ -69,34 +91,47 @@ class RoutesTable(DataTable[Text | str]):
 
     def __init__(self, **kwargs: object) -> None:
         super().__init__(cursor_type="row", zebra_stripes=True, **kwargs)  # type: ignore[arg-type]
-        self._names: list[str] = []
+        self._rows: list[str] = []  # row keys: route names, and candidates' (CANDIDATE_ROW)
         self._marked: str | None = None
 
     def on_mount(self) -> None:
         for key, label in self.COLUMNS:
             self.add_column(label, key=key)
 
-    def cursor_route(self) -> str | None:
-        """The route under the cursor now (the :class:`Selected` message follows a move later)."""
+    def cursor_key(self) -> str | None:
+        """The key of the row under the cursor (a route's name, or its candidate's row)."""
         if not self.row_count:
             return None
         return self.coordinate_to_cell_key(self.cursor_coordinate).row_key.value
 
+    def cursor_route(self) -> str | None:
+        """The route under the cursor now (the :class:`Selected` message follows a move later)."""
+        return route_of_row(self.cursor_key())
+
     def show(self, routes: Sequence[RouteView], divergence: DivergenceView | None, selected: str | None) -> None:
-        names = [r.name for r in routes]
-        if names != self._names:
+        rows = [k for r in routes for k in (r.name, r.name + CANDIDATE_ROW)[: 2 if r.candidate else 1]]
+        if rows != self._rows:
+            at = self.cursor_key()
             self.clear()
             self._marked = None
             for r in routes:
                 self.add_row(self._mark(r.name == selected), *self._cells(r, divergence), key=r.name)
-            self._names = names
-            if selected in names:
+                if r.candidate is not None:
+                    cells = self.candidate_cells(r.candidate)
+                    self.add_row(Text(" "), *cells, key=r.name + CANDIDATE_ROW)
+            self._rows = rows
+            if selected in rows:
                 self._marked = selected
-                self.move_cursor(row=names.index(selected), animate=False)
+                keep = at if at in rows and route_of_row(at) == selected else selected
+                self.move_cursor(row=rows.index(keep), animate=False)
             return
         for r in routes:
             for (col, _), cell in zip(self.COLUMNS[1:], self._cells(r, divergence)):
                 self.update_cell(r.name, col, cell, update_width=True)
+            if r.candidate is not None:
+                cells = self.candidate_cells(r.candidate)
+                for (col, _), cell in zip(self.COLUMNS[1:], cells):
+                    self.update_cell(r.name + CANDIDATE_ROW, col, cell, update_width=True)
         self.mark(selected)
 
     def mark(self, route: str | None) -> None:
@@ -104,7 +139,7 @@ class RoutesTable(DataTable[Text | str]):
         if route == self._marked:
             return
         for name, on in ((self._marked, False), (route, True)):
-            if name is not None and name in self._names:
+            if name is not None and name in self._rows:
                 self.update_cell(name, "sel", self._mark(on))
         self._marked = route
 
@@ -136,13 +171,39 @@ class RoutesTable(DataTable[Text | str]):
                 newrej.append(f" of {pct(d.sampled_share)}", style=WARN_BOLD)
             errors = Text(f"{d.backend_errors:,}", style=BAD_BOLD if d.backend_errors else "")
             errors.append(f" ({pct(d.backend_error_rate, 2)})", style="dim")
-        return [Text(r.name, style="bold"), mode, f"{r.decisions_per_s:,.1f}", div, newrej, errors, gate_text(r.gate)]
+        name = Text(r.name, style="bold")
+        if r.adjusted:
+            name.append(ADJUSTED_MARK, style=WARN_BOLD)
+        return [name, mode, f"{r.decisions_per_s:,.1f}", div, newrej, errors, gate_text(r.gate)]
+
+    @staticmethod
+    def candidate_cells(c: CandidateView) -> list[Text | str]:
+        """``↳ candidate 5/1s burst 5 · 120 compared · 6 (5.0%) · admitted 0 · 0 errors · gate``:
+        its comparisons with the current limit since it was set, under the route's columns."""
+        label = Text("  ↳ candidate", style=INFO_BOLD)
+        limit = Text(c.limit, style="bold")
+        t = c.totals
+        if t is None:
+            wait = Text("no figures yet", style="dim")
+            return [label, limit, "", wait, Text("—", style="dim"), Text("—", style="dim"), candidate_gate_text(c.gate)]
+        div = Text(f"{t.compared:,} compared", style="" if t.compared else "dim")  # per minute: the chart
+        if t.sampled:
+            div.append(f" {pct(t.sampled_share)} sampled", style=WARN_BOLD)
+        newrej = Text(f"{t.newly_rejected:,}", style=BAD_BOLD if t.newly_rejected else "")
+        newrej.append(f" ({pct(t.newly_rejected_share)})", style="dim")
+        newrej.append(" · admitted ", style="dim")
+        newrej.append(f"{t.newly_admitted:,}", style=WARN_BOLD if t.newly_admitted else "dim")
+        errors = Text(f"{t.errors:,}", style=BAD_BOLD if t.errors else "")
+        if t.dropped:
+            errors.append(f" · {t.dropped:,} dropped", style=WARN)
+        return [label, limit, "", div, newrej, errors, candidate_gate_text(c.gate)]
 
     def on_data_table_row_highlighted(self, event: DataTable.RowHighlighted) -> None:
         event.stop()
-        if event.row_key.value is not None:
-            self.mark(event.row_key.value)
-            self.post_message(self.Selected(event.row_key.value))
+        route = route_of_row(event.row_key.value)
+        if route is not None:
+            self.mark(route)
+            self.post_message(self.Selected(route))
 
 
 def _side(side: BucketSide | None, width: int) -> Text:
@@ -320,6 +381,13 @@ def _audit_entry(e: AuditEntryView) -> Text:
         t.append("RESTORED ", style=WARN_BOLD)
         if e.to_mode:
             t.append_text(mode_text(e.to_mode, e.to_percent))
+    elif e.kind == "candidate":  # set (candidate ...), promoted candidate ..., dropped candidate ...
+        t.append(f"{e.route} ", style="bold")
+        t.append(e.to_mode.replace(" (token_bucket)", ""), style=INFO)
+        if e.forced:
+            t.append(" FORCED", style=BAD_BOLD)
+        if e.automatic:
+            t.append(" AUTO", style=WARN_BOLD)
     elif e.kind == "rules_reload":
         t.append("rules reload ", style="bold")
         t.append(e.to_mode, style=OK if e.to_mode == "ok" else BAD_BOLD)

@@ -18,7 +18,7 @@ from typing import Any
 import httpx
 import pytest
 import uvicorn
-from support import settle
+from support import eventually, settle
 from textual import events
 from textual.pilot import Pilot
 from textual.widgets import Input
@@ -1218,3 +1218,471 @@ async def test_a_key_right_after_an_arrow_acts_on_the_route_under_the_cursor() -
         await wait_for(pilot, lambda: isinstance(app.screen, ConfirmModeScreen), what="the confirmation")
         title = str(app.screen.query_one(".dialog-title").render())
         assert f"Move {second}:" in title and first != second, title
+
+
+# -- candidate limits ---------------------------------------------------------------------------
+
+
+def operator() -> dict[str, str]:
+    return {"Authorization": f"Bearer {TOKEN}"}
+
+
+def set_candidate(url: str, route: str, limit: str, reason: str = "try it", **extra: Any) -> dict[str, Any]:
+    """The candidate set over HTTP, as another operator (or the CLI) would."""
+    body = {"limit": limit, "reason": reason, **extra}
+    r = httpx.put(f"{url}/v1/routes/{route}/candidate", json=body, headers=operator(), timeout=10)
+    assert r.status_code == 200, r.text
+    return r.json()  # type: ignore[no-any-return]
+
+
+def candidate_cells(app: ShadowlimitDashboard, route: str) -> dict[str, str]:
+    """The cells of ``route``'s candidate row in the routes table ({} without one)."""
+    from dashboard.widgets import CANDIDATE_ROW
+
+    if route + CANDIDATE_ROW not in dash(app).query_one(RoutesTable).rows:
+        return {}
+    return {col: cell(app, RoutesTable, route + CANDIDATE_ROW, col) for col, _ in RoutesTable.COLUMNS}
+
+
+def audit_entries(url: str) -> list[dict[str, Any]]:
+    return httpx.get(f"{url}/v1/rollout/audit", timeout=10).json()["entries"]  # type: ignore[no-any-return]
+
+
+async def test_a_candidate_shows_under_its_route_with_the_servers_figures(
+    control_plane: Callable[..., ControlPlane],
+) -> None:
+    """Set over HTTP while the dashboard watches: a ``↳ candidate`` row appears under its
+    route with the control plane's figures (compared, newly rejected and its share, newly
+    admitted, errors, the gate), the divergence panel gets the candidate's lines, and ``p``
+    and ``d`` apply to that route only."""
+    from dashboard.chart import DivergenceChart
+    from dashboard.render import pct
+
+    cp = control_plane()
+    app = ShadowlimitDashboard(cp.url, TOKEN)
+    async with app.run_test(size=SIZE) as pilot:
+        await until_live(pilot, app)
+        assert candidate_cells(app, "search") == {}  # no candidate: no row, no p / d
+        assert not dash(app).check_action("candidate", ("promote",))
+        set_candidate(cp.url, "search", "3/second", reason="tighter search")
+        await wait_for(pilot, lambda: candidate_cells(app, "search"), what="the candidate row")
+        row = candidate_cells(app, "search")
+        assert (row["sel"].strip(), row["route"].strip(), row["mode"]) == ("", "↳ candidate", "3/1s burst 3")
+        rows = [k.value for k in dash(app).query_one(RoutesTable).rows]
+        assert rows[:3] == ["search", "search\x1fcandidate", "checkout"]  # under its route
+
+        await traffic(cp.url, 30)  # the global limit (burst 5) admits about 5, the candidate (burst 3) 3
+        await cp.settle()
+        server: dict[str, Any] = {}
+
+        def same_figures() -> bool:
+            nonlocal server
+            server = server_routes(cp.url)["search"]["candidate"]
+            t = server["totals"]
+            if not t or t["compared"] < 30:
+                return False
+            cells = candidate_cells(app, "search")
+            newrej = f"{t['newly_rejected']:,} ({pct(t['newly_rejected_share'])}) · admitted {t['newly_admitted']:,}"
+            return cells["div"].startswith(f"{t['compared']:,} compared") and cells["newrej"] == newrej
+
+        await wait_for(pilot, same_figures, what="the server's candidate figures in the candidate row")
+        totals = server["totals"]
+        assert totals["newly_rejected"] >= 1 and totals["newly_admitted"] == 0
+        cells = candidate_cells(app, "search")
+        assert cells["errors"] == "0"
+        assert cells["gate"].startswith("✘ promote: new rej")  # over the 1% the gate allows
+        assert not server["gate"]["passed"]
+
+        def chart_lines() -> list[str]:
+            return str(dash(app).query_one(DivergenceChart).render()).splitlines()
+
+        def chart_has(prefix: str) -> bool:
+            return any(line.strip().startswith(prefix) for line in chart_lines())
+
+        # the chart's figures come with the next snapshot (a route read refreshes the table only)
+        compared = f"↳ candidate 3/1s burst 3 · {totals['compared']:,} compared · "
+        await wait_for(pilot, lambda: chart_has(compared), what="the candidate's figures in the divergence panel")
+        header = next(line for line in chart_lines() if line.strip().startswith(compared))
+        assert "newly rejected" in header and "newly admitted" in header
+        await wait_for(pilot, lambda: chart_has("cand. block bob ×"), what="who the candidate would newly reject")
+
+        # the cursor on the candidate's row still selects search; checkout has no candidate
+        await pilot.press("down")
+        await wait_for(pilot, lambda: dash(app).query_one(RoutesTable).cursor_key() == "search\x1fcandidate")
+        assert cell(app, RoutesTable, "search", "sel") == "▶" and dash(app).selected == "search"
+        assert dash(app).check_action("candidate", ("promote",))
+        await pilot.press("down")
+        await wait_for(pilot, lambda: dash(app).selected == "checkout", what="checkout selected")
+        assert not dash(app).check_action("candidate", ("promote",))
+        await pilot.press("p", "d")
+        await pilot.pause(0.2)
+        assert isinstance(app.screen, DashboardScreen)  # nothing to promote or drop there
+
+
+async def test_try_live_from_the_whatif_dialog_sets_the_candidate(control_plane: Callable[..., ControlPlane]) -> None:
+    """After a replay, Try live (ctrl+t or the button) asks a reason and sets the replayed limit
+    as the route's candidate; the server's refusal (422 naming the field) shows in the dialog."""
+    from textual.widgets import Button
+
+    from dashboard.whatif import ConfirmTryLiveScreen, WhatIfScreen
+
+    cp = control_plane()
+    await traffic(cp.url, 40)
+    await cp.settle()
+    app = ShadowlimitDashboard(cp.url, TOKEN)
+    async with app.run_test(size=SIZE) as pilot:
+        await until_live(pilot, app)
+        await pilot.press("w")
+        await wait_for(pilot, lambda: isinstance(app.screen, WhatIfScreen), what="the what-if dialog")
+        assert app.screen.query_one("#try-live", Button).disabled  # nothing replayed yet
+        await pilot.press("enter")  # replay the dialog's default: the limit in force, 5/1s burst 5
+
+        def replayed() -> bool:
+            return isinstance(app.screen, WhatIfScreen) and bool(app.screen.query("#whatif-figures"))
+
+        await wait_for(pilot, replayed, what="the replay's figures")
+        assert not app.screen.query_one("#try-live", Button).disabled
+        await pilot.press("ctrl+t")
+        await wait_for(pilot, lambda: isinstance(app.screen, ConfirmTryLiveScreen), what="the try-live confirmation")
+        assert "beside the global limit 5/1s burst 5" in plain(app.screen.query_one("#try-summary"))
+        app.screen.query_one("#reason", Input).value = ""
+        await type_reason(pilot, "same as now")
+        await pilot.press("enter")
+
+        def error() -> str:
+            return str(app.screen.query_one("#whatif-error").render()) if isinstance(app.screen, WhatIfScreen) else ""
+
+        await wait_for(pilot, lambda: "422" in error(), what="the server's refusal in the dialog")
+        assert error().startswith("422 invalid_request: limit: equal to the route's current limit"), error()
+        assert server_routes(cp.url)["search"]["candidate"] is None
+
+        # a stricter limit: replay it, then the button
+        app.screen.query_one("#rate", Input).value = "2/1s"
+        app.screen.query_one("#burst", Input).value = "2"
+        await pilot.press("enter")
+        await wait_for(pilot, lambda: replayed() and "2/1s burst 2" in plain(app.screen.query_one("#whatif-figures")))
+        await pilot.click("#try-live")
+        await wait_for(pilot, lambda: isinstance(app.screen, ConfirmTryLiveScreen), what="the try-live confirmation")
+        assert app.screen.query_one("#reason", Input).value == "what-if: 2/1s burst 2"  # prefilled, as for Adjust
+        app.screen.query_one("#reason", Input).value = ""
+        await type_reason(pilot, "try 2 per second live")
+        await pilot.press("enter")
+        await wait_for(
+            pilot, lambda: server_routes(cp.url)["search"]["candidate"] is not None, what="the candidate on the server"
+        )
+        candidate = server_routes(cp.url)["search"]["candidate"]
+        assert candidate["policy"] == {"algorithm": "token_bucket", "average": 2.0, "period": 1.0, "burst": 2}
+        assert candidate["reason"] == "try 2 per second live"
+        assert server_routes(cp.url)["search"]["limit"]["adjusted"] is False  # the limit in force is untouched
+        entry = audit_entries(cp.url)[0]
+        assert (entry["kind"], entry["route"], entry["to"]) == (
+            "candidate",
+            "search",
+            f"candidate {candidate['describe']}",
+        )
+        await wait_for(pilot, lambda: isinstance(app.screen, DashboardScreen), what="the dialog to close")
+        assert any(n.title == "Candidate set" for n in app._notifications)
+        await wait_for(
+            pilot, lambda: candidate_cells(app, "search").get("mode") == "2/1s burst 2", what="the candidate row"
+        )
+
+
+async def test_try_live_says_when_the_route_is_gone(control_plane: Callable[..., ControlPlane], tmp_path: Path) -> None:
+    """The route left the rules while the dialog was open: the 404 shows in the dialog."""
+    from dashboard.whatif import ConfirmTryLiveScreen, WhatIfScreen
+
+    cp = control_plane()
+    await traffic(cp.url, 6, route="checkout", key="carol")
+    app = ShadowlimitDashboard(cp.url, TOKEN)
+    async with app.run_test(size=SIZE) as pilot:
+        await until_live(pilot, app)
+        await pilot.press("down", "w")
+        await wait_for(pilot, lambda: isinstance(app.screen, WhatIfScreen), what="the what-if dialog")
+        app.screen.query_one("#rate", Input).value = "2/1s"
+        await pilot.press("enter")
+        await wait_for(
+            pilot, lambda: isinstance(app.screen, WhatIfScreen) and bool(app.screen.query("#whatif-figures"))
+        )
+        cp.rules_path.write_text(RULES.split("  - name: checkout")[0])
+        await wait_for(pilot, lambda: "checkout" not in server_routes(cp.url), what="the reload without checkout")
+        await pilot.press("ctrl+t")
+        await wait_for(pilot, lambda: isinstance(app.screen, ConfirmTryLiveScreen))
+        await reason_focused(pilot)
+        await pilot.press("enter")
+        await wait_for(
+            pilot,
+            lambda: (
+                isinstance(app.screen, WhatIfScreen) and "404" in str(app.screen.query_one("#whatif-error").render())
+            ),
+            what="the 404 in the dialog",
+        )
+        text = str(app.screen.query_one("#whatif-error").render())
+        assert text == "404 unknown_route: route: no route named 'checkout'", text
+
+
+async def test_promote_refused_by_the_gate_then_forced_and_drop_via_the_keys(
+    control_plane: Callable[..., ControlPlane],
+) -> None:
+    """``p`` asks a reason, the gate refuses (new rejections over 1%) and says why, forcing
+    with the reason promotes; ``d`` drops a candidate. Both are in the audit trail."""
+    from dashboard.modals import CandidateGateRefusedScreen, ConfirmCandidateScreen
+
+    cp = control_plane()
+    set_candidate(cp.url, "search", "3/second", reason="tighter")
+    await traffic(cp.url, 30)
+    await cp.settle()
+    app = ShadowlimitDashboard(cp.url, TOKEN)
+    async with app.run_test(size=SIZE) as pilot:
+        await until_live(pilot, app)
+        await wait_for(
+            pilot,
+            lambda: candidate_cells(app, "search").get("gate", "").startswith("✘ promote"),
+            what="the candidate's refused gate in its row",
+        )
+        await pilot.press("down")  # onto the candidate's row: p acts on search from there too
+        await wait_for(pilot, lambda: dash(app).query_one(RoutesTable).cursor_key() == "search\x1fcandidate")
+        await pilot.press("p")
+        await wait_for(pilot, lambda: isinstance(app.screen, ConfirmCandidateScreen), what="the promote confirmation")
+        assert "Promote search's candidate" in str(app.screen.query_one(".dialog-title").render())
+        assert "Candidate 3/1s burst 3 beside the global limit 5/1s burst 5" in plain(
+            app.screen.query_one("#candidate-summary")
+        )
+        assert "new rejections" in plain(app.screen.query_one("#gate-figures"))
+        await type_reason(pilot, "ship the tighter limit")
+        await pilot.press("enter")
+        await wait_for(pilot, lambda: isinstance(app.screen, CandidateGateRefusedScreen), what="the gate's refusal")
+        reasons = str(app.screen.query_one("#gate-reasons").render())
+        assert "✘ new rejections" in reasons and "exceed 1.00%" in reasons, reasons
+        search = server_routes(cp.url)["search"]
+        assert search["candidate"] is not None and search["limit"]["adjusted"] is False  # refused: nothing changed
+        assert app.screen.query_one("#reason", Input).value == "ship the tighter limit"  # carried over
+        await reason_focused(pilot)
+        await pilot.press("enter")  # force, with that reason
+        await wait_for(
+            pilot, lambda: server_routes(cp.url)["search"]["limit"]["adjusted"], what="the promoted global limit"
+        )
+        search = server_routes(cp.url)["search"]
+        assert search["candidate"] is None and search["limit"]["in_force"]["average"] == 3.0
+        promoted, adjustment = audit_entries(cp.url)[:2]
+        assert (promoted["kind"], promoted["to"]) == ("candidate", "promoted candidate 3/1s burst 3 (token_bucket)")
+        assert promoted["forced"] is True and promoted["reason"] == "ship the tighter limit"
+        assert promoted["gate"]["passed"] is False
+        assert (
+            adjustment["kind"] == "config_change"
+            and "promoted candidate: ship the tighter limit" in adjustment["reason"]
+        )
+
+        # on screen: no candidate row, the route marked as adjusted, both limits in its detail
+        await wait_for(
+            pilot,
+            lambda: not candidate_cells(app, "search") and cell(app, RoutesTable, "search", "route") == "search *",
+            what="the adjusted route without its candidate row",
+        )
+        subtitle = str(dash(app).query_one("#buckets").border_subtitle)
+        assert "global 3/1s burst 3 * (adjusted; rules: 5/1s burst 5)" in subtitle, subtitle
+        await wait_for(
+            pilot,
+            lambda: "search promoted candidate 3/1s burst 3 FORCED" in plain(dash(app).query_one(AuditPanel)),
+            what="the promotion in the audit panel",
+        )
+        await pilot.press("p")  # no candidate any more: nothing happens
+        await pilot.pause(0.2)
+        assert isinstance(app.screen, DashboardScreen)
+
+        # a new one, dropped with d
+        set_candidate(cp.url, "search", "4/second", reason="a little looser")
+        await wait_for(pilot, lambda: candidate_cells(app, "search").get("mode") == "4/1s burst 4", what="the new row")
+        await pilot.press("d")
+        await wait_for(pilot, lambda: isinstance(app.screen, ConfirmCandidateScreen), what="the drop confirmation")
+        assert "Drop search's candidate" in str(app.screen.query_one(".dialog-title").render())
+        await type_reason(pilot, "not now")
+        await pilot.press("enter")
+        await wait_for(
+            pilot, lambda: server_routes(cp.url)["search"]["candidate"] is None, what="the candidate dropped"
+        )
+        dropped = audit_entries(cp.url)[0]
+        assert (dropped["kind"], dropped["to"], dropped["reason"]) == (
+            "candidate",
+            "dropped candidate 4/1s burst 4 (token_bucket)",
+            "not now",
+        )
+        assert server_routes(cp.url)["search"]["limit"]["in_force"]["average"] == 3.0  # the limit stays
+        await wait_for(pilot, lambda: not candidate_cells(app, "search"), what="the candidate row to go")
+
+
+async def test_client_candidate_calls(control_plane: Callable[..., ControlPlane]) -> None:
+    """set / drop / promote_candidate: the answers parsed, the errors translated (422 naming the
+    field, 404, the gate's 409, no token)."""
+    from dashboard.client import ApiError
+
+    cp = control_plane()
+    good = ControlPlaneClient(cp.url, TOKEN)
+    anonymous = ControlPlaneClient(cp.url)
+    try:
+        with pytest.raises(Unauthorized):
+            await anonymous.set_candidate("search", "3/1s", reason="x")
+        with pytest.raises(ApiError) as refused:
+            await good.set_candidate("search", "5/1s", burst=5, reason="same")
+        assert (refused.value.status, refused.value.field) == (422, "limit")
+        with pytest.raises(ApiError) as refused:
+            await good.set_candidate("search", "3/1s", burst=0, reason="no burst")
+        assert refused.value.field == "burst" and refused.value.explain().startswith("422 invalid_request: burst")
+        with pytest.raises(ApiError) as unknown:
+            await good.set_candidate("nope", "3/1s", reason="x")
+        assert (unknown.value.status, unknown.value.error) == (404, "unknown_route")
+        with pytest.raises(ApiError) as none:
+            await good.drop_candidate("search", reason="x")
+        assert (none.value.status, none.value.error) == (404, "no_candidate")
+
+        change = await good.set_candidate("search", "3/1s", algorithm="gcra", reason="try gcra")
+        assert change.candidate is not None and change.candidate.limit == "3/1s burst 3 gcra"
+        assert change.audit.kind == "candidate" and change.audit.reason == "try gcra"
+        routes = {r.name: r for r in await good.routes()}
+        assert routes["search"].candidate is not None and routes["search"].candidate.id == change.candidate.id
+        assert routes["search"].limit is not None and not routes["search"].adjusted
+        await traffic(cp.url, 20)
+        await cp.settle()
+        await asyncio.to_thread(
+            eventually,
+            lambda: (server_routes(cp.url)["search"]["candidate"]["totals"] or {}).get("newly_rejected"),
+            15,
+            what="the candidate's figures",
+        )
+        with pytest.raises(GateRefused) as gate:
+            await good.promote_candidate("search", reason="go")
+        assert not gate.value.gate.passed and any("new rejections" in r for r in gate.value.gate.reasons)
+        promoted = await good.promote_candidate("search", reason="go anyway", force=True)
+        assert promoted.candidate is None and promoted.audit.forced and promoted.limit is not None
+        assert promoted.limit.describe() == "3/1s burst 3 gcra" and promoted.adjustment is not None
+        assert promoted.adjustment.kind == "config_change"
+        assert (await good.routes())[0].adjusted
+    finally:
+        await good.aclose()
+        await anonymous.aclose()
+
+
+def test_routes_without_or_with_odd_candidate_fields_still_parse_and_render() -> None:
+    """An older control plane sends no ``limit`` and no ``candidate``; a malformed one gets
+    neutral defaults, and the row and the chart still render."""
+    import io
+
+    from rich.console import Console
+    from rich.text import Text
+
+    from dashboard.chart import candidate_lines
+    from dashboard.models import RouteDivergence, RouteView
+
+    old = RouteView.parse({"name": "search", "rule": {"distributed": _policy(5, 5)}})
+    assert old.limit is None and old.candidate is None and not old.adjusted
+    assert old.global_policy is not None and old.global_policy.describe() == "5/1s burst 5"
+    odd = {
+        "name": "search",
+        "limit": {"in_force": "x", "adjusted": True},
+        "candidate": {"policy": [], "totals": [], "gate": 3, "series": 5, "would_be_blocked": "bob", "age_s": "?"},
+    }
+    r = RouteView.parse(odd)
+    assert r.limit is not None and not r.adjusted  # adjusted, but to what: not said
+    c = r.candidate
+    assert c is not None and c.limit == "?" and c.totals is None and c.gate is None and c.series == ()
+    assert RouteView.parse({"candidate": "yes", "limit": 7}).candidate is None
+    cells = RoutesTable.candidate_cells(c)
+    assert [getattr(x, "plain", x) for x in cells][:4] == ["  ↳ candidate", "?", "", "no figures yet"]
+    rd = RouteDivergence.parse({"candidate": {"series": [{"minute": "x", "newly_rejected": 2}], "totals": {}}})
+    assert rd.candidate is not None and rd.candidate.series[0].newly_rejected == 2
+    out = Text()
+    candidate_lines(out, rd.candidate, 12)
+    console = Console(width=100, file=io.StringIO(), color_system=None)
+    console.print(out)
+    assert "↳ candidate ?" in console.file.getvalue()  # type: ignore[attr-defined]
+
+
+# -- snapshots with a candidate ---------------------------------------------------------------
+
+
+def candidate_snapshot() -> dict[str, Any]:
+    """The fixed snapshot, plus: search has a candidate (8/1s, set 11 minutes ago, its gate
+    refused: too many new rejections and not long enough yet); checkout's global limit in
+    force was adjusted away from the rules file's."""
+    data = fixed_snapshot()
+    start = int(AT // 60 * 60) - 60 * 11
+    series = [
+        {"minute": start + 60 * i, "agree": 300 + (i * 29) % 90, "newly_rejected": 0 if i < 3 else 4 + (i * 7) % 19,
+         "newly_admitted": 0, "errors": 0, "dropped": 0}
+        for i in range(12)
+    ]  # fmt: skip
+    agree = sum(p["agree"] for p in series)
+    rejected = sum(p["newly_rejected"] for p in series)
+    compared = agree + rejected
+    gate = {
+        **_gate("enforce", compared, 500, rejected),
+        "target": None,
+        "reasons": [
+            f"new rejections {rejected / compared:.2%} exceed 1.00%",
+            "the candidate was set 660s ago, the minimum before promoting it is 900s (min_dwell; 240s to go)",
+        ],
+        "passed": False,
+        "sampled_share": 1.0,
+        "min_sampled_share": 0.9,
+        "in_step_s": 660.0,
+        "min_dwell_s": 900.0,
+    }
+    candidate = {
+        "id": "c0ffee000001",
+        "policy": _policy(8, 8),
+        "describe": "8/1s burst 8 (token_bucket)",
+        "since": AT - 660,
+        "age_s": 660.0,
+        "actor": "dashboard@127.0.0.1",
+        "reason": "tighter search limit, tried live",
+        "totals": {
+            "agree": agree, "newly_rejected": rejected, "newly_admitted": 0, "errors": 0, "dropped": 0,
+            "compared": compared, "newly_rejected_share": round(rejected / compared, 6), "newly_admitted_share": 0.0,
+            "sampled_share": 1.0,
+        },
+        "gate": gate,
+    }  # fmt: skip
+    search, checkout = data["routes"][0], data["routes"][1]
+    search["candidate"] = candidate
+    search["limit"] = {"in_force": _policy(10, 10), "rules": _policy(10, 10), "adjusted": False, "describe": ""}
+    checkout["limit"] = {"in_force": _policy(6, 6), "rules": _policy(8, 8), "adjusted": True, "describe": ""}
+    data["divergence"]["routes"]["search"]["candidate"] = {
+        **candidate,
+        "series": series,
+        "would_be_blocked": [{"key": "bob", "count": 212, "last_request_id": "r9"}],
+    }
+    data["events"].append(
+        {
+            "seq": 903,
+            "at": AT - 660,
+            "type": "candidate",
+            "route": "search",
+            "audit": {
+                "kind": "candidate", "route": "search", "actor": "dashboard@127.0.0.1", "at": AT - 660, "from": "",
+                "to": "candidate 8/1s burst 8 (token_bucket)", "reason": "tighter search limit, tried live",
+            },
+        }
+    )  # fmt: skip
+    return data
+
+
+def candidate_app() -> ShadowlimitDashboard:
+    from dashboard.models import Snapshot
+
+    return ShadowlimitDashboard(
+        "http://control-plane.test:8080", TOKEN, snapshot=Snapshot.parse(candidate_snapshot()), theme="textual-dark"
+    )
+
+
+def test_snapshot_candidate_row_160x50(snap_compare: Any, utc: None) -> None:
+    """The candidate row under search, its lines in the divergence panel, its audit entry, p
+    and d in the footer; checkout marked * (its limit in force is not the rules file's)."""
+    assert snap_compare(candidate_app(), terminal_size=SIZE)
+
+
+def test_snapshot_promote_candidate_dialog(snap_compare: Any, utc: None) -> None:
+    async def promote(pilot: Pilot[Any]) -> None:
+        await pilot.press("p")
+        await pilot.pause()
+        await _steady_cursor(pilot)
+
+    assert snap_compare(candidate_app(), run_before=promote, terminal_size=SIZE)
