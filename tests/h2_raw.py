@@ -18,6 +18,8 @@ from __future__ import annotations
 import gzip
 import socket
 import time
+from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -37,6 +39,7 @@ from hyperframe.frame import (
 )
 
 __all__ = [
+    "Answer",
     "DOMAIN", "PREFACE", "RLS_PATH", "ErrorCodes", "Event", "RawConn", "frame_name", "grpc_frame", "raw_frame",
     "rls_message", "settings_payload",
 ]  # fmt: skip
@@ -149,24 +152,72 @@ def _code_name(code: int) -> str:
 
 
 @dataclass
+class Answer:
+    """What came on one stream: the headers, the DATA, the trailers, a reset."""
+
+    blocks: list[list[tuple[str, str]]] = field(default_factory=list)  # each header block, in order
+    data: bytearray = field(default_factory=bytearray)
+    reset: int | None = None
+    ended: bool = False
+
+    @property
+    def headers(self) -> list[tuple[str, str]] | None:
+        return self.blocks[0] if self.blocks else None
+
+    @property
+    def trailers(self) -> list[tuple[str, str]] | None:
+        return self.blocks[-1] if len(self.blocks) > 1 else None
+
+    def header(self, name: str) -> str | None:
+        for k, v in (self.trailers or []) + (self.headers or []):
+            if k == name:
+                return v
+        return None
+
+    @property
+    def grpc_status(self) -> int | None:
+        value = self.header("grpc-status")
+        return None if value is None else int(value)
+
+    def messages(self) -> list[bytes]:
+        out, data = [], bytes(self.data)
+        while len(data) >= 5:
+            n = int.from_bytes(data[1:5], "big")
+            out.append(data[5 : 5 + n])
+            data = data[5 + n :]
+        return out
+
+
+@dataclass
 class RawConn:
     """One connection to ``127.0.0.1:port`` (see the module docstring)."""
 
     port: int
     timeout: float = 2.0
     window_update: bool = True
+    rcvbuf: int | None = None  # the socket's receive buffer (SO_RCVBUF), if not the system's
+    ack_pings: bool = False  # answer the server's PINGs (h2spec's client does not)
     closed: bool = False
     settings: dict[int, int] = field(default_factory=dict)  # the server's, once :meth:`handshake` read them
-    trace: list[str] = field(default_factory=list)  # what was received, for failure messages
+    trace: deque[Event] = field(default_factory=lambda: deque(maxlen=64))  # the last frames received
 
     def __post_init__(self) -> None:
-        self.sock = socket.create_connection(("127.0.0.1", self.port), timeout=self.timeout)
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        if self.rcvbuf is not None:
+            self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, self.rcvbuf)
+        self.sock.settimeout(self.timeout)
+        self.sock.connect(("127.0.0.1", self.port))
         self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.encoder = Encoder()
         self.decoder = Decoder()
         self.buf = bytearray()
         self.windows: dict[int, int] = {0: DEFAULT_WINDOW}
         self.block = bytearray()  # a header block being received (HEADERS without END_HEADERS)
+        self.answers: dict[int, Answer] = {}  # what came on each stream
+        self.goaway: int | None = None  # the code of the server's GOAWAY
+        self.data_streams: set[int] = set()  # the streams that received DATA
+        self.granted = DEFAULT_WINDOW  # what the server lets this client send on the connection
+        self.pings = 0  # the server's PINGs (not acknowledgements) received
 
     @property
     def authority(self) -> str:
@@ -249,25 +300,76 @@ class RawConn:
         deadline = time.monotonic() + self.timeout
         while not (local and remote):
             ev = self._read_frame(deadline)
-            assert ev.kind == "frame", f"handshake: {ev} after {self.trace}"
+            assert ev.kind == "frame", f"handshake: {ev} after {self.seen()}"
             if ev.is_(SETTINGS) and "ACK" in ev.frame.flags:
                 local = True
+            elif ev.is_(WINDOW_UPDATE) and not ev.frame.stream_id:
+                self.granted += ev.frame.window_increment
             elif ev.is_(SETTINGS):
                 remote = True
                 self.settings.update(ev.frame.settings)
                 self.send(raw_frame(SETTINGS, 0x1, 0))
 
     def wait_event(self, timeout: float | None = None) -> Event:
-        """The next thing the server did, within ``timeout`` (the connection's by default)."""
+        """The next thing the server did, within ``timeout`` (the connection's by default);
+        a timeout marks the connection closed, as h2spec's does."""
         if self.closed:
             return Event("closed")
-        ev = self._read_frame(time.monotonic() + (self.timeout if timeout is None else timeout))
+        ev = self._next(time.monotonic() + (self.timeout if timeout is None else timeout))
         if ev.kind != "frame":
             self.closed = True
-        elif ev.is_(DATA) and self.window_update:
-            self._give_back(ev.frame.stream_id, ev.frame.body_len)
-        self.trace.append(str(ev))
         return ev
+
+    def until(self, done: Callable[[], bool], timeout: float = 5.0) -> bool:
+        """Read until ``done()`` (True), or the connection closes or ``timeout`` passes (False)."""
+        deadline = time.monotonic() + timeout
+        while not done():
+            if self.closed or time.monotonic() >= deadline:
+                return False
+            ev = self._next(deadline)
+            if ev.kind in ("closed", "error"):
+                self.closed = True
+        return True
+
+    def answer(self, sid: int, timeout: float = 5.0) -> Answer:
+        """Stream ``sid``'s answer once it ended (or what came of it within ``timeout``)."""
+        self.until(lambda: self.answers.get(sid, Answer()).ended, timeout)
+        return self.answers.get(sid, Answer())
+
+    def _next(self, deadline: float) -> Event:
+        ev = self._read_frame(deadline)
+        if ev.kind == "frame":
+            self._note(ev)
+            if ev.is_(DATA) and self.window_update:
+                self._give_back(ev.frame.stream_id, ev.frame.body_len)
+        self.trace.append(ev)
+        return ev
+
+    def _note(self, ev: Event) -> None:
+        """Keep each stream's answer, and the GOAWAY."""
+        f = ev.frame
+        if ev.is_(GOAWAY):
+            self.goaway = ev.code
+            return
+        if ev.is_(WINDOW_UPDATE) and not f.stream_id:
+            self.granted += f.window_increment
+        if ev.is_(PING) and "ACK" not in f.flags:
+            self.pings += 1
+            if self.ack_pings:
+                self.ping(f.opaque_data, ack=True)
+        if not f.stream_id or f.type not in (DATA, HEADERS, RST_STREAM, CONTINUATION):
+            return
+        a = self.answers.setdefault(f.stream_id, Answer())
+        if ev.headers is not None:
+            a.blocks.append(ev.headers)
+        elif ev.is_(DATA):
+            a.data += f.data
+            self.data_streams.add(f.stream_id)
+        elif ev.is_(RST_STREAM):
+            a.reset = ev.code
+            a.ended = True
+        if ev.end_stream:
+            a.ended = True
 
     def _give_back(self, sid: int, n: int) -> None:
         for key in (sid, 0):  # as h2spec's Conn.updateWindowSize
@@ -324,6 +426,10 @@ class RawConn:
             return [(str(k), str(v)) for k, v in self.decoder.decode(block, raw=False)]
         except Exception as exc:  # noqa: BLE001 - hpack's errors: shown, never hidden
             return [("<undecodable>", repr(exc))]
+
+    def seen(self, last: int = 8) -> str:
+        """The last frames received, for a failure message."""
+        return "; ".join(str(ev) for ev in list(self.trace)[-last:]) or "nothing"
 
     def close(self) -> None:
         try:

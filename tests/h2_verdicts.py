@@ -34,8 +34,7 @@ class Failed(AssertionError):
 
     def __init__(self, conn: RawConn, expected: list[str], actual: Event | None) -> None:
         self.expected, self.actual = expected, actual
-        seen = "; ".join(conn.trace[-8:])
-        super().__init__(f"expected {' or '.join(expected)}; got {actual} (received: {seen or 'nothing'})")
+        super().__init__(f"expected {' or '.join(expected)}; got {actual} (received: {conn.seen()})")
 
 
 def _codes(codes: tuple[int, ...], frame: str) -> list[str]:

@@ -78,7 +78,7 @@ class Ctx:
                 total += ev.frame.body_len if ev.frame.type == 0 else 0
                 if ev.end_stream:
                     return total
-        raise AssertionError(f"no whole answer to measure (h2spec's ServerDataLength): {conn.trace}")
+        raise AssertionError(f"no whole answer to measure (h2spec's ServerDataLength): {conn.seen()}")
 
     def malformed(self, sid: int = 1) -> None:
         """The verdict of a malformed request (RFC 9113 8.1.1): h2spec's, a stream error
