@@ -60,6 +60,15 @@ rate_limit_candidate_divergence_total     counter  route, direction: agree, newl
 rate_limit_envoy_hits_total               counter  route, stat: total_hits, over_limit, near_limit,
                                                    within_limit, shadow_mode (envoyproxy/ratelimit's
                                                    per-descriptor stats; control_plane/envoy/stats.py)
+rate_limit_grpc_connections               gauge    - (gRPC connections open)
+rate_limit_grpc_protocol_errors_total     counter  kind: goaway_<code> (a connection error sent:
+                                                   protocol_error, flow_control_error, frame_size_error,
+                                                   compression_error, stream_closed, enhance_your_calm),
+                                                   reset_received, reset_sent, refused_stream,
+                                                   flow_control (answers held too long by the peer's
+                                                   window), idle_close, keepalive_timeout,
+                                                   connection_refused, bad_header
+                                                   (control_plane/envoy/transport.py)
 shadowlimit_build_info                    gauge    version (always 1)
 process_*, python_*                       -        prometheus-client's process, platform and GC collectors
 ========================================  =======  =================================
@@ -87,8 +96,16 @@ from ..model.candidate import CandidateDirection
 from ..model.rollout import Divergence, Mode
 
 __all__ = [
-    "DECISION_ENFORCERS", "ENVOY_STATS", "OTHER_ROUTES", "FastCounter", "FastGauge", "FastHistogram", "Metrics",
+    "DECISION_ENFORCERS", "ENVOY_STATS", "GRPC_PROTOCOL_KINDS", "OTHER_ROUTES", "FastCounter", "FastGauge",
+    "FastHistogram", "Metrics",
 ]  # fmt: skip
+
+#: the kinds of rate_limit_grpc_protocol_errors_total (see the table above)
+GRPC_PROTOCOL_KINDS = (
+    "goaway_protocol_error", "goaway_flow_control_error", "goaway_frame_size_error", "goaway_compression_error",
+    "goaway_stream_closed", "goaway_enhance_your_calm", "reset_received", "reset_sent", "refused_stream",
+    "flow_control", "idle_close", "keepalive_timeout", "connection_refused", "bad_header",
+)  # fmt: skip
 
 
 class _Value:
@@ -265,6 +282,7 @@ _FIXED_LABELS: dict[str, tuple[tuple[str, ...], ...]] = {
     "external_breaker_transitions": tuple((s.value,) for s in BreakerState),
     "record_events": (("recorded",), ("dropped",)),
     "envoy_requests": tuple((c,) for c in ("ok", "over_limit", "invalid", "overloaded", "error")),
+    "grpc_protocol_errors": tuple((k,) for k in GRPC_PROTOCOL_KINDS),
     "over_limit_cache": (("hit",), ("stored",)),
 }
 
@@ -295,6 +313,7 @@ class Metrics:
                 metric.labels(*labels)
         self.stream_snapshot_builds.labels()
         self.stream_refused.labels()
+        self.grpc_connections.labels()
         self.external_backend_url_rejected.labels()
         self.rules_valid.set(1)
         for s in ("closed", "open", "half_open"):
@@ -446,6 +465,15 @@ class Metrics:
             "rate_limit_envoy_requests_total",
             "Envoy ShouldRateLimit calls by overall answer (invalid: refused request, error: no answer).",
             ["code"],
+            registry=r,
+        )
+        self.grpc_connections = FastGauge("rate_limit_grpc_connections", "gRPC connections open.", [], registry=r)
+        self.grpc_protocol_errors = FastCounter(
+            "rate_limit_grpc_protocol_errors_total",
+            "gRPC transport events: connection errors sent (goaway_<code>), streams reset (received, sent),"
+            " refused, answers held too long by the peer's window (flow_control), idle and keepalive closes,"
+            " connections refused past SHADOWLIMIT_GRPC_MAX_CONNECTIONS, malformed requests (bad_header).",
+            ["kind"],
             registry=r,
         )
         self.envoy_hits = FastCounter(

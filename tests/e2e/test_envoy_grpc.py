@@ -173,16 +173,38 @@ def test_invalid_requests_are_refused_with_invalid_argument(served) -> None:
     assert rls.codes(descriptor(("remote_address", "1")), domain="other") == (OK, [OK])
 
 
-def test_health_and_reflection(served) -> None:
+def list_services(channel: grpc.Channel, metadata: tuple[tuple[str, str], ...] = ()) -> set[str]:
+    stub = reflection_pb2_grpc.ServerReflectionStub(channel)
+    requests = iter([reflection_pb2.ServerReflectionRequest(list_services="")])
+    reply = next(iter(stub.ServerReflectionInfo(requests, timeout=10, metadata=metadata)))
+    return {s.name for s in reply.list_services_response.service}
+
+
+def test_health_and_no_reflection_by_default(served) -> None:
     _, rls = served
     health = health_pb2_grpc.HealthStub(rls.channel)
     for service in ("", "envoy.service.ratelimit.v3.RateLimitService"):
         got = health.Check(health_pb2.HealthCheckRequest(service=service), timeout=10)
         assert got.status == health_pb2.HealthCheckResponse.SERVING
-    stub = reflection_pb2_grpc.ServerReflectionStub(rls.channel)
-    reply = next(iter(stub.ServerReflectionInfo(iter([reflection_pb2.ServerReflectionRequest(list_services="")]))))
-    names = {s.name for s in reply.list_services_response.service}
-    assert "envoy.service.ratelimit.v3.RateLimitService" in names and "grpc.health.v1.Health" in names
+    with pytest.raises(grpc.RpcError) as err:
+        list_services(rls.channel)
+    assert err.value.code() == grpc.StatusCode.UNIMPLEMENTED
+
+
+def test_reflection_when_switched_on_needs_the_client_token_as_every_method_but_health(redis_url, envoy_file) -> None:
+    cp = serve(redis_url, envoy_file, grpc_reflection=True, client_token="grpc-client-token-0123")
+    rls = Rls(cp.settings.grpc_port)
+    try:
+        health = health_pb2_grpc.HealthStub(rls.channel)  # health: no token needed
+        assert health.Check(health_pb2.HealthCheckRequest(service=""), timeout=10).status == 1
+        with pytest.raises(grpc.RpcError) as err:
+            list_services(rls.channel)
+        assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        names = list_services(rls.channel, (("authorization", "Bearer grpc-client-token-0123"),))
+        assert "envoy.service.ratelimit.v3.RateLimitService" in names and "grpc.health.v1.Health" in names
+    finally:
+        rls.close()
+        cp.stop()
 
 
 # --------------------------------------------------------------------------- #
