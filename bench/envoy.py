@@ -132,7 +132,7 @@ _P = {"pace_ms": PACE_MS, "baseline": None}
 ROWS = (
     Row("no_filter", "no rate limit call (a route without `rate_limits`)", "serve", "free", None, baseline=None),
     Row("bare", "bare grpcio server (OK at once)", "bare", mode=None, baseline=None),
-    Row("bare_h2", "bare shadowlimit transport (`control_plane/envoy/h2.py`, OK at once)", "bare_h2", mode=None),
+    Row("bare_h2", "bare shadowlimit transport (`control_plane/envoy/transport.py`, OK at once)", "bare_h2", mode=None),
     Row("enforce", "shadowlimit, enforce", "serve"),
     Row("shadow", "shadowlimit, shadow", "serve", mode="shadow"),
     Row("workers2", "shadowlimit `--workers 2`, enforce", "workers"),
