@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import resource
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -25,6 +24,7 @@ from grpc_reflection.v1alpha.reflection import SERVICE_NAME as REFLECTION_SERVIC
 from grpc_reflection.v1alpha.reflection import ReflectionServicer
 
 from ..auth import Access, Denied, check
+from ..settings.limits import connection_shares
 from .service import RLS_SERVICE, RateLimitService, methods
 from .transport import Call, GrpcConnection, Limits, Method, RpcError, StatusCode
 
@@ -34,8 +34,7 @@ if TYPE_CHECKING:
     from ..observe.metrics import Metrics
 
 __all__ = [
-    "MAX_CONCURRENT_RPCS", "MAX_MESSAGE_BYTES", "RLS_SERVICE", "GrpcServer", "Health", "connection_cap",
-    "start_grpc_server",
+    "MAX_CONCURRENT_RPCS", "MAX_MESSAGE_BYTES", "RLS_SERVICE", "GrpcServer", "Health", "start_grpc_server",
 ]  # fmt: skip
 
 log = logging.getLogger("shadowlimit.envoy")
@@ -221,21 +220,6 @@ def _listen_address(host: str, port: int) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
-def connection_cap(setting: int) -> int:
-    """The connections the gRPC server takes: ``setting``, at most half the process's
-    open-files limit (raised to its hard limit first), so HTTP, Redis and files keep the rest."""
-    try:
-        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-        if soft != hard:
-            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-            soft = hard
-    except (OSError, ValueError):  # not allowed: the soft limit as it is
-        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
-    if soft == resource.RLIM_INFINITY:
-        return setting
-    return max(1, min(setting, soft // 2))
-
-
 async def start_grpc_server(
     engine: Engine, host: str, port: int, auth: Authenticator | None = None, *, reuse_port: bool = False
 ) -> GrpcServer:
@@ -263,7 +247,12 @@ async def start_grpc_server(
         keepalive_timeout_s=min(20.0, max(1.0, keepalive / 3)),
     )
     grpc = GrpcServer(
-        health, 0, limits, engine.metrics, auth, max_connections=connection_cap(settings.grpc_max_connections)
+        health,
+        0,
+        limits,
+        engine.metrics,
+        auth,
+        max_connections=min(settings.grpc_max_connections, connection_shares()[1]),
     )
     loop = asyncio.get_running_loop()
     address = _listen_address(host, port)
