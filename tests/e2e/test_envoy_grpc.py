@@ -5,6 +5,7 @@ enforce, hot reload, a bad config kept out, Redis down, health and reflection.""
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -13,7 +14,7 @@ import grpc
 import httpx
 import pytest
 from cp_server import ControlPlaneServer, admin_headers, clean_env, free_port, metric_value, wait_until
-from envoy.service.ratelimit.v3 import rls_pb2
+from envoy.service.ratelimit.v3 import rls_pb2, rls_pb2_grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from rls_client import MINUTE, OK, OVER, Response, Rls, clear_of_minute_edge, descriptor, serve, set_mode
@@ -171,6 +172,9 @@ def test_invalid_requests_are_refused_with_invalid_argument(served) -> None:
     assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
     # an unknown domain has no limits (as envoyproxy/ratelimit)
     assert rls.codes(descriptor(("remote_address", "1")), domain="other") == (OK, [OK])
+
+
+RLS_PATH = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit"
 
 
 def list_services(channel: grpc.Channel, metadata: tuple[tuple[str, str], ...] = ()) -> set[str]:
@@ -463,6 +467,43 @@ def test_quota_mode_and_headers_on_an_ok_answer(redis_url, tmp_path) -> None:
     finally:
         rls.close()
         cp.stop()
+
+
+@pytest.mark.parametrize("compression", [grpc.Compression.Gzip, grpc.Compression.Deflate])
+def test_a_compressing_grpcio_client_is_answered(served, compression) -> None:
+    cp, _ = served
+    channel = grpc.insecure_channel(f"127.0.0.1:{cp.settings.grpc_port}", compression=compression)
+    try:
+        stub = rls_pb2_grpc.RateLimitServiceStub(channel)
+        req = rls_pb2.RateLimitRequest(domain="edge", descriptors=[descriptor(("budget", f"z{compression}"))])
+        call = stub.ShouldRateLimit.with_call(req, timeout=10)
+        assert call[0].overall_code == OK and call[1].code() == grpc.StatusCode.OK
+        # a big request compresses: an uncompressed server would refuse what it cannot read
+        many = [descriptor(("tenant", "acme-" + "x" * 200)) for _ in range(60)]
+        r = stub.ShouldRateLimit(rls_pb2.RateLimitRequest(domain="edge", descriptors=many), timeout=10)
+        assert len(r.statuses) == 60
+    finally:
+        channel.close()
+
+
+def test_an_unreadable_grpc_timeout_is_internal_as_grpcio_answers(served) -> None:
+    from h2_client import H2Client
+
+    cp, _ = served
+    req = rls_pb2.RateLimitRequest(domain="edge", descriptors=[descriptor(("budget", "t"))]).SerializeToString()
+
+    async def calls() -> list[int | None]:
+        c = await H2Client().connect(cp.settings.grpc_port)
+        out = []
+        for bad in ("garbage", "-1S", "1.5S", ""):
+            a = await c.call(RLS_PATH, req, extra=[("grpc-timeout", bad)])
+            out.append(a.status)
+        ok = await c.call(RLS_PATH, req, extra=[("grpc-timeout", "5S")])
+        out.append(ok.status)
+        await c.close()
+        return out
+
+    assert asyncio.run(calls()) == [13, 13, 13, 13, 0]
 
 
 def test_client_token_guards_the_grpc_port_too(redis_url, envoy_file) -> None:
