@@ -21,7 +21,13 @@ from h2.errors import ErrorCodes
 from hpack import Decoder, HPACKError, OversizedHeaderListError
 from hpack.table import HeaderTable
 
-__all__ = ["HeaderBlockError", "KeptDecoder", "StaticEncoder"]
+__all__ = ["CONTENT_LENGTH", "HeaderBlockError", "KeptDecoder", "StaticEncoder"]
+
+#: what ``content-length`` is renamed to for h2 (which would end the whole connection when a
+#: stream's DATA do not add up to it); the transport checks it per stream instead (RFC 9113
+#: 8.1.1: a stream error). A NUL is never valid in a name, so no client can send this one: a
+#: name of a client's beginning with NUL is given a second one (still refused as malformed).
+CONTENT_LENGTH = b"\x00content-length"
 
 KEPT_BLOCKS = 64  # decoded header blocks kept per connection
 KEPT_BLOCK_BYTES = 1024  # the largest block kept
@@ -72,7 +78,7 @@ class KeptDecoder:
         entries = table.dynamic_entries
         before = (len(entries), entries[0] if entries else None, table.maxsize)
         try:
-            headers: list[Any] = list(self.hpack.decode(data, raw=True))
+            headers: list[Any] = _renamed(self.hpack.decode(data, raw=True))
         except OversizedHeaderListError as exc:
             raise HeaderBlockError(ErrorCodes.ENHANCE_YOUR_CALM, f"a header list over the bound: {exc}") from None
         except (HPACKError, IndexError, TypeError, ValueError) as exc:
@@ -89,6 +95,17 @@ class KeptDecoder:
                 self.blocks.clear()
             self.blocks[data] = (self.table_version, headers)
         return headers
+
+
+def _renamed(headers: Any) -> list[Any]:
+    """The fields with ``content-length`` renamed :data:`CONTENT_LENGTH` (see there)."""
+    out = list(headers)
+    for i, (name, value) in enumerate(out):
+        if name == b"content-length":
+            out[i] = (CONTENT_LENGTH, value)
+        elif name[:1] == b"\x00":
+            out[i] = (b"\x00" + name, value)
+    return out
 
 
 _STATIC_FIELDS = {(n, v): i + 1 for i, (n, v) in reversed(list(enumerate(HeaderTable.STATIC_TABLE)))}

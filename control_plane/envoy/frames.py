@@ -12,7 +12,12 @@ out.
   ``max_consecutive_inbound_frames_with_empty_payload``) is ENHANCE_YOUR_CALM;
 * SETTINGS, PING (not acknowledgements), PRIORITY and unknown frames draw from a bucket of
   :data:`CONTROL_BURST` frames refilled at :data:`CONTROL_RATE` a second; a client that
-  empties it is ENHANCE_YOUR_CALM.
+  empties it is ENHANCE_YOUR_CALM;
+* a HEADERS frame on a stream the client opened before, without END_STREAM, is trailers that
+  do not end the stream: malformed (RFC 9113 8.1), a stream error, where h2 would end the
+  connection. Its END_STREAM flag is set (:attr:`FrameWalk.patches`, offsets in the bytes
+  walked) so that h2 reads its header block (HPACK's table stays in step), and the stream is
+  named in :attr:`FrameWalk.bad_trailers` for the transport to reset.
 """
 
 from __future__ import annotations
@@ -44,7 +49,9 @@ class Refusal:
 class FrameWalk:
     """The frames of one connection, walked as its bytes arrive (see the module docstring)."""
 
-    __slots__ = ("preface_left", "skip", "head", "opened", "block", "empty_run", "tokens", "refilled")
+    __slots__ = (
+        "preface_left", "skip", "head", "opened", "block", "empty_run", "tokens", "refilled", "patches", "bad_trailers",
+    )  # fmt: skip
 
     def __init__(self, now: float) -> None:
         self.preface_left = PREFACE_BYTES
@@ -55,6 +62,8 @@ class FrameWalk:
         self.empty_run = 0
         self.tokens = float(CONTROL_BURST)
         self.refilled = now
+        self.patches: list[int] = []  # flags bytes to give END_STREAM, in the bytes last walked
+        self.bad_trailers: set[int] = set()  # streams whose trailers did not end them
 
     def walk(self, data: bytes, now: float) -> tuple[int, Refusal | None]:
         """How many bytes of ``data`` may be read by h2, and the refusal of the frame that
@@ -68,10 +77,12 @@ class FrameWalk:
             take = min(self.skip, n - pos)
             self.skip -= take
             pos += take
+        self.patches.clear()
         while pos < n:
             start = pos
-            if self.head:
-                need = 9 - len(self.head)
+            carried = len(self.head)
+            if carried:
+                need = 9 - carried
                 header = self.head + data[pos : pos + need]
                 pos += min(need, n - pos)
                 start = 0  # the frame began in an earlier read, which h2 has already seen
@@ -83,13 +94,26 @@ class FrameWalk:
                 return n, None
             self.head = b""
             length = int.from_bytes(header[:3], "big")
-            refusal = self._check(header[3], header[4], int.from_bytes(header[5:9], "big") & 0x7FFFFFFF, length, now)
+            sid = int.from_bytes(header[5:9], "big") & 0x7FFFFFFF
+            if header[3] == HEADERS and not header[4] & END_STREAM and sid & 1 and sid <= self.opened:
+                self._trailers(sid, start + 4 - carried if carried <= 4 else -1)
+            refusal = self._check(header[3], header[4], sid, length, now)
             if refusal is not None:
                 return start, refusal
             take = min(length, n - pos)
             pos += take
             self.skip = length - take
         return n, None
+
+    def _trailers(self, sid: int, flags_at: int) -> None:
+        """Trailers without END_STREAM on ``sid`` (see the module docstring); a flags byte
+        read by h2 already (a header split between reads) cannot be changed: h2 refuses."""
+        if flags_at < 0:
+            return
+        self.patches.append(flags_at)
+        if len(self.bad_trailers) >= 1024:  # streams h2 closed before the transport looked
+            self.bad_trailers.clear()
+        self.bad_trailers.add(sid)
 
     def _check(self, ftype: int, flags: int, sid: int, length: int, now: float) -> Refusal | None:
         if ftype == DATA or ftype == HEADERS or ftype == CONTINUATION:

@@ -44,6 +44,7 @@ class Stream:
 
     __slots__ = (
         "sid", "method", "call", "reader", "task", "ended", "done", "started", "pending", "trailers", "held", "wake",
+        "expected",
     )  # fmt: skip
 
     def __init__(self, sid: int, reader: MessageReader) -> None:
@@ -59,6 +60,7 @@ class Stream:
         self.trailers: tuple[tuple[bytes, bytes], ...] | None = None  # to send once ``pending`` has left
         self.held = 0  # request bytes received and not yet given back to the windows
         self.wake: asyncio.Event | None = None  # a streaming method waiting (more input, or room)
+        self.expected: int | None = None  # request bytes still due by its content-length (None: none sent)
 
 
 class Output:

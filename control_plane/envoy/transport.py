@@ -46,7 +46,7 @@ from h2.settings import SettingCodes, Settings
 from hyperframe.frame import GoAwayFrame
 
 from .codec import HeaderBlockError
-from .frames import FrameWalk, Refusal
+from .frames import END_STREAM, FrameWalk, Refusal
 from .streams import Output, Stream
 from .wire import (
     Call,
@@ -164,6 +164,11 @@ class GrpcConnection(Output, asyncio.Protocol):
         now = self.loop.time()
         self.last_frame = now
         upto, refusal = self.walk.walk(data, now)
+        if self.walk.patches:  # trailers that do not end their stream: h2 reads them as if they did
+            patched = bytearray(data)
+            for at in self.walk.patches:
+                patched[at] |= END_STREAM
+            data = bytes(patched)
         try:
             events = self.h2.receive_data(data if upto == len(data) else data[:upto])
         except h2.exceptions.ProtocolError as exc:
@@ -209,9 +214,7 @@ class GrpcConnection(Output, asyncio.Protocol):
                 self.heads.clear()
             self.heads[key] = head
         if head.problem is not None:
-            log.info("gRPC stream %d refused: a malformed request (%s)", sid, head.problem)
-            self.owner.count("bad_header")
-            self.reset(sid, ErrorCodes.PROTOCOL_ERROR)
+            self._malformed(sid, None, head.problem)
             return
         if (
             self.stopping
@@ -222,6 +225,7 @@ class GrpcConnection(Output, asyncio.Protocol):
             self.reset(sid, ErrorCodes.REFUSED_STREAM)
             return
         stream = Stream(sid, MessageReader(self.limits.max_message_bytes, head.encoding))
+        stream.expected = head.content_length
         self.streams[sid] = stream
         self.started_calls += 1
         if self.started_calls >= RESET_WINDOW:
@@ -257,8 +261,14 @@ class GrpcConnection(Output, asyncio.Protocol):
             self.give_back(event.stream_id, size)
             return
         stream.held += size
+        data = event.data or b""
+        if stream.expected is not None:
+            stream.expected -= len(data)
+            if stream.expected < 0:
+                self._malformed(event.stream_id, stream, "DATA past the request's content-length")
+                return
         try:
-            stream.reader.feed(event.data or b"")
+            stream.reader.feed(data)
         except RpcError as exc:  # a length over the bound: refused before the rest arrives
             self.finish(stream, None, exc.code, exc.message)
             return
@@ -270,6 +280,9 @@ class GrpcConnection(Output, asyncio.Protocol):
         if stream is None:
             return
         stream.ended = True
+        if stream.expected:
+            self._malformed(event.stream_id, stream, "DATA short of the request's content-length")
+            return
         if stream.method is None:  # answered already
             return
         if stream.method.kind == "each":
@@ -279,14 +292,21 @@ class GrpcConnection(Output, asyncio.Protocol):
             self.ready.append(stream)
 
     def _on_trailers(self, event: h2.events.TrailersReceived) -> None:
+        sid = event.stream_id
         problem = trailers_problem(event.headers or [])
+        if sid in self.walk.bad_trailers:
+            self.walk.bad_trailers.discard(sid)
+            problem = "trailers without END_STREAM"
         if problem is not None:
-            log.info("gRPC stream %d reset: malformed trailers (%s)", event.stream_id, problem)
-            self.owner.count("bad_header")
-            stream = self.streams.get(event.stream_id)
-            if stream is not None:
-                self.drop(stream)
-            self.reset(event.stream_id, ErrorCodes.PROTOCOL_ERROR)
+            self._malformed(sid, self.streams.get(sid), f"malformed trailers ({problem})")
+
+    def _malformed(self, sid: int, stream: Stream | None, problem: str) -> None:
+        """A malformed request (RFC 9113 8.1.1): a stream error, one log line."""
+        log.info("gRPC stream %d reset: a malformed request: %s", sid, problem)
+        self.owner.count("bad_header")
+        if stream is not None:
+            self.drop(stream)
+        self.reset(sid, ErrorCodes.PROTOCOL_ERROR)
 
     def _on_reset(self, event: h2.events.StreamReset) -> None:
         self.owner.count("reset_received" if event.remote_reset else "reset_sent")

@@ -18,6 +18,8 @@ from urllib.parse import quote
 from h2.exceptions import ProtocolError
 from h2.utilities import HeaderValidationFlags, validate_headers
 
+from .codec import CONTENT_LENGTH
+
 __all__ = [
     "ACCEPT_ENCODING", "RESPONSE_HEADERS", "Call", "Head", "Limits", "MessageReader", "Method", "RpcError",
     "StatusCode", "frame_message", "parse_timeout", "read_head", "status_trailers",
@@ -113,6 +115,7 @@ TIMEOUT_UNITS = {"H": 3600.0, "M": 60.0, "S": 1.0, "m": 1e-3, "u": 1e-6, "n": 1e
 _REQUEST = HeaderValidationFlags(is_client=False, is_trailer=False, is_response_header=False, is_push_promise=False)
 _TRAILER = HeaderValidationFlags(is_client=False, is_trailer=True, is_response_header=False, is_push_promise=False)
 _ENCODINGS = frozenset({"identity", "gzip", "deflate"})
+_READ = frozenset({"content-type", "grpc-timeout", "grpc-encoding"})  # the head's fields, not metadata
 
 
 def parse_timeout(value: str) -> float:
@@ -138,53 +141,60 @@ class Head:
     problem: str | None = None
     status: int | None = None
     error: tuple[int, str] | None = None
+    content_length: int | None = None  # what the DATA must add up to (RFC 9113 8.1.1)
 
 
 def read_head(headers: list[Any]) -> Head:
     """The head of a request from its decoded header list (name, value bytes): h2's own
     checks of RFC 9113 section 8 (pseudo-headers, connection-specific fields, names and
     values), then gRPC's (POST, content-type, ``grpc-timeout``, ``grpc-encoding``)."""
-    try:
-        for _ in validate_headers(headers, _REQUEST):
-            pass
-    except ProtocolError as exc:
-        return Head(problem=str(exc))
-    path = method = content_type = ""
-    timeout_s: float | None = None
-    encoding = "identity"
-    error: tuple[int, str] | None = None
+    lengths = [v for n, v in headers if n == CONTENT_LENGTH]
+    content_length = None
+    if lengths:
+        if len(lengths) > 1 or not lengths[0].isdigit() or len(lengths[0]) > 18:
+            return Head(problem=f"content-length {b', '.join(lengths)!r}: one number")
+        content_length = int(lengths[0])
+        headers = [h for h in headers if h[0] != CONTENT_LENGTH]
+    problem = _problem(headers, _REQUEST)
+    if problem is not None:
+        return Head(problem=problem)
+    fields: dict[str, str] = {}
     metadata: list[tuple[str, str]] = []
     for raw_name, raw_value in headers:
         name, value = raw_name.decode("latin-1"), raw_value.decode("latin-1")
-        if name[:1] == ":":
-            if name == ":path":
-                path = value
-            elif name == ":method":
-                method = value
-        elif name == "content-type":
-            content_type = value
-        elif name == "grpc-timeout":
-            try:
-                timeout_s = parse_timeout(value)
-            except ValueError as exc:  # as grpcio answers it
-                error = (StatusCode.INTERNAL, str(exc))
-        elif name == "grpc-encoding":
-            encoding = value
+        if name[:1] == ":" or name in _READ:
+            fields[name] = value
         else:
             metadata.append((name, value))
-    if method != "POST":
+    path = fields.get(":path", "")
+    if fields.get(":method") != "POST":
         return Head(path=path, status=405)
-    if not content_type.startswith("application/grpc"):
+    if not fields.get("content-type", "").startswith("application/grpc"):
         return Head(path=path, status=415)
+    timeout_s, error = None, None
+    encoding = fields.get("grpc-encoding", "identity")
+    if "grpc-timeout" in fields:
+        try:
+            timeout_s = parse_timeout(fields["grpc-timeout"])
+        except ValueError as exc:  # as grpcio answers it
+            error = (StatusCode.INTERNAL, str(exc))
     if error is None and encoding not in _ENCODINGS:
         error = (StatusCode.UNIMPLEMENTED, f"grpc-encoding {encoding!r}: not one of identity, deflate, gzip")
-    return Head(path=path, metadata=tuple(metadata), timeout_s=timeout_s, encoding=encoding, error=error)
+    return Head(
+        path=path, metadata=tuple(metadata), timeout_s=timeout_s, encoding=encoding, error=error,
+        content_length=content_length,
+    )  # fmt: skip
 
 
 def trailers_problem(headers: list[Any]) -> str | None:
     """Why request trailers are malformed (RFC 9113 8.1: no pseudo-header), else None."""
+    return _problem([h for h in headers if h[0] != CONTENT_LENGTH], _TRAILER)
+
+
+def _problem(headers: list[Any], flags: HeaderValidationFlags) -> str | None:
+    """What h2's checks of RFC 9113 section 8 find wrong with ``headers`` (None: nothing)."""
     try:
-        for _ in validate_headers(headers, _TRAILER):
+        for _ in validate_headers(headers, flags):
             pass
     except ProtocolError as exc:
         return str(exc)

@@ -210,3 +210,28 @@ def test_compression_errors_and_zip_bombs() -> None:
 def test_status_trailers_percent_encode_the_message() -> None:
     assert status_trailers(0, "") == ((b"grpc-status", b"0"),)
     assert status_trailers(3, "bad 100% ü\n") == ((b"grpc-status", b"3"), (b"grpc-message", b"bad 100%25 %C3%BC%0A"))
+
+
+def test_trailers_that_do_not_end_their_stream_are_marked_for_a_stream_error() -> None:
+    walk = FrameWalk(0.0)
+    opened = PREFACE + frame(HEADERS, 0x4, 1, b"\x82")
+    trailers = frame(HEADERS, 0x4, 1, b"\x40\x01a\x01b")  # on stream 1 again, no END_STREAM
+    assert walk.walk(opened + trailers, 0.0) == (len(opened) + len(trailers), None)
+    assert walk.patches == [len(opened) + 4] and walk.bad_trailers == {1}
+    walk.walk(frame(HEADERS, 0x5, 1, b"\x82"), 0.0)  # with END_STREAM: fine
+    assert walk.patches == []
+    walk.walk(frame(HEADERS, 0x4, 3, b"\x82"), 0.0)  # a new stream: fine
+    assert walk.patches == [] and walk.bad_trailers == {1}
+
+
+def test_content_length_is_the_transports_to_check_and_cannot_be_forged() -> None:
+    from control_plane.envoy.codec import CONTENT_LENGTH
+
+    block = Encoder().encode([(":method", "POST"), ("content-length", "12"), ("\x00content-length", "1")])
+    headers = KeptDecoder(16 * 1024).decode(block)
+    assert (CONTENT_LENGTH, b"12") in headers and (b"\x00" + CONTENT_LENGTH, b"1") in headers
+    head = read_head(GRPC + [(CONTENT_LENGTH, b"12")])
+    assert head.problem is None and head.content_length == 12
+    assert read_head(GRPC + [(CONTENT_LENGTH, b"12"), (CONTENT_LENGTH, b"13")]).problem is not None
+    assert read_head(GRPC + [(CONTENT_LENGTH, b"x")]).problem is not None
+    assert read_head(GRPC + [(b"\x00" + CONTENT_LENGTH, b"1")]).problem is not None  # a client's NUL name
