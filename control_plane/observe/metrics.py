@@ -1,4 +1,4 @@
-"""Prometheus metrics: seed 004's and seed 002's names, plus shadowlimit's own.
+"""Prometheus metrics: the rollout's and the admin API's names, plus shadowlimit's own (docs/metrics.md).
 
 Each app gets its own :class:`~prometheus_client.CollectorRegistry`, so several
 control planes (and tests) can live in one process. Labelled counters exist at 0 for every
@@ -14,9 +14,9 @@ rate_limit_rejections_total               counter  reason: local_exhausted,
 rate_limit_tokens_remaining               gauge    scope (global/route), route
 rate_limit_backend_errors_total           counter  -
 rate_limit_shadow_divergence_total        counter  route, direction
-rate_limit_requests_total                 counter  limiter_type, status (seed 002)
-rate_limit_exceeded_total                 counter  limiter_type (seed 002)
-rate_limit_active_clients                 gauge    limiter_type (seed 002)
+rate_limit_requests_total                 counter  limiter_type, status
+rate_limit_exceeded_total                 counter  limiter_type
+rate_limit_active_clients                 gauge    limiter_type
 rate_limit_decision_duration_seconds      hist.    mode
 rate_limit_decisions_total                counter  route, mode, enforced_by, allowed
 rate_limit_shadow_dropped_total           counter  route
@@ -196,13 +196,11 @@ class Metrics:
             registry=r,
         )
         self.requests = FastCounter(
-            "rate_limit_requests_total", "Rate-limit checks (seed 002).", ["limiter_type", "status"], registry=r
+            "rate_limit_requests_total", "Rate-limit checks.", ["limiter_type", "status"], registry=r
         )
-        self.exceeded = FastCounter(
-            "rate_limit_exceeded_total", "Rate-limit violations (seed 002).", ["limiter_type"], registry=r
-        )
+        self.exceeded = FastCounter("rate_limit_exceeded_total", "Rate-limit violations.", ["limiter_type"], registry=r)
         self.active_clients = Gauge(
-            "rate_limit_active_clients", "Keys tracked by the limiter (seed 002).", ["limiter_type"], registry=r
+            "rate_limit_active_clients", "Keys tracked by the limiter.", ["limiter_type"], registry=r
         )
         self.latency = FastHistogram(
             "rate_limit_decision_duration_seconds",
