@@ -8,7 +8,7 @@ server runs in uvicorn's loop), a generic handler taking the request's bytes (as
 ``control_plane.envoy.service.method_handlers``), one process.
 
 With ``--h2``, the same answer from shadowlimit's own transport
-(:mod:`control_plane.envoy.h2`, what ``serve --grpc-port`` runs) instead of grpcio's server:
+(:mod:`control_plane.envoy.transport`, what ``serve --grpc-port`` runs) instead of grpcio's server:
 the transport's own ceiling, with no decision made.
 
 Run: ``python -m bench.bare_rls PORT [--h2]`` (loopback only; ``-m``, not the file's path: the
@@ -67,25 +67,16 @@ async def serve(port: int) -> None:
 
 
 async def serve_h2(port: int) -> None:
-    from control_plane.envoy.h2 import Call, H2Connection, Limits, Method
+    from control_plane.envoy.server import GrpcServer, Health
+    from control_plane.envoy.transport import Call, GrpcConnection, Method
 
     async def should_rate_limit(data: bytes, call: Call) -> bytes:
         return OK_RESPONSE
 
     table = {"/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit": Method("unary", should_rate_limit)}
-
-    class Owner:
-        connections: set[Any] = set()
-
-        def slow(self) -> None: ...
-
-        def refused(self) -> None: ...
-
-        def closed(self, conn: Any) -> None: ...
-
-    owner = Owner()
+    owner = GrpcServer(Health(), 0)  # no metrics, no token, the default bounds
     loop = asyncio.get_running_loop()
-    server = await loop.create_server(lambda: H2Connection(table, Limits(), owner), "127.0.0.1", port)
+    server = await loop.create_server(lambda: GrpcConnection(table, owner.limits, owner), "127.0.0.1", port)
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)

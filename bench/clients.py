@@ -1,4 +1,4 @@
-"""Issue 12, "keep the own client only if it earns its place": the project's RESP client
+"""The own client is kept only if it earns its place: the project's RESP client
 against redis-py, running the same Lua script with the same KEYS/ARGV.
 
 Rows, in pairs measured side by side (repetition i of A, then of B; the order flips every
@@ -55,7 +55,7 @@ from .harness import Settings, log
 __all__ = ["RedisPyLimiter", "compare_decisions", "comparison_inputs", "render", "run_clients"]
 
 NAMESPACE = "ab"  # both clients on the same keys: rl:ab:client-N
-CRITERION = 1.5  # issue 12: the own client must be >= 1.5x redis-py at 100 tasks
+CRITERION = 1.5  # the own client must be >= 1.5x redis-py at 100 tasks
 REPS = 9  # interleaved repetitions per row (quick runs: settings.dist_reps)
 OWN, PY = "own client", "redis-py"
 
@@ -343,7 +343,7 @@ def verdict(data: dict[str, Any]) -> dict[str, Any] | None:
         return None
     valid = data["correctness"]["mismatches"] == 0
     return {
-        "target": f"clients: own client >= {data['criterion']:g}x redis-py at {data['concurrency']} tasks (issue 12)",
+        "target": f"clients: own client >= {data['criterion']:g}x redis-py at {data['concurrency']} tasks",
         "measured": f"{r['ratio']:.2f}x ({r['own']:,}/s vs {r['redis_py']:,}/s)"
         + ("" if valid else f"; INVALID: {data['correctness']['mismatches']} decisions differ"),
         "met": valid and r["ratio"] >= data["criterion"],
@@ -373,7 +373,7 @@ def render(data: dict[str, Any]) -> list[str]:
     """The ``clients`` section of ``docs/benchmarks.md``."""
     cmp, c = data["correctness"], data["concurrency"]
     out = [
-        "## 5. Own RESP client vs redis-py (issue 12)",
+        "## 5. Own RESP client vs redis-py",
         "",
         "The same token-bucket script, KEYS and ARGV, the same policy (1e6/s written per minute, burst 1e9) and "
         "the same 10,000 keys (shared by every row, created during the warm-up), against the same redis-server, "
@@ -402,7 +402,7 @@ def render(data: dict[str, Any]) -> list[str]:
     v = verdict(data)
     if v is not None:
         out += [
-            f"**Verdict (issue 12): own client >= {data['criterion']:g}x redis-py at {c} tasks: "
+            f"**Verdict: own client >= {data['criterion']:g}x redis-py at {c} tasks: "
             f"{'met' if v['met'] else 'not met'}** ({v['measured']}).",
             "",
         ]

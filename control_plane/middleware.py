@@ -8,7 +8,7 @@ same rollout state in Redis as the control plane.
 
 Every HTTP request is decided by the engine under its route's mode (matched by method
 and path in the rules file, key by the route's key strategy). A rejected request gets a
-429 (or the failure code, or 403 for a deny-listed client) with seed 002's JSON body and
+429 (or the failure code, or 403 for a deny-listed client) with the rejection's JSON body and
 the rate-limit headers; an allowed one reaches the app and its response carries the
 headers. Bad keys (for example a missing key header) are answered with 400 naming the
 header, never passed through silently. The engine starts and stops with the app's

@@ -1,6 +1,7 @@
 """A small external limits service for shadowlimit routes with an ``external`` block.
 
-It speaks seed 000's schema: shadowlimit POSTs ``{"key", "headers", "method", "path"}``
+It speaks the external limits schema (docs/configuration.md#external-limits-external):
+shadowlimit POSTs ``{"key", "headers", "method", "path"}``
 and gets the tenant's limits back. The tenant is the ``X-Tenant-Id`` header when the
 route forwards it (any spelling), else the key. A few tenants show the optional fields:
 

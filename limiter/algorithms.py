@@ -78,7 +78,7 @@ def _unlimited(state: State, policy: Policy) -> tuple[Decision, State]:
 def token_bucket(
     state: tuple[int, float] | None, now: int, policy: Policy, cost: int = 1
 ) -> tuple[Decision, tuple[int, float] | None]:
-    """Seed 000's token bucket with a cost, and stored time that never moves back."""
+    """The token bucket with a cost, and stored time that never moves back."""
     if policy.unlimited:
         return _unlimited(state, policy)
     burst = policy.burst_f
@@ -165,7 +165,7 @@ def blocked_decision(now: int, policy: Policy) -> Decision:
 def sliding_window(
     state: tuple[int, int, int] | None, now: int, policy: Policy, cost: int = 1
 ) -> tuple[Decision, tuple[int, int, int] | None]:
-    """Seed 003's two-counter sliding window: previous window weighted by its overlap."""
+    """The two-counter sliding window: previous window weighted by its overlap."""
     if policy.unlimited:
         return _unlimited(state, policy)
     w = policy.period_us
@@ -219,7 +219,7 @@ def sliding_window(
 def sliding_log(
     state: tuple[int, ...] | None, now: int, policy: Policy, cost: int = 1
 ) -> tuple[Decision, tuple[int, ...] | None]:
-    """Seed 001's sliding log: one entry per token in a sorted set, exact over any window."""
+    """The sliding log: one entry per token in a sorted set, exact over any window."""
     if policy.unlimited:
         return _unlimited(state, policy)
     w = policy.period_us

@@ -4,7 +4,7 @@ This is the per-replica limiter fleets start with, and the in-memory fallback wh
 Redis is down. It runs exactly the functions the Lua scripts mirror, so for the
 same inputs it gives the same decisions as :class:`~limiter.redis_limiter.RedisLimiter`.
 
-Memory is bounded by ``max_keys`` (seed 000: 65,536): at the cap about 10% of the
+Memory is bounded by ``max_keys`` (65,536 by default): at the cap about 10% of the
 least recently used keys are evicted at once. Keys idle longer than their TTL are
 dropped by :meth:`LocalLimiter.sweep` (also run incrementally, a few keys each time
 a new key arrives), which cannot change a decision: a key is only dropped once its state is

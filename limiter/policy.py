@@ -127,7 +127,7 @@ class Policy:
     ``average`` tokens are added per ``period`` seconds and the bucket holds at most
     ``burst`` tokens (token bucket, GCRA). The windowed algorithms allow
     ``floor(average)`` requests per window of ``period`` seconds and ignore burst
-    except for the key TTL. ``average <= 0`` means unlimited (seed 000); a policy that
+    except for the key TTL. ``average <= 0`` means unlimited; a policy that
     denies everything is :meth:`blocking` (``blocked``, ``limit == 0``).
     ``algorithm`` is an :class:`Algorithm` or its name (``"gcra"``).
 
@@ -199,7 +199,8 @@ class Policy:
         s(self, "limit", math.floor(avg) if alg.windowed else b)
         s(self, "rate_per_us", avg / period_us)
         s(self, "emission_us", emission_us)
-        # seed 000: TTL = max(ceil(burst / average_per_second), period_seconds) + period_seconds
+        # the key's TTL (docs/algorithms.md#key-expiry):
+        # max(ceil(burst / average_per_second), period_seconds) + period_seconds
         per_s = avg / per
         period_s = math.ceil(per)
         s(self, "ttl_s", max(math.ceil(b / per_s), period_s) + period_s)

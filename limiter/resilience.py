@@ -1,6 +1,6 @@
 """What happens when Redis fails: circuit breaker, failure policies, recovery, fleet share.
 
-Seeds 000 and 004. :class:`CircuitBreaker` (in :mod:`limiter.breaker`, re-exported here)
+:class:`CircuitBreaker` (in :mod:`limiter.breaker`, re-exported here)
 is a pure state machine (clock and randomness injected). :class:`ResilientLimiter` puts
 it in front of a :class:`~limiter.redis_limiter.RedisLimiter` and answers every request
 even while Redis is down, as the failure policy says:
@@ -11,10 +11,10 @@ even while Redis is down, as the failure policy says:
   the number of live instances last seen in Redis (never below 1 token of burst), so
   an outage does not multiply the limit by the replica count.
 
-Recovery (seed 000): once the breaker opens, a background probe PINGs Redis after
+Recovery: once the breaker opens, a background probe PINGs Redis after
 1 s, 2 s, 4 s ... up to 30 s, each with 0..delay of random jitter; a successful probe
 moves the breaker to half-open, and the next real request that succeeds closes it.
-Unlike seed 000, ``failClosed`` recovers too: waiting for an operator turns a Redis
+``failClosed`` recovers too: waiting for an operator turns a Redis
 blip into a full outage.
 
 A cost of 0 is a peek (what a request of cost 1 would get, nothing spent) everywhere:
@@ -58,7 +58,7 @@ log = logging.getLogger("shadowlimit.resilience")
 
 
 class FailurePolicy(str, Enum):
-    """Seed 000's Redis-down behaviours."""
+    """What a decision does while Redis is down."""
 
     PASS_THROUGH = "passThrough"
     FAIL_CLOSED = "failClosed"

@@ -1,4 +1,4 @@
--- fixed_window.lua: seed 003's fixed window counter; mirrors limiter.algorithms.fixed_window.
+-- fixed_window.lua: the fixed window counter; mirrors limiter.algorithms.fixed_window.
 -- One hash per key instead of one key per window, so a key stays on one cluster slot.
 -- KEYS[1]  hash: w = window start (integer microseconds), n = requests counted in it
 -- ARGV[1]  window: length in microseconds (integer)

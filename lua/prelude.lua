@@ -2,7 +2,7 @@
 -- Units: time in integer microseconds since the epoch; TTLs in seconds.
 
 -- The request time: the caller's microseconds, or 'r' to read the Redis clock (TIME),
--- seed 000's strict option for fleets whose clocks cannot be trusted.
+-- the strict option for fleets whose clocks cannot be trusted (RATE_LIMIT_TIME_SOURCE=redis).
 local function sl_now(arg)
   if arg == 'r' then
     local t = redis.call('TIME')
@@ -18,7 +18,7 @@ local function sl_num(x)
   return string.format('%.17g', x)
 end
 
--- Seed 000's conditional EXPIRE: skip it while the remaining TTL is above half the
+-- The conditional EXPIRE (docs/algorithms.md#key-expiry): skip it while the remaining TTL is above half the
 -- target. Extended so that a key never expires before its state is equivalent to a
 -- fresh key (keep_us: the time until then), or an expiry would hand out a full
 -- bucket early.

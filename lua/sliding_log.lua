@@ -1,4 +1,4 @@
--- sliding_log.lua: seed 001's sliding window log on a sorted set; mirrors
+-- sliding_log.lua: the sliding window log on a sorted set; mirrors
 -- limiter.algorithms.sliding_log.
 -- KEYS[1]  sorted set: score = request time (integer us), member = '<time>:<n>' (unique)
 -- ARGV[1]  window: length in microseconds (integer)

@@ -1,4 +1,4 @@
--- sliding_window.lua: seed 003's two-counter sliding window; mirrors
+-- sliding_window.lua: the two-counter sliding window (docs/algorithms.md); mirrors
 -- limiter.algorithms.sliding_window. Both counters live in one hash (one cluster slot).
 -- KEYS[1]  hash: w = current window start (integer us), c = current count, p = previous count
 -- ARGV[1]  window: length in microseconds (integer)

@@ -1,4 +1,4 @@
--- token_bucket.lua: seed 000's token bucket with a cost; mirrors limiter.algorithms.token_bucket.
+-- token_bucket.lua: the token bucket with a cost; mirrors limiter.algorithms.token_bucket.
 -- KEYS[1]  hash: t = last refill time (integer microseconds), k = tokens (float, 17 digits)
 -- ARGV[1]  rate: tokens per microsecond (float; <= 0 means unlimited)
 -- ARGV[2]  burst: bucket capacity in tokens (integer)

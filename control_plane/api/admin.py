@@ -1,4 +1,4 @@
-"""Seed 002's admin API: ``/ratelimit/stats``, ``/ratelimit/clients``, ``/ratelimit/reset/{id}``,
+"""The admin API (docs/api.md#the-admin-api): ``/ratelimit/stats``, ``/ratelimit/clients``, ``/ratelimit/reset/{id}``,
 ``/ratelimit/config``."""
 
 from __future__ import annotations

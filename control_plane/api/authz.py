@@ -5,7 +5,7 @@ answered with a status the proxy understands:
 
 * allowed: 200 with the rate-limit headers (the proxy may copy them to the response);
 * rejected: the route's status (429, 403 for a deny-listed client) with ``Retry-After``,
-  the rate-limit headers and seed 002's JSON body, which the proxy returns to the client.
+  the rate-limit headers and the rejection's JSON body, which the proxy returns to the client.
   nginx's ``auth_request`` only understands 401 and 403: ``?deny_status=403`` (or
   ``SHADOWLIMIT_AUTHZ_DENY_STATUS``) answers rejections with that status, and nginx's
   config maps it back to 429 (docs/gateways.md).

@@ -36,7 +36,7 @@ def body_of(result: DecideResult) -> dict[str, Any]:
 
 
 def rejected(body: dict[str, Any]) -> dict[str, Any]:
-    """A rejected decision's body: its ``to_dict()`` form plus seed 002's error fields."""
+    """A rejected decision's body: its ``to_dict()`` form plus the rejection's error fields."""
     body.update(REJECTION)
     body["identifier"] = f"{body['route']}:{body['key']}"
     if body["list_match"] == "deny":
@@ -75,7 +75,7 @@ def _decision(description: str, example: dict[str, Any], model: Any = DecideResp
 #: Retry-After on rejections); declared only: the handler's bytes go out as they are
 DECISION_RESPONSES: dict[int | str, dict[str, Any]] = {
     200: _decision("Allowed.", examples.DECISION),
-    429: _decision("Rejected by the limiter (seed 002's body, Retry-After).", examples.REJECTION),
+    429: _decision("Rejected by the limiter (the rejection body, Retry-After).", examples.REJECTION),
     403: _decision(
         "Rejected by the route's deny list.",
         {

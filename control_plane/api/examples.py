@@ -459,7 +459,7 @@ NOT_READY: dict[str, Any] = {
     "breaker": "open",
 }
 METRICS = (
-    "# HELP rate_limit_requests_total Rate-limit checks (seed 002).\n"
+    "# HELP rate_limit_requests_total Rate-limit checks.\n"
     "# TYPE rate_limit_requests_total counter\n"
     'rate_limit_requests_total{limiter_type="local",status="allowed"} 16.0\n'
 )

@@ -83,7 +83,7 @@ _STR = {"type": "string"}
 
 #: what :func:`control_plane.decision.headers.render_headers` sets on a decision
 RATE_LIMIT_HEADERS: dict[str, dict[str, Any]] = {
-    "X-RateLimit-Limit": {"description": "The key's limit (seed 002).", "schema": _INT, "example": 10},
+    "X-RateLimit-Limit": {"description": "The key's limit.", "schema": _INT, "example": 10},
     "X-RateLimit-Remaining": {"description": "Requests left now.", "schema": _INT, "example": 9},
     "X-RateLimit-Reset": {
         "description": "When the key is back to its full allowance (Unix seconds).",

@@ -373,7 +373,7 @@ class ExternalReport(_Open):
     backend_url_rejected: int
 
 
-# -- seed 002's admin API ------------------------------------------------------------------
+# -- the admin API (/ratelimit) ------------------------------------------------------------
 
 
 class AllowedDenied(BaseModel):

@@ -154,7 +154,7 @@ class CandidateAction(StrictBody):
 
 
 class ConfigAdjust(StrictBody):
-    """Seed 002's ``adjust``: change a route's limit (or one key's) at runtime, fleet-wide."""
+    """The admin API's ``adjust``: change a route's limit (or one key's) at runtime, fleet-wide."""
 
     route: str = Field("default", min_length=1, max_length=256)
     key: str | None = Field(

@@ -1,5 +1,5 @@
 """The ``shadowlimit`` command: serve, demo, dash, and admin commands against a running
-control plane (seed 002's CLI: stats, reset, adjust, top, clients), and its shell completion.
+control plane (the admin commands: stats, reset, adjust, top, clients), and its shell completion.
 
 Every command takes ``--json`` (JSON on stdout, errors too). Exit codes scripts can use
 (:data:`control_plane.cli.output.EXIT_CODES`, listed in every ``--help``): 0 ok, 1 refused

@@ -5,7 +5,7 @@ dashboard attached to the first replica.
 The replicas run the one example rules file, ``examples/rules.yaml`` (the rules
 docs/api.md's examples were produced with), copied into the demo's folder with only the
 ``tenants`` route's ``external.url`` pointed at the demo's limits service. The traffic
-(:data:`TRAFFIC`) tells seed 004's story on those routes: one client (``bob``) spreads
+(:data:`TRAFFIC`) tells the shadow rollout's story on those routes: one client (``bob``) spreads
 bursts on ``search`` over every replica; each replica's local bucket sees a third of his
 traffic and admits it all, while the global limit would reject a part of it. In shadow mode
 that shows up as divergence (``local_allow_distributed_deny``); flip the route to enforce

@@ -1,4 +1,4 @@
-"""The rate-limit response headers: seed 002's ``X-RateLimit-*`` and ``Retry-After``, and
+"""The rate-limit response headers: the legacy ``X-RateLimit-*`` and ``Retry-After``, and
 draft-ietf-httpapi-ratelimit-headers-11 (May 2026)'s ``RateLimit-Policy`` / ``RateLimit``.
 
 What each header says (docs/api.md, "Rate-limit headers"):
@@ -14,7 +14,7 @@ What each header says (docs/api.md, "Rate-limit headers"):
 - ``RateLimit: "<route>";r=<remaining>;t=<seconds>``: ``t`` is the time until more quota is made
   available (the draft's reset parameter): on a rejection the Retry-After, else the time until the
   next whole unit comes back -- never more than the window.
-- ``X-RateLimit-Limit/Remaining/Reset`` (seed 002's legacy set): the bucket's capacity, what is
+- ``X-RateLimit-Limit/Remaining/Reset`` (the legacy set): the bucket's capacity, what is
   left, and when the key is back to its full allowance, as a Unix time (``reset="unix"``, the
   default) or in seconds from now (``reset="seconds"``, as Envoy and Kong send it).
 - ``Retry-After`` on every rejection, whatever the style (it is HTTP's own field).

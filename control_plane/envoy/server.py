@@ -2,9 +2,13 @@
 (``grpc.health.v1.Health``: SERVING while the engine runs) and server reflection, on
 ``SHADOWLIMIT_HOST:SHADOWLIMIT_GRPC_PORT``, in the app's event loop.
 
-The transport is :mod:`.h2` (HTTP/2 on an asyncio protocol), not grpcio's server: the
-calls that arrive together are decoded together and answered in one write, at a fraction
-of grpcio's CPU per call (see the module's docstring and docs/benchmarks.md)."""
+The transport is :mod:`.transport` (python-hyper's h2 state machine on an asyncio
+protocol), not grpcio's server: the calls that arrive together are decoded together and
+answered in one write, at a fraction of grpcio's CPU per call (see its docstring and
+docs/benchmarks.md). Health is callable without the client token; reflection is off unless
+``SHADOWLIMIT_GRPC_REFLECTION`` is true. The server bounds its connections
+(``SHADOWLIMIT_GRPC_MAX_CONNECTIONS``, at most half the open-files limit) and sweeps their
+timers once a second (idle, keepalive, held answers)."""
 
 from __future__ import annotations
 
@@ -19,15 +23,19 @@ from grpc_reflection.v1alpha import reflection_pb2
 from grpc_reflection.v1alpha.reflection import SERVICE_NAME as REFLECTION_SERVICE
 from grpc_reflection.v1alpha.reflection import ReflectionServicer
 
-from .h2 import Call, H2Connection, Limits, Method, RpcError, StatusCode
+from ..auth import Access, Denied, check
+from ..settings.limits import connection_shares
 from .service import RLS_SERVICE, RateLimitService, methods
+from .transport import Call, GrpcConnection, Limits, Method, RpcError, StatusCode
 
 if TYPE_CHECKING:
     from ..auth import Authenticator
     from ..engine import Engine
     from ..observe.metrics import Metrics
 
-__all__ = ["MAX_CONCURRENT_RPCS", "MAX_MESSAGE_BYTES", "RLS_SERVICE", "GrpcServer", "Health", "start_grpc_server"]
+__all__ = [
+    "MAX_CONCURRENT_RPCS", "MAX_MESSAGE_BYTES", "RLS_SERVICE", "GrpcServer", "Health", "start_grpc_server",
+]  # fmt: skip
 
 log = logging.getLogger("shadowlimit.envoy")
 
@@ -36,6 +44,9 @@ MAX_MESSAGE_BYTES = 64 * 1024
 #: calls in progress at once (SHADOWLIMIT_GRPC_MAX_CALLS' default); more are refused at once
 #: with RESOURCE_EXHAUSTED, counted as rate_limit_envoy_requests_total{code="overloaded"}
 MAX_CONCURRENT_RPCS = 4096
+RLS_METHOD = f"/{RLS_SERVICE}/ShouldRateLimit"
+#: seconds between two sweeps of the connections' timers
+SWEEP_S = 1.0
 HEALTH_SERVICE = health_pb2.DESCRIPTOR.services_by_name["Health"].full_name
 _SERVING = health_pb2.HealthCheckResponse.SERVING
 _NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
@@ -78,8 +89,8 @@ class Health:
 
     def methods(self) -> dict[str, Method]:
         return {
-            f"/{HEALTH_SERVICE}/Check": Method("unary", self.check),
-            f"/{HEALTH_SERVICE}/Watch": Method("stream", self.watch),
+            f"/{HEALTH_SERVICE}/Check": Method("unary", self.check, public=True),
+            f"/{HEALTH_SERVICE}/Watch": Method("stream", self.watch, public=True),
         }
 
 
@@ -108,26 +119,71 @@ def reflection_methods(services: tuple[str, ...]) -> dict[str, Method]:
 
 @dataclass
 class GrpcServer:
-    """A started server: its listening socket's server, the open connections, its health."""
+    """A started server: its listening socket's server, the open connections, its health,
+    the bounds of a connection, and the sweep that keeps their timers (once a second)."""
 
     health: Health
     port: int
+    limits: Limits = field(default_factory=Limits)
     metrics: Metrics | None = None
+    auth: Authenticator | None = None
+    max_connections: int = 1024
     server: Any = None
-    connections: set[H2Connection] = field(default_factory=set)
+    connections: set[GrpcConnection] = field(default_factory=set)
+    sweeper: asyncio.Task[None] | None = None
+
+    def admit(self, conn: GrpcConnection) -> bool:
+        """A new connection: in, unless ``max_connections`` are open; then it takes the place
+        of the one idle longest (a second or more), or it is refused (counted)."""
+        if len(self.connections) >= self.max_connections:
+            now = asyncio.get_running_loop().time()
+            idle = max(self.connections, key=lambda c: c.idle_for(now), default=None)
+            if idle is None or idle.idle_for(now) < 1.0:
+                self.count("connection_refused")
+                return False
+            self.count("idle_close")
+            idle.shutdown(close_now=True)
+            self.connections.discard(idle)
+        self.connections.add(conn)
+        if self.metrics is not None:
+            self.metrics.grpc_connections.labels().set(len(self.connections))
+        return True
+
+    def closed(self, conn: GrpcConnection) -> None:
+        self.connections.discard(conn)
+        if self.metrics is not None:
+            self.metrics.grpc_connections.labels().set(len(self.connections))
+
+    def count(self, kind: str) -> None:
+        """A protocol event (rate_limit_grpc_protocol_errors_total{kind})."""
+        if self.metrics is not None:
+            self.metrics.grpc_protocol_errors.labels(kind).inc()
 
     def slow(self) -> None:
         """A connection closed for not sending HTTP/2's preface in time."""
         if self.metrics is not None:
             self.metrics.slow_clients.inc()
 
-    def refused(self) -> None:
-        """A stream refused: the connection's streams at their bound."""
-        if self.metrics is not None:
-            self.metrics.envoy_requests.labels("overloaded").inc()
+    def authorize(self, call: Call) -> None:
+        """With a client token required (``SHADOWLIMIT_CLIENT_TOKEN``), every method but
+        health needs ``authorization: Bearer <token>`` metadata (UNAUTHENTICATED)."""
+        auth = self.auth
+        if auth is None or not auth.client_token_required:
+            return
+        try:
+            check(auth, Access.DATA, _bearer_of(call.metadata))
+        except Denied as exc:
+            if self.metrics is not None and call.path == RLS_METHOD:
+                self.metrics.envoy_requests.labels("invalid").inc()
+            raise RpcError(StatusCode.UNAUTHENTICATED, exc.message) from None
 
-    def closed(self, conn: H2Connection) -> None:
-        """A connection ended (nothing to do: it removed itself)."""
+    async def sweep(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            await asyncio.sleep(SWEEP_S)
+            now = loop.time()
+            for conn in list(self.connections):
+                conn.tick(now)
 
     async def stop(self, grace_s: float = 2.0) -> None:
         """Say NOT_SERVING, stop listening, tell every connection to take no more calls
@@ -135,6 +191,8 @@ class GrpcServer:
         for name in list(self.health.statuses):
             self.health.set(name, _NOT_SERVING)
         self.health.stop()
+        if self.sweeper is not None:
+            self.sweeper.cancel()
         if self.server is not None:
             self.server.close()
         for conn in list(self.connections):
@@ -148,6 +206,16 @@ class GrpcServer:
                 conn.transport.close()
 
 
+def _bearer_of(metadata: list[tuple[str, str]]) -> str | None:
+    """The token of an ``authorization: Bearer <token>`` metadata entry."""
+    for key, value in metadata:
+        if key == "authorization":
+            scheme, _, token = value.partition(" ")
+            token = token.strip()
+            return token if scheme.lower() == "bearer" and token else None
+    return None
+
+
 def _listen_address(host: str, port: int) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
@@ -157,23 +225,40 @@ async def start_grpc_server(
 ) -> GrpcServer:
     """Start serving (``port`` 0: a free port, see :attr:`GrpcServer.port`); a port that
     cannot be bound raises ``OSError`` naming it. With ``auth`` requiring a client token
-    (``SHADOWLIMIT_CLIENT_TOKEN``), every call must carry ``authorization: Bearer <token>``
-    metadata (Envoy: ``grpc_service.initial_metadata``). With ``reuse_port``, the workers of
-    ``serve --workers`` share the port (``SO_REUSEPORT``; serve checked that it was free)."""
+    (``SHADOWLIMIT_CLIENT_TOKEN``), every call but health must carry ``authorization: Bearer
+    <token>`` metadata (Envoy: ``grpc_service.initial_metadata``). With ``reuse_port``, the
+    workers of ``serve --workers`` share the port (``SO_REUSEPORT``; serve checked that it
+    was free)."""
     settings = engine.settings
-    service = RateLimitService(engine.live_rules, engine.decider, engine.metrics, auth, headers=settings.envoy_headers)
+    service = RateLimitService(engine.live_rules, engine.decider, engine.metrics, headers=settings.envoy_headers)
     health = Health()
     table: dict[str, Method] = {**methods(service), **health.methods()}
-    table.update(reflection_methods((RLS_SERVICE, HEALTH_SERVICE, REFLECTION_SERVICE)))
+    services = (RLS_SERVICE, HEALTH_SERVICE)
+    if settings.grpc_reflection:
+        table.update(reflection_methods((*services, REFLECTION_SERVICE)))
     # streams per connection: as many as calls in progress by default; the servicer's own bound
     # (SHADOWLIMIT_GRPC_MAX_CALLS) answers RESOURCE_EXHAUSTED past it, counted, across connections
-    limits = Limits(max_message_bytes=MAX_MESSAGE_BYTES, preface_timeout_s=settings.header_timeout_s)
-    grpc = GrpcServer(health, 0, engine.metrics)
+    keepalive = settings.grpc_keepalive_s
+    limits = Limits(
+        max_message_bytes=MAX_MESSAGE_BYTES,
+        preface_timeout_s=settings.header_timeout_s,
+        idle_timeout_s=settings.grpc_idle_timeout_s,
+        keepalive_s=keepalive,
+        keepalive_timeout_s=min(20.0, max(1.0, keepalive / 3)),
+    )
+    grpc = GrpcServer(
+        health,
+        0,
+        limits,
+        engine.metrics,
+        auth,
+        max_connections=min(settings.grpc_max_connections, connection_shares()[1]),
+    )
     loop = asyncio.get_running_loop()
     address = _listen_address(host, port)
     try:
         server = await loop.create_server(
-            lambda: H2Connection(table, limits, grpc),
+            lambda: GrpcConnection(table, limits, grpc),
             host,
             port,
             reuse_port=reuse_port or None,
@@ -184,6 +269,7 @@ async def start_grpc_server(
         raise OSError(f"SHADOWLIMIT_GRPC_PORT: cannot listen on {address}: {exc.strerror or exc}") from None
     grpc.server = server
     grpc.port = server.sockets[0].getsockname()[1]
+    grpc.sweeper = loop.create_task(grpc.sweep())
     for name in ("", RLS_SERVICE):
         health.set(name, _SERVING)
     log.info("Envoy rate limit service (gRPC) on %s", _listen_address(host, grpc.port))

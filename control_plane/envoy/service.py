@@ -36,7 +36,7 @@ Refused with ``INVALID_ARGUMENT`` (and counted as ``invalid``): bytes that are n
 descriptors or more than :data:`MAX_DESCRIPTORS`, a descriptor with more than
 :data:`MAX_ENTRIES` entries, and a per-request ``limit`` override. With
 ``SHADOWLIMIT_CLIENT_TOKEN`` set, a call without ``authorization: Bearer <client token>``
-metadata is ``UNAUTHENTICATED``.
+metadata is ``UNAUTHENTICATED`` (the transport checks it: :meth:`.server.GrpcServer.authorize`).
 """
 
 from __future__ import annotations
@@ -51,17 +51,15 @@ from envoy.service.ratelimit.v3 import rls_pb2
 from google.protobuf.duration_pb2 import Duration
 from google.protobuf.message import DecodeError
 
-from ..auth import Access, Denied, check
 from ..decision import DecideResult, PlainInput
 from ..decision.enforce import Path, path_for
 from ..observe import incidents
 from ..settings.envoy import EnvoyHeaders
 from .config import UNITS, EnvoyLimit, Match
-from .h2 import Call, Method, RpcError, StatusCode
 from .stats import HitStats
+from .wire import Call, Method, RpcError, StatusCode
 
 if TYPE_CHECKING:
-    from ..auth import Authenticator
     from ..decision import Decider
     from ..live_rules import LiveRules
     from ..observe.metrics import Metrics
@@ -85,16 +83,6 @@ _UNLIMITED_REMAINING = 2**32 - 1
 _SHADOWED_MODES = frozenset({"shadow", "canary"})
 _DRAFT_FIELDS = frozenset({"RateLimit-Policy", "RateLimit", "Retry-After"})
 _NO_HEADERS = EnvoyHeaders("none", "RateLimit-Limit", "RateLimit-Remaining", "RateLimit-Reset", None, 0.8)
-
-
-def _bearer_of(metadata: Any) -> str | None:
-    """The token of an ``authorization: Bearer <token>`` metadata entry."""
-    for key, value in metadata or ():
-        if key == "authorization" and isinstance(value, str):
-            scheme, _, token = value.partition(" ")
-            token = token.strip()
-            return token if scheme.lower() == "bearer" and token else None
-    return None
 
 
 class _Invalid(Exception):
@@ -125,13 +113,11 @@ class RateLimitService:
     """The servicer (see the module docstring)."""
 
     def __init__(
-        self, live: LiveRules, decider: Decider, metrics: Metrics, auth: Authenticator | None = None,
-        headers: EnvoyHeaders = _NO_HEADERS,
-    ) -> None:  # fmt: skip
+        self, live: LiveRules, decider: Decider, metrics: Metrics, headers: EnvoyHeaders = _NO_HEADERS
+    ) -> None:
         self.live = live
         self.decider = decider
         self.metrics = metrics
-        self.auth = auth
         self.headers = headers
         self.hits = HitStats(metrics, headers.near_limit_ratio)
         self.in_flight = 0  # calls being answered (at most headers.max_calls)
@@ -152,12 +138,6 @@ class RateLimitService:
                 StatusCode.INVALID_ARGUMENT,
                 "the request is not a RateLimitRequest (not valid protobuf, or a string field that is not UTF-8)",
             ) from None
-        if self.auth is not None and self.auth.client_token_required:
-            try:
-                check(self.auth, Access.DATA, _bearer_of(call.metadata))
-            except Denied as exc:
-                self.metrics.envoy_requests.labels("invalid").inc()
-                raise RpcError(StatusCode.UNAUTHENTICATED, exc.message) from None
         remaining = call.time_remaining()  # Envoy's grpc-timeout, less what has passed (None: none sent)
         # kept for the answer's way back: the margin, and a tenth of the time (timers fire late under load)
         budget = None if remaining is None else remaining * 0.9 - self.headers.deadline_margin_s

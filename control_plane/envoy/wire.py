@@ -1,21 +1,28 @@
-"""The bytes of gRPC over HTTP/2 that :mod:`.h2` reads and writes (RFC 9113's frames,
-flags, settings and error codes; RFC 7541's few encodings the answers need; gRPC's
-``grpc-timeout`` and status trailers) and the types a gRPC method sees (:class:`Call`,
-:class:`Method`, :class:`RpcError`, :class:`StatusCode`) and the bounds (:class:`Limits`)."""
+"""gRPC's part of the transport ("gRPC over HTTP2"): what a method sees (:class:`Call`,
+:class:`Method`, :class:`RpcError`, :class:`StatusCode`), a connection's bounds
+(:class:`Limits`), a request's head read once (:func:`read_head`), length-prefixed messages
+with their compression (:class:`MessageReader`, :func:`frame_message`), and the answers'
+header lists (:data:`RESPONSE_HEADERS`, :func:`status_trailers`).
+
+HTTP/2 itself (frames, streams, flow control, HPACK's state) is python-hyper's ``h2``
+state machine, driven by :mod:`.transport`."""
 
 from __future__ import annotations
 
-import struct
+import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 from urllib.parse import quote
 
-from hpack import Decoder, HPACKError
+from h2.exceptions import ProtocolError
+from h2.utilities import HeaderValidationFlags, validate_headers
+
+from .codec import CONTENT_LENGTH
 
 __all__ = [
-    "Call", "ConnectionFailure", "HeaderDecoder", "Limits", "Method", "RpcError", "StatusCode", "Stream", "frame",
-    "grpc_timeout_s", "status_block", "unpad",
+    "ACCEPT_ENCODING", "RESPONSE_HEADERS", "Call", "Head", "Limits", "MessageReader", "Method", "RpcError",
+    "StatusCode", "frame_message", "parse_timeout", "read_head", "status_trailers",
 ]  # fmt: skip
 
 
@@ -36,7 +43,7 @@ class StatusCode:
 
 
 class RpcError(Exception):
-    """Raised by a method to end its call with ``code`` (a :class:`StatusCode`) and ``message``."""
+    """Raised by a method (or the transport) to end a call with ``code`` and ``message``."""
 
     def __init__(self, code: int, message: str = "") -> None:
         super().__init__(message)
@@ -71,169 +78,208 @@ class Call:
 class Method:
     """A method's kind and its function: ``unary`` ``async (bytes, Call) -> bytes``;
     ``stream`` ``(bytes, Call) -> AsyncIterator[bytes]``; ``each`` ``(bytes, Call) -> bytes``
-    called for every request message of the stream."""
+    called for every request message of the stream. ``public``: callable without the
+    client token (health checking)."""
 
     kind: Literal["unary", "stream", "each"]
     fn: Callable[..., Any]
+    public: bool = False
 
 
 @dataclass(frozen=True)
 class Limits:
-    """A connection's bounds."""
+    """A connection's bounds and timers (see docs/configuration.md, ``SHADOWLIMIT_GRPC_*``)."""
 
     max_message_bytes: int = 64 * 1024
-    max_streams: int = 4096
+    max_streams: int = 4096  # SETTINGS_MAX_CONCURRENT_STREAMS; past it: REFUSED_STREAM
     max_header_list_bytes: int = 16 * 1024
     preface_timeout_s: float = 5.0
+    idle_timeout_s: float = 300.0  # no open stream for this long: GOAWAY, closed
+    keepalive_s: float = 60.0  # a PING after this long without a frame from the peer
+    keepalive_timeout_s: float = 20.0  # its ACK not back in this time (or output not drained): closed
+    connection_window: int = 1 << 20  # request bytes the peer may send before they are consumed
+    max_pending_output: int = 1 << 20  # answers held by the peer's windows; past it no new call starts
+    read_slice: int = 32 * 1024  # bytes handed to the state machine per turn of the event loop
 
 
-# -- wire constants ------------------------------------------------------------------------
+# -- a request's head ----------------------------------------------------------------------
 
-PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
-DATA, HEADERS, PRIORITY, RST_STREAM, SETTINGS, PUSH_PROMISE, PING, GOAWAY, WINDOW_UPDATE, CONTINUATION = range(10)
-END_STREAM, ACK, END_HEADERS, PADDED, PRIORITY_FLAG = 0x1, 0x1, 0x4, 0x8, 0x20
-# error codes (RFC 9113 section 7)
-NO_ERROR, PROTOCOL_ERROR, INTERNAL_ERROR, FLOW_CONTROL_ERROR, STREAM_CLOSED = 0x0, 0x1, 0x2, 0x3, 0x5
-FRAME_SIZE, REFUSED_STREAM, CANCEL, COMPRESSION_ERROR, ENHANCE_YOUR_CALM = 0x6, 0x7, 0x8, 0x9, 0xB
-SET_TABLE, SET_PUSH, SET_STREAMS, SET_WINDOW, SET_FRAME, SET_LIST = 1, 2, 3, 4, 5, 6
-DEFAULT_WINDOW = 65_535
-MAX_WINDOW = 2**31 - 1
-FRAME_HEADER = struct.Struct(">BHBBL")  # length (24 bits: high byte, low 16), type, flags, stream id
-MAX_FRAME = 16_384  # the largest frame accepted (SETTINGS_MAX_FRAME_SIZE, left at its default)
-CONN_WINDOW = 1 << 22  # the connection's receive window (4 MiB): request bytes held at most (a
-# stream's are given back when it ends, an ``each`` stream's as they are consumed)
-MAX_BLOCK = 64 * 1024  # a header block's encoded bytes, CONTINUATIONs included
-KEPT_BLOCKS = 64  # decoded header blocks kept per connection (see H2Connection._decode)
-
-# the answers' header blocks: never indexed, never in the dynamic table
-TABLE_OFF = b"\x20"  # dynamic table size update to 0, at the start of the first block sent
-STATUS_200 = b"\x88"  # :status 200 (static index 8)
-GRPC_TYPE = b"\x0f\x10\x10application/grpc"  # content-type (static 31), literal without indexing
-
-
-def literal(name: bytes, value: bytes) -> bytes:
-    """A literal header field without indexing, new name (RFC 7541 6.2.2)."""
-    return b"\x00" + int7(len(name)) + name + int7(len(value)) + value
-
-
-def int7(n: int) -> bytes:
-    """An HPACK integer with a 7-bit prefix, Huffman bit clear."""
-    if n < 127:
-        return bytes((n,))
-    out, n = bytearray((127,)), n - 127
-    while n >= 128:
-        out.append((n & 0x7F) | 0x80)
-        n >>= 7
-    out.append(n)
-    return bytes(out)
-
-
-RESPONSE_HEADERS = STATUS_200 + GRPC_TYPE
-TRAILERS_OK = literal(b"grpc-status", b"0")
+#: the answers' headers (RFC 9113 8.3.2; gRPC: content-type, the encodings accepted)
+ACCEPT_ENCODING = b"identity,deflate,gzip"
+RESPONSE_HEADERS = (
+    (b":status", b"200"),
+    (b"content-type", b"application/grpc"),
+    (b"grpc-accept-encoding", ACCEPT_ENCODING),
+)
 TIMEOUT_UNITS = {"H": 3600.0, "M": 60.0, "S": 1.0, "m": 1e-3, "u": 1e-6, "n": 1e-9}
+_REQUEST = HeaderValidationFlags(is_client=False, is_trailer=False, is_response_header=False, is_push_promise=False)
+_TRAILER = HeaderValidationFlags(is_client=False, is_trailer=True, is_response_header=False, is_push_promise=False)
+_ENCODINGS = frozenset({"identity", "gzip", "deflate"})
+_READ = frozenset({"content-type", "grpc-timeout", "grpc-encoding"})  # the head's fields, not metadata
 
 
-def grpc_timeout_s(value: str) -> float | None:
-    """A ``grpc-timeout`` header in seconds (None: not one: 1 to 8 digits and a unit)."""
+def parse_timeout(value: str) -> float:
+    """A ``grpc-timeout`` value in seconds: 1 to 8 digits and a unit (ValueError otherwise)."""
     unit = TIMEOUT_UNITS.get(value[-1:])
     digits = value[:-1]
-    if unit is None or not 0 < len(digits) <= 8 or not digits.isdigit():
-        return None
+    if unit is None or not 0 < len(digits) <= 8 or not digits.isdigit() or not digits.isascii():
+        raise ValueError(f"grpc-timeout {value!r}: 1 to 8 digits and a unit (H, M, S, m, u, n)")
     return int(digits) * unit
 
 
-def status_block(code: int, message: str, trailers_only: bool) -> bytes:
-    """The header block ending a call: ``grpc-status`` and ``grpc-message`` (percent-encoded
-    as gRPC says, at most 8 KiB), with ``:status`` and content-type when it is the only one."""
-    block = RESPONSE_HEADERS if trailers_only else b""
-    block += TRAILERS_OK if code == 0 else literal(b"grpc-status", str(code).encode())
-    if message:
-        encoded = quote(message[:4096], safe=" !\"#$&'()*+,-./:;<=>?@[\\]^_`{|}~").encode("ascii")
-        block += literal(b"grpc-message", encoded[:8192])
-    return block
+@dataclass(frozen=True, slots=True)
+class Head:
+    """A request's headers, checked and read once (see :func:`read_head`). ``problem``: why
+    the request is malformed (RFC 9113 8.1.1: a stream error), else None; ``status``: an
+    HTTP status for a request that is well formed but not gRPC (405, 415); ``error``: a
+    gRPC status and message that ends the call before its method runs."""
+
+    path: str = ""
+    metadata: tuple[tuple[str, str], ...] = ()
+    timeout_s: float | None = None
+    encoding: str = "identity"
+    problem: str | None = None
+    status: int | None = None
+    error: tuple[int, str] | None = None
+    content_length: int | None = None  # what the DATA must add up to (RFC 9113 8.1.1)
 
 
-def frame(ftype: int, flags: int, sid: int, payload: bytes = b"") -> bytes:
-    n = len(payload)
-    return FRAME_HEADER.pack(n >> 16, n & 0xFFFF, ftype, flags, sid) + payload
-
-
-class ConnectionFailure(Exception):
-    def __init__(self, code: int, reason: str) -> None:
-        super().__init__(reason)
-        self.code = code
-        self.reason = reason
-
-
-def unpad(flags: int, payload: bytes) -> bytes:
-    if not flags & PADDED:
-        return payload
-    if not payload or payload[0] >= len(payload):
-        raise ConnectionFailure(PROTOCOL_ERROR, "padding longer than its frame")
-    return payload[1 : len(payload) - payload[0]]
-
-
-class Stream:
-    """A stream's state: the request so far, and what waits for the send window."""
-
-    __slots__ = (
-        "sid", "path", "method", "call", "data", "ended", "closed", "started", "window", "queued", "each_seen", "task",
-        "held", "window_in",
+def read_head(headers: list[Any]) -> Head:
+    """The head of a request from its decoded header list (name, value bytes): h2's own
+    checks of RFC 9113 section 8 (pseudo-headers, connection-specific fields, names and
+    values), then gRPC's (POST, content-type, ``grpc-timeout``, ``grpc-encoding``)."""
+    lengths = [v for n, v in headers if n == CONTENT_LENGTH]
+    content_length = None
+    if lengths:
+        if len(lengths) > 1 or not lengths[0].isdigit() or len(lengths[0]) > 18:
+            return Head(problem=f"content-length {b', '.join(lengths)!r}: one number")
+        content_length = int(lengths[0])
+        headers = [h for h in headers if h[0] != CONTENT_LENGTH]
+    problem = _problem(headers, _REQUEST)
+    if problem is not None:
+        return Head(problem=problem)
+    fields: dict[str, str] = {}
+    metadata: list[tuple[str, str]] = []
+    for raw_name, raw_value in headers:
+        name, value = raw_name.decode("latin-1"), raw_value.decode("latin-1")
+        if name[:1] == ":" or name in _READ:
+            fields[name] = value
+        else:
+            metadata.append((name, value))
+    path = fields.get(":path", "")
+    if fields.get(":method") != "POST":
+        return Head(path=path, status=405)
+    if not fields.get("content-type", "").startswith("application/grpc"):
+        return Head(path=path, status=415)
+    timeout_s, error = None, None
+    encoding = fields.get("grpc-encoding", "identity")
+    if "grpc-timeout" in fields:
+        try:
+            timeout_s = parse_timeout(fields["grpc-timeout"])
+        except ValueError as exc:  # as grpcio answers it
+            error = (StatusCode.INTERNAL, str(exc))
+    if error is None and encoding not in _ENCODINGS:
+        error = (StatusCode.UNIMPLEMENTED, f"grpc-encoding {encoding!r}: not one of identity, deflate, gzip")
+    return Head(
+        path=path, metadata=tuple(metadata), timeout_s=timeout_s, encoding=encoding, error=error,
+        content_length=content_length,
     )  # fmt: skip
 
-    def __init__(self, sid: int, window: int, window_in: int) -> None:
-        self.sid = sid
-        self.path = ""
-        self.method: Method | None = None
-        self.call: Call | None = None
-        self.data = bytearray()
-        self.ended = False  # the client half-closed (END_STREAM)
-        self.closed = False  # answered (END_STREAM sent) or reset
-        self.started = False  # the response headers sent
-        self.window = window  # the peer's receive window for this stream (what we may send)
-        self.queued: list[tuple[int, int, bytes]] = []  # (type, flags, payload) waiting for the window
-        self.each_seen = 0  # request bytes consumed by an ``each`` method (its window to give back)
-        self.task: Any = None
-        self.held = 0  # request bytes received: given back to the connection's window when it ends
-        self.window_in = window_in  # what the client may still send on it (our window)
+
+def trailers_problem(headers: list[Any]) -> str | None:
+    """Why request trailers are malformed (RFC 9113 8.1: no pseudo-header), else None."""
+    return _problem([h for h in headers if h[0] != CONTENT_LENGTH], _TRAILER)
 
 
-class HeaderDecoder:
-    """HPACK decoding of a connection's request header blocks (the ``hpack`` package). A
-    block that leaves the dynamic table as it was (indexed fields and literals not indexed:
-    what Envoy sends for every call once its table holds the constant ones) decodes the same
-    while the table does not change: it is kept, and the next identical block is answered
-    from it."""
+def _problem(headers: list[Any], flags: HeaderValidationFlags) -> str | None:
+    """What h2's checks of RFC 9113 section 8 find wrong with ``headers`` (None: nothing)."""
+    try:
+        for _ in validate_headers(headers, flags):
+            pass
+    except ProtocolError as exc:
+        return str(exc)
+    return None
 
-    def __init__(self, max_header_list_bytes: int) -> None:
-        self.hpack = Decoder(max_header_list_size=max_header_list_bytes)
-        self.hpack.max_allowed_table_size = 4096
-        self.blocks: dict[bytes, tuple[int, list[tuple[str, str]]]] = {}
-        self.table_version = 0
 
-    def decode(self, block: bytes) -> list[tuple[str, str]]:
-        """The block's fields (raises :class:`ConnectionFailure` COMPRESSION_ERROR)."""
-        cached = self.blocks.get(block)
-        if cached is not None and cached[0] == self.table_version:
-            return cached[1]
-        table = self.hpack.header_table
-        entries = table.dynamic_entries
-        before = (len(entries), entries[0] if entries else None, table.maxsize)
+# -- messages ------------------------------------------------------------------------------
+
+
+def frame_message(payload: bytes) -> bytes:
+    """A gRPC message: uncompressed flag, 4-byte length, payload."""
+    return len(payload).to_bytes(5, "big") + payload
+
+
+class MessageReader:
+    """The length-prefixed messages of one request stream, read as its bytes arrive: a
+    length over ``max_bytes`` is refused as soon as its prefix is in (RESOURCE_EXHAUSTED),
+    a compressed message is inflated (``grpc-encoding`` gzip or deflate) to at most
+    ``max_bytes`` (a zip bomb is refused the same way), a compressed flag without an
+    encoding is INTERNAL (as gRPC says)."""
+
+    __slots__ = ("buf", "max_bytes", "encoding", "consumed")
+
+    def __init__(self, max_bytes: int, encoding: str) -> None:
+        self.buf = bytearray()
+        self.max_bytes = max_bytes
+        self.encoding = encoding
+        self.consumed = 0  # bytes of whole messages taken out (given back to the windows)
+
+    def feed(self, data: bytes) -> None:
+        """More bytes of the stream (raises :class:`RpcError` at a length over the bound)."""
+        self.buf += data
+        if len(self.buf) >= 5:
+            n = int.from_bytes(self.buf[1:5], "big")
+            if n > self.max_bytes:
+                raise RpcError(StatusCode.RESOURCE_EXHAUSTED, f"a request message larger than {self.max_bytes} bytes")
+
+    def next(self) -> bytes | None:
+        """The next whole message (None: not all in yet)."""
+        buf = self.buf
+        if len(buf) < 5:
+            return None
+        n = int.from_bytes(buf[1:5], "big")
+        if len(buf) < 5 + n:
+            return None
+        flag, payload = buf[0], bytes(buf[5 : 5 + n])
+        del buf[: 5 + n]
+        self.consumed += 5 + n
+        if len(buf) >= 5 and int.from_bytes(buf[1:5], "big") > self.max_bytes:
+            raise RpcError(StatusCode.RESOURCE_EXHAUSTED, f"a request message larger than {self.max_bytes} bytes")
+        if flag == 0:
+            return payload
+        if flag != 1:
+            raise RpcError(StatusCode.INTERNAL, f"a message flag of {flag} (0 or 1)")
+        return self._inflate(payload)
+
+    def only(self) -> bytes:
+        """The one message of a unary or server-streaming request, once it has ended."""
+        message = self.next()
+        if message is None or self.buf:
+            raise RpcError(StatusCode.INTERNAL, "expected exactly one request message")
+        return message
+
+    def _inflate(self, payload: bytes) -> bytes:
+        if self.encoding == "identity":
+            raise RpcError(StatusCode.INTERNAL, "a compressed message without grpc-encoding")
+        inflater = zlib.decompressobj(31 if self.encoding == "gzip" else 15)
         try:
-            headers: list[tuple[str, str]] = [(str(n), str(v)) for n, v in self.hpack.decode(block)]
-        except HPACKError as exc:
-            raise ConnectionFailure(COMPRESSION_ERROR, f"a header block HPACK cannot read: {exc}") from None
-        except Exception as exc:  # noqa: BLE001 - the decoder's own errors (bad UTF-8, sizes)
-            raise ConnectionFailure(COMPRESSION_ERROR, f"a header block that cannot be read: {exc}") from None
-        entries = table.dynamic_entries
-        if (
-            len(entries) != before[0]
-            or (entries[0] if entries else None) is not before[1]
-            or table.maxsize != before[2]
-        ):
-            self.table_version += 1  # the table changed: what was kept no longer holds
-        elif len(block) <= 1024:
-            if len(self.blocks) >= KEPT_BLOCKS:
-                self.blocks.clear()
-            self.blocks[block] = (self.table_version, headers)
-        return headers
+            out = inflater.decompress(payload, self.max_bytes + 1)
+        except zlib.error as exc:
+            raise RpcError(StatusCode.INTERNAL, f"a {self.encoding} message that does not inflate: {exc}") from None
+        if len(out) > self.max_bytes or inflater.unconsumed_tail:
+            raise RpcError(StatusCode.RESOURCE_EXHAUSTED, f"a request message larger than {self.max_bytes} bytes")
+        return out
+
+
+# -- the answer's end ----------------------------------------------------------------------
+
+_MESSAGE_SAFE = " !\"#$&'()*+,-./:;<=>?@[\\]^_`{|}~"
+
+
+def status_trailers(code: int, message: str) -> tuple[tuple[bytes, bytes], ...]:
+    """The fields ending a call: ``grpc-status`` and ``grpc-message`` (percent-encoded as
+    gRPC says, at most 8 KiB)."""
+    if not message:
+        return ((b"grpc-status", str(code).encode()),)
+    encoded = quote(message[:4096], safe=_MESSAGE_SAFE).encode("ascii")[:8192]
+    return (b"grpc-status", str(code).encode()), (b"grpc-message", encoded)

@@ -1,4 +1,4 @@
-"""Per-tenant limits from an external HTTP service (seed 000's External Rate Limit Service).
+"""Per-tenant limits from an external HTTP service (docs/operations.md#external-limits-services).
 
 A route with an ``external`` block in the rules file asks a limits service for each key's
 limits instead of using the file's policy, which stays as the fallback::
@@ -15,7 +15,7 @@ The pure parts (no IO, unit-tested on their own):
 - :mod:`.responses`: :func:`parse_limits`, a response body to a typed
   :class:`ExternalLimits`, or :class:`InvalidResponse` (an invalid or partial answer is
   never applied);
-- :mod:`.ttl`: :func:`resolve_ttl`, the cache TTL in seed 000's order for HTTP responses;
+- :mod:`.ttl`: :func:`resolve_ttl`, the cache TTL of an HTTP response (headers, then the body);
 - :mod:`.breakers`: :class:`BreakerSet`, one circuit breaker per key (5 consecutive
   failures open it for 30 s, then one half-open probe; breakers idle for 60 s are
   evicted), each a :class:`limiter.resilience.CircuitBreaker`, clock injected.

@@ -1,4 +1,4 @@
-"""One circuit breaker per key of a route, with seed 000's fixed parameters.
+"""One circuit breaker per key of a route, with fixed parameters (5 failures, 30 s open).
 
 The state machine is :class:`limiter.resilience.CircuitBreaker`, the same one that guards
 Redis (closed, open, half-open with one trial at a time, an abandoned trial freeing the
@@ -25,7 +25,7 @@ __all__ = [
     "MAX_BREAKERS",
 ]
 
-# seed 000's fixed parameters
+# the fixed parameters (docs/operations.md#external-limits-services)
 BREAKER_FAILURE_THRESHOLD = 5
 BREAKER_OPEN_S = 30.0
 BREAKER_IDLE_EVICT_S = 60.0
@@ -71,7 +71,7 @@ class KeyBreaker(CircuitBreaker):
 
 
 class BreakerSet:
-    """A circuit breaker per key, with seed 000's fixed parameters by default.
+    """A circuit breaker per key, with the fixed parameters by default.
 
     Closed: calls go through; ``threshold`` consecutive failures open it. Open: no calls
     for ``open_s``; then the next request is the half-open probe (one at a time): its

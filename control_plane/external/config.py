@@ -24,7 +24,7 @@ __all__ = [
     "check_service_url",
 ]
 
-# seed 000's defaults
+# the defaults (docs/configuration.md#external-limits-external)
 DEFAULT_TIMEOUT_S = 5.0
 DEFAULT_CACHE_TTL_S = 60.0
 DEFAULT_MAX_CONCURRENT = 50
@@ -78,7 +78,7 @@ def _seconds(value: object) -> float | None:
 
 @dataclass(frozen=True)
 class ExternalConfig:
-    """A route's ``external`` block (seed 000's ``rate_limit.external``, HTTP only).
+    """A route's ``external`` block (``rate_limit.external`` of the external limits service, HTTP only).
 
     ``timeout_s`` bounds the whole lookup (cache read, semaphore wait, call);
     ``cache_ttl_s`` is the TTL when the response carries no cache hints (0: do not cache

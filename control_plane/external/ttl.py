@@ -1,4 +1,4 @@
-"""How long an answer from the limits service is cached: seed 000's order of the HTTP
+"""How long an answer from the limits service is cached: the order of the HTTP
 cache headers and the body's hints (:func:`resolve_ttl`). No IO; the clock is an argument."""
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ def resolve_ttl(
     default_ttl_s: float,
     now: float,
 ) -> float:
-    """Seconds to cache an HTTP response (0: do not cache), seed 000's order:
+    """Seconds to cache an HTTP response (0: do not cache), in this order:
 
     1. ``Cache-Control: max-age=N``: N seconds (``max-age=0``: not cached);
     2. ``Cache-Control: no-cache`` or ``no-store``: not cached;

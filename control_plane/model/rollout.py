@@ -3,7 +3,7 @@
 Nothing here does IO. The engine asks these functions what to do and the store
 persists the answers.
 
-Modes (seed 004's rollout plan made per route)::
+Modes (the rollout plan, per route; docs/rollout-runbook.md)::
 
     off      local decision only
     shadow   local decision enforced; distributed evaluated off the hot path and compared

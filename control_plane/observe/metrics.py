@@ -1,4 +1,4 @@
-"""Prometheus metrics: seed 004's and seed 002's names, plus shadowlimit's own.
+"""Prometheus metrics: the rollout's and the admin API's names, plus shadowlimit's own (docs/metrics.md).
 
 Each app gets its own :class:`~prometheus_client.CollectorRegistry`, so several
 control planes (and tests) can live in one process. Labelled counters exist at 0 for every
@@ -14,9 +14,9 @@ rate_limit_rejections_total               counter  reason: local_exhausted,
 rate_limit_tokens_remaining               gauge    scope (global/route), route
 rate_limit_backend_errors_total           counter  -
 rate_limit_shadow_divergence_total        counter  route, direction
-rate_limit_requests_total                 counter  limiter_type, status (seed 002)
-rate_limit_exceeded_total                 counter  limiter_type (seed 002)
-rate_limit_active_clients                 gauge    limiter_type (seed 002)
+rate_limit_requests_total                 counter  limiter_type, status
+rate_limit_exceeded_total                 counter  limiter_type
+rate_limit_active_clients                 gauge    limiter_type
 rate_limit_decision_duration_seconds      hist.    mode
 rate_limit_decisions_total                counter  route, mode, enforced_by, allowed
 rate_limit_shadow_dropped_total           counter  route
@@ -60,6 +60,8 @@ rate_limit_candidate_divergence_total     counter  route, direction: agree, newl
 rate_limit_envoy_hits_total               counter  route, stat: total_hits, over_limit, near_limit,
                                                    within_limit, shadow_mode (envoyproxy/ratelimit's
                                                    per-descriptor stats; control_plane/envoy/stats.py)
+rate_limit_grpc_connections               gauge    - (gRPC connections open)
+rate_limit_grpc_protocol_errors_total     counter  kind: GRPC_PROTOCOL_KINDS (docs/metrics.md)
 shadowlimit_build_info                    gauge    version (always 1)
 process_*, python_*                       -        prometheus-client's process, platform and GC collectors
 ========================================  =======  =================================
@@ -69,15 +71,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import math
 import sys
-from bisect import bisect_left
-from collections.abc import Iterator
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
-from prometheus_client.utils import floatToGoString
 
 from limiter.breaker import BreakerState
 from limiter.resilience import FailurePolicy
@@ -85,139 +82,20 @@ from limiter.resilience import FailurePolicy
 from ..external.resolver import SOURCES
 from ..model.candidate import CandidateDirection
 from ..model.rollout import Divergence, Mode
+from .families import FastCounter, FastGauge, FastHistogram
 
 __all__ = [
-    "DECISION_ENFORCERS", "ENVOY_STATS", "OTHER_ROUTES", "FastCounter", "FastGauge", "FastHistogram", "Metrics",
+    "DECISION_ENFORCERS", "ENVOY_STATS", "GRPC_PROTOCOL_KINDS", "OTHER_ROUTES", "FastCounter", "FastGauge",
+    "FastHistogram", "Metrics",
 ]  # fmt: skip
 
-
-class _Value:
-    __slots__ = ("value",)
-
-    def __init__(self) -> None:
-        self.value = 0.0
-
-    def inc(self, amount: float = 1.0) -> None:
-        self.value += amount
-
-    def set(self, value: float) -> None:
-        self.value = value
-
-
-class _Family:
-    """A labelled metric kept in plain Python numbers and exported at scrape time.
-
-    prometheus-client takes a lock on every increment (about 2 us here); the decision
-    path increments several counters per request from one event loop, so it uses these
-    lock-free children instead. Not for use from several threads at once.
-    """
-
-    kind = "counter"
-
-    def __init__(self, name: str, documentation: str, labelnames: list[str], registry: CollectorRegistry) -> None:
-        self.name = name
-        self.documentation = documentation
-        self.labelnames = labelnames
-        self._children: dict[tuple[str, ...], _Value] = {}
-        # the series of each route, for a family with a route label (remove_where)
-        self._route_at = labelnames.index("route") if "route" in labelnames else None
-        self._by_route: dict[str, list[tuple[str, ...]]] = {}
-        registry.register(self)
-
-    def labels(self, *values: str) -> _Value:
-        child = self._children.get(values)
-        if child is None:
-            if len(values) != len(self.labelnames):
-                raise ValueError(f"{self.name}: expected labels {self.labelnames}, got {values}")
-            child = self._children[values] = _Value()
-            self._indexed(values)
-        return child
-
-    def _indexed(self, values: tuple[str, ...]) -> None:
-        if self._route_at is not None:
-            self._by_route.setdefault(values[self._route_at], []).append(values)
-
-    def collect(self) -> Iterator[Metric]:
-        fam: Any
-        if self.kind == "counter":
-            fam = CounterMetricFamily(self.name.removesuffix("_total"), self.documentation, labels=self.labelnames)
-        else:
-            fam = GaugeMetricFamily(self.name, self.documentation, labels=self.labelnames)
-        for values, child in list(self._children.items()):
-            fam.add_metric(list(values), child.value)
-        yield fam
-
-    def describe(self) -> list[Metric]:
-        return []
-
-    def samples(self) -> dict[tuple[str, ...], float]:
-        return {k: v.value for k, v in self._children.items()}
-
-    def remove_route(self, route: str) -> None:
-        """Drop the series of ``route`` (gone from the rules): as many steps as it has series."""
-        for key in self._by_route.pop(route, ()):
-            self._children.pop(key, None)
-
-
-class FastCounter(_Family):
-    kind = "counter"
-
-
-class _HistValue:
-    """One labelled histogram: a count per bucket (not cumulative), the sum."""
-
-    __slots__ = ("bounds", "counts", "sum")
-
-    def __init__(self, bounds: tuple[float, ...]) -> None:
-        self.bounds = bounds
-        self.counts = [0] * (len(bounds) + 1)
-        self.sum = 0.0
-
-    def observe(self, value: float) -> None:
-        self.counts[bisect_left(self.bounds, value)] += 1
-        self.sum += value
-
-
-class FastHistogram(_Family):
-    """A histogram with lock-free children (exported as prometheus-client's Histogram is:
-    the same buckets, ``le`` labels, ``_sum`` and ``_count``)."""
-
-    kind = "histogram"
-
-    def __init__(
-        self,
-        name: str,
-        documentation: str,
-        labelnames: list[str],
-        registry: CollectorRegistry,
-        buckets: tuple[float, ...],
-    ) -> None:
-        self.bounds = tuple(sorted(buckets))
-        super().__init__(name, documentation, labelnames, registry)
-
-    def labels(self, *values: str) -> Any:
-        child = self._children.get(values)
-        if child is None:
-            if len(values) != len(self.labelnames):
-                raise ValueError(f"{self.name}: expected labels {self.labelnames}, got {values}")
-            child = self._children[values] = _HistValue(self.bounds)  # type: ignore[assignment]
-            self._indexed(values)
-        return child
-
-    def collect(self) -> Iterator[Metric]:
-        fam = HistogramMetricFamily(self.name, self.documentation, labels=self.labelnames)
-        for values, child in list(self._children.items()):
-            h: Any = child
-            total, buckets = 0, []
-            for bound, n in zip((*self.bounds, math.inf), h.counts):
-                total += n
-                buckets.append((floatToGoString(bound), total))  # type: ignore[no-untyped-call]
-            fam.add_metric(list(values), buckets, h.sum)
-        yield fam
-
-
-class FastGauge(_Family):
-    kind = "gauge"
+#: rate_limit_grpc_protocol_errors_total's kinds: a connection error sent (goaway_<code>), streams
+#: reset, refused, answers held too long by the peer's window, closes, malformed requests
+GRPC_PROTOCOL_KINDS = (
+    "goaway_protocol_error", "goaway_flow_control_error", "goaway_frame_size_error", "goaway_compression_error",
+    "goaway_stream_closed", "goaway_enhance_your_calm", "reset_received", "reset_sent", "refused_stream",
+    "flow_control", "idle_close", "keepalive_timeout", "connection_refused", "bad_header",
+)  # fmt: skip
 
 
 #: from 5 us (an in-process decision takes 10-20 us) to 1 s (a slow Redis round trip)
@@ -265,6 +143,7 @@ _FIXED_LABELS: dict[str, tuple[tuple[str, ...], ...]] = {
     "external_breaker_transitions": tuple((s.value,) for s in BreakerState),
     "record_events": (("recorded",), ("dropped",)),
     "envoy_requests": tuple((c,) for c in ("ok", "over_limit", "invalid", "overloaded", "error")),
+    "grpc_protocol_errors": tuple((k,) for k in GRPC_PROTOCOL_KINDS),
     "over_limit_cache": (("hit",), ("stored",)),
 }
 
@@ -295,6 +174,7 @@ class Metrics:
                 metric.labels(*labels)
         self.stream_snapshot_builds.labels()
         self.stream_refused.labels()
+        self.grpc_connections.labels()
         self.external_backend_url_rejected.labels()
         self.rules_valid.set(1)
         for s in ("closed", "open", "half_open"):
@@ -316,13 +196,11 @@ class Metrics:
             registry=r,
         )
         self.requests = FastCounter(
-            "rate_limit_requests_total", "Rate-limit checks (seed 002).", ["limiter_type", "status"], registry=r
+            "rate_limit_requests_total", "Rate-limit checks.", ["limiter_type", "status"], registry=r
         )
-        self.exceeded = FastCounter(
-            "rate_limit_exceeded_total", "Rate-limit violations (seed 002).", ["limiter_type"], registry=r
-        )
+        self.exceeded = FastCounter("rate_limit_exceeded_total", "Rate-limit violations.", ["limiter_type"], registry=r)
         self.active_clients = Gauge(
-            "rate_limit_active_clients", "Keys tracked by the limiter (seed 002).", ["limiter_type"], registry=r
+            "rate_limit_active_clients", "Keys tracked by the limiter.", ["limiter_type"], registry=r
         )
         self.latency = FastHistogram(
             "rate_limit_decision_duration_seconds",
@@ -447,6 +325,10 @@ class Metrics:
             "Envoy ShouldRateLimit calls by overall answer (invalid: refused request, error: no answer).",
             ["code"],
             registry=r,
+        )
+        self.grpc_connections = FastGauge("rate_limit_grpc_connections", "gRPC connections open.", [], registry=r)
+        self.grpc_protocol_errors = FastCounter(
+            "rate_limit_grpc_protocol_errors_total", "gRPC transport events by kind (docs/metrics.md).", ["kind"], r
         )
         self.envoy_hits = FastCounter(
             "rate_limit_envoy_hits_total",

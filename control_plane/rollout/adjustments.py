@@ -1,5 +1,5 @@
-"""Runtime adjustments (seed 002's ``adjust``): a route's or one key's limit changed at run
-time, fleet-wide, audited. Stored in ``rl:{ns}:adjust`` (field ``<route>`` or
+"""Runtime adjustments (the admin API's ``adjust``, ``PUT /ratelimit/config``): a route's or
+one key's limit changed at run time, fleet-wide, audited. Stored in ``rl:{ns}:adjust`` (field ``<route>`` or
 ``<route>\\x00<key>``, value ``{"local": {...}, "distributed": {...}}``); each replica
 keeps the parsed policies and re-reads them with every rollout resync (through the
 state memory, so a store that lost its data never takes them away). The routes' candidate

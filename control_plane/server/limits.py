@@ -50,12 +50,13 @@ _REFUSALS = {
     413: "payload_too_large",
     414: "uri_too_long",
     431: "request_header_fields_too_large",
+    503: "too_many_connections",
 }
 
 
 def refusal_body(status: int, message: str, limit: float | None = None) -> bytes:
     """The JSON body of a refusal before the app: a 400 (a request that is not HTTP), 408
-    (``limit`` in seconds), 413, 414 or 431 (in bytes or fields)."""
+    (``limit`` in seconds), 413, 414 or 431 (in bytes or fields), 503 (connections)."""
     body: dict[str, Any] = {"error": _REFUSALS[status], "message": message}
     if limit is not None:
         body["limit"] = limit

@@ -51,6 +51,7 @@ from typing import Any, ClassVar
 import h11
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
+from ..settings.limits import connection_shares
 from .limits import MAX_TARGET_BYTES, REQUEST_LINE_ALLOWANCE, RequestLimits, refusal_body
 
 __all__ = ["http_protocol"]
@@ -80,6 +81,7 @@ _STATUS_LINES = {
     400: b"400 Bad Request",
     414: b"414 URI Too Long",
     431: b"431 Request Header Fields Too Large",
+    503: b"503 Service Unavailable",
 }
 
 
@@ -104,7 +106,10 @@ def http_protocol(limits: RequestLimits, impl: str = "auto") -> type[asyncio.Pro
         base = _bounded_httptools()
     else:
         raise ValueError(f"unknown HTTP implementation {impl!r} (auto, httptools, h11)")
-    attrs = {"limits": limits, "refusal": _head_refusal(limits), "timeout_refusal": _timeout_refusal(limits)}
+    attrs = {
+        "limits": limits, "refusal": _head_refusal(limits), "timeout_refusal": _timeout_refusal(limits),
+        "max_connections": connection_shares()[0],
+    }  # fmt: skip
     return type(base.__name__, (base,), attrs)
 
 
@@ -149,9 +154,15 @@ class _HeadClock(asyncio.Protocol):
     flow: Any
 
     refusal: ClassVar[bytes]
+    max_connections: ClassVar[int]  # open at once (connection_shares: the rest is gRPC's and the reserve)
 
     def connection_made(self, transport: Any) -> None:
         super().connection_made(transport)
+        if len(self.server_state.connections) > self.max_connections:  # the file descriptors' share
+            body = refusal_body(503, "too many connections open; try again", self.max_connections)
+            transport.write(_raw_refusal(_STATUS_LINES[503], self.server_state, body))
+            transport.close()
+            return
         self._head_begins(seen=False)
 
     def _refuse(self, status: int) -> None:

@@ -1,6 +1,7 @@
 """The one settings object: every environment variable, its default, its validation.
 
-Seed 004's variables keep their names and defaults; shadowlimit's own start with
+The rollout plan's variables (``ENABLE_DISTRIBUTED_RATE_LIMITING``, ``RATE_LIMIT_*``) keep their
+names and defaults; shadowlimit's own start with
 ``SHADOWLIMIT_`` or ``RATE_LIMIT_``. An invalid value stops startup with a message
 naming the variable (:func:`load_settings` raises :class:`SettingsError`).
 """
@@ -40,7 +41,7 @@ class Settings(EnvoySettings, BaseSettings):
 
     model_config = SettingsConfigDict(env_prefix="", case_sensitive=False, extra="ignore", populate_by_name=True)
 
-    # seed 004
+    # the feature flag and the default limit
     enable_distributed_rate_limiting: bool = Field(
         False,
         validation_alias=_env("ENABLE_DISTRIBUTED_RATE_LIMITING"),
@@ -73,7 +74,7 @@ class Settings(EnvoySettings, BaseSettings):
         validation_alias=_env("SHADOWLIMIT_OVER_LIMIT_CACHE_KEYS"),
         description="Keys found over their global limit (enforce) answered without Redis until they may pass; 0: off.",
     )
-    # failure handling (seed 000)
+    # Redis failure handling
     failure_policy: FailurePolicy = Field(
         FailurePolicy.IN_MEMORY_FALLBACK, validation_alias=_env("RATE_LIMIT_FAILURE_POLICY")
     )

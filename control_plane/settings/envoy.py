@@ -125,6 +125,43 @@ class EnvoySettings(BaseModel):
         description="gRPC calls in progress at once; more are refused at once (RESOURCE_EXHAUSTED, counted).",
     )
 
+    grpc_max_connections: int = Field(
+        1024,
+        ge=1,
+        le=1_000_000,
+        validation_alias=_env("SHADOWLIMIT_GRPC_MAX_CONNECTIONS"),
+        description=(
+            "gRPC connections open at once (at most half the open-files limit, the rest kept for HTTP, Redis and"
+            " files). A connection past it takes the place of the one idle longest (idle a second or more), else"
+            ' it is closed at once (rate_limit_grpc_protocol_errors_total{kind="connection_refused"}).'
+        ),
+    )
+    grpc_idle_timeout_s: float = Field(
+        300.0,
+        gt=0,
+        le=86_400,
+        validation_alias=_env("SHADOWLIMIT_GRPC_IDLE_TIMEOUT_S"),
+        description="A gRPC connection without an open stream for this long is closed (GOAWAY, then closed).",
+    )
+    grpc_keepalive_s: float = Field(
+        60.0,
+        gt=0,
+        le=86_400,
+        validation_alias=_env("SHADOWLIMIT_GRPC_KEEPALIVE_S"),
+        description=(
+            "A PING is sent on a gRPC connection silent for this long; one unanswered for a third of it (at least"
+            " 1 s, at most 20 s) closes the connection, as do answers held by the client's window that long."
+        ),
+    )
+    grpc_reflection: bool = Field(
+        False,
+        validation_alias=_env("SHADOWLIMIT_GRPC_REFLECTION"),
+        description=(
+            "Serve gRPC server reflection (grpcurl list/describe); like every method but health, it needs the"
+            " client token when SHADOWLIMIT_CLIENT_TOKEN is set."
+        ),
+    )
+
     @field_validator("envoy_config")
     @classmethod
     def _check_envoy_config(cls, v: Path | None) -> Path | None:

@@ -167,7 +167,7 @@ def test_every_operation_declares_a_typed_success_answer(spec):
 
 def test_every_error_answer_is_the_json_error_body(spec):
     """... except a decision's rejections (403 deny list, 429, 5xx fail-closed: the decision's
-    own body, seed 002's error fields included)."""
+    own body, the rejection's error fields included)."""
     for method, path, op in _operations(spec):
         if op.get("parameters") or op.get("requestBody"):
             assert "422" in op["responses"], f"{method.upper()} {path}"

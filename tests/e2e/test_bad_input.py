@@ -1,5 +1,5 @@
 """Bad input is refused early and by name, and nothing a request does is ever a bare 500
-(issue 10): a real control plane under uvicorn on loopback, real HTTP, real Redis.
+(never a 500): a real control plane under uvicorn on loopback, real HTTP, real Redis.
 
 - rates whose arithmetic cannot be represented: 422 naming ``average`` (API), file:line
   (rules file), the setting (environment);

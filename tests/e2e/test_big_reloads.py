@@ -1,4 +1,4 @@
-"""A reload never stalls the service (issue 23): a configuration file just under the 4 MiB
+"""A reload never stalls the service: a configuration file just under the 4 MiB
 limit -- 54,000 Envoy descriptors, or 58,000 routes of a rules file -- dropped in while a
 real control plane (``shadowlimit serve``, its own process, as in production) answers
 Envoy's ShouldRateLimit over gRPC, one call at a time with a 100 ms deadline, and

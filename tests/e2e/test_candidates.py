@@ -1,4 +1,4 @@
-"""A candidate limit in shadow beside the enforced one (issue 25), on real Redis with two
+"""A candidate limit in shadow beside the enforced one, on real Redis with two
 replicas: its divergence equals an independent replay of the same requests under both
 limits; promote and drop are audited and gated; a Redis restarted empty keeps it; bad input
 is a 422 naming the field; it survives a rules reload that keeps its route and is dropped,

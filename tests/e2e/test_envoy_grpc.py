@@ -5,6 +5,7 @@ enforce, hot reload, a bad config kept out, Redis down, health and reflection.""
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -13,7 +14,7 @@ import grpc
 import httpx
 import pytest
 from cp_server import ControlPlaneServer, admin_headers, clean_env, free_port, metric_value, wait_until
-from envoy.service.ratelimit.v3 import rls_pb2
+from envoy.service.ratelimit.v3 import rls_pb2, rls_pb2_grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from rls_client import MINUTE, OK, OVER, Response, Rls, clear_of_minute_edge, descriptor, serve, set_mode
@@ -173,16 +174,41 @@ def test_invalid_requests_are_refused_with_invalid_argument(served) -> None:
     assert rls.codes(descriptor(("remote_address", "1")), domain="other") == (OK, [OK])
 
 
-def test_health_and_reflection(served) -> None:
+RLS_PATH = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit"
+
+
+def list_services(channel: grpc.Channel, metadata: tuple[tuple[str, str], ...] = ()) -> set[str]:
+    stub = reflection_pb2_grpc.ServerReflectionStub(channel)
+    requests = iter([reflection_pb2.ServerReflectionRequest(list_services="")])
+    reply = next(iter(stub.ServerReflectionInfo(requests, timeout=10, metadata=metadata)))
+    return {s.name for s in reply.list_services_response.service}
+
+
+def test_health_and_no_reflection_by_default(served) -> None:
     _, rls = served
     health = health_pb2_grpc.HealthStub(rls.channel)
     for service in ("", "envoy.service.ratelimit.v3.RateLimitService"):
         got = health.Check(health_pb2.HealthCheckRequest(service=service), timeout=10)
         assert got.status == health_pb2.HealthCheckResponse.SERVING
-    stub = reflection_pb2_grpc.ServerReflectionStub(rls.channel)
-    reply = next(iter(stub.ServerReflectionInfo(iter([reflection_pb2.ServerReflectionRequest(list_services="")]))))
-    names = {s.name for s in reply.list_services_response.service}
-    assert "envoy.service.ratelimit.v3.RateLimitService" in names and "grpc.health.v1.Health" in names
+    with pytest.raises(grpc.RpcError) as err:
+        list_services(rls.channel)
+    assert err.value.code() == grpc.StatusCode.UNIMPLEMENTED
+
+
+def test_reflection_when_switched_on_needs_the_client_token_as_every_method_but_health(redis_url, envoy_file) -> None:
+    cp = serve(redis_url, envoy_file, grpc_reflection=True, client_token="grpc-client-token-0123")
+    rls = Rls(cp.settings.grpc_port)
+    try:
+        health = health_pb2_grpc.HealthStub(rls.channel)  # health: no token needed
+        assert health.Check(health_pb2.HealthCheckRequest(service=""), timeout=10).status == 1
+        with pytest.raises(grpc.RpcError) as err:
+            list_services(rls.channel)
+        assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        names = list_services(rls.channel, (("authorization", "Bearer grpc-client-token-0123"),))
+        assert "envoy.service.ratelimit.v3.RateLimitService" in names and "grpc.health.v1.Health" in names
+    finally:
+        rls.close()
+        cp.stop()
 
 
 # --------------------------------------------------------------------------- #
@@ -441,6 +467,43 @@ def test_quota_mode_and_headers_on_an_ok_answer(redis_url, tmp_path) -> None:
     finally:
         rls.close()
         cp.stop()
+
+
+@pytest.mark.parametrize("compression", [grpc.Compression.Gzip, grpc.Compression.Deflate])
+def test_a_compressing_grpcio_client_is_answered(served, compression) -> None:
+    cp, _ = served
+    channel = grpc.insecure_channel(f"127.0.0.1:{cp.settings.grpc_port}", compression=compression)
+    try:
+        stub = rls_pb2_grpc.RateLimitServiceStub(channel)
+        req = rls_pb2.RateLimitRequest(domain="edge", descriptors=[descriptor(("budget", f"z{compression}"))])
+        call = stub.ShouldRateLimit.with_call(req, timeout=10)
+        assert call[0].overall_code == OK and call[1].code() == grpc.StatusCode.OK
+        # a big request compresses: an uncompressed server would refuse what it cannot read
+        many = [descriptor(("tenant", "acme-" + "x" * 200)) for _ in range(60)]
+        r = stub.ShouldRateLimit(rls_pb2.RateLimitRequest(domain="edge", descriptors=many), timeout=10)
+        assert len(r.statuses) == 60
+    finally:
+        channel.close()
+
+
+def test_an_unreadable_grpc_timeout_is_internal_as_grpcio_answers(served) -> None:
+    from h2_client import H2Client
+
+    cp, _ = served
+    req = rls_pb2.RateLimitRequest(domain="edge", descriptors=[descriptor(("budget", "t"))]).SerializeToString()
+
+    async def calls() -> list[int | None]:
+        c = await H2Client().connect(cp.settings.grpc_port)
+        out = []
+        for bad in ("garbage", "-1S", "1.5S", ""):
+            a = await c.call(RLS_PATH, req, extra=[("grpc-timeout", bad)])
+            out.append(a.status)
+        ok = await c.call(RLS_PATH, req, extra=[("grpc-timeout", "5S")])
+        out.append(ok.status)
+        await c.close()
+        return out
+
+    assert asyncio.run(calls()) == [13, 13, 13, 13, 0]
 
 
 def test_client_token_guards_the_grpc_port_too(redis_url, envoy_file) -> None:

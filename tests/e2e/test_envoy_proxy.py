@@ -37,7 +37,7 @@ PEER_EXAMPLE = Path(__file__).resolve().parent.parent / "fixtures" / "envoyproxy
 
 
 #: the filter's gRPC timeout here: these tests check answers, not speed, on a machine that runs
-#: the whole suite in parallel (Envoy's default 20 ms deadline under load is issue 23's, and
+#: the whole suite in parallel (Envoy's default 20 ms deadline under load is the capacity benchmark's, and
 #: bench/'s, to measure)
 TIMEOUT_MS = 1000
 

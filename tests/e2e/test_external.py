@@ -1,4 +1,4 @@
-"""External limits (seed 000's External Rate Limit Service over HTTP): the pure parts
+"""External limits (a limits service over HTTP): the pure parts
 (header filter, response validation, TTL order, per-key breakers with an injected clock,
 the rules-file block) and the lookups against real limits services on loopback and the
 session's real Redis: every TTL rule, singleflight, the semaphore, breakers opening,

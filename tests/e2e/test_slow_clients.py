@@ -1,4 +1,4 @@
-"""Slow clients (issue 23): a request head must arrive within ``SHADOWLIMIT_HEADER_TIMEOUT_S``.
+"""Slow clients: a request head must arrive within ``SHADOWLIMIT_HEADER_TIMEOUT_S``.
 
 A real control plane under uvicorn (both HTTP implementations), raw loopback sockets for the
 misbehaving clients: a head trickling in one byte at a time is cut off at the bound with a JSON

@@ -1,4 +1,4 @@
-"""``bench.clients``' redis-py path decides like ``RedisLimiter``, so issue 12's A/B
+"""``bench.clients``' redis-py path decides like ``RedisLimiter``, so the clients benchmark's A/B
 (own RESP client vs redis-py) compares like with like: the same script, the same key,
 the same ARGV, the same decoding. Real Redis from ``conftest.py``."""
 

@@ -130,7 +130,7 @@ def test_any_constructible_policy_decides_everywhere(redis_url, data):
     _check(redis_url, policy, data.draw(requests(policy)))
 
 
-# the extremes named in issue 10, each way round
+# the extremes of each bound, each way round
 LARGEST = [
     {"average": 1e9, "period": 0.001, "burst": 10**9},
     {"average": 1e9, "period": 0.001},

@@ -177,7 +177,7 @@ async def test_keys_layout_and_ttl(any_redis_url, alg):
                 from limiter.scripts import STATE_FIELDS
 
                 assert set(client.hgetall(rkey)) == {f.encode() for f in STATE_FIELDS[alg]}
-            # seed 000's TTL, extended when the state needs longer to become fresh
+            # the key's TTL, extended when the state needs longer to become fresh
             expected = max(policy.ttl_s, math.ceil(d.reset_after_us / SEC) + 1)
             pttl = client.pttl(rkey)
             assert expected * 1000 - 1500 < pttl <= expected * 1000
@@ -194,7 +194,7 @@ async def test_keys_layout_and_ttl(any_redis_url, alg):
 
 
 async def test_ttl_formula_values():
-    # seed 000: max(ceil(burst / average_per_second), period_seconds) + period_seconds
+    # the TTL target: max(ceil(burst / average_per_second), period_seconds) + period_seconds
     assert TTL_POLICIES[Algorithm.TOKEN_BUCKET].ttl_s == 6
     assert TTL_POLICIES[Algorithm.FIXED_WINDOW].ttl_s == 4
     assert Policy(average=100, period=60, burst=10).ttl_s == 120

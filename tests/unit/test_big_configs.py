@@ -1,4 +1,4 @@
-"""Configuration files at the 4 MiB limit (issue 23): read fast and lean, off the event loop.
+"""Configuration files at the 4 MiB limit: read fast and lean, off the event loop.
 
 - the YAML is read from libyaml's events, not a node tree: a 4 MiB file of 54,000 Envoy
   descriptors in seconds (it took 20 s and 500 MB, then was refused as too large);

@@ -1,4 +1,4 @@
-"""control_plane's imports point one way (issue 24): no module imports one that imports it
+"""control_plane's imports point one way: no module imports one that imports it
 back, lazy imports inside functions included, and no room (a top-level subpackage, or a
 module of the top level) imports a room that imports it back.
 

@@ -220,7 +220,7 @@ ROOMS = {
 
 
 def test_the_rooms_public_names():
-    """control_plane's rooms (issue 24): each says what it offers the others, nothing more."""
+    """control_plane's rooms: each says what it offers the others, nothing more."""
     import importlib
 
     for room, names in ROOMS.items():

@@ -1,4 +1,4 @@
-"""The fleet views' background refresh reads a few hundred routes at a time (issue 23): a
+"""The fleet views' background refresh reads a few hundred routes at a time: a
 4 MiB Envoy configuration's 58,000 routes are read a slice at a time, not in one burst that
 never ends, and a slice that fails leaves the views as they were, flagged."""
 

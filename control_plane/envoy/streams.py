@@ -1,0 +1,244 @@
+"""A connection's streams and what goes out on them: the answers of the gRPC transport
+(:mod:`.transport`, which reads; this writes), kept apart from the reading side.
+
+* an answer is HEADERS, DATA and trailers (``grpc-status``, ``grpc-message``), an error
+  trailers only, a request that is not gRPC an HTTP status only;
+* DATA goes out as far as the peer's windows allow, in frames of the peer's size; the rest
+  is held per stream (and counted for the connection: :attr:`Output.pending`) and sent by
+  :meth:`Output.drain` when a WINDOW_UPDATE or SETTINGS opens the windows; trailers follow
+  the held bytes;
+* a stream is forgotten once its answer has left (its request bytes given back to the
+  connection's window; a client still sending is reset NO_ERROR, RFC 9113 8.1) or once it
+  was reset (its method cancelled);
+* what one turn of the event loop produced leaves in one write (:meth:`Output.flush`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import h2.config
+import h2.connection
+import h2.exceptions
+from h2.errors import ErrorCodes
+
+from .codec import KeptDecoder, StaticEncoder
+from .wire import RESPONSE_HEADERS, Call, Limits, MessageReader, Method, frame_message, status_trailers
+
+__all__ = ["Output", "Stream"]
+
+_CONFIG = h2.config.H2Configuration(
+    client_side=False, header_encoding=None,
+    validate_inbound_headers=False, normalize_inbound_headers=False,  # read_head checks, once per head
+    validate_outbound_headers=False, normalize_outbound_headers=False,  # the answers are constant
+)  # fmt: skip
+
+
+class _H2(h2.connection.H2Connection):
+    MAX_CLOSED_STREAMS = 4096  # h2 remembers how closed streams closed: 65,536 by default
+
+
+class Stream:
+    """A call's state on its stream."""
+
+    __slots__ = (
+        "sid", "method", "call", "reader", "task", "ended", "done", "started", "pending", "trailers", "held", "wake",
+        "expected",
+    )  # fmt: skip
+
+    def __init__(self, sid: int, reader: MessageReader) -> None:
+        self.sid = sid
+        self.method: Method | None = None
+        self.call: Call | None = None
+        self.reader = reader
+        self.task: asyncio.Task[None] | None = None
+        self.ended = False  # the client half-closed (END_STREAM)
+        self.done = False  # answered (trailers queued), refused or reset: nothing more is sent
+        self.started = False  # the response headers sent
+        self.pending = bytearray()  # answer bytes held by the peer's windows
+        self.trailers: tuple[tuple[bytes, bytes], ...] | None = None  # to send once ``pending`` has left
+        self.held = 0  # request bytes received and not yet given back to the windows
+        self.wake: asyncio.Event | None = None  # a streaming method waiting (more input, or room)
+        self.expected: int | None = None  # request bytes still due by its content-length (None: none sent)
+
+
+class Output:
+    """The writing half of a connection (see the module docstring); ``owner`` counts
+    protocol events (``owner.count(kind)``)."""
+
+    def __init__(self, limits: Limits, owner: Any) -> None:
+        self.limits = limits
+        self.owner = owner
+        self.loop = asyncio.get_running_loop()
+        self.transport: Any = None
+        self.h2 = _H2(_CONFIG)
+        self.h2.decoder = KeptDecoder(limits.max_header_list_bytes)  # type: ignore[assignment]
+        self.h2.encoder = StaticEncoder()  # type: ignore[assignment]
+        self.streams: dict[int, Stream] = {}
+        self.blocked: dict[int, Stream] = {}  # streams with answer bytes held by a window
+        self.pending = 0  # answer bytes held, all streams
+        self.flushing = False
+        self.stopping = False  # no new streams (our GOAWAY sent, or the peer's received)
+        self.closing = False
+        self.finished_calls = 0
+        self.last_drain = self.loop.time()
+
+    # -- answers -------------------------------------------------------------------------
+
+    def send_message(self, stream: Stream, message: bytes) -> None:
+        """One response message (the response headers first, when it is the first)."""
+        if stream.done or self.closing:
+            return
+        try:
+            if not stream.started:
+                stream.started = True
+                self.h2.send_headers(stream.sid, RESPONSE_HEADERS)
+            self.send_data(stream, frame_message(message))
+        except h2.exceptions.ProtocolError:  # the stream ended under it (reset by h2 in this turn)
+            self.drop(stream)
+        self.flush_soon()
+
+    def finish(self, stream: Stream, message: bytes | None, code: int, text: str) -> None:
+        """End the call: its message (if any), then its status (trailers only when nothing
+        was sent before; after the held answer bytes when a window holds some)."""
+        if stream.done or self.closing:
+            return
+        if message is not None:
+            self.send_message(stream, message)
+            if stream.done:
+                return
+        trailers = status_trailers(code, text)
+        stream.done = True
+        if not stream.started:
+            stream.started = True
+            self.end_stream(stream, RESPONSE_HEADERS + trailers)
+        elif stream.pending:
+            stream.trailers = trailers  # sent by _drain once the answer has left
+        else:
+            self.end_stream(stream, trailers)
+
+    def http_error(self, stream: Stream, status: int) -> None:
+        """Not a gRPC request: an HTTP status and nothing else."""
+        stream.done = stream.started = True
+        self.end_stream(stream, ((b":status", str(status).encode()),))
+
+    def end_stream(self, stream: Stream, headers: tuple[tuple[bytes, bytes], ...]) -> None:
+        """The stream's last header block (END_STREAM); the stream is forgotten: its request
+        bytes given back, a client still sending reset (it need not send more, RFC 9113 8.1)."""
+        try:
+            self.h2.send_headers(stream.sid, list(headers), end_stream=True)
+            if not stream.ended:
+                self.h2.reset_stream(stream.sid, ErrorCodes.NO_ERROR)
+        except h2.exceptions.ProtocolError:
+            pass
+        self.finished_calls += 1
+        self.forget(stream)
+        self.flush_soon()
+
+    def send_data(self, stream: Stream, data: bytes) -> None:
+        """As much of ``data`` as the windows take, in frames of the peer's size; the rest
+        held (:meth:`_drain` sends it when the windows open)."""
+        if stream.pending:
+            stream.pending += data
+            self.pending += len(data)
+            return
+        sent = self.data_frames(stream.sid, data)
+        if sent < len(data):
+            stream.pending += data[sent:]
+            self.pending += len(data) - sent
+            if not self.blocked:
+                self.last_drain = self.loop.time()
+            self.blocked[stream.sid] = stream
+
+    def data_frames(self, sid: int, data: bytes | bytearray) -> int:
+        room = min(self.h2.local_flow_control_window(sid), len(data))
+        step = self.h2.max_outbound_frame_size
+        for i in range(0, room, step):
+            self.h2.send_data(sid, bytes(data[i : min(i + step, room)]))
+        return room
+
+    def drain(self) -> None:
+        """Held answer bytes, as far as the windows now go; trailers once their answer left."""
+        for sid, stream in list(self.blocked.items()):
+            try:
+                sent = self.data_frames(sid, stream.pending)
+            except h2.exceptions.ProtocolError:
+                self.drop(stream)
+                continue
+            if not sent:
+                continue
+            self.last_drain = self.loop.time()
+            del stream.pending[:sent]
+            self.pending -= sent
+            if stream.pending:
+                continue
+            del self.blocked[sid]
+            if stream.trailers is not None:
+                trailers, stream.trailers = stream.trailers, None
+                self.end_stream(stream, trailers)
+            elif stream.wake is not None:
+                stream.wake.set()
+        if self.pending < self.limits.max_pending_output:
+            for stream in self.streams.values():  # streams waiting for the connection's room
+                if stream.wake is not None and not stream.pending:
+                    stream.wake.set()
+        self.flush_soon()
+
+    # -- streams -------------------------------------------------------------------------
+
+    def reset(self, sid: int, code: ErrorCodes, count: bool = True) -> None:
+        try:
+            self.h2.reset_stream(sid, code)
+        except h2.exceptions.ProtocolError:
+            return
+        if count:
+            self.owner.count("reset_sent")
+        self.flush_soon()
+
+    def drop(self, stream: Stream) -> None:
+        """A stream that ends without its answer (reset): its method cancelled."""
+        stream.done = True
+        if stream.task is not None and not stream.task.done():
+            stream.task.cancel()
+        if stream.wake is not None:
+            stream.wake.set()
+        self.forget(stream)
+
+    def forget(self, stream: Stream) -> None:
+        if stream.held:
+            self.give_back(stream.sid, stream.held)
+            stream.held = 0
+        if stream.pending:
+            self.pending -= len(stream.pending)
+            stream.pending.clear()
+        self.blocked.pop(stream.sid, None)
+        self.streams.pop(stream.sid, None)
+        if self.stopping:
+            self.maybe_close()
+
+    def give_back(self, sid: int, size: int) -> None:
+        """Request bytes consumed: back to the connection's window (and the stream's)."""
+        if size > 0 and not self.closing:
+            try:
+                self.h2.acknowledge_received_data(size, sid)
+            except h2.exceptions.ProtocolError:
+                pass
+
+    def flush_soon(self) -> None:
+        if not self.flushing:
+            self.flushing = True
+            self.loop.call_soon(self.flush)
+
+    def flush(self, extra: bytes = b"") -> None:
+        """Everything this turn of the loop made, in one write."""
+        self.flushing = False
+        data = self.h2.data_to_send() + extra
+        if data and self.transport is not None and not self.transport.is_closing():
+            self.transport.write(data)
+
+    def maybe_close(self, force: bool = False) -> None:
+        if (force or (self.stopping and not self.streams)) and not self.closing:
+            self.flush()
+            self.closing = True
+            self.transport.close()

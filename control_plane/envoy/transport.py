@@ -1,0 +1,512 @@
+"""gRPC over HTTP/2 on an asyncio protocol, python-hyper's ``h2`` state machine inside: the
+transport of shadowlimit's gRPC server, in the app's event loop.
+
+Why not grpcio's server: behind Envoy every request waits for a ``ShouldRateLimit`` call due
+within Envoy's deadline (20 ms by default), and grpcio's aio server spends over 100 us of CPU
+per call before any work is done (docs/benchmarks.md). Here the calls that arrive in one
+read are decoded together, the answers ready in one turn of the loop leave in one write.
+
+What h2 does (RFC 9113): frames, stream states (a HEADERS after END_STREAM is a stream
+error STREAM_CLOSED, never a second call), flow control both ways (a client sending past
+its window is FLOW_CONTROL_ERROR), settings, PING, GOAWAY. What this module adds:
+
+* HPACK through :mod:`.codec` (Envoy's repeated blocks decoded once; answers never touch the
+  dynamic table) and each request's head checked and read once (:func:`.wire.read_head`): a
+  malformed request (RFC 9113 8.1) is a stream error, logged on one line;
+* :mod:`.frames`' walk before h2 reads anything (idle-stream frames, floods);
+* bounds: a read is handed to h2 in slices of :attr:`Limits.read_slice` bytes, one slice a
+  turn of the loop; streams per connection (REFUSED_STREAM past ``max_streams``); request
+  bytes held (the connection's window, given back as calls end); answers held by the
+  peer's windows (past ``max_pending_output`` no new call starts; a streaming method waits
+  for its previous answer to leave before it makes the next); a peer that does not read
+  its socket is not read either;
+* calls: a method runs as a task, started once the reads of a turn are in (a call reset in
+  the same read never runs); a reset stream or a lost connection cancels it; a peer that
+  resets more calls than it lets finish (the Rapid Reset attack, CVE-2023-44487, counted as
+  Envoy counts premature resets) gets GOAWAY ENHANCE_YOUR_CALM;
+* timers, kept by the server's sweep (:meth:`GrpcConnection.tick`): the preface, idle
+  connections, keepalive PINGs, answers the peer's window has held too long;
+* a graceful stop: GOAWAY naming the last stream taken, the calls taken answered.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import h2.config
+import h2.connection
+import h2.events
+import h2.exceptions
+from h2.errors import ErrorCodes
+from h2.settings import SettingCodes, Settings
+from hyperframe.frame import GoAwayFrame
+
+from .codec import HeaderBlockError
+from .frames import END_STREAM, FrameWalk, Refusal
+from .streams import Output, Stream
+from .wire import (
+    Call,
+    Head,
+    Limits,
+    MessageReader,
+    Method,
+    RpcError,
+    StatusCode,
+    read_head,
+    trailers_problem,
+)
+
+__all__ = ["Call", "GrpcConnection", "Limits", "Method", "RpcError", "StatusCode"]
+
+log = logging.getLogger("shadowlimit.grpc")
+
+#: resets a client may make before the Rapid Reset check applies, and the streams after which
+#: the counts are halved (so a long honest history does not hide an attack for long)
+RESET_GRACE = 200
+RESET_WINDOW = 10_000
+_HEADS_KEPT = 256
+
+
+class GrpcConnection(Output, asyncio.Protocol):
+    """One client connection (see the module docstring). ``methods`` maps
+    ``/pkg.Service/Method`` to a :class:`Method`; ``owner`` (the server) admits connections,
+    counts protocol events (``owner.count(kind)``), authorizes calls and sweeps timers."""
+
+    def __init__(self, methods: dict[str, Method], limits: Limits, owner: Any) -> None:
+        super().__init__(limits, owner)
+        self.methods = methods
+        now = self.loop.time()
+        self.walk = FrameWalk(now)
+        self.heads: dict[tuple[Any, ...], Head] = {}
+        self.ready: list[Stream] = []  # calls to start once this turn's reads are in
+        self.backlog = b""  # read and not yet handed to h2 (a slice a turn)
+        self.preface = False
+        self.reading_paused = 0  # bits: 1 the peer does not read, 2 a backlog is being fed
+        self.opened_at = self.last_frame = self.last_call = now
+        self.ping_sent: float | None = None
+        self.started_calls = self.resets = 0
+        self.preface_timer: Any = None
+
+    # -- asyncio.Protocol ----------------------------------------------------------------
+
+    def connection_made(self, transport: Any) -> None:
+        self.transport = transport
+        if not self.owner.admit(self):
+            self.closing = True
+            transport.close()
+            return
+        limits = self.limits
+        settings = {
+            SettingCodes.MAX_CONCURRENT_STREAMS: limits.max_streams,
+            SettingCodes.INITIAL_WINDOW_SIZE: limits.max_message_bytes + 4096,  # the largest message fits
+            SettingCodes.MAX_HEADER_LIST_SIZE: limits.max_header_list_bytes,
+        }
+        self.h2.local_settings = Settings(client=False, initial_values=settings)
+        self.h2.initiate_connection()  # our SETTINGS, in force at once (no ACK awaited)
+        # a stream past max_streams is refused here (REFUSED_STREAM, RFC 9113 5.1.2), not by
+        # h2, which would end the whole connection
+        settings[SettingCodes.MAX_CONCURRENT_STREAMS] = 2**31 - 1
+        self.h2.local_settings = Settings(client=False, initial_values=settings)
+        self.h2.increment_flow_control_window(limits.connection_window - 65_535)
+        self.flush_soon()
+        self.preface_timer = self.loop.call_later(limits.preface_timeout_s, self._preface_late)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closing = True
+        if self.preface_timer is not None:
+            self.preface_timer.cancel()
+        for stream in self.streams.values():
+            stream.done = True
+            if stream.task is not None:
+                stream.task.cancel()
+        self.streams.clear()
+        self.blocked.clear()
+        self.ready.clear()
+        self.owner.closed(self)
+
+    def pause_writing(self) -> None:  # the peer does not read its answers: stop reading its calls
+        self._pause(1)
+
+    def resume_writing(self) -> None:
+        self._resume(1)
+
+    def _pause(self, bit: int) -> None:
+        if not self.reading_paused and not self.closing:
+            self.transport.pause_reading()
+        self.reading_paused |= bit
+
+    def _resume(self, bit: int) -> None:
+        self.reading_paused &= ~bit
+        if not self.reading_paused and not self.closing:
+            self.transport.resume_reading()
+
+    def data_received(self, data: bytes) -> None:
+        if self.closing:
+            return
+        if self.backlog:
+            self.backlog += data
+            return
+        self._feed(data)
+
+    def _feed(self, data: bytes) -> None:
+        """Hand h2 at most a slice; the rest waits for the next turn of the loop."""
+        cut = self.limits.read_slice
+        if len(data) > cut:
+            self.backlog = data[cut:]
+            data = data[:cut]
+            if not self.reading_paused & 2:
+                self._pause(2)
+                self.loop.call_soon(self._feed_backlog)
+        now = self.loop.time()
+        self.last_frame = now
+        upto, refusal = self.walk.walk(data, now)
+        if self.walk.patches:  # trailers that do not end their stream: h2 reads them as if they did
+            patched = bytearray(data)
+            for at in self.walk.patches:
+                patched[at] |= END_STREAM
+            data = bytes(patched)
+        try:
+            events = self.h2.receive_data(data if upto == len(data) else data[:upto])
+        except h2.exceptions.ProtocolError as exc:
+            self._fail(Refusal(ErrorCodes(exc.error_code or ErrorCodes.PROTOCOL_ERROR), str(exc)), sent=True)
+            return
+        except HeaderBlockError as exc:
+            self._fail(Refusal(exc.code, exc.reason))
+            return
+        if not self.preface and events:
+            self.preface = True
+        for event in events:
+            handler = _HANDLERS.get(type(event))
+            if handler is not None:
+                handler(self, event)
+            if self.closing:
+                return
+        if refusal is not None:
+            self._fail(refusal)
+            return
+        self._start_ready()
+        self.flush_soon()
+
+    def _feed_backlog(self) -> None:
+        if self.closing:
+            return
+        data, self.backlog = self.backlog, b""
+        self._feed(data)
+        if not self.backlog:
+            self._resume(2)
+        elif not self.closing:
+            self.loop.call_soon(self._feed_backlog)
+
+    # -- events --------------------------------------------------------------------------
+
+    def _on_request(self, event: h2.events.RequestReceived) -> None:
+        sid = event.stream_id
+        headers = event.headers or []
+        key = tuple(headers)
+        head = self.heads.get(key)
+        if head is None:
+            head = read_head(headers)
+            if len(self.heads) >= _HEADS_KEPT:
+                self.heads.clear()
+            self.heads[key] = head
+        if head.problem is not None:
+            self._malformed(sid, None, head.problem)
+            return
+        if (
+            self.stopping
+            or len(self.streams) >= self.limits.max_streams
+            or self.pending >= self.limits.max_pending_output
+        ):
+            self.owner.count("refused_stream")
+            self.reset(sid, ErrorCodes.REFUSED_STREAM)
+            return
+        stream = Stream(sid, MessageReader(self.limits.max_message_bytes, head.encoding))
+        stream.expected = head.content_length
+        self.streams[sid] = stream
+        self.started_calls += 1
+        if self.started_calls >= RESET_WINDOW:
+            self.started_calls //= 2
+            self.resets //= 2
+        self.last_call = self.loop.time()
+        if head.status is not None:  # not gRPC: an HTTP status and nothing else
+            self.http_error(stream, head.status)
+            return
+        if head.error is not None:
+            self.finish(stream, None, *head.error)
+            return
+        method = self.methods.get(head.path)
+        if method is None:
+            self.finish(stream, None, StatusCode.UNIMPLEMENTED, f"Method not found: {head.path}")
+            return
+        deadline = None if head.timeout_s is None else self.loop.time() + head.timeout_s
+        call = Call(head.path, list(head.metadata), deadline, self.loop)
+        try:
+            if not method.public:
+                self.owner.authorize(call)
+        except RpcError as exc:
+            self.finish(stream, None, exc.code, exc.message)
+            return
+        stream.method, stream.call = method, call
+        if method.kind == "each":  # reads its messages as they come
+            self.ready.append(stream)
+
+    def _on_data(self, event: h2.events.DataReceived) -> None:
+        stream = self.streams.get(event.stream_id)
+        size = event.flow_controlled_length or 0
+        if stream is None or stream.done:  # answered or refused already: the bytes are given back
+            self.give_back(event.stream_id, size)
+            return
+        stream.held += size
+        data = event.data or b""
+        if stream.expected is not None:
+            stream.expected -= len(data)
+            if stream.expected < 0:
+                self._malformed(event.stream_id, stream, "DATA past the request's content-length")
+                return
+        try:
+            stream.reader.feed(data)
+        except RpcError as exc:  # a length over the bound: refused before the rest arrives
+            self.finish(stream, None, exc.code, exc.message)
+            return
+        if stream.wake is not None:
+            stream.wake.set()
+
+    def _on_end(self, event: h2.events.StreamEnded) -> None:
+        stream = self.streams.get(event.stream_id)
+        if stream is None:
+            return
+        stream.ended = True
+        if stream.expected:
+            self._malformed(event.stream_id, stream, "DATA short of the request's content-length")
+            return
+        if stream.method is None:  # answered already
+            return
+        if stream.method.kind == "each":
+            if stream.wake is not None:
+                stream.wake.set()
+        else:
+            self.ready.append(stream)
+
+    def _on_trailers(self, event: h2.events.TrailersReceived) -> None:
+        sid = event.stream_id
+        problem = trailers_problem(event.headers or [])
+        if sid in self.walk.bad_trailers:
+            self.walk.bad_trailers.discard(sid)
+            problem = "trailers without END_STREAM"
+        if problem is not None:
+            self._malformed(sid, self.streams.get(sid), f"malformed trailers ({problem})")
+
+    def _malformed(self, sid: int, stream: Stream | None, problem: str) -> None:
+        """A malformed request (RFC 9113 8.1.1): a stream error, one log line."""
+        log.info("gRPC stream %d reset: a malformed request: %s", sid, problem)
+        self.owner.count("bad_header")
+        if stream is not None:
+            self.drop(stream)
+        self.reset(sid, ErrorCodes.PROTOCOL_ERROR)
+
+    def _on_reset(self, event: h2.events.StreamReset) -> None:
+        self.owner.count("reset_received" if event.remote_reset else "reset_sent")
+        stream = self.streams.get(event.stream_id)
+        if stream is None:
+            return
+        if event.remote_reset and not stream.done:  # reset before its answer: a premature reset
+            self.resets += 1
+            if self.resets > RESET_GRACE and self.resets * 2 > self.started_calls:
+                self._fail(Refusal(ErrorCodes.ENHANCE_YOUR_CALM, "more calls reset than answered (Rapid Reset)"))
+                return
+        self.drop(stream)
+
+    def _on_window(self, event: Any) -> None:
+        if self.blocked:
+            self.drain()
+
+    def _on_goaway(self, event: h2.events.ConnectionTerminated) -> None:
+        self.stopping = True  # the peer opens no more streams: closed once the open ones are answered
+        self.maybe_close()
+
+    def _on_ping_ack(self, event: h2.events.PingAckReceived) -> None:
+        self.ping_sent = None
+
+    # -- calls ---------------------------------------------------------------------------
+
+    def _start_ready(self) -> None:
+        if not self.ready:
+            return
+        ready, self.ready = self.ready, []
+        for stream in ready:
+            if stream.done or stream.task is not None:
+                continue
+            method = stream.method
+            if method is None:
+                continue
+            if method.kind == "each":
+                coro: Awaitable[None] = self._each(stream, method.fn)
+            else:
+                try:
+                    message = stream.reader.only()
+                except RpcError as exc:
+                    self.finish(stream, None, exc.code, exc.message)
+                    continue
+                runner = self._unary if method.kind == "unary" else self._server_stream
+                coro = runner(stream, method.fn, message)
+            stream.task = self.loop.create_task(coro)  # type: ignore[arg-type]
+
+    async def _unary(self, stream: Stream, fn: Callable[[bytes, Call], Awaitable[bytes]], message: bytes) -> None:
+        try:
+            answer = await fn(message, stream.call)  # type: ignore[arg-type]
+        except RpcError as exc:
+            self.finish(stream, None, exc.code, exc.message)
+        except Exception:  # the method's bug: logged, the call ends INTERNAL
+            log.exception("gRPC method %s failed", stream.call.path if stream.call else "?")
+            self.finish(stream, None, StatusCode.INTERNAL, "internal error")
+        else:
+            self.finish(stream, answer, StatusCode.OK, "")
+
+    async def _server_stream(
+        self, stream: Stream, fn: Callable[[bytes, Call], AsyncIterator[bytes]], message: bytes
+    ) -> None:
+        await self._run_stream(stream, fn(message, stream.call))  # type: ignore[arg-type]
+
+    async def _each(self, stream: Stream, fn: Callable[[bytes, Call], bytes]) -> None:
+        await self._run_stream(stream, self._answers_each(stream, fn))
+
+    async def _answers_each(self, stream: Stream, fn: Callable[[bytes, Call], bytes]) -> AsyncIterator[bytes]:
+        """An answer per request message, each made once the last has left (the request's
+        bytes are given back as they are consumed)."""
+        reader = stream.reader
+        while True:
+            message = reader.next()
+            if message is None:
+                if stream.ended:
+                    if reader.buf:
+                        raise RpcError(StatusCode.INTERNAL, "the request ended inside a message")
+                    return
+                await self._wait(stream)
+                continue
+            self.give_back(stream.sid, reader.consumed)
+            stream.held -= reader.consumed
+            reader.consumed = 0
+            yield fn(message, stream.call)  # type: ignore[arg-type]
+
+    async def _run_stream(self, stream: Stream, answers: AsyncIterator[bytes]) -> None:
+        try:
+            async for answer in answers:
+                while (stream.pending or self.pending >= self.limits.max_pending_output) and not stream.done:
+                    await self._wait(stream)  # the last answer has not left yet: make no more
+                if stream.done:
+                    return
+                self.send_message(stream, answer)
+        except RpcError as exc:
+            self.finish(stream, None, exc.code, exc.message)
+        except Exception:
+            log.exception("gRPC method %s failed", stream.call.path if stream.call else "?")
+            self.finish(stream, None, StatusCode.INTERNAL, "internal error")
+        else:
+            self.finish(stream, None, StatusCode.OK, "")
+
+    async def _wait(self, stream: Stream) -> None:
+        stream.wake = asyncio.Event()
+        await stream.wake.wait()
+        stream.wake = None
+
+    # -- the connection ------------------------------------------------------------------
+
+    def tick(self, now: float) -> None:
+        """The server's sweep (about once a second): idle connections closed, keepalive
+        PINGs sent and their answers awaited, answers held by the peer's windows too long."""
+        if self.closing or not self.preface:
+            return
+        limits = self.limits
+        if self.streams:
+            self.last_call = now
+        elif now - self.last_call >= limits.idle_timeout_s:
+            self.owner.count("idle_close")
+            self.shutdown(close_now=True)
+            return
+        if self.blocked and now - self.last_drain >= limits.keepalive_timeout_s:
+            self.owner.count("flow_control")
+            self._fail(Refusal(ErrorCodes.ENHANCE_YOUR_CALM, "answers held by the window for too long"), count=False)
+            return
+        if self.ping_sent is not None and self.last_frame > self.ping_sent:
+            self.ping_sent = None  # the peer spoke since: it is there
+        if self.ping_sent is None:
+            if now - self.last_frame >= limits.keepalive_s:
+                self.ping_sent = now
+                self.h2.ping(os.urandom(8))
+                self.flush_soon()
+        elif now - self.ping_sent >= limits.keepalive_timeout_s:
+            self.owner.count("keepalive_timeout")
+            log.info("gRPC connection closed: no answer to a keepalive PING in %.0f s", limits.keepalive_timeout_s)
+            self.closing = True
+            self.transport.close()
+
+    def idle_for(self, now: float) -> float:
+        """Seconds without an open stream (0: streams are open)."""
+        return 0.0 if self.streams or not self.preface else now - self.last_call
+
+    def shutdown(self, close_now: bool = False) -> None:
+        """No new streams: GOAWAY naming the last stream taken (written beside h2, whose
+        state would refuse the answers still due); closed once those are answered."""
+        if self.closing:
+            return
+        if not self.stopping:
+            self.stopping = True
+            goaway = GoAwayFrame(0)
+            goaway.last_stream_id = self.h2.highest_inbound_stream_id
+            goaway.error_code = ErrorCodes.NO_ERROR
+            self.flush(goaway.serialize())
+        if close_now or not self.streams:
+            self.maybe_close(force=True)
+
+    def _fail(self, refusal: Refusal, sent: bool = False, count: bool = True) -> None:
+        """A connection error: GOAWAY with its code (h2's own when ``sent``), then close."""
+        if self.closing:
+            return
+        log.info("gRPC connection closed: %s", refusal.reason)
+        if count:
+            self.owner.count(_GOAWAY_KINDS.get(refusal.code, "goaway_protocol_error"))
+        if not sent:
+            try:
+                self.h2.close_connection(refusal.code, refusal.reason.encode()[:256])
+            except h2.exceptions.ProtocolError:
+                pass
+        self.flush()
+        self.closing = True
+        self.transport.close()
+
+    def _preface_late(self) -> None:
+        self.preface_timer = None
+        if not self.preface and not self.closing:
+            self.owner.slow()
+            self.closing = True
+            self.transport.close()
+
+
+_GOAWAY_KINDS = {
+    ErrorCodes.PROTOCOL_ERROR: "goaway_protocol_error",
+    ErrorCodes.FLOW_CONTROL_ERROR: "goaway_flow_control_error",
+    ErrorCodes.FRAME_SIZE_ERROR: "goaway_frame_size_error",
+    ErrorCodes.COMPRESSION_ERROR: "goaway_compression_error",
+    ErrorCodes.STREAM_CLOSED: "goaway_stream_closed",
+    ErrorCodes.ENHANCE_YOUR_CALM: "goaway_enhance_your_calm",
+}
+#: the protocol event kinds a server counts (rate_limit_grpc_protocol_errors_total{kind})
+PROTOCOL_KINDS = (
+    *_GOAWAY_KINDS.values(), "reset_received", "reset_sent", "refused_stream", "flow_control", "idle_close",
+    "keepalive_timeout", "connection_refused", "bad_header",
+)  # fmt: skip
+_HANDLERS: dict[type, Callable[[GrpcConnection, Any], None]] = {
+    h2.events.RequestReceived: GrpcConnection._on_request,
+    h2.events.DataReceived: GrpcConnection._on_data,
+    h2.events.StreamEnded: GrpcConnection._on_end,
+    h2.events.TrailersReceived: GrpcConnection._on_trailers,
+    h2.events.StreamReset: GrpcConnection._on_reset,
+    h2.events.WindowUpdated: GrpcConnection._on_window,
+    h2.events.RemoteSettingsChanged: GrpcConnection._on_window,
+    h2.events.ConnectionTerminated: GrpcConnection._on_goaway,
+    h2.events.PingAckReceived: GrpcConnection._on_ping_ack,
+}
