@@ -277,7 +277,7 @@ class RawConn:
     def ping(self, data: bytes, *, ack: bool = False) -> None:
         self.write(PingFrame(0, opaque_data=data, flags=["ACK"] * ack))
 
-    def goaway(self, last: int, code: int, debug: bytes = b"") -> None:
+    def send_goaway(self, last: int, code: int, debug: bytes = b"") -> None:
         self.write(GoAwayFrame(0, last_stream_id=last, error_code=code, additional_data=debug))
 
     def window(self, sid: int, increment: int) -> None:

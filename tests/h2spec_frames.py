@@ -434,7 +434,7 @@ def _(c: Ctx) -> None:
 def _(c: Ctx) -> None:
     """RFC 9113 7: a GOAWAY with an unknown error code triggers nothing special (PING answered, or closed)."""
     c.conn.handshake()
-    c.conn.goaway(0, 0xFF)
+    c.conn.send_goaway(0, 0xFF)
     c.conn.ping(H2SPEC)
     ping_ack_or_close(c.conn, H2SPEC)
 

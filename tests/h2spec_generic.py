@@ -201,7 +201,7 @@ def _(c: Ctx) -> None:
 def _(c: Ctx) -> None:
     """RFC 9113 6.8: a GOAWAY is taken (PING answered, or closed)."""
     c.conn.handshake()
-    c.conn.goaway(0, E.NO_ERROR, b"h2spec")
+    c.conn.send_goaway(0, E.NO_ERROR, b"h2spec")
     c.conn.ping(H2SPEC)
     ping_ack_or_close(c.conn, H2SPEC)
 
