@@ -25,6 +25,7 @@ from h2_verdicts import stream_error, stream_error_and_connection_lives
 __all__ = ["CASES", "Case", "Ctx", "case", "dummy_headers"]
 
 MAX_HEADER_LEN = 4000  # h2spec's --max-header-length default
+TIMEOUT_S = 2.0  # h2spec's --timeout default: nothing within it fails a verdict
 
 
 def dummy_headers(n: int) -> list[tuple[str, str]]:
@@ -35,7 +36,7 @@ class Ctx:
     """What a case works with: ``conn`` (fresh, before the preface), the server's port for
     another connection, and the verdict of a malformed request (:meth:`malformed`)."""
 
-    def __init__(self, port: int, *, strict: bool = False, timeout: float = 2.0) -> None:
+    def __init__(self, port: int, *, strict: bool = False, timeout: float = TIMEOUT_S) -> None:
         self.port = port
         self.strict = strict
         self.timeout = timeout
@@ -96,19 +97,23 @@ class Case:
     doc: str
     run: Callable[[Ctx], None]
     message_check: bool
+    timeout: float
 
 
 CASES: dict[str, Case] = {}
 
 
-def case(cid: str, *, message_check: bool = False) -> Callable[[Callable[[Ctx], None]], Callable[[Ctx], None]]:
+def case(
+    cid: str, *, message_check: bool = False, timeout: float = TIMEOUT_S
+) -> Callable[[Callable[[Ctx], None]], Callable[[Ctx], None]]:
     """Register a case under h2spec's id; ``message_check``: a malformed request whose verdict
-    is :meth:`Ctx.malformed` (also run with ``strict``)."""
+    is :meth:`Ctx.malformed` (also run with ``strict``); ``timeout``: h2spec's ``--timeout``
+    for it, if not its default."""
 
     def register(fn: Callable[[Ctx], None]) -> Callable[[Ctx], None]:
         assert cid not in CASES, cid
         assert fn.__doc__ and "RFC" in fn.__doc__, f"{cid}: a docstring naming the RFC section"
-        CASES[cid] = Case(cid, " ".join(fn.__doc__.split()), fn, message_check)
+        CASES[cid] = Case(cid, " ".join(fn.__doc__.split()), fn, message_check, timeout)
         return fn
 
     return register

@@ -55,7 +55,7 @@ def _run(served: RlsServed, cid: str, *, strict: bool = False) -> None:
     """The case; then the server is alive and logged no traceback meanwhile (a worker of
     pytest-xdist runs one test at a time against its own server: what was logged is this case's)."""
     logged = len(served.stderr())
-    ctx = Ctx(served.grpc_port, strict=strict)
+    ctx = Ctx(served.grpc_port, strict=strict, timeout=CASES[cid].timeout)
     try:
         CASES[cid].run(ctx)
     finally:
