@@ -368,7 +368,7 @@ class RawConn:
             a.data += f.data
             self.data_streams.add(f.stream_id)
         elif ev.is_(RST_STREAM):
-            a.reset = ev.code
+            a.reset = ev.code if a.reset is None else a.reset  # the first: what ended the stream
             a.ended = True
         if ev.end_stream:
             a.ended = True
