@@ -291,7 +291,7 @@ class FlowSender:
         return sum(s.sent for fc in self.conns for s in fc.streams.values())
 
 
-def open_idle(port: int, n: int, *, batch: int = 500, timeout: float = 30.0) -> tuple[list[socket.socket], int]:
+def open_idle(port: int, n: int, *, batch: int = 500, timeout: float = 45.0) -> tuple[list[socket.socket], int]:
     """``n`` connections that send the preface and an empty SETTINGS frame, then nothing;
     (the ones established, how many could not be: refused or not accepted in time)."""
     hello = PREFACE + raw_frame(SETTINGS, 0, 0, settings_payload())

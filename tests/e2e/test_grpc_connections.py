@@ -39,6 +39,7 @@ pytestmark = pytest.mark.timeout(300)
 WANTED = 20_000
 OWN_FDS = 300  # what this process keeps open besides the idle connections
 WATCH = "/grpc.health.v1.Health/Watch"
+KEEPALIVE_WATCH_S = 8.0
 
 
 def raise_nofile(wanted: int) -> int:
@@ -137,23 +138,25 @@ def _watching(served: RlsServed, *, ack_pings: bool) -> RawConn:
 
 
 def test_keepalive_pings_close_a_peer_that_never_answers(redis_server, tmp_path: Path) -> None:
+    """8 s of two peers with a call open, keepalive 1 s: the one that never answers is closed,
+    the one that answers is PINGed again and again and keeps its connection and its call."""
     with served_with(redis_server.url, tmp_path, SHADOWLIMIT_GRPC_KEEPALIVE_S="1") as served:
         before = protocol_errors(served)
         silent, polite = _watching(served, ack_pings=False), _watching(served, ack_pings=True)
-        deadline = time.monotonic() + 15
-        first_ping = None
+        first_ping = silent_closed = None
         t0 = time.monotonic()
-        while not silent.closed and time.monotonic() < deadline:
+        while time.monotonic() - t0 < KEEPALIVE_WATCH_S:
             silent.until(lambda: False, 0.1)
             polite.until(lambda: False, 0.1)
             if first_ping is None and silent.pings:
                 first_ping = time.monotonic() - t0
-        polite.until(lambda: False, 0.5)
+            if silent_closed is None and silent.closed:
+                silent_closed = time.monotonic() - t0
         after = protocol_errors(served)
         silent.close()
         polite.close()
     assert first_ping is not None and first_ping <= 3, f"no PING within 3 s (first after {first_ping})"
-    assert silent.closed or silent.goaway is not None, f"a peer that never answers PING still open: {silent.seen()}"
+    assert silent_closed is not None, f"a peer that never answers PING still open after 8 s: {silent.seen()}"
     assert not polite.closed and polite.goaway is None and polite.pings >= 2, f"the answering peer: {polite.seen()}"
     assert polite.answers[1].reset is None and not polite.answers[1].ended
     assert after["keepalive_timeout"] - before["keepalive_timeout"] >= 1
