@@ -28,6 +28,7 @@ from __future__ import annotations
 import fcntl
 import multiprocessing
 import os
+import re
 import tempfile
 import threading
 import time
@@ -90,7 +91,10 @@ def _honest(port: int, token: str | None, stop: Any, calls: Any, results: Any) -
             stub.ShouldRateLimit(request, timeout=CALL_DEADLINE_S, metadata=metadata)
             latencies.append(time.perf_counter() - t0)
         except grpc.RpcError as exc:
-            failures.append(f"{exc.code().name} after {(time.perf_counter() - t0) * 1000:.0f} ms: {exc.details()}")
+            took = (time.perf_counter() - t0) * 1000
+            failures.append(
+                f"{exc.code().name} after {took:.0f} ms at {time.time() - took / 1000:.2f}: {exc.details()}"
+            )
         with calls.get_lock():
             calls.value += 1
         next_at = max(next_at + PERIOD_S, time.monotonic())
@@ -129,10 +133,12 @@ class Honest:
         lat = sorted(self.latencies) or [float("inf")]
         return lat[min(len(lat) - 1, int(len(lat) * 0.99))]
 
-    def summary(self) -> str:
+    def summary(self, since: float = 0.0) -> str:
+        """The answered calls' latency and the failures (their start less ``since``, a time.time())."""
         lat = sorted(self.latencies) or [0.0]
+        failures = [re.sub(r" at (\d+\.\d+)", lambda m: f" at +{float(m[1]) - since:.2f} s", f) for f in self.failures]
         return (
-            f"{len(self.latencies)} honest calls answered, {len(self.failures)} failed {self.failures[:3]};"
+            f"{len(self.latencies)} honest calls answered, {len(failures)} failed {failures[:3]};"
             f" p50 {lat[len(lat) // 2] * 1000:.1f} ms, p99 {self.p99_s * 1000:.1f} ms, max {lat[-1] * 1000:.1f} ms"
         )
 
@@ -186,6 +192,7 @@ class Attack:
         self.rss = RssWatch(self.served.pid)
         self.rss.start()
         self.t0 = time.monotonic()
+        self.started = time.time()
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -205,7 +212,7 @@ class Attack:
     def summary(self) -> str:
         return (
             f"attack {self.seconds:.1f} s; RSS {self.rss.baseline:.0f} MB + {self.rss.growth_mb:.0f} MB;"
-            f" {self.honest.summary()}"
+            f" {self.honest.summary(since=self.started)}"
         )
 
     def check(self, rss_mb: float = 64) -> None:
