@@ -48,7 +48,7 @@ E = ErrorCodes
 END_STREAM, END_HEADERS = 0x1, 0x4
 REFLECTION = "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo"
 WINDOW_RSS_MB = 256
-REFLECTION_S = 20
+REFLECTION_S = 12
 
 
 @pytest.fixture
@@ -99,7 +99,7 @@ def test_streams_of_64kib_within_the_windows_stall_without_error(served: RlsServ
             sids = range(1, 8001, 2)  # 4,000 streams
             body = _never_ending(min(65_535, conn.settings.get(INITIAL_WINDOW_SIZE, 65_535)))
             sender.add(conn, _headers(conn, RLS_PATH, sids), {sid: Stream(body, len(body)) for sid in sids})
-        sender.run(seconds=12)
+        sender.run(seconds=10)
         for fc in sender.conns:
             fc.conn.close()
     attack.check(rss_mb=WINDOW_RSS_MB)

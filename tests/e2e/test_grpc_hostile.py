@@ -6,7 +6,7 @@ under 64 MB; no ``overloaded`` answer counted), and each with its own protocol o
 
 * a call, then 5 more HEADERS with END_STREAM on its stream: STREAM_CLOSED (RFC 9113 5.1),
   never a second call: the call spends one hit at most;
-* 100,000 health ``Watch`` calls, 60,000 reset after their first answer, 40,000 left on
+* 50,000 health ``Watch`` calls, 30,000 reset after their first answer, 20,000 left on
   connections that are then closed: their handlers end (the memory is bounded);
 * Rapid Reset (CVE-2023-44487: HEADERS, the message, RST_STREAM, 300,000 times on one
   connection): GOAWAY ENHANCE_YOUR_CALM, and the reset calls never run (the 1-per-minute key
@@ -40,7 +40,7 @@ pytestmark = pytest.mark.timeout(300)
 E = ErrorCodes
 END_STREAM, END_HEADERS = 0x1, 0x4
 WATCH = "/grpc.health.v1.Health/Watch"
-WATCHES_RESET, WATCHES_CUT_OFF = 60_000, 40_000
+WATCHES_RESET, WATCHES_CUT_OFF = 30_000, 20_000
 
 
 @pytest.fixture
@@ -133,8 +133,9 @@ def _watches_left_open(port: int, calls: int) -> int:
 
 
 def test_health_watch_calls_reset_or_cut_off_free_their_handlers(served: RlsServed) -> None:
-    """100,000 calls, not 20,000: a handler kept after its call costs a few KB, and 20,000 of
-    them stay under the 64 MB bound (46 MB, measured on the transport this was written against)."""
+    """50,000 calls, not 20,000: a handler kept after its call costs a few KB, and 20,000 of
+    them stay under the 64 MB bound (46 MB on the transport this was written against, 222 MB
+    after 100,000)."""
     before = protocol_errors(served)
     with Attack(served) as attack:
         answered = _watches_reset(served.grpc_port, WATCHES_RESET, batch=500)
