@@ -16,6 +16,7 @@
 from __future__ import annotations
 
 import re
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -156,7 +157,12 @@ def test_the_connections_gauge_counts_open_connections(served: RlsServed) -> Non
     def gauge() -> float:
         return served.metric("rate_limit_grpc_connections")
 
-    wait_until(lambda: gauge() == gauge(), 5, what="a steady gauge")
+    def steady() -> bool:  # the connections of earlier tests may still be closing
+        first = gauge()
+        time.sleep(0.5)
+        return gauge() == first
+
+    wait_until(steady, 10, what="a steady gauge")
     start = gauge()
     conns = [RawConn(served.grpc_port) for _ in range(10)]
     for conn in conns:
