@@ -213,8 +213,10 @@ def _reset_received(conn: RawConn) -> None:
 
 def _reset_sent(conn: RawConn) -> None:
     conn.request(1)
-    conn.data(1, b"after END_STREAM", end_stream=True)
-    conn.until(lambda: conn.answers.get(1) is not None and conn.answers[1].reset is not None, 3)
+    assert conn.answer(1).grpc_status == 0, conn.seen()
+    conn.data(1, b"after the answer", end_stream=True)  # DATA on a closed stream: STREAM_CLOSED
+    conn.until(lambda: conn.answers[1].reset is not None, 3)
+    assert conn.answers[1].reset == E.STREAM_CLOSED, f"no RST_STREAM STREAM_CLOSED: {conn.seen()}"
 
 
 def _refused(conn: RawConn) -> None:
