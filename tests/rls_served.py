@@ -12,18 +12,35 @@ Usage::
 
 from __future__ import annotations
 
+import random
 import signal
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import httpx
-from cp_server import ADMIN_TOKEN, clean_env, free_port, metric_value, unique_namespace, wait_until
+from cp_server import ADMIN_TOKEN, clean_env, metric_value, unique_namespace
 
 __all__ = ["EXAMPLE_CONFIG", "RlsServed", "rss_mb"]
 
 EXAMPLE_CONFIG = Path(__file__).parent / "fixtures" / "envoyproxy-ratelimit" / "example.yaml"
+
+
+def quiet_port() -> int:
+    """A free port below the kernel's ephemeral range (32768 and up), which the tests' own client
+    connections (20,000 of them at times) draw from: a port picked there could be taken by one of
+    them before the server binds it."""
+    for _ in range(1000):
+        port = random.randrange(20_000, 32_000)
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise AssertionError("no free port in 20000-32000")
 
 
 def rss_mb(pid: int) -> float:
@@ -38,12 +55,11 @@ class RlsServed:
     """The server (``env``: its settings beyond the test defaults)."""
 
     def __init__(self, redis_url: str, tmp: Path, config: Path = EXAMPLE_CONFIG, **env: str) -> None:
-        self.port, self.grpc_port = free_port(), free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.stderr_path = tmp / f"shadowlimit-{self.grpc_port}.stderr"
+        self.tmp = tmp
+        self.port = self.grpc_port = 0
+        self.stderr_path = tmp / "shadowlimit.stderr"
         self.settings = {
             "RATE_LIMIT_REDIS_URL": redis_url,
-            "SHADOWLIMIT_PORT": str(self.port),
             "SHADOWLIMIT_NAMESPACE": unique_namespace(),
             "SHADOWLIMIT_ADMIN_TOKEN": ADMIN_TOKEN,
             "ENABLE_DISTRIBUTED_RATE_LIMITING": "true",
@@ -57,20 +73,38 @@ class RlsServed:
         assert self.proc is not None
         return self.proc.pid
 
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
     def start(self) -> RlsServed:
+        """Start it on two free ports (others, if one was taken meanwhile), answering within 60 s."""
+        for _ in range(3):
+            self.port, self.grpc_port = quiet_port(), quiet_port()
+            self.stderr_path = self.tmp / f"shadowlimit-{self.grpc_port}.stderr"
+            self._spawn()
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline and self.alive() and not self._up():
+                time.sleep(0.1)
+            if self.alive() and self._up():
+                return self
+            if self.alive() or "address already in use" not in self.stderr():
+                self.stop()
+                raise AssertionError(f"shadowlimit serve did not answer within 60 s: {self.stderr()[-3000:]}")
+        raise AssertionError(f"shadowlimit serve found no free ports: {self.stderr()[-3000:]}")
+
+    def _spawn(self) -> None:
         shadowlimit = str(Path(sys.executable).parent / "shadowlimit")
+        env = {**self.settings, "SHADOWLIMIT_PORT": str(self.port)}
         with open(self.stderr_path, "wb") as err:
             self.proc = subprocess.Popen(
                 [shadowlimit, "serve", "--grpc-port", str(self.grpc_port), "--log-level", "warning"],
-                env=clean_env(**self.settings),
+                env=clean_env(**env),
                 stdout=subprocess.DEVNULL,
                 stderr=err,
             )
-        wait_until(self._up, timeout=60, what="shadowlimit serve answering on both ports")
-        return self
 
     def _up(self) -> bool:
-        assert self.proc is not None and self.proc.poll() is None, self.stderr()[-3000:]
         try:
             with socket.create_connection(("127.0.0.1", self.grpc_port), timeout=1):
                 pass
