@@ -312,7 +312,9 @@ def _slim(root: Path, suite: str, mirror: str, security: str | None) -> None:
 def project_image(extras: str = "envoy") -> tuple[str, float]:
     """Build the repository's Containerfile on the test base: (image reference, seconds the build took)."""
     base = base_image()
-    tag = f"localhost/shadowlimit-test:{extras.replace(',', '-') or 'bare'}"
+    # a tag per checkout: another checkout's tests on the same machine build their own sources
+    checkout = hashlib.sha256(str(REPO).encode()).hexdigest()[:8]
+    tag = f"localhost/shadowlimit-test:{extras.replace(',', '-') or 'bare'}-{checkout}"
     revision = _git("rev-parse", "HEAD")
     source = _git("config", "remote.origin.url") or REPO.as_uri()
     with _locked("build"):
