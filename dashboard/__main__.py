@@ -7,7 +7,12 @@ import argparse
 import os
 import sys
 
-from textual.theme import BUILTIN_THEMES
+try:
+    from textual.theme import BUILTIN_THEMES
+except ImportError:  # installed without the dashboard extra: say which to install
+    sys.exit(
+        "python -m dashboard needs the dashboard extra (textual is not installed): pip install 'shadowlimit[dashboard]'"
+    )
 
 from .app import THEME_ENV, run_dashboard
 

@@ -238,6 +238,12 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def cmd_dash(args: argparse.Namespace) -> int:
+    from ..extras import MissingExtra, require_extra
+
+    try:
+        require_extra("dashboard", "shadowlimit dash")
+    except MissingExtra as exc:
+        raise CliError(str(exc), EXIT_USAGE) from None
     from dashboard.app import run_dashboard
 
     if args.theme is not None:

@@ -36,6 +36,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from ..extras import MissingExtra, require_extra
+
 ROOT = Path(__file__).resolve().parents[2]  # the checkout: control_plane/cli/demo.py -> ../../..
 #: the one example rules file: the demo runs it, and docs/api.md's examples were produced with it
 EXAMPLE_RULES = ROOT / "examples" / "rules.yaml"
@@ -352,9 +354,10 @@ def run_demo(args: argparse.Namespace) -> int:
             print(f"shadowlimit demo: {exc}", flush=True, file=sys.stderr)
             return 1
         try:
+            require_extra("dashboard", "the demo's dashboard")
             from dashboard.app import ShadowlimitDashboard
-        except ImportError as exc:  # a checkout without the dashboard: run headless
-            print(f"dashboard unavailable ({exc}); running headless", flush=True, file=note)
+        except MissingExtra as exc:  # installed without the dashboard: run headless
+            print(f"{exc}; running headless", flush=True, file=note)
             args.no_dash = True
         if args.no_dash:
             print(json.dumps(stack.info()) if as_json else stack.banner(), flush=True)

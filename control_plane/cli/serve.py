@@ -81,6 +81,12 @@ def _check_envoy(settings: Any) -> None:
     from ..rules import RulesError
 
     if settings.grpc_port:
+        from ..extras import MissingExtra, require_extra
+
+        try:
+            require_extra("envoy", "SHADOWLIMIT_GRPC_PORT / --grpc-port (Envoy's rate limit service over gRPC)")
+        except MissingExtra as exc:
+            raise CliError(str(exc), EXIT_USAGE) from None
         _check_port(settings.host, settings.grpc_port, "SHADOWLIMIT_GRPC_PORT / --grpc-port")
     if settings.envoy_config is not None:
         from ..envoy import load_envoy_config

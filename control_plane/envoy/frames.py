@@ -18,6 +18,12 @@ out.
   connection. Its END_STREAM flag is set (:attr:`FrameWalk.patches`, offsets in the bytes
   walked) so that h2 reads its header block (HPACK's table stays in step), and the stream is
   named in :attr:`FrameWalk.bad_trailers` for the transport to reset.
+
+A walk also ends early, at a frame's start, after :data:`WALK_FRAMES` frames or
+:data:`WALK_NEW_STREAMS` new streams (:attr:`FrameWalk.cut`): the transport hands h2 what
+came before and keeps the rest for the next turn of the event loop, so that a read of tiny
+frames (thousands of HEADERS in 32 KiB, each a new stream for h2 to set up) cannot hold the
+loop for more than a few milliseconds.
 """
 
 from __future__ import annotations
@@ -26,13 +32,18 @@ from dataclasses import dataclass
 
 from h2.errors import ErrorCodes
 
-__all__ = ["CONTROL_BURST", "CONTROL_RATE", "MAX_EMPTY_RUN", "MAX_HEADER_BLOCK", "FrameWalk", "Refusal"]
+__all__ = [
+    "CONTROL_BURST", "CONTROL_RATE", "MAX_EMPTY_RUN", "MAX_HEADER_BLOCK", "WALK_FRAMES", "WALK_NEW_STREAMS",
+    "FrameWalk", "Refusal",
+]  # fmt: skip
 
 PREFACE_BYTES = 24
 MAX_HEADER_BLOCK = 64 * 1024
 MAX_EMPTY_RUN = 16
 CONTROL_BURST = 10_000
 CONTROL_RATE = 1_000.0
+WALK_FRAMES = 512
+WALK_NEW_STREAMS = 64
 
 DATA, HEADERS, PRIORITY, RST_STREAM, SETTINGS, PUSH_PROMISE, PING, GOAWAY, WINDOW_UPDATE, CONTINUATION = range(10)
 END_STREAM, ACK, END_HEADERS = 0x1, 0x1, 0x4
@@ -51,6 +62,7 @@ class FrameWalk:
 
     __slots__ = (
         "preface_left", "skip", "head", "opened", "block", "empty_run", "tokens", "refilled", "patches", "bad_trailers",
+        "cut",
     )  # fmt: skip
 
     def __init__(self, now: float) -> None:
@@ -64,12 +76,14 @@ class FrameWalk:
         self.refilled = now
         self.patches: list[int] = []  # flags bytes to give END_STREAM, in the bytes last walked
         self.bad_trailers: set[int] = set()  # streams whose trailers did not end them
+        self.cut = False  # the last walk ended early (see the module docstring)
 
     def walk(self, data: bytes, now: float) -> tuple[int, Refusal | None]:
-        """How many bytes of ``data`` may be read by h2, and the refusal of the frame that
-        starts there (None: all of them)."""
+        """How many bytes of ``data`` may be read by h2 now, and the refusal of the frame
+        that starts there (None: none refused; :attr:`cut`: the rest is for the next turn)."""
         n = len(data)
-        pos = 0
+        pos = frames = new_streams = 0
+        self.cut = False
         if self.preface_left:
             pos = min(self.preface_left, n)
             self.preface_left -= pos
@@ -87,6 +101,9 @@ class FrameWalk:
                 pos += min(need, n - pos)
                 start = 0  # the frame began in an earlier read, which h2 has already seen
             else:
+                if frames >= WALK_FRAMES:
+                    self.cut = True
+                    return start, None
                 header = data[pos : pos + 9]
                 pos += min(9, n - pos)
             if len(header) < 9:
@@ -95,6 +112,12 @@ class FrameWalk:
             self.head = b""
             length = int.from_bytes(header[:3], "big")
             sid = int.from_bytes(header[5:9], "big") & 0x7FFFFFFF
+            frames += 1
+            if header[3] == HEADERS and sid & 1 and sid > self.opened:
+                new_streams += 1
+                if new_streams > WALK_NEW_STREAMS and not carried:
+                    self.cut = True
+                    return start, None
             if header[3] == HEADERS and not header[4] & END_STREAM and sid & 1 and sid <= self.opened:
                 self._trailers(sid, start + 4 - carried if carried <= 4 else -1)
             refusal = self._check(header[3], header[4], sid, length, now)

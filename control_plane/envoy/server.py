@@ -54,22 +54,30 @@ _NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 
 class Health:
     """``grpc.health.v1.Health``: a status per service name ("" is the server's); ``Check``
-    answers it (NOT_FOUND for a name it does not know), ``Watch`` streams it as it changes."""
+    answers it (NOT_FOUND for a name it does not know), ``Watch`` streams it as it changes.
+    Each waiting Watch holds a future of its own in a set (not one shared event, whose
+    waiters leave it one linear search each: thousands of Watch calls ended at once would
+    cost time quadratic in their number)."""
 
     def __init__(self) -> None:
         self.statuses: dict[str, int] = {}
-        self.changed = asyncio.Event()
+        self.waiting: set[asyncio.Future[None]] = set()
         self.stopped = False
 
     def set(self, name: str, status: int) -> None:
         self.statuses[name] = status
-        self.changed.set()
-        self.changed = asyncio.Event()
+        self._wake()
 
     def stop(self) -> None:
         """Every Watch ends (the server is stopping)."""
         self.stopped = True
-        self.changed.set()
+        self._wake()
+
+    def _wake(self) -> None:
+        waiting, self.waiting = self.waiting, set()
+        for fut in waiting:
+            if not fut.done():
+                fut.set_result(None)
 
     async def check(self, data: bytes, call: Call) -> bytes:
         name = _health_request(data).service
@@ -80,12 +88,18 @@ class Health:
     async def watch(self, data: bytes, call: Call) -> AsyncIterator[bytes]:
         name = _health_request(data).service
         last = None
+        loop = asyncio.get_running_loop()
         while not self.stopped:
             status = self.statuses.get(name, health_pb2.HealthCheckResponse.SERVICE_UNKNOWN)
             if status != last:
                 last = status
                 yield health_pb2.HealthCheckResponse(status=status).SerializeToString()
-            await self.changed.wait()
+            fut: asyncio.Future[None] = loop.create_future()
+            self.waiting.add(fut)
+            try:
+                await fut
+            finally:
+                self.waiting.discard(fut)
 
     def methods(self) -> dict[str, Method]:
         return {

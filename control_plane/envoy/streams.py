@@ -79,6 +79,7 @@ class Output:
         self.blocked: dict[int, Stream] = {}  # streams with answer bytes held by a window
         self.pending = 0  # answer bytes held, all streams
         self.flushing = False
+        self.out: list[bytes] = []  # written at the next flush, before what h2 holds then
         self.stopping = False  # no new streams (our GOAWAY sent, or the peer's received)
         self.closing = False
         self.finished_calls = 0
@@ -234,6 +235,9 @@ class Output:
         """Everything this turn of the loop made, in one write."""
         self.flushing = False
         data = self.h2.data_to_send() + extra
+        if self.out:
+            data = b"".join(self.out) + data
+            self.out.clear()
         if data and self.transport is not None and not self.transport.is_closing():
             self.transport.write(data)
 

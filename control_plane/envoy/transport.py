@@ -46,7 +46,7 @@ from h2.settings import SettingCodes, Settings
 from hyperframe.frame import GoAwayFrame
 
 from .codec import HeaderBlockError
-from .frames import END_STREAM, FrameWalk, Refusal
+from .frames import END_STREAM, RST_STREAM, FrameWalk, Refusal
 from .streams import Output, Stream
 from .wire import (
     Call,
@@ -153,30 +153,31 @@ class GrpcConnection(Output, asyncio.Protocol):
         self._feed(data)
 
     def _feed(self, data: bytes) -> None:
-        """Hand h2 at most a slice; the rest waits for the next turn of the loop."""
-        cut = self.limits.read_slice
-        if len(data) > cut:
-            self.backlog = data[cut:]
-            data = data[:cut]
+        """Hand h2 a slice (at most ``read_slice`` bytes, and no more frames and new streams
+        than the frame walk allows a turn); the rest waits for the next turn of the loop."""
+        now = self.loop.time()
+        self.last_frame = now
+        head = data[: self.limits.read_slice]
+        upto, refusal = self.walk.walk(head, now)
+        if refusal is None and upto < len(data):
+            self.backlog = data[upto:] + self.backlog
             if not self.reading_paused & 2:
                 self._pause(2)
                 self.loop.call_soon(self._feed_backlog)
-        now = self.loop.time()
-        self.last_frame = now
-        upto, refusal = self.walk.walk(data, now)
         if self.walk.patches:  # trailers that do not end their stream: h2 reads them as if they did
-            patched = bytearray(data)
+            patched = bytearray(head)
             for at in self.walk.patches:
                 patched[at] |= END_STREAM
-            data = bytes(patched)
+            head = bytes(patched)
         try:
-            events = self.h2.receive_data(data if upto == len(data) else data[:upto])
+            events = self.h2.receive_data(head if upto == len(head) else head[:upto])
         except h2.exceptions.ProtocolError as exc:
             self._fail(Refusal(ErrorCodes(exc.error_code or ErrorCodes.PROTOCOL_ERROR), str(exc)), sent=True)
             return
         except HeaderBlockError as exc:
             self._fail(Refusal(exc.code, exc.reason))
             return
+        self._count_resets(self.h2.data_to_send())
         if not self.preface and events:
             self.preface = True
         for event in events:
@@ -190,6 +191,18 @@ class GrpcConnection(Output, asyncio.Protocol):
             return
         self._start_ready()
         self.flush_soon()
+
+    def _count_resets(self, auto: bytes) -> None:
+        """What h2 answered by itself while reading (ACKs, WINDOW_UPDATEs, and the RST_STREAMs
+        of its stream errors, counted here: h2 raises no event for some), kept for the write."""
+        if not auto:
+            return
+        self.out.append(auto)
+        pos, n = 0, len(auto)
+        while pos + 9 <= n:
+            if auto[pos + 3] == RST_STREAM:
+                self.owner.count("reset_sent")
+            pos += 9 + int.from_bytes(auto[pos : pos + 3], "big")
 
     def _feed_backlog(self) -> None:
         if self.closing:
@@ -309,11 +322,12 @@ class GrpcConnection(Output, asyncio.Protocol):
         self.reset(sid, ErrorCodes.PROTOCOL_ERROR)
 
     def _on_reset(self, event: h2.events.StreamReset) -> None:
-        self.owner.count("reset_received" if event.remote_reset else "reset_sent")
+        if event.remote_reset:  # one that h2 sent is counted in _count_resets
+            self.owner.count("reset_received")
         stream = self.streams.get(event.stream_id)
         if stream is None:
             return
-        if event.remote_reset and not stream.done:  # reset before its answer: a premature reset
+        if event.remote_reset and not stream.started:  # reset before its answer began: premature
             self.resets += 1
             if self.resets > RESET_GRACE and self.resets * 2 > self.started_calls:
                 self._fail(Refusal(ErrorCodes.ENHANCE_YOUR_CALM, "more calls reset than answered (Rapid Reset)"))

@@ -91,7 +91,7 @@ class Limits:
     """A connection's bounds and timers (see docs/configuration.md, ``SHADOWLIMIT_GRPC_*``)."""
 
     max_message_bytes: int = 64 * 1024
-    max_streams: int = 4096  # SETTINGS_MAX_CONCURRENT_STREAMS; past it: REFUSED_STREAM
+    max_streams: int = 1024  # SETTINGS_MAX_CONCURRENT_STREAMS; past it: REFUSED_STREAM
     max_header_list_bytes: int = 16 * 1024
     preface_timeout_s: float = 5.0
     idle_timeout_s: float = 300.0  # no open stream for this long: GOAWAY, closed
@@ -99,7 +99,7 @@ class Limits:
     keepalive_timeout_s: float = 20.0  # its ACK not back in this time (or output not drained): closed
     connection_window: int = 1 << 20  # request bytes the peer may send before they are consumed
     max_pending_output: int = 1 << 20  # answers held by the peer's windows; past it no new call starts
-    read_slice: int = 32 * 1024  # bytes handed to the state machine per turn of the event loop
+    read_slice: int = 16 * 1024  # bytes handed to the state machine per turn of the event loop
 
 
 # -- a request's head ----------------------------------------------------------------------

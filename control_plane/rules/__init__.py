@@ -67,13 +67,16 @@ Details worth knowing:
 The modules, in the order a file goes through them:
 
 - :mod:`.yaml_source`: the file's bytes, its text, the YAML data and the line of every field;
-- :mod:`.schema` (with :mod:`.fields`): the document and each route, read field by field;
+- :mod:`.spec`: the file described once, as tables of keys (reader, default, schema, docs);
+- :mod:`.document`, :mod:`.schema` and :mod:`.fields`: the tables (the document, a route and
+  its blocks, ``key`` and policies), read key by key;
 - :mod:`.paths` and :mod:`.lists`: path patterns and allow/deny lists;
 - :mod:`.model`: the compiled :class:`RouteRule` and :class:`Rules`, and :func:`default_route`;
 - :mod:`.load`: :func:`parse_rules` and :func:`load_rules`;
 - :mod:`.watcher`: :class:`RulesWatcher`, hot reload;
 - :mod:`.offload`: big files read off the event loop (a child process), routes built in slices;
-- :mod:`.json_schema`: the file's JSON Schema (``docs/rules.schema.json``), generated from the above;
+- :mod:`.json_schema`: the file's JSON Schema (``docs/rules.schema.json``) and the tables of
+  docs/configuration.md, generated from the tables;
 - :mod:`.errors`: :class:`RulesError`, the one error type.
 """
 

@@ -14,10 +14,10 @@ from __future__ import annotations
 import difflib
 import re
 from collections.abc import Iterable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, get_args
 
-from limiter.keys import KeyExtractor, KeyStrategy, api_key_id
-from limiter.policy import Algorithm, Policy
+from limiter.keys import ForwardedMode, KeyExtractor, KeyStrategy, api_key_id
+from limiter.policy import MAX_AVERAGE, MAX_BURST, Algorithm, Policy
 from limiter.rates import LIMIT_EXAMPLES
 from limiter.resilience import FailurePolicy
 
@@ -25,33 +25,17 @@ from ..durations import parse_duration
 from .errors import API_KEY_ID, FieldPath, RulesError, field_name
 from .lists import parse_list_entry
 from .model import HTTP_TOKEN
+from .spec import Block, Got, Key, choice, header_name, lenient, read_block, ref, whole
 
 if TYPE_CHECKING:
     from ..settings import Settings
 
-__all__ = ["FAILURE_CODES", "KEY_KEYS", "KEY_MAX_LENGTH", "POLICY_KEYS", "FieldReader", "bare", "type_name"]
+__all__ = ["FAILURE_CODES", "KEY", "KEY_MAX_LENGTH", "POLICY", "FieldReader", "bare", "type_name"]
 
-KEY_KEYS = ("strategy", "header", "api_key_header", "forwarded_mode", "max_length")
-"""The keys of a ``key`` block."""
-POLICY_KEYS = ("algorithm", "average", "period", "burst", "limit")
-"""The keys of a policy (``local``, ``distributed``, an override); a policy may also be
-written as a limit text alone (``local: 100/minute``)."""
 FAILURE_CODES = (400, 599)
 """The statuses a ``failure_code`` may be (inclusive)."""
 KEY_MAX_LENGTH = (1, 65_536)
 """The range of a key's ``max_length`` (UTF-8 bytes, inclusive)."""
-_HINTS = {
-    (
-        "key",
-        "trusted_proxies",
-    ): "trusted proxies are not set in the rules file; they come from SHADOWLIMIT_TRUSTED_PROXIES",
-    (
-        "external",
-        "enabled",
-    ): "a route asks its limits service whenever it has an external block; remove the block to turn that off",
-    ("external", "http"): "give the service's address as external.url (only HTTP limits services are supported)",
-    ("external", "grpc"): "only HTTP limits services are supported: give external.url",
-}
 _FIELD_MESSAGE = re.compile(r"([A-Za-z_]+): (.*)", re.S)
 
 
@@ -112,14 +96,20 @@ class FieldReader:
     # -- shapes --
 
     def mapping(
-        self, value: Any, path: FieldPath, allowed: tuple[str, ...], required: tuple[str, ...] = ()
+        self,
+        value: Any,
+        path: FieldPath,
+        allowed: tuple[str, ...],
+        required: tuple[str, ...] = (),
+        hints: Mapping[str, str] | None = None,
     ) -> dict[str, Any]:
-        """A mapping with only ``allowed`` keys (a close match or a hint is suggested) and the ``required`` ones."""
+        """A mapping with only ``allowed`` keys (a hint, else a close match, is suggested) and
+        the ``required`` ones."""
         if not isinstance(value, dict):
             raise self.error(path, f"must be a mapping, got {type_name(value)}")
         for k in value:
             if k not in allowed:
-                hint = _HINTS.get((path[-1] if path and isinstance(path[-1], str) else "", k))
+                hint = hints.get(k) if hints else None
                 close = difflib.get_close_matches(k, allowed, n=1)
                 msg = f"unknown key {k!r}"
                 if hint:
@@ -148,12 +138,12 @@ class FieldReader:
     # -- pieces --
 
     def policy(self, value: Any, path: FieldPath, inherit: Policy | None = None) -> Policy:
-        """A policy: a limit text (``"100/minute"``) or a mapping of :data:`POLICY_KEYS` with
+        """A policy: a limit text (``"100/minute"``) or a mapping of :data:`POLICY`'s keys with
         ``average`` (and ``period``) or ``limit``; ``algorithm`` and ``period`` come from
         ``inherit`` when not set (``burst`` never does)."""
         if isinstance(value, str):
             return self._limit_text(value, path, None, inherit.algorithm if inherit is not None else None)
-        m = self.mapping(value, path, POLICY_KEYS)
+        m = self.mapping(value, path, POLICY.names)
         if "algorithm" in m:
             algorithm: Any = self.string(m["algorithm"], (*path, "algorithm"))
         else:
@@ -172,13 +162,13 @@ class FieldReader:
             try:
                 period = parse_duration(m["period"])
             except ValueError as exc:
-                raise self.value_error(path, exc, POLICY_KEYS) from None
+                raise self.value_error(path, exc, POLICY.names) from None
         else:
             period = inherit.period if inherit is not None else 1.0
         try:
             return Policy(average=m["average"], period=period, burst=m.get("burst"), algorithm=algorithm)
         except ValueError as exc:
-            raise self.value_error(path, exc, POLICY_KEYS) from None
+            raise self.value_error(path, exc, POLICY.names) from None
 
     def _limit_text(self, text: Any, path: FieldPath, m: dict[str, Any] | None, algorithm: Any) -> Policy:
         """``"100/minute"`` (at ``path``), with the mapping's ``burst`` if any (``path`` is
@@ -193,32 +183,11 @@ class FieldReader:
             name = str(exc).partition(": ")[0]
             if name == "limit":
                 raise self.error(path, bare(exc, "limit")) from None
-            raise self.value_error(path[:-1], exc, POLICY_KEYS) from None
+            raise self.value_error(path[:-1], exc, POLICY.names) from None
 
     def key(self, value: Any, path: FieldPath) -> KeyExtractor:
-        m = self.mapping(value, path, KEY_KEYS)
-        try:
-            strategy = KeyStrategy.parse(m.get("strategy", KeyStrategy.CLIENT_IP))
-        except ValueError as exc:
-            raise self.error((*path, "strategy"), str(exc)) from None
-        kwargs: dict[str, Any] = {}
-        for name in ("header", "api_key_header", "forwarded_mode"):
-            if name in m:
-                kwargs[name] = self.string(m[name], (*path, name))
-        if "max_length" in m:
-            kwargs["max_length"] = self.integer(m["max_length"], (*path, "max_length"), *KEY_MAX_LENGTH)
-        if "forwarded_mode" in m and strategy is not KeyStrategy.CLIENT_IP:
-            raise self.error((*path, "forwarded_mode"), "only applies to the clientIP strategy")
-        if "header" in m and strategy not in (KeyStrategy.HEADER, KeyStrategy.COMPOSITE):
-            raise self.error(
-                (*path, "header"), f"only applies to the header and composite strategies, not {strategy.value}"
-            )
-        if "api_key_header" in m and strategy is not KeyStrategy.API_KEY:
-            raise self.error((*path, "api_key_header"), f"only applies to the apiKey strategy, not {strategy.value}")
-        try:
-            return KeyExtractor(strategy, trusted_proxies=self.proxies, **kwargs)
-        except ValueError as exc:
-            raise self.value_error(path, exc, KEY_KEYS) from None
+        """A ``key`` block (:data:`KEY`)."""
+        return read_block(self, KEY, value, path)  # type: ignore[no-any-return]
 
     def failure_policy(self, value: Any, path: FieldPath) -> FailurePolicy:
         self.string(value, path)
@@ -285,3 +254,155 @@ class FieldReader:
                 parsed = api_key_id(parsed)  # keys on apiKey routes are ids; hash raw keys like overrides
             out.append(parsed if isinstance(parsed, str) else str(parsed))
         return out
+
+
+# -- the tables of a ``key`` block and a policy ------------------------------------------------
+
+
+def _strategy(r: FieldReader, value: Any, path: FieldPath, got: Got) -> KeyStrategy:
+    try:
+        return KeyStrategy.parse(value)
+    except ValueError as exc:
+        raise r.error(path, str(exc)) from None
+
+
+def _for(*strategies: KeyStrategy, message: str) -> Any:
+    """A string that only applies to some strategies (``message``: how the others are told)."""
+
+    def read(r: FieldReader, value: Any, path: FieldPath, got: Got) -> str:
+        text = r.string(value, path)
+        if got["strategy"] not in strategies:
+            raise r.error(path, message.format(strategy=got["strategy"].value))
+        return text
+
+    return read
+
+
+def _build_key(r: FieldReader, got: Got, path: FieldPath) -> KeyExtractor:
+    try:
+        return KeyExtractor(got["strategy"], trusted_proxies=r.proxies, **KEY.fields(got))
+    except ValueError as exc:
+        raise r.value_error(path, exc, KEY.names) from None
+
+
+_STRATEGIES = [s.value for s in KeyStrategy]
+_HTTP = (KeyStrategy.HEADER, KeyStrategy.COMPOSITE)
+_STRATEGY_NEEDS_HEADER = {
+    "required": ["strategy"],
+    "properties": {"strategy": {"type": "string", "pattern": lenient([s.value for s in _HTTP], spaces=True)}},
+}
+
+KEY = Block(
+    name="key",
+    definition=True,
+    keys=(
+        Key(
+            name="strategy",
+            read=_strategy,
+            absent=lambda r, got: KeyStrategy.CLIENT_IP,
+            schema=choice(_STRATEGIES, lenient(_STRATEGIES, spaces=True)),
+            default_doc="`clientIP`",
+            doc="`clientIP`, `header`, `composite`, `apiKey` (case, `_`, `-` ignored).",
+        ),
+        Key(
+            name="header",
+            read=_for(*_HTTP, message="only applies to the header and composite strategies, not {strategy}"),
+            into="header",
+            schema=header_name(),
+            doc="Required for `header` and `composite`: the header whose value is the key (`composite` keys are "
+            "`<value>:<first path segment>`, e.g. `acme:checkout`).",
+        ),
+        Key(
+            name="api_key_header",
+            read=_for(KeyStrategy.API_KEY, message="only applies to the apiKey strategy, not {strategy}"),
+            into="api_key_header",
+            schema=header_name(),
+            default_doc="`X-API-Key`",
+            doc="`apiKey` only; `Authorization: Bearer <token>` is also accepted. The key is `apikey:` + the first "
+            "32 hex digits of SHA-256 of the value.",
+        ),
+        Key(
+            name="forwarded_mode",
+            read=_for(KeyStrategy.CLIENT_IP, message="only applies to the clientIP strategy"),
+            into="forwarded_mode",
+            schema={"enum": list(get_args(ForwardedMode))},
+            default_doc="`first`",
+            doc="`clientIP` only. `first`: the first valid `X-Forwarded-For` entry (then `X-Real-IP`) when the peer "
+            "is a trusted proxy; `rightmost_untrusted`: walk `X-Forwarded-For` from the right, skipping trusted "
+            "proxies.",
+        ),
+        Key(
+            name="max_length",
+            read=lambda r, v, p, got: r.integer(v, p, *KEY_MAX_LENGTH),
+            into="max_length",
+            schema=whole(*KEY_MAX_LENGTH),
+            default_doc="`256`",
+            doc="Longest key in UTF-8 bytes (1-65536; at least 39 for `clientIP` and `apiKey`).",
+        ),
+    ),
+    build=_build_key,
+    hints={
+        "trusted_proxies": "trusted proxies are not set in the rules file; they come from SHADOWLIMIT_TRUSTED_PROXIES"
+    },
+    schema_extra={
+        "allOf": [
+            {
+                "if": {
+                    "required": ["strategy"],
+                    "properties": {
+                        "strategy": {"type": "string", "pattern": lenient([s.value for s in _HTTP], spaces=True)}
+                    },
+                },
+                "then": {"required": ["header"]},
+            }
+        ]
+    },
+)
+"""A route's ``key`` (and ``defaults.key``): how a request maps to its bucket."""
+
+POLICY = Block(
+    name="policy",
+    keys=(
+        Key(
+            name="algorithm",
+            schema={"enum": [a.value for a in Algorithm]},
+            required_doc="no",
+            default_doc="`token_bucket` (or inherited)",
+            doc="`token_bucket`, `gcra`, `fixed_window`, `sliding_window`, `sliding_log` "
+            "([algorithms](algorithms.md)).",
+        ),
+        Key(
+            name="average",
+            schema={"type": "number", "maximum": MAX_AVERAGE},
+            required_doc="yes (or `limit`)",
+            doc="Tokens added (or requests allowed) per period. `<= 0` = unlimited. Windowed algorithms need `>= 1` "
+            "and use `floor(average)`.",
+        ),
+        Key(
+            name="period",
+            schema=ref("period"),
+            default_doc="`1s` (or inherited)",
+            doc="Seconds (`1`, `0.5`) or a duration (`500ms`, `1s`, `1.5s`, `1m30s`, `1h`, `1d`), from 1 ms to "
+            "366 days.",
+        ),
+        Key(
+            name="burst",
+            schema=whole(1, MAX_BURST),
+            default_doc="`ceil(average)`",
+            doc="Bucket size, a whole number from 1 to 10^9 (never inherited). Windowed algorithms use it only for "
+            "the key TTL.",
+        ),
+        Key(
+            name="limit",
+            schema=ref("limit"),
+            doc='The limit as text instead of `average` and `period`: `"100/minute"` ([below](#limits-as-text)). '
+            "With `burst` and `algorithm` if wanted; not with `average` or `period`.",
+        ),
+    ),
+    schema_extra={
+        "anyOf": [{"required": ["average"]}, {"required": ["limit"]}],
+        "dependencies": {"limit": {"properties": {"average": False, "period": False}}},
+    },
+)
+"""A policy's keys (``local``, ``distributed``, an override), read as a whole by
+:meth:`FieldReader.policy`; a policy may also be a limit text alone (``local: 100/minute``)."""

@@ -1,133 +1,58 @@
-"""The rules file as a JSON Schema (draft-07), generated from what the loader reads.
-
-Every object's keys come from the loader's own key lists (:data:`~.schema.ROUTE_KEYS`,
-:data:`~.fields.POLICY_KEYS`, ...), the allowed values from the enums it parses with
-(:class:`~limiter.policy.Algorithm`, :class:`~limiter.keys.KeyStrategy`, ...), the ranges
-from its bounds and the limit and duration texts from their parsers' patterns
-(:data:`~limiter.rates.LIMIT_PATTERN`, :data:`~control_plane.durations.DURATION_PATTERN`).
-A key list without a schema entry (or the other way round) is an error here, so the two
-cannot drift; ``tests/unit/test_rules_schema.py`` checks that ``docs/rules.schema.json`` is
-this module's output.
+"""The rules file's JSON Schema (draft-07) and the tables of docs/configuration.md, made from
+the loader's own tables (:data:`~.schema.DOCUMENT`, :data:`~.schema.ROUTE`, :data:`~.fields.KEY`,
+:data:`~.fields.POLICY`, ...): each key's schema and documentation is its row there, so the
+loader, the schema and the docs cannot drift. ``tests/unit/test_rules_schema.py`` checks that
+``docs/rules.schema.json`` and the tables in docs/configuration.md are this module's output.
 
 The schema checks a file's shape (keys, types, values, ranges, required keys) for editors
 and CI; it accepts every file the loader accepts. The loader checks more: path patterns,
 duplicate route names, list entries, policies the limiter cannot represent, ... Run
 ``shadowlimit rules check FILE`` for the full check.
 
-Regenerate with ``python -m control_plane.rules.json_schema > docs/rules.schema.json``
-(or ``shadowlimit rules schema``).
+``python -m control_plane.rules.json_schema`` prints the schema (``shadowlimit rules schema``
+too); ``--write`` rewrites ``docs/rules.schema.json`` and the tables of docs/configuration.md
+in place (``--check``: exit 1 if either is out of date).
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
-from typing import Any, get_args
+import re
+import sys
+from pathlib import Path
+from typing import Any
 
-from limiter.keys import ForwardedMode, KeyStrategy
-from limiter.policy import MAX_AVERAGE, MAX_BURST, MAX_PERIOD_S, MIN_PERIOD_S, Algorithm
-from limiter.rates import LIMIT_PATTERN, any_case
+from limiter.policy import MAX_PERIOD_S, MIN_PERIOD_S
+from limiter.rates import LIMIT_PATTERN
 from limiter.resilience import FailurePolicy
 
 from ..durations import DURATION_PATTERN
-from ..model.rollout import Mode
-from .fields import FAILURE_CODES, KEY_KEYS, KEY_MAX_LENGTH, POLICY_KEYS
-from .model import DEFAULT_ROUTE, HTTP_TOKEN, RESERVED_ROUTE_NAMES, ROUTE_NAME
-from .paths import MAX_PATTERN_LENGTH
-from .schema import (
-    CACHE_TTL_MAX_S,
-    CANARY_PERCENT,
-    DEFAULTS_KEYS,
-    EXTERNAL_KEYS,
-    EXTERNAL_TIMEOUT_MAX_S,
-    HEADER_FILTER_KEYS,
-    MATCH_KEYS,
-    MAX_CONCURRENT,
-    MIN_DWELL_MAX_S,
-    OVERRIDE_KEYS,
-    ROUTE_KEYS,
-    TOP_KEYS,
-)
+from .document import DOCUMENT
+from .fields import FAILURE_CODES, KEY, POLICY
+from .schema import EXTERNAL, ROUTE
+from .spec import Block, choice, docs_table, lenient, ref, whole
 
-__all__ = ["SCHEMA_PATH", "render", "rules_json_schema"]
+__all__ = ["DOCS_PATH", "SCHEMA_PATH", "TABLES", "render", "render_docs", "rules_json_schema"]
 
 SCHEMA_PATH = "docs/rules.schema.json"
 """Where the repository keeps the generated schema (relative to its root)."""
+DOCS_PATH = "docs/configuration.md"
+"""The document whose tables of the rules file's keys are generated (relative to the root)."""
+TABLES: dict[str, Block] = {
+    "document": DOCUMENT,
+    "route": ROUTE,
+    "external": EXTERNAL,
+    "key": KEY,
+    "policy": POLICY,
+}
+"""The generated tables of :data:`DOCS_PATH`, by the name in their markers."""
 
-_REF = "#/definitions/"
-
-
-def _obj(keys: tuple[str, ...], properties: dict[str, Any], **extra: Any) -> dict[str, Any]:
-    """An object with exactly the loader's ``keys`` (a missing or extra entry is a bug here)."""
-    if list(properties) != list(keys):
-        raise AssertionError(f"schema properties {list(properties)} differ from the loader's keys {list(keys)}")
-    return {"type": "object", "properties": properties, "additionalProperties": False, **extra}
-
-
-def _ref(name: str) -> dict[str, str]:
-    return {"$ref": _REF + name}
-
-
-def _anchored(pattern: str) -> str:
-    return f"^(?:{pattern})$"
+_ROOT = Path(__file__).resolve().parents[2]
+_TABLE = re.compile(r"(<!-- rules table: (\w+) -->\n)(.*?)(<!-- end of rules table -->)", re.S)
 
 
-def _lenient(names: Iterable[str], *, spaces: bool) -> str:
-    """A pattern for names parsed ignoring case, ``_`` and ``-`` (and surrounding spaces)."""
-    alternatives = []
-    for name in names:
-        norm = name.lower().replace("_", "").replace("-", "")
-        alternatives.append("[_-]*" + "[_-]*".join(any_case(c) for c in norm) + "[_-]*")
-    edge = r"\s*" if spaces else ""
-    return f"^{edge}(?:{'|'.join(alternatives)}){edge}$"
-
-
-def _choice(canonical: list[str], lenient: str, description: str) -> dict[str, Any]:
-    """The canonical spellings (offered by editors) or any spelling the loader accepts."""
-    return {"description": description, "anyOf": [{"enum": canonical}, {"type": "string", "pattern": lenient}]}
-
-
-def _whole(lo: int, hi: int, description: str) -> dict[str, Any]:
-    return {"type": "integer", "minimum": lo, "maximum": hi, "description": description}
-
-
-def _duration(hi: float, *, allow_zero: bool, description: str) -> dict[str, Any]:
-    low = {"minimum": 0} if allow_zero else {"exclusiveMinimum": 0}
-    return {
-        "description": description,
-        "anyOf": [{"type": "number", **low, "maximum": hi}, {"type": "string", "pattern": DURATION_PATTERN}],
-    }
-
-
-def _strategy_is(*strategies: KeyStrategy) -> dict[str, Any]:
-    pattern = _lenient((s.value for s in strategies), spaces=True)
-    return {"required": ["strategy"], "properties": {"strategy": {"type": "string", "pattern": pattern}}}
-
-
-def _header_name(description: str) -> dict[str, Any]:
-    return {"type": "string", "pattern": _anchored(HTTP_TOKEN.pattern), "description": description}
-
-
-def _definitions_policy() -> dict[str, Any]:
-    policy_object = _obj(
-        POLICY_KEYS,
-        {
-            "algorithm": {
-                "enum": [a.value for a in Algorithm],
-                "description": "The algorithm (default token_bucket, or the route's local one).",
-            },
-            "average": {
-                "type": "number",
-                "maximum": MAX_AVERAGE,
-                "description": "Tokens added (requests allowed) per period; <= 0 means unlimited.",
-            },
-            "period": _ref("period"),
-            "burst": _whole(1, MAX_BURST, "Bucket size (default ceil(average), never inherited)."),
-            "limit": _ref("limit"),
-        },
-        anyOf=[{"required": ["average"]}, {"required": ["limit"]}],
-        dependencies={"limit": {"properties": {"average": False, "period": False}}},
-    )
+def _definitions() -> dict[str, Any]:
+    policies = [p.value for p in FailurePolicy]
     return {
         "limit": {
             "type": "string",
@@ -145,147 +70,28 @@ def _definitions_policy() -> dict[str, Any]:
         "policy": {
             "description": 'A limit text ("100/minute") or {average, period, burst, algorithm} '
             "or {limit, burst, algorithm}.",
-            "anyOf": [_ref("limit"), policy_object],
+            "anyOf": [ref("limit"), POLICY.json_schema()],
         },
+        "key": KEY.json_schema(),
+        "failure_policy": {
+            **choice(policies, lenient(policies, spaces=False)),
+            "description": "What the route does while Redis fails.",
+        },
+        "failure_code": {**whole(*FAILURE_CODES), "description": "The status of failClosed rejections."},
+        "route": ROUTE.json_schema(),
+        "external": EXTERNAL.json_schema(),
     }
-
-
-def _definitions_key() -> dict[str, Any]:
-    strategies = [s.value for s in KeyStrategy]
-    key = _obj(
-        KEY_KEYS,
-        {
-            "strategy": _choice(
-                strategies, _lenient(strategies, spaces=True), "How a request maps to its bucket (default clientIP)."
-            ),
-            "header": _header_name("header and composite: the header whose value is the key."),
-            "api_key_header": _header_name("apiKey: the header carrying the API key (default X-API-Key)."),
-            "forwarded_mode": {
-                "enum": list(get_args(ForwardedMode)),
-                "description": "clientIP: how X-Forwarded-For is read (default first).",
-            },
-            "max_length": _whole(*KEY_MAX_LENGTH, "Longest key in UTF-8 bytes (default 256)."),
-        },
-        allOf=[
-            {"if": _strategy_is(KeyStrategy.HEADER, KeyStrategy.COMPOSITE), "then": {"required": ["header"]}},
-        ],
-    )
-    policies = [p.value for p in FailurePolicy]
-    return {
-        "key": key,
-        "failure_policy": _choice(policies, _lenient(policies, spaces=False), "What the route does while Redis fails."),
-        "failure_code": _whole(*FAILURE_CODES, "The status of failClosed rejections."),
-    }
-
-
-def _definitions_route() -> dict[str, Any]:
-    if "A-Za-z" not in HTTP_TOKEN.pattern:
-        raise AssertionError(f"HTTP_TOKEN changed ({HTTP_TOKEN.pattern}): derive the upper-case method pattern anew")
-    # an HTTP token in upper case (the loader refuses "get"), or "*"
-    method = {"type": "string", "pattern": _anchored(r"\*|" + HTTP_TOKEN.pattern.replace("A-Za-z", "A-Z"))}
-    match = _obj(
-        MATCH_KEYS,
-        {
-            "methods": {
-                "description": 'Upper-case HTTP methods (or one); "*" = any (the default).',
-                "anyOf": [method, {"type": "array", "items": method, "minItems": 1}],
-            },
-            "path": {
-                "type": "string",
-                "pattern": r"^/[^\s?#]*$",
-                "maxLength": MAX_PATTERN_LENGTH,
-                "description": "Literal segments, * or {name} (one segment), ** (any number).",
-            },
-        },
-        required=["path"],
-    )
-    entries = {
-        "type": "array",
-        "items": {"type": "string", "pattern": r"^\S(?:.*\S)?$"},
-        "description": "IP addresses or CIDR blocks (matched against the client) or keys.",
-    }
-    overrides = {"type": ["object", "null"], "additionalProperties": _ref("policy")}
-    route = _obj(
-        ROUTE_KEYS,
-        {
-            "name": {
-                "type": "string",
-                "pattern": _anchored(ROUTE_NAME.pattern),
-                "not": {"enum": sorted(RESERVED_ROUTE_NAMES)},
-                "description": f"Unique; {DEFAULT_ROUTE!r} replaces the built-in fallback route.",
-            },
-            "match": match,
-            "key": _ref("key"),
-            "local": {**_ref("policy"), "description": "What each replica enforces on its own."},
-            "distributed": {**_ref("policy"), "description": "The global limit (default: local)."},
-            "overrides": _obj(OVERRIDE_KEYS, {"api_keys": overrides, "tenants": overrides}),
-            "allow": entries,
-            "deny": entries,
-            "failure_policy": _ref("failure_policy"),
-            "failure_code": _ref("failure_code"),
-            "mode": {"enum": [m.value for m in Mode], "description": "The mode until an operator changes it."},
-            "canary_percent": _whole(*CANARY_PERCENT, "Only with mode: canary."),
-            "min_dwell": _duration(
-                MIN_DWELL_MAX_S,
-                allow_zero=True,
-                description="The gate's minimum time in each step (default SHADOWLIMIT_GATE_MIN_DWELL_S, 10m).",
-            ),
-            "external": _ref("external"),
-        },
-        required=["name", "local"],
-        dependencies={"canary_percent": {"required": ["mode"], "properties": {"mode": {"const": "canary"}}}},
-        **{"if": {"properties": {"name": {"const": DEFAULT_ROUTE}}}, "else": {"required": ["match"]}},
-    )
-    return {"route": route}
-
-
-def _definitions_external() -> dict[str, Any]:
-    headers = {"type": "array", "items": _header_name("A header name.")}
-    external = _obj(
-        EXTERNAL_KEYS,
-        {
-            "url": {"type": "string", "pattern": r"^[hH][tT][tT][pP][sS]?://\S+$", "description": "POSTed to."},
-            "timeout": _duration(EXTERNAL_TIMEOUT_MAX_S, allow_zero=False, description="Default 5s."),
-            "cache_ttl": _duration(CACHE_TTL_MAX_S, allow_zero=True, description="Default 60s."),
-            "max_concurrent_requests": _whole(*MAX_CONCURRENT, "Calls in flight at once (default 50)."),
-            "header_filter": _obj(
-                HEADER_FILTER_KEYS,
-                {"allow_list": headers, "deny_list": headers},
-                **{"not": {"required": ["allow_list", "deny_list"]}},
-            ),
-        },
-        required=["url"],
-    )
-    return {"external": external}
 
 
 def rules_json_schema() -> dict[str, Any]:
     """The rules file's JSON Schema (draft-07) as a dict."""
-    definitions = {
-        **_definitions_policy(),
-        **_definitions_key(),
-        **_definitions_route(),
-        **_definitions_external(),
-    }
-    document = _obj(
-        TOP_KEYS,
-        {
-            "version": {"const": 1},
-            "defaults": _obj(
-                DEFAULTS_KEYS,
-                {"key": _ref("key"), "failure_policy": _ref("failure_policy"), "failure_code": _ref("failure_code")},
-            ),
-            "routes": {"type": ["array", "null"], "items": _ref("route"), "description": "First match wins."},
-        },
-        required=["routes"],
-    )
     return {
         "$schema": "http://json-schema.org/draft-07/schema#",
         "title": "shadowlimit rules file",
         "description": "Routes, keys and limits for shadowlimit (RATE_LIMIT_RULES_PATH). Generated by "
         "python -m control_plane.rules.json_schema; `shadowlimit rules check FILE` checks everything.",
-        **document,
-        "definitions": definitions,
+        **DOCUMENT.json_schema(),
+        "definitions": _definitions(),
     }
 
 
@@ -294,5 +100,39 @@ def render() -> str:
     return json.dumps(rules_json_schema(), indent=2, ensure_ascii=False) + "\n"
 
 
+def render_docs(text: str) -> str:
+    """``text`` (docs/configuration.md) with each ``<!-- rules table: NAME -->`` table made anew."""
+
+    def table(m: re.Match[str]) -> str:
+        return m.group(1) + docs_table(TABLES[m.group(2)]) + m.group(4)
+
+    return _TABLE.sub(table, text)
+
+
+def main(argv: list[str]) -> int:
+    """Print the schema; ``--write`` the schema and the docs' tables; ``--check`` them."""
+    if not argv:
+        print(render(), end="")
+        return 0
+    if argv not in (["--write"], ["--check"]):
+        print("usage: python -m control_plane.rules.json_schema [--write | --check]", file=sys.stderr)
+        return 2
+    stale = []
+    for path, make in ((SCHEMA_PATH, lambda _: render()), (DOCS_PATH, render_docs)):
+        file = _ROOT / path
+        old = file.read_text(encoding="utf-8")
+        new = make(old)
+        if new != old:
+            stale.append(path)
+            if argv == ["--write"]:
+                file.write_text(new, encoding="utf-8")
+    if argv == ["--check"] and stale:
+        print(
+            f"out of date: {', '.join(stale)}; run python -m control_plane.rules.json_schema --write", file=sys.stderr
+        )
+        return 1
+    return 0
+
+
 if __name__ == "__main__":
-    print(render(), end="")
+    sys.exit(main(sys.argv[1:]))

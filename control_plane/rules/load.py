@@ -13,9 +13,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from .document import read_document
 from .errors import RulesError
 from .model import Rules, default_route
-from .schema import read_document
 from .yaml_source import decode_file, gc_paused, load_yaml, read_file
 
 if TYPE_CHECKING:

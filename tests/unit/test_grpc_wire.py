@@ -235,3 +235,18 @@ def test_content_length_is_the_transports_to_check_and_cannot_be_forged() -> Non
     assert read_head(GRPC + [(CONTENT_LENGTH, b"12"), (CONTENT_LENGTH, b"13")]).problem is not None
     assert read_head(GRPC + [(CONTENT_LENGTH, b"x")]).problem is not None
     assert read_head(GRPC + [(b"\x00" + CONTENT_LENGTH, b"1")]).problem is not None  # a client's NUL name
+
+
+def test_a_walk_ends_at_a_frame_after_its_share_of_frames_or_new_streams() -> None:
+    from control_plane.envoy.frames import WALK_FRAMES, WALK_NEW_STREAMS
+
+    walk = FrameWalk(0.0)
+    opened = PREFACE + frame(SETTINGS, 0, 0)
+    streams = b"".join(frame(HEADERS, 0x5, 1 + 2 * i, b"\x82") for i in range(WALK_NEW_STREAMS + 10))
+    upto, refusal = walk.walk(opened + streams, 0.0)
+    assert refusal is None and walk.cut and upto == len(opened) + WALK_NEW_STREAMS * 10
+    upto, refusal = walk.walk((opened + streams)[upto:], 0.0)  # the rest, next turn: from where it stopped
+    assert refusal is None and not walk.cut and upto == 10 * 10
+    pings = frame(PING, 0x1, 0, b"12345678") * (WALK_FRAMES + 5)  # ACKs: free, but frames all the same
+    upto, _ = walk.walk(pings, 0.0)
+    assert walk.cut and upto == 17 * WALK_FRAMES

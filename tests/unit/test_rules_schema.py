@@ -3,6 +3,7 @@ lists, enums and bounds, committed, and in agreement with the loader on good and
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -13,8 +14,11 @@ import jsonschema
 import pytest
 
 from control_plane.rules import RulesError, parse_rules
-from control_plane.rules import json_schema as rules_json_schema_module
-from control_plane.rules.json_schema import SCHEMA_PATH, render, rules_json_schema
+from control_plane.rules.document import RouteDefaults
+from control_plane.rules.fields import FieldReader
+from control_plane.rules.json_schema import DOCS_PATH, SCHEMA_PATH, TABLES, render, render_docs
+from control_plane.rules.schema import ROUTE
+from control_plane.rules.spec import Block, Got, Key, docs_table, read_block
 from control_plane.rules.yaml_source import load_yaml
 from control_plane.settings import Settings
 
@@ -60,12 +64,74 @@ def test_the_regenerate_command_prints_the_schema():
     assert json.loads(out)["title"] == "shadowlimit rules file"
 
 
-def test_a_loader_key_without_a_schema_entry_stops_the_generation(monkeypatch):
-    """The schema's keys are the loader's: a key added to the loader alone cannot be forgotten."""
-    extended = (*rules_json_schema_module.ROUTE_KEYS, "priority")
-    monkeypatch.setattr(rules_json_schema_module, "ROUTE_KEYS", extended)
-    with pytest.raises(AssertionError, match="priority"):
-        rules_json_schema()
+def test_the_docs_tables_are_the_generated_ones():
+    text = (ROOT / DOCS_PATH).read_text(encoding="utf-8")
+    assert text.count("<!-- rules table: ") == len(TABLES)
+    assert render_docs(text) == text, (
+        f"the rules tables of {DOCS_PATH} are out of date: python -m control_plane.rules.json_schema --write"
+    )
+
+
+def test_the_check_command_says_both_files_are_up_to_date():
+    done = subprocess.run(
+        [sys.executable, "-m", "control_plane.rules.json_schema", "--check"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert (done.returncode, done.stderr) == (0, "")
+
+
+def test_a_new_key_is_one_row(settings):
+    """A row added to a block is read (with the file's line in its errors), offered by the
+    schema and documented, with no other change: here a nested block, as a per-route plan
+    would be (``plan: {steps: [...], note: ...}``)."""
+    plan = Block(
+        name="plan",
+        keys=(
+            Key(
+                name="steps",
+                read=lambda r, v, p, got: [r.integer(s, (*p, i), 1, 100) for i, s in enumerate(v)],
+                schema={"type": "array", "items": {"type": "integer", "minimum": 1, "maximum": 100}},
+                doc="The canary percentages, in order.",
+            ),
+            Key(name="note", read=lambda r, v, p, got: r.string(v, p), schema={"type": "string"}, doc="Why."),
+        ),
+    )
+    route = dataclasses.replace(ROUTE, keys=(*ROUTE.keys, Key(name="plan", block=plan, doc="The rollout plan.")))
+    text = """
+        routes:
+          - name: a
+            match: {path: /a}
+            local: 5/s
+            plan:
+              steps: [10, 50]
+              note: slowly
+          - name: b
+            match: {path: /b}
+            local: 5/s
+            plan: {steps: [10, 500]}
+        """
+    data, lines = load_yaml(textwrap.dedent(text), "t.yaml")
+    reader = FieldReader(lines, "t.yaml", settings)
+    document = Got()
+    document["defaults"] = RouteDefaults()
+    first = read_block(reader, route, data["routes"][0], ("routes", 0), document)
+    assert first.name == "a"
+    with pytest.raises(RulesError) as err:
+        read_block(reader, route, data["routes"][1], ("routes", 1), document)
+    assert str(err.value) == "t.yaml:12: routes[1].plan.steps[1]: must be from 1 to 100, got 500"
+    with pytest.raises(
+        RulesError, match=r"unknown key 'plam' \(did you mean 'plan'\?\); allowed keys: .*external, plan$"
+    ):
+        read_block(reader, route, {**data["routes"][0], "plam": {}}, ("routes", 0), document)
+    schema = route.json_schema()["properties"]["plan"]
+    assert schema["properties"]["steps"]["items"]["maximum"] == 100
+    assert schema["additionalProperties"] is False
+    table = docs_table(route)
+    assert "| `plan.steps` | no | - | The canary percentages, in order. |" in table
+    assert "| `plan.note` | no | - | Why. |" in table
 
 
 def test_examples_exist_and_point_editors_at_the_schema():
