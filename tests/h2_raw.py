@@ -9,6 +9,11 @@ a reset), or that nothing came within the timeout; any of the last two marks the
 h2spec gives it (a WINDOW_UPDATE once 65,535 bytes were received), unless
 ``window_update=False``.
 
+For the hostile-client tests, :meth:`RawConn.until` reads until a condition holds (a timeout
+there closes nothing), keeping each stream's :class:`Answer` (its header blocks, DATA, the
+first RST_STREAM), the server's GOAWAY code, the PINGs it sent (answered with
+``ack_pings=True``) and the connection window it granted.
+
 Also here: the gRPC request every test sends (a ``ShouldRateLimit`` POST with a valid
 length-prefixed ``RateLimitRequest``), and gRPC's length prefix.
 """
@@ -39,9 +44,8 @@ from hyperframe.frame import (
 )
 
 __all__ = [
-    "Answer",
-    "DOMAIN", "PREFACE", "RLS_PATH", "ErrorCodes", "Event", "RawConn", "frame_name", "grpc_frame", "raw_frame",
-    "rls_message", "settings_payload",
+    "DOMAIN", "PREFACE", "RLS_PATH", "Answer", "ErrorCodes", "Event", "RawConn", "frame_name", "grpc_frame",
+    "raw_frame", "rls_message", "settings_payload",
 ]  # fmt: skip
 
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
