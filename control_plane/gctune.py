@@ -23,11 +23,13 @@ touches it, because the process belongs to the host application.
 
 from __future__ import annotations
 
+import ctypes
 import gc
 import threading
 from dataclasses import dataclass, field
+from typing import Any
 
-__all__ = ["GcTuning", "YOUNG_THRESHOLD", "forget_tunings", "tune_gc", "tunings_in_effect"]
+__all__ = ["GcTuning", "YOUNG_THRESHOLD", "forget_tunings", "trim_heap", "tune_gc", "tunings_in_effect"]
 
 YOUNG_THRESHOLD = 20_000
 
@@ -88,3 +90,24 @@ def forget_tunings() -> None:
     global _users
     with _lock:
         _users = 0
+
+
+def _malloc_trim() -> Any:
+    try:
+        return ctypes.CDLL(None).malloc_trim  # glibc's; absent elsewhere (musl, macOS)
+    except (OSError, AttributeError):
+        return None
+
+
+_TRIM = _malloc_trim()
+
+
+def trim_heap() -> bool:
+    """Give the C heap's free pages back to the system (glibc's ``malloc_trim(0)``); False
+    where there is none. After many connections come and go, the memory they freed stays in
+    the process, scattered between live blocks, and counts in its RSS: 20,000 connections
+    opened and closed grew the gRPC server by about 90 MB, 30 MB once trimmed."""
+    if _TRIM is None:
+        return False
+    _TRIM(0)
+    return True

@@ -24,6 +24,7 @@ from grpc_reflection.v1alpha.reflection import SERVICE_NAME as REFLECTION_SERVIC
 from grpc_reflection.v1alpha.reflection import ReflectionServicer
 
 from ..auth import Access, Denied, check
+from ..gctune import trim_heap
 from ..settings.limits import connection_shares
 from .service import RLS_SERVICE, RateLimitService, methods
 from .transport import Call, GrpcConnection, Limits, Method, RpcError, StatusCode
@@ -47,6 +48,8 @@ MAX_CONCURRENT_RPCS = 4096
 RLS_METHOD = f"/{RLS_SERVICE}/ShouldRateLimit"
 #: seconds between two sweeps of the connections' timers
 SWEEP_S = 1.0
+#: connections closed (refused ones included) after which the sweep trims the C heap
+TRIM_AFTER_CLOSED = 256
 HEALTH_SERVICE = health_pb2.DESCRIPTOR.services_by_name["Health"].full_name
 _SERVING = health_pb2.HealthCheckResponse.SERVING
 _NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
@@ -143,28 +146,31 @@ class GrpcServer:
     auth: Authenticator | None = None
     max_connections: int = 1024
     server: Any = None
-    connections: set[GrpcConnection] = field(default_factory=set)
+    connections: dict[GrpcConnection, None] = field(default_factory=dict)  # oldest first
     sweeper: asyncio.Task[None] | None = None
+    closed_since_trim: int = 0
 
     def admit(self, conn: GrpcConnection) -> bool:
         """A new connection: in, unless ``max_connections`` are open; then it takes the place
-        of the one idle longest (a second or more), or it is refused (counted)."""
+        of the oldest that has never made a call (open a second or more: a squatter, never a
+        client such as Envoy that has called), or it is refused (counted)."""
         if len(self.connections) >= self.max_connections:
             now = asyncio.get_running_loop().time()
-            idle = max(self.connections, key=lambda c: c.idle_for(now), default=None)
-            if idle is None or idle.idle_for(now) < 1.0:
+            squatter = next((c for c in self.connections if c.squatting_for(now) >= 1.0), None)
+            if squatter is None:
                 self.count("connection_refused")
                 return False
             self.count("idle_close")
-            idle.shutdown(close_now=True)
-            self.connections.discard(idle)
-        self.connections.add(conn)
+            squatter.shutdown(close_now=True)
+            self.connections.pop(squatter, None)
+        self.connections[conn] = None
         if self.metrics is not None:
             self.metrics.grpc_connections.labels().set(len(self.connections))
         return True
 
     def closed(self, conn: GrpcConnection) -> None:
-        self.connections.discard(conn)
+        self.connections.pop(conn, None)
+        self.closed_since_trim += 1
         if self.metrics is not None:
             self.metrics.grpc_connections.labels().set(len(self.connections))
 
@@ -192,12 +198,17 @@ class GrpcServer:
             raise RpcError(StatusCode.UNAUTHENTICATED, exc.message) from None
 
     async def sweep(self) -> None:
+        """Once a second: every connection's timers; the C heap trimmed after connections
+        came and went by the hundred (see :func:`~control_plane.gctune.trim_heap`)."""
         loop = asyncio.get_running_loop()
         while True:
             await asyncio.sleep(SWEEP_S)
             now = loop.time()
             for conn in list(self.connections):
                 conn.tick(now)
+            if self.closed_since_trim >= TRIM_AFTER_CLOSED:
+                self.closed_since_trim = 0
+                trim_heap()
 
     async def stop(self, grace_s: float = 2.0) -> None:
         """Say NOT_SERVING, stop listening, tell every connection to take no more calls

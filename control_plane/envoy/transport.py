@@ -42,7 +42,6 @@ import h2.connection
 import h2.events
 import h2.exceptions
 from h2.errors import ErrorCodes
-from h2.settings import SettingCodes, Settings
 from hyperframe.frame import GoAwayFrame
 
 from .codec import HeaderBlockError
@@ -99,21 +98,8 @@ class GrpcConnection(Output, asyncio.Protocol):
             self.closing = True
             transport.close()
             return
-        limits = self.limits
-        settings = {
-            SettingCodes.MAX_CONCURRENT_STREAMS: limits.max_streams,
-            SettingCodes.INITIAL_WINDOW_SIZE: limits.max_message_bytes + 4096,  # the largest message fits
-            SettingCodes.MAX_HEADER_LIST_SIZE: limits.max_header_list_bytes,
-        }
-        self.h2.local_settings = Settings(client=False, initial_values=settings)
-        self.h2.initiate_connection()  # our SETTINGS, in force at once (no ACK awaited)
-        # a stream past max_streams is refused here (REFUSED_STREAM, RFC 9113 5.1.2), not by
-        # h2, which would end the whole connection
-        settings[SettingCodes.MAX_CONCURRENT_STREAMS] = 2**31 - 1
-        self.h2.local_settings = Settings(client=False, initial_values=settings)
-        self.h2.increment_flow_control_window(limits.connection_window - 65_535)
-        self.flush_soon()
-        self.preface_timer = self.loop.call_later(limits.preface_timeout_s, self._preface_late)
+        self.start_h2()
+        self.preface_timer = self.loop.call_later(self.limits.preface_timeout_s, self._preface_late)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closing = True
@@ -127,6 +113,7 @@ class GrpcConnection(Output, asyncio.Protocol):
         self.blocked.clear()
         self.ready.clear()
         self.owner.closed(self)
+        self.release()
 
     def pause_writing(self) -> None:  # the peer does not read its answers: stop reading its calls
         self._pause(1)
@@ -458,9 +445,10 @@ class GrpcConnection(Output, asyncio.Protocol):
             self.closing = True
             self.transport.close()
 
-    def idle_for(self, now: float) -> float:
-        """Seconds without an open stream (0: streams are open)."""
-        return 0.0 if self.streams or not self.preface else now - self.last_call
+    def squatting_for(self, now: float) -> float:
+        """Seconds this connection has been open without ever making a call (0: it has made
+        one): what the server may close for a newcomer."""
+        return 0.0 if self.started_calls or self.streams else now - self.opened_at
 
     def shutdown(self, close_now: bool = False) -> None:
         """No new streams: GOAWAY naming the last stream taken (written beside h2, whose
