@@ -302,7 +302,7 @@ class GrpcConnection(Output, asyncio.Protocol):
 
     def _malformed(self, sid: int, stream: Stream | None, problem: str) -> None:
         """A malformed request (RFC 9113 8.1.1): a stream error, one log line."""
-        log.info("gRPC stream %d reset: a malformed request: %s", sid, problem)
+        _LOG_LINES.info(self.loop.time(), "gRPC stream %d reset: a malformed request: %s", sid, problem)
         self.owner.count("bad_header")
         if stream is not None:
             self.drop(stream)
@@ -441,7 +441,9 @@ class GrpcConnection(Output, asyncio.Protocol):
                 self.flush_soon()
         elif now - self.ping_sent >= limits.keepalive_timeout_s:
             self.owner.count("keepalive_timeout")
-            log.info("gRPC connection closed: no answer to a keepalive PING in %.0f s", limits.keepalive_timeout_s)
+            _LOG_LINES.info(
+                now, "gRPC connection closed: no answer to a keepalive PING in %.0f s", limits.keepalive_timeout_s
+            )
             self.closing = True
             self.transport.close()
 
@@ -468,7 +470,7 @@ class GrpcConnection(Output, asyncio.Protocol):
         """A connection error: GOAWAY with its code (h2's own when ``sent``), then close."""
         if self.closing:
             return
-        log.info("gRPC connection closed: %s", refusal.reason)
+        _LOG_LINES.info(self.loop.time(), "gRPC connection closed: %s", refusal.reason)
         if count:
             self.owner.count(_GOAWAY_KINDS.get(refusal.code, "goaway_protocol_error"))
         if not sent:
@@ -488,6 +490,29 @@ class GrpcConnection(Output, asyncio.Protocol):
             self.transport.close()
 
 
+class LogLines:
+    """The transport's log lines about its clients, at most ``burst`` at once and ``rate`` a
+    second (a flood of bad frames is not a flood of log lines: the metrics count them all);
+    the next line that passes says how many were left out."""
+
+    def __init__(self, burst: float = 20.0, rate: float = 2.0) -> None:
+        self.burst, self.rate = burst, rate
+        self.tokens, self.at, self.dropped = burst, 0.0, 0
+
+    def info(self, now: float, message: str, *args: Any) -> None:
+        self.tokens = min(self.burst, self.tokens + (now - self.at) * self.rate)
+        self.at = now
+        if self.tokens < 1:
+            self.dropped += 1
+            return
+        self.tokens -= 1
+        if self.dropped:
+            message += f" ({self.dropped} such lines left out)"
+            self.dropped = 0
+        log.info(message, *args)
+
+
+_LOG_LINES = LogLines()
 _GOAWAY_KINDS = {
     ErrorCodes.PROTOCOL_ERROR: "goaway_protocol_error",
     ErrorCodes.FLOW_CONTROL_ERROR: "goaway_flow_control_error",

@@ -260,3 +260,17 @@ def test_a_walk_ends_at_a_frame_after_its_share_of_frames_or_new_streams() -> No
     pings = frame(PING, 0x1, 0, b"12345678") * (WALK_FRAMES + 5)  # ACKs: free, but frames all the same
     upto, _ = walk.walk(pings, 0.0)
     assert walk.cut and upto == 17 * WALK_FRAMES
+
+
+def test_log_lines_about_clients_are_bounded_and_say_how_many_were_left_out(caplog: pytest.LogCaptureFixture) -> None:
+    import logging
+
+    from control_plane.envoy.transport import LogLines
+
+    lines = LogLines(burst=3, rate=1.0)
+    with caplog.at_level(logging.INFO, logger="shadowlimit.grpc"):
+        for i in range(10):
+            lines.info(100.0, "bad %d", i)  # a flood within one instant: 3 lines
+        lines.info(101.0, "bad %d", 10)  # a second later: one more, saying what was left out
+    got = [r.getMessage() for r in caplog.records if r.name == "shadowlimit.grpc"]
+    assert got == ["bad 0", "bad 1", "bad 2", "bad 10 (7 such lines left out)"]
