@@ -10,7 +10,7 @@ the loop without it, each the least disturbed of interleaved repetitions (their 
 microseconds, so a small stage can come out near zero):
 
 * **parse**: ``orjson.loads`` of the body and the hot path's item check;
-* **decide**: ``Decider.decide_dict`` (route, key, local check, mode, shadow queueing and the
+* **decide**: ``Decider.decide`` (route, key, local check, mode, shadow queueing and the
   shadow worker's evaluation, the Redis call in enforce, headers, metrics, activity, the
   what-if recorder);
 * **answer**: the answer's bytes (``orjson.dumps``, the raw headers);
@@ -88,7 +88,7 @@ async def _measure(requests: int, reps: int) -> dict[str, Any]:
             async def caller(stage: str, n: int, offset: int) -> None:
                 sleep = asyncio.sleep
                 loads = orjson.loads
-                decide = decider.decide_dict
+                decide = decider.decide
                 for j in range(n):
                     i = (offset + j * CALLERS) % 1000
                     body = bodies[i]
@@ -101,7 +101,7 @@ async def _measure(requests: int, reps: int) -> dict[str, Any]:
                         if stage != "parse":
                             res = await decide(item)
                             if stage == "answer":
-                                _result(res, res["status_code"])
+                                _result(res.to_dict(), res.status_code)
                     await sleep(0)
 
             async def run(stage: str) -> float:

@@ -381,7 +381,7 @@ def _render_hotpath(h: dict[str, Any], cpu: dict[str, float]) -> list[str]:
         "| CPU per request | off | shadow | enforce |",
         "|---|--:|--:|--:|",
     ]
-    names = {"parse": "parse the body", "decide": "decide (`Decider.decide_dict`)", "answer": "answer bytes",
+    names = {"parse": "parse the body", "decide": "decide (`Decider.decide`)", "answer": "answer bytes",
              "glue": "hot-path glue (bounds, body, sends)"}  # fmt: skip
     for stage, label in names.items():
         lines.append(f"| {label} | " + " | ".join(f"{h[m]['stages_us'][stage]:.1f} µs" for m in MODES) + " |")

@@ -55,7 +55,7 @@ __all__ = ["DecideInput", "DecideResult", "Engine", "GateRefused", "PlainInput",
 log = logging.getLogger("shadowlimit.engine")
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, kw_only=True)
 class Engine:
     """One replica's control plane (see the module docstring)."""
 
@@ -97,8 +97,8 @@ class Engine:
     async def decide(self, inp: DecideInput) -> DecideResult:
         return await self.decider.decide(inp)
 
-    async def decide_many(self, inputs: list[DecideInput | PlainInput], *, as_dicts: bool = False) -> list[Any]:
-        return await self.decider.decide_many(inputs, as_dicts=as_dicts)
+    async def decide_many(self, inputs: list[DecideInput | PlainInput]) -> list[Any]:
+        return await self.decider.decide_many(inputs)
 
     # -- lifecycle -----------------------------------------------------------------------
 

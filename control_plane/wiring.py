@@ -190,7 +190,7 @@ def build_engine(
         metrics=metrics, publish=events.publish, instance_id=iid,
     )  # fmt: skip
     external.configure(live.current.all_routes)
-    candidates = Candidates(client, store, adjustments, divergence, live, rollout, clock)
+    candidates = Candidates(client, store, adjustments, divergence, live, rollout, clock=clock)
     live.listeners += [lambda r: external.configure(r.all_routes), rollout.rules_changed, candidates.rules_changed]
     comparisons = Comparisons(divergence, blocked, metrics)
     shadow = ShadowPipeline(
@@ -218,8 +218,8 @@ def build_engine(
         blocked,
         client,
         live,
-        clock,
-        settings.metrics_max_routes,
+        clock=clock,
+        max_routes=settings.metrics_max_routes,
         candidate_of=lambda r: adjustments.candidates.get(r),
     )
     engine = Engine(

@@ -26,7 +26,7 @@ class BreakerState(str, Enum):
     HALF_OPEN = "half_open"
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class BreakerSnapshot:
     """The breaker's state, readable by the control plane and the dashboard."""
 

@@ -82,7 +82,7 @@ class TlsConfig:
         }
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Endpoint:
     """Where one Redis node listens and how to log in."""
 

@@ -278,13 +278,17 @@ class ResilientLimiter:
                 self.breaker.record_failure(exc)
                 self._ensure_prober()
                 late: Deadline | None = "redis_timeout" if isinstance(exc, DeadlineExceeded) else None
-                return self._degraded(key, policy, cost, now_us, str(exc), failure_policy, failure_code, late)
+                return self._degraded(
+                    key, policy, cost, now_us, error=str(exc), failure_policy=failure_policy,
+                    failure_code=failure_code, deadline=late,
+                )  # fmt: skip
             self.breaker.record_success()
             return Outcome(d, "distributed")
         self._ensure_prober()
         return self._degraded(
-            key, policy, cost, now_us, self.breaker.last_error or "circuit open", failure_policy, failure_code
-        )
+            key, policy, cost, now_us, error=self.breaker.last_error or "circuit open", failure_policy=failure_policy,
+            failure_code=failure_code,
+        )  # fmt: skip
 
     async def check_many(
         self,
@@ -311,7 +315,10 @@ class ResilientLimiter:
             err = self.breaker.last_error or "circuit open"
             if not degrade:
                 return [Outcome(_SKIPPED, "skipped", err) for _ in requests]
-            return [self._degraded(k, p, _cost(p, c), n, err, fp, fc) for (k, p, c, n), (fp, fc) in zip(requests, ov)]
+            return [
+                self._degraded(k, p, _cost(p, c), n, error=err, failure_policy=fp, failure_code=fc)
+                for (k, p, c, n), (fp, fc) in zip(requests, ov)
+            ]
         try:
             if timeout_s is None:
                 results = await self.redis.check_many(requests)
@@ -330,7 +337,7 @@ class ResilientLimiter:
                 self.backend_errors += 1
                 late: Deadline | None = "redis_timeout" if isinstance(r, DeadlineExceeded) else None
                 out.append(
-                    self._degraded(k, p, c, n, str(r), fp, fc, late)
+                    self._degraded(k, p, c, n, error=str(r), failure_policy=fp, failure_code=fc, deadline=late)
                     if degrade
                     else Outcome(_SKIPPED, "skipped", str(r), 429, late)
                 )
@@ -430,6 +437,7 @@ class ResilientLimiter:
         policy: Policy,
         cost: int,
         now_us: int | None,
+        *,
         error: str,
         failure_policy: FailurePolicy | None,
         failure_code: int | None,
@@ -461,8 +469,10 @@ class ResilientLimiter:
         self, key: str, policy: Policy, cost: int, now_us: int | None, fp: FailurePolicy | None, fc: int | None
     ) -> Outcome:
         """Too little time left to ask Redis: the failure policy, at once."""
-        return self._degraded(key, policy, cost, now_us, "too little time left before the caller's deadline", fp, fc,
-                              "no_time")  # fmt: skip
+        return self._degraded(
+            key, policy, cost, now_us, error="too little time left before the caller's deadline", failure_policy=fp,
+            failure_code=fc, deadline="no_time",
+        )  # fmt: skip
 
     # -- recovery ---------------------------------------------------------------------
 

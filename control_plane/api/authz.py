@@ -28,7 +28,7 @@ from fastapi.responses import Response
 
 from limiter.keys import InvalidKeyError
 
-from ..decision import DecideInput, Decider, UnknownRoute
+from ..decision import DecideError, DecideInput, Decider, UnknownRoute
 from .decide import DECISION_RESPONSES, body_of, translate
 from .deps import ApiError
 from .openapi import RATE_LIMIT_HEADERS, errors
@@ -77,7 +77,7 @@ async def authz(
     inp = DecideInput(method=method, path=path, client_ip=client.host if client else None, headers=request.headers)
     try:
         result = await decider.decide(inp)
-    except (UnknownRoute, InvalidKeyError, ValueError) as exc:
+    except (UnknownRoute, InvalidKeyError, DecideError) as exc:
         raise translate(exc) from exc
     if result.allowed:  # the gateway forwards the request; only the headers matter
         return Response(status_code=200, headers=result.headers)

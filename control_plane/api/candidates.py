@@ -67,7 +67,7 @@ def _policy(body: CandidateSet, current: Policy) -> Policy:
     openapi_extra=json_request(CandidateSet, examples.CANDIDATE_REQUEST),
 )
 async def set_candidate(
-    route: str, request: Request, candidates: CandidatesDep, rollout: RolloutDep, views: ViewsDep,
+    route: str, request: Request, *, candidates: CandidatesDep, rollout: RolloutDep, views: ViewsDep,
     _: OperatorDep, body: CandidateSetBody,
 ) -> dict[str, Any]:  # fmt: skip
     """Set (or replace) a route's candidate limit: the route keeps deciding with its current

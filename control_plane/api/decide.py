@@ -10,7 +10,7 @@ from fastapi.responses import Response
 
 from limiter.keys import InvalidKeyError
 
-from ..decision import Decider, DecideResult, UnknownRoute
+from ..decision import DecideError, Decider, DecideResult, UnknownRoute
 from ..observe import incidents
 from . import examples
 from .deps import ApiError
@@ -55,10 +55,8 @@ def translate(exc: Exception) -> ApiError:
         return ApiError(404, "unknown_route", f"no route named {exc.route!r}", field="route")
     if isinstance(exc, InvalidKeyError):
         return ApiError(422, "invalid_key", str(exc), field=exc.field)
-    if isinstance(exc, ValueError):
-        msg = str(exc)
-        field = msg.split(":", 1)[0] if ":" in msg else "request"
-        return ApiError(422, "invalid_request", msg, field=field)
+    if isinstance(exc, DecideError):
+        return ApiError(422, "invalid_request", str(exc), field=exc.field)
     return ApiError(500, "internal_error", incidents.MESSAGE, incident=incidents.report(exc, "a /v1/decide/batch item"))
 
 
@@ -121,7 +119,7 @@ async def decide(request: Request) -> Response:
     req = validate_body(DecideRequest, await request.body())
     try:
         result = await decider.decide(to_input(req))
-    except (UnknownRoute, InvalidKeyError, ValueError) as exc:
+    except (UnknownRoute, InvalidKeyError, DecideError) as exc:
         raise translate(exc) from exc
     return Response(
         orjson.dumps(body_of(result)),
@@ -156,13 +154,13 @@ async def decide_batch(request: Request) -> Response:
 async def batch_body(decider: Decider, inputs: list[Any]) -> bytes:
     """The batch answer's JSON for parsed items (an :class:`ApiError` in place of a bad one)."""
     valid: list[Any] = [i for i in inputs if i.__class__ is not ApiError]
-    results = iter(await decider.decide_many(valid, as_dicts=True))
+    results = iter(await decider.decide_many(valid))
     out: list[dict[str, Any]] = []
     append = out.append
     for i, item in enumerate(inputs):
         res: Any = item if item.__class__ is ApiError else next(results)
-        if res.__class__ is dict:
-            append(res if res["allowed"] else rejected(res))
+        if res.__class__ is DecideResult:
+            append(body_of(res))
             continue
         e = res if isinstance(res, ApiError) else translate(res)
         err = {"error": e.error, "message": e.message, "index": i, "field": e.details.get("field"), "status": e.status}

@@ -11,14 +11,24 @@ but the endless ``/v1/stream`` is reachable).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 from ..auth import ACCESS
 
 __all__ = ["LINKS", "add_links"]
 
-#: one link: (name, target method, target path, description, parameters, request body)
-Link = tuple[str, str, str, str, dict[str, str], dict[str, Any] | None]
+
+class Link(NamedTuple):
+    """One link: its name, the target operation, what it is for, and what of the answer goes
+    into the target's parameters and request body."""
+
+    name: str
+    method: str
+    path: str
+    description: str
+    parameters: dict[str, str]
+    body: dict[str, Any] | None
+
 
 _ROUTE = "$response.body#/routes/0/name"
 _AUTHZ_METHODS = sorted(m for (m, p) in ACCESS if p == "/v1/authz")
@@ -27,7 +37,7 @@ _AUTHZ_METHODS = sorted(m for (m, p) in ACCESS if p == "/v1/authz")
 def _link(name: str, target: str, description: str, parameters: dict[str, str] | None = None, body: Any = None) -> Link:
     """A link to ``target`` (``"METHOD /path"``)."""
     method, path = target.split(" ", 1)
-    return (name, method, path, description, parameters or {}, body)
+    return Link(name=name, method=method, path=path, description=description, parameters=parameters or {}, body=body)
 
 
 def _route_links(route: str) -> list[Link]:
@@ -144,14 +154,16 @@ def add_links(paths: dict[str, Any]) -> None:
     for (method, path), (statuses, links) in LINKS.items():
         responses = paths[path][method.lower()]["responses"]
         out: dict[str, Any] = {}
-        for name, t_method, t_path, description, parameters, body in links:
-            if t_method.lower() not in paths.get(t_path, {}):
-                raise RuntimeError(f"an OpenAPI link from {method} {path} to {t_method} {t_path}, which is not served")
-            link: dict[str, Any] = {"operationRef": _ref(t_method, t_path), "description": description}
-            if parameters:
-                link["parameters"] = parameters
-            if body is not None:
-                link["requestBody"] = body
-            out[name] = link
+        for ln in links:
+            if ln.method.lower() not in paths.get(ln.path, {}):
+                raise RuntimeError(
+                    f"an OpenAPI link from {method} {path} to {ln.method} {ln.path}, which is not served"
+                )
+            link: dict[str, Any] = {"operationRef": _ref(ln.method, ln.path), "description": ln.description}
+            if ln.parameters:
+                link["parameters"] = ln.parameters
+            if ln.body is not None:
+                link["requestBody"] = ln.body
+            out[ln.name] = link
         for status in statuses:
             responses[status]["links"] = out

@@ -78,7 +78,10 @@ def to_input(req: DecideRequest) -> DecideInput:
     missing = missing_target(req.route, req.path, req.key, req.client_ip, req.headers)
     if missing is not None:
         raise missing
-    return DecideInput(req.route, req.method, req.path, req.key, req.client_ip, req.headers, req.cost, req.request_id)
+    return DecideInput(
+        route=req.route, method=req.method, path=req.path, key=req.key, client_ip=req.client_ip,
+        headers=req.headers, cost=req.cost, request_id=req.request_id,
+    )  # fmt: skip
 
 
 def _text(v: Any, bounds: tuple[int, int]) -> bool:
@@ -160,9 +163,12 @@ def _item(it: Any) -> BatchItem | None:
         return None
     method, path, client_ip, headers = full
     missing = missing_target(route, path, key, client_ip, headers)
-    return (
-        missing if missing is not None else DecideInput(route, method, path, key, client_ip, headers, cost, request_id)
-    )
+    if missing is not None:
+        return missing
+    return DecideInput(
+        route=route, method=method, path=path, key=key, client_ip=client_ip, headers=headers, cost=cost,
+        request_id=request_id,
+    )  # fmt: skip
 
 
 def _full_fields(it: dict[str, Any]) -> tuple[Any, Any, Any, dict[str, str]] | None:

@@ -182,6 +182,7 @@ async def stream(
     request: Request,
     engine: EngineDep,
     streams: StreamsDep,
+    *,
     route: str | None = Query(None, max_length=256),
     minutes: int = Query(30, ge=1, le=120),
     interval: float | None = Query(

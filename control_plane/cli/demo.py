@@ -33,6 +33,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -67,26 +68,77 @@ def demo_rules(limits_url: str, example: Path = EXAMPLE_RULES) -> str:
 # Addresses from the documentation ranges (RFC 5737): 198.51.100.x are ordinary clients,
 # 203.0.113.x is on search's deny list. docs/api.md's examples use 198.51.100.7 and other
 # keys the demo does not send, so they give the documented answers against a running demo.
-# (client, method, path, requests per second, spread over all replicas?, client IP, headers)
-TRAFFIC: list[tuple[str, str, str, float, bool, str, dict[str, str]]] = [
+@dataclass(frozen=True, kw_only=True)
+class Client:
+    """One demo client: who, what it asks for, how often (``spread``: over every replica, in
+    bursts; else its own replica, evenly), from which address, with which headers."""
+
+    name: str
+    method: str
+    path: str
+    rps: float
+    spread: bool
+    ip: str
+    headers: dict[str, str]
+
+
+TRAFFIC: list[Client] = [
     # search, 20/s per replica today, 30/s global: bob spreads 45/s over the replicas, each
     # admits its third, the global limit would reject a third of it (shadow divergence)
-    ("alice", "GET", "/api/v1/search/books", 5.0, False, "198.51.100.10", {}),
-    ("bob", "GET", "/api/v1/search/all", 45.0, True, "198.51.100.20", {}),  # multiplies his limit
-    ("scraper", "GET", "/api/v1/search/all", 0.5, False, "203.0.113.50", {}),  # deny list: 403
+    Client(
+        name="alice", method="GET", path="/api/v1/search/books", rps=5.0, spread=False, ip="198.51.100.10", headers={}
+    ),
+    Client(
+        name="bob", method="GET", path="/api/v1/search/all", rps=45.0, spread=True, ip="198.51.100.20", headers={}
+    ),  # multiplies his limit
+    Client(
+        name="scraper", method="GET", path="/api/v1/search/all", rps=0.5, spread=False, ip="203.0.113.50", headers={}
+    ),  # deny list: 403
     # checkout, per tenant and API family ("globex:checkout"): its global limit (100/s) is far
     # above what carol sends, the limit worth tightening in the runbook's "Changing a limit"
-    ("carol", "POST", "/checkout/c-1001/pay", 4.0, False, "198.51.100.30", {"X-Tenant-Id": "globex"}),
+    Client(
+        name="carol",
+        method="POST",
+        path="/checkout/c-1001/pay",
+        rps=4.0,
+        spread=False,
+        ip="198.51.100.30",
+        headers={"X-Tenant-Id": "globex"},
+    ),
     # login, 5 per minute per client IP: erin logs in now and then, mallory guesses passwords
     # on every replica (each admits 5 a minute: 15 in all, where the global limit admits 5)
-    ("erin", "POST", "/auth/login", 0.05, False, "198.51.100.40", {}),
-    ("mallory", "POST", "/auth/login", 1.0, True, "198.51.100.66", {}),
+    Client(name="erin", method="POST", path="/auth/login", rps=0.05, spread=False, ip="198.51.100.40", headers={}),
+    Client(name="mallory", method="POST", path="/auth/login", rps=1.0, spread=True, ip="198.51.100.66", headers={}),
     # internal, keyed by API key, a 10% canary
-    ("reports", "GET", "/internal/reports", 3.0, False, "10.1.2.3", {"X-API-Key": "sk-demo-reports"}),
+    Client(
+        name="reports",
+        method="GET",
+        path="/internal/reports",
+        rps=3.0,
+        spread=False,
+        ip="10.1.2.3",
+        headers={"X-API-Key": "sk-demo-reports"},
+    ),
     # tenants, limits from the limits service: hooli on the free plan (2/s), globex 5/s (rejected
     # in bursts); docs/api.md's examples use acme and umbrella, which the demo leaves alone
-    ("hooli", "GET", "/api/v1/tenants/orders", 1.5, False, "198.51.100.80", {"X-Tenant-Id": "hooli"}),
-    ("globex", "GET", "/api/v1/tenants/orders", 8.0, True, "198.51.100.81", {"X-Tenant-Id": "globex"}),
+    Client(
+        name="hooli",
+        method="GET",
+        path="/api/v1/tenants/orders",
+        rps=1.5,
+        spread=False,
+        ip="198.51.100.80",
+        headers={"X-Tenant-Id": "hooli"},
+    ),
+    Client(
+        name="globex",
+        method="GET",
+        path="/api/v1/tenants/orders",
+        rps=8.0,
+        spread=True,
+        ip="198.51.100.81",
+        headers={"X-Tenant-Id": "globex"},
+    ),
 ]
 
 
@@ -245,16 +297,14 @@ class DemoStack:
 
         async with httpx.AsyncClient(timeout=2.0) as http:
 
-            async def client(
-                name: str, method: str, path: str, rps: float, spread: bool, ip: str, headers: dict[str, str]
-            ) -> None:
+            async def client(c: Client) -> None:
                 i = 0
-                home = sum(name.encode()) % len(self.urls)
-                body = {"method": method, "path": path, "headers": headers, "client_ip": ip}
+                home = sum(c.name.encode()) % len(self.urls)
+                body = {"method": c.method, "path": c.path, "headers": c.headers, "client_ip": c.ip}
                 loop = asyncio.get_running_loop()
                 due = loop.time()  # paced by a schedule, so a slow answer does not lower the rate
                 while not stop.is_set():
-                    url = self.urls[i % len(self.urls)] if spread else self.urls[home]
+                    url = self.urls[i % len(self.urls)] if c.spread else self.urls[home]
                     i += 1
                     try:
                         await http.post(url + "/v1/decide", json=body)
@@ -262,16 +312,16 @@ class DemoStack:
                     except httpx.HTTPError:
                         self.errors += 1
                     # bursty clients come in clumps; steady ones evenly
-                    delay = 1.0 / rps
-                    if spread and i % 5 == 0:
+                    delay = 1.0 / c.rps
+                    if c.spread and i % 5 == 0:
                         delay *= 4
-                    elif spread:
+                    elif c.spread:
                         delay *= 0.25
                     due = max(due + delay, loop.time() - 1.0)  # at most 1 s of catching up
                     with contextlib.suppress(asyncio.TimeoutError):
                         await asyncio.wait_for(stop.wait(), max(0.0, due - loop.time()))
 
-            await asyncio.gather(*[client(*t) for t in TRAFFIC])
+            await asyncio.gather(*[client(c) for c in TRAFFIC])
 
     def stop(self) -> None:
         procs = [*self.procs, *([self.limits_proc] if self.limits_proc is not None else [])]

@@ -8,16 +8,32 @@ from .decider import Decider, wall_clock_us
 from .enforce import Path, failure_verdict, path_for, route_path
 from .headers import rate_limit_headers
 from .plan import RoutePlan, check_cost
-from .types import DecideInput, DecideResult, PlainInput, UnknownRoute
+from .shadow import CandidateItem, ShadowItem
+from .types import (
+    DecideError,
+    DecideInput,
+    DecideResult,
+    InputLike,
+    InvalidCost,
+    MissingTarget,
+    PlainInput,
+    UnknownRoute,
+)
 
 __all__ = [
+    "CandidateItem",
     "Comparisons",
+    "DecideError",
     "DecideInput",
     "DecideResult",
     "Decider",
+    "InputLike",
+    "InvalidCost",
+    "MissingTarget",
     "Path",
     "PlainInput",
     "RoutePlan",
+    "ShadowItem",
     "UnknownRoute",
     "check_cost",
     "failure_verdict",

@@ -40,8 +40,8 @@ from .compare import Comparisons
 from .enforce import Path, divergence_of, failure_verdict, path_for
 from .headers import HeaderStyle
 from .plan import RoutePlan, check_cost
-from .shadow import ShadowPipeline, candidate_item
-from .types import DecideInput, DecideResult, PlainInput, UnknownRoute
+from .shadow import ShadowItem, ShadowPipeline, candidate_item
+from .types import DecideInput, DecideResult, InputLike, InvalidCost, PlainInput, UnknownRoute
 
 if TYPE_CHECKING:
     from ..external import ExternalManager, Resolution
@@ -62,39 +62,69 @@ def wall_clock_us() -> int:
     return time.time_ns() // 1000
 
 
+class _Pending:
+    """A request waiting for its distributed answer: where its answer goes (``index``), what
+    it was decided with so far, and its request to Redis (``request``: key, policy, cost,
+    time) with the failure policy and code that answer for Redis when it fails."""
+
+    __slots__ = ("index", "plan", "key", "local", "request_id", "now_s", "policy", "res", "request", "failure")
+
+    def __init__(
+        self,
+        *,
+        index: int,
+        plan: RoutePlan,
+        key: str,
+        local: Decision,
+        request_id: str,
+        now_s: float,
+        policy: Policy,
+        res: Resolution | None,
+        request: tuple[str, Policy, int, int],
+        failure: tuple[FailurePolicy | None, int | None],
+    ) -> None:
+        self.index = index
+        self.plan = plan
+        self.key = key
+        self.local = local
+        self.request_id = request_id
+        self.now_s = now_s
+        self.policy = policy
+        self.res = res
+        self.request = request
+        self.failure = failure
+
+
 class _Batch:
     """One call's items and what is known about each so far."""
 
     __slots__ = (
-        "inputs", "items", "as_dict", "out", "rules", "keys", "lookups", "ext", "plans", "pend", "reqs", "ovs",
-        "inline", "budget", "cached",
+        "inputs", "items", "headers", "out", "rules", "keys", "lookups", "ext", "plans", "pend", "inline", "budget",
+        "cached",
     )  # fmt: skip
 
     def __init__(
-        self, inputs: Sequence[DecideInput | PlainInput], as_dict: bool, inline: bool = False,
-        budget: float | None = None,
-    ) -> None:  # fmt: skip
+        self, inputs: Sequence[InputLike | PlainInput], headers: bool, inline: bool = False, budget: float | None = None
+    ) -> None:
         n = len(inputs)
         self.inputs = inputs
         self.items: Sequence[Any] = inputs  # becomes a copy when a tuple is turned into a DecideInput
-        self.as_dict = as_dict
+        self.headers = headers  # render each answer's rate-limit headers
         self.out: list[Any] = [None] * n
         self.rules: list[RouteRule | None] = [None] * n
         self.keys: list[Any] = [None] * n  # the key, or the item's exception
         self.lookups: list[int] = []
         self.ext: dict[int, Resolution] = {}
         self.plans: dict[str, RoutePlan] = {}  # the plans this batch has used
-        self.pend: list[tuple[Any, ...]] = []  # requests waiting for their distributed answer
-        self.reqs: list[tuple[str, Policy, int, int]] = []
-        self.ovs: list[tuple[FailurePolicy | None, int | None]] = []
+        self.pend: list[_Pending] = []  # requests waiting for their distributed answer
         # shadow evaluations made in the request path (inline_shadow): (index, the ShadowItem)
-        self.inline: list[tuple[int, tuple[Any, ...]]] | None = [] if inline else None
+        self.inline: list[tuple[int, ShadowItem]] | None = [] if inline else None
         self.budget = budget  # seconds left for Redis (the caller's deadline), None: no deadline
-        # requests the over-limit cache answers: (pending entry, its request, the refusal)
-        self.cached: list[tuple[tuple[Any, ...], tuple[Any, ...], Decision]] = []
+        # requests the over-limit cache answers: (the pending request, the refusal)
+        self.cached: list[tuple[_Pending, Decision]] = []
 
-    def full(self, i: int) -> DecideInput:
-        """Item ``i`` as a DecideInput (a PlainInput is converted, in a copy of the list)."""
+    def full(self, i: int) -> InputLike:
+        """Item ``i`` as an object with named fields (a PlainInput is converted, in a copy of the list)."""
         inp = self.items[i]
         if inp.__class__ is not tuple:
             return inp  # type: ignore[no-any-return]
@@ -152,43 +182,32 @@ class Decider:
 
     # -- the API -------------------------------------------------------------------------
 
-    async def decide(self, inp: DecideInput | PlainInput) -> DecideResult:
-        """Decide one request (a :class:`DecideInput` or a :data:`PlainInput` tuple):
-        :meth:`decide_many` with one item (its error is raised)."""
-        res: DecideResult = await self._one(inp, False)
-        return res
-
-    async def decide_dict(self, inp: DecideInput | PlainInput) -> dict[str, Any]:
-        """:meth:`decide` in the result's ``to_dict()`` form, built without the object
-        (the hot path sends it as it is)."""
-        res: dict[str, Any] = await self._one(inp, True)
-        return res
-
-    async def _one(self, inp: DecideInput | PlainInput, as_dict: bool) -> Any:
-        """One item through :meth:`_run` (its error raised), its latency observed in its
-        mode's child of the histogram (looked up once per mode)."""
+    async def decide(self, inp: InputLike | PlainInput, *, headers: bool = True) -> DecideResult:
+        """Decide one request (a :class:`DecideInput`, an object like it, or a
+        :data:`PlainInput` tuple): :meth:`decide_many` with one item (its error is raised),
+        its latency observed in its mode's child of the histogram (looked up once per mode)."""
         t0 = time.perf_counter()
-        res = (await self._run((inp,), as_dict))[0]
+        res = (await self._run((inp,), headers))[0]
         if isinstance(res, BaseException):
             raise res
-        mode = res["mode"] if as_dict else res.mode
-        latency = self._latency.get(mode)
+        latency = self._latency.get(res.mode)
         if latency is None:
-            latency = self._latency[mode] = self.metrics.child(self.metrics.latency, mode)
+            latency = self._latency[res.mode] = self.metrics.child(self.metrics.latency, res.mode)
         latency.observe(time.perf_counter() - t0)
-        return res
+        return res  # type: ignore[no-any-return]
 
     async def decide_many(
         self,
-        inputs: Sequence[DecideInput | PlainInput],
+        inputs: Sequence[InputLike | PlainInput],
         *,
-        as_dicts: bool = False,
+        headers: bool = True,
         inline_shadow: bool = False,
         budget_s: float | None = None,
     ) -> list[Any]:
-        """Decide many requests, in order: each answer is a :class:`DecideResult` (its
-        ``to_dict()`` form with ``as_dicts``), or the item's exception in place. An item
-        is a :class:`DecideInput` or a :data:`PlainInput` tuple.
+        """Decide many requests, in order: each answer is a :class:`DecideResult`, or the
+        item's exception in place. An item is a :class:`DecideInput` (or an object with its
+        fields) or a :data:`PlainInput` tuple. ``headers``: render the rate-limit headers of
+        each answer (a front end that sends none, like Envoy's default, leaves them out).
 
         With ``inline_shadow``, the requests whose distributed answer does not count
         (shadow, a canary's shadowed share) are evaluated in Redis before this returns
@@ -202,7 +221,7 @@ class Decider:
         (:class:`~limiter.resilience.ResilientLimiter`), counted per route and reason in
         ``rate_limit_deadline_answers_total``."""
         t0 = time.perf_counter()
-        out = await self._run(inputs, as_dicts, inline_shadow, budget_s)
+        out = await self._run(inputs, headers, inline_shadow, budget_s)
         if inputs:
             self.metrics.child(self.metrics.latency, "batch").observe((time.perf_counter() - t0) / len(inputs))
         return out
@@ -211,7 +230,7 @@ class Decider:
         self._seq += 1
         return f"{self.instance_id}-{self._seq}"
 
-    def resolve(self, inp: DecideInput) -> tuple[RouteRule, str]:
+    def resolve(self, inp: InputLike) -> tuple[RouteRule, str]:
         """Route and key for a request (raises UnknownRoute / InvalidKeyError / ValueError)."""
         rules = self._rules()
         if inp.route is not None:
@@ -241,10 +260,10 @@ class Decider:
     # -- the steps -----------------------------------------------------------------------
 
     async def _run(
-        self, inputs: Sequence[DecideInput | PlainInput], as_dict: bool, inline: bool = False,
+        self, inputs: Sequence[InputLike | PlainInput], headers: bool, inline: bool = False,
         budget: float | None = None,
     ) -> list[Any]:  # fmt: skip
-        b = _Batch(inputs, as_dict, inline, budget)
+        b = _Batch(inputs, headers, inline, budget)
         self._resolve_all(b)
         if b.lookups:
             await self._lookup_external(b)
@@ -277,8 +296,6 @@ class Decider:
             res = b.out[i]
             if isinstance(res, DecideResult):
                 res.shadow_allowed = verdict
-            elif isinstance(res, dict):
-                res["shadow_allowed"] = verdict
 
     def _resolve_all(self, b: _Batch) -> None:
         rules_get = self._rules().get
@@ -359,9 +376,15 @@ class Decider:
         else:
             lp, dp, bkey, fp, fc = p.policies(key, None if res is None else res.limits)
         if cost.__class__ is not int or not 1 <= cost <= p.cost_max or lp is not p.lp or dp is not p.dp:
-            cost = check_cost(lp, dp, cost)
+            try:
+                cost = check_cost(lp, dp, cost)
+            except InvalidCost as exc:
+                exc.path = p.path_of(bkey)  # whether the refusal counts: as the decision would have
+                raise
         now_us = _time_ns() // 1000 if self._wall_clock else self.clock_us()
-        if p.lists and self._listed(b, i, p, key, client_ip, lp, request_id, now_us, res):
+        if p.lists and self._listed(
+            b, i, p, key=key, client_ip=client_ip, policy=lp, request_id=request_id, now_us=now_us, res=res
+        ):
             return
         key = bkey  # from here on, the bucket's key (an external tenant's, when it has one)
         now_s = now_us / 1_000_000
@@ -374,30 +397,36 @@ class Decider:
         p.req[allowed] += 1
         path = p.path or path_for(p.mode, p.percent, p.name, key)
         if path is _DISTRIBUTED:
-            self._pend(b, (i, p, key, local, request_id, now_s, dp, res, fp), (lkey, dp, cost, now_us), fc)
+            pending = _Pending(
+                index=i, plan=p, key=key, local=local, request_id=request_id, now_s=now_s, policy=dp, res=res,
+                request=(lkey, dp, cost, now_us), failure=(fp, fc),
+            )  # fmt: skip
+            self._pend(b, pending)
             return
         shadow = None
         if path is _SHADOW:
             shadow = dp
-            self._queue_shadow(b, i, p, (lkey, dp, cost, now_us, p.name, key, allowed, request_id))
+            item = ShadowItem(
+                lkey=lkey, policy=dp, cost=cost, now_us=now_us, route=p.name, key=key, local_allowed=allowed,
+                request_id=request_id,
+            )  # fmt: skip
+            self._queue_shadow(b, i, p, item)
         p.fin[allowed] += 1
         p.remaining = local.remaining
         last[key] = (now_s, allowed, "local")
         if self._record is not None and cost:  # a look without spending (cost 0) is no request to replay
             self._record(p.name, key, cost, now_us, p.mode_value, allowed)
-        if res is None:
-            b.out[i] = p.answer(b.as_dict, local, "local", 429, key, request_id, local, None, None, lp, shadow, now_s)
-        else:
-            b.out[i] = p.answer(
-                b.as_dict, local, "local", 429, key, request_id, local, None, None, lp, shadow, now_s, (None, None, res)
-            )
+        b.out[i] = p.answer(
+            enforced=local, enforced_by="local", status=429, key=key, request_id=request_id, path=path, local=local,
+            policy=lp, shadow=shadow, now_s=now_s, headers=b.headers, res=res,
+        )  # fmt: skip
 
-    def _queue_shadow(self, b: _Batch, i: int, p: RoutePlan, item: tuple[Any, ...]) -> None:
+    def _queue_shadow(self, b: _Batch, i: int, p: RoutePlan, item: ShadowItem) -> None:
         """A request's shadow evaluation (with its candidate's, when the route has one), in
         the request path (inline) or on the pipeline (a drop counted)."""
-        cost = item[2]
+        cost = item.cost
         if p.cand is not None and cost:  # compared with the current global answer, evaluated with it
-            item += (candidate_item(p.cand, item[0], cost, None),)
+            item.candidate = candidate_item(p.cand, item.lkey or "", cost, None)
         if b.inline is not None:
             b.inline.append((i, item))
         elif not self._offer_shadow(item):
@@ -405,44 +434,45 @@ class Decider:
             if p.cand is not None and cost:
                 p.cand_dropped += 1
 
-    def _pend(self, b: _Batch, entry: tuple[Any, ...], req: tuple[str, Policy, int, int], fc: int | None) -> None:
+    def _pend(self, b: _Batch, pending: _Pending) -> None:
         """A request whose distributed answer counts: into the burst to Redis, or (a key
         known over its global limit, in enforce) answered from the over-limit cache."""
         over = self.over_limit
-        if over is not None and req[2] <= 1 and entry[1].mode_value == "enforce":
-            refusal = over.get(req[0], req[1], req[3])
+        lkey, dp, cost, now_us = pending.request
+        if over is not None and cost <= 1 and pending.plan.mode_value == "enforce":
+            refusal = over.get(lkey, dp, now_us)
             if refusal is not None:
-                b.cached.append((entry, req, refusal))
+                b.cached.append((pending, refusal))
                 return
-        b.pend.append(entry)
-        b.reqs.append(req)
-        b.ovs.append((entry[8], fc))
+        b.pend.append(pending)
 
     def _listed(
-        self, b: _Batch, i: int, p: RoutePlan, key: str, client_ip: str | None, lp: Policy, request_id: str,
+        self, b: _Batch, i: int, p: RoutePlan, *, key: str, client_ip: str | None, policy: Policy, request_id: str,
         now_us: int, res: Resolution | None,
     ) -> bool:  # fmt: skip
         """A deny-listed client gets 403, an allow-listed one 200; neither limiter is asked."""
         rule = p.rule
         if rule.deny.matches(key, client_ip):
-            d = make_decision(False, 0, lp.limit, lp.period_us, 0)
+            d = make_decision(False, 0, policy.limit, policy.period_us, 0)
             self.metrics.child(self.metrics.rejections, "deny_list").inc()
             match = "deny"
         elif rule.allow.matches(key, client_ip):
-            d = make_decision(True, lp.limit, lp.limit, 0, 0)
+            d = make_decision(True, policy.limit, policy.limit, 0, 0)
             match = "allow"
         else:
             return False
         b.out[i] = p.answer(
-            b.as_dict, d, "local", 403, key, request_id, d, None, None, lp, None, now_us / 1_000_000, (match, None, res)
-        )
+            enforced=d, enforced_by="local", status=403, key=key, request_id=request_id, path=p.path_of(key), local=d,
+            policy=policy, now_s=now_us / 1_000_000, headers=b.headers, list_match=match, res=res,
+        )  # fmt: skip
         return True
 
     async def _distributed(self, b: _Batch) -> None:
         """One pipelined burst for every request whose distributed answer counts."""
         try:
-            if len(b.reqs) == 1:  # one request (decide): the client's single-command path
-                (lkey, dp, cost, now_us), (fp, fc) = b.reqs[0], b.ovs[0]
+            if len(b.pend) == 1:  # one request (decide): the client's single-command path
+                one = b.pend[0]
+                (lkey, dp, cost, now_us), (fp, fc) = one.request, one.failure
                 if b.budget is None:
                     outcome = await self.resilient.check(lkey, dp, cost, now_us, failure_policy=fp, failure_code=fc)
                 else:
@@ -450,84 +480,98 @@ class Decider:
                         lkey, dp, cost, now_us, failure_policy=fp, failure_code=fc, timeout_s=b.budget
                     )
                 outcomes = [outcome]
-            elif b.budget is None:
-                outcomes = await self.resilient.check_many(b.reqs, overrides=b.ovs)
             else:
-                outcomes = await self.resilient.check_many(b.reqs, overrides=b.ovs, timeout_s=b.budget)
+                reqs = [e.request for e in b.pend]
+                ovs = [e.failure for e in b.pend]
+                if b.budget is None:
+                    outcomes = await self.resilient.check_many(reqs, overrides=ovs)
+                else:
+                    outcomes = await self.resilient.check_many(reqs, overrides=ovs, timeout_s=b.budget)
         except Exception as exc:  # noqa: BLE001 - not a backend failure (those are outcomes): each item's error
             for entry in b.pend:
-                b.out[entry[0]] = exc
+                b.out[entry.index] = exc
             return
-        record = self._record
-        over = self.over_limit
         try:
-            for entry, outcome, req in zip(b.pend, outcomes, b.reqs):
+            for entry, outcome in zip(b.pend, outcomes):
                 try:
-                    self._complete(b, entry, outcome)
-                    if entry[1].cand is not None and req[2] and outcome.source == "distributed":
-                        self._candidate(entry, req, outcome.decision.allowed)
-                    if (
-                        over is not None
-                        and req[2] <= 1
-                        and not outcome.decision.allowed
-                        and outcome.source == "distributed"
-                        and entry[1].mode_value == "enforce"
-                    ):
-                        over.put(req[0], req[1], outcome.decision, req[3])
-                        self.metrics.child(self.metrics.over_limit_cache, "stored").inc()
-                    if record is not None and req[2]:
-                        record(entry[1].name, entry[2], req[2], req[3], entry[1].mode_value, outcome.decision.allowed)
+                    self._settle(b, entry, outcome)
                 except Exception as exc:  # noqa: BLE001 - one item never fails the batch
-                    b.out[entry[0]] = exc
+                    b.out[entry.index] = exc
         finally:
             self._flush(b)
 
-    def _complete(self, b: _Batch, entry: tuple[Any, ...], outcome: Outcome) -> None:
+    def _settle(self, b: _Batch, entry: _Pending, outcome: Outcome) -> None:
+        """A distributed answer: the request completed, its candidate evaluation queued, a
+        refusal remembered by the over-limit cache (enforce), the request recorded."""
+        self._complete(b, entry, outcome)
+        cost = entry.request[2]
+        from_redis = outcome.source == "distributed"
+        if entry.plan.cand is not None and cost and from_redis:
+            self._candidate(entry, outcome.decision.allowed)
+        over = self.over_limit
+        if over is not None and cost <= 1 and not outcome.decision.allowed and from_redis:
+            if entry.plan.mode_value == "enforce":
+                lkey, dp, _, now_us = entry.request
+                over.put(lkey, dp, outcome.decision, now_us)
+                self.metrics.child(self.metrics.over_limit_cache, "stored").inc()
+        if self._record is not None and cost:
+            p = entry.plan
+            self._record(p.name, entry.key, cost, entry.request[3], p.mode_value, outcome.decision.allowed)
+
+    def _complete(self, b: _Batch, entry: _Pending, outcome: Outcome) -> None:
         """The distributed answer is in: compare, then enforce (or the failure policy)."""
-        i, p, key, local, request_id, now_s, dp, res, fp = entry
         if outcome.source != "distributed":
             self._failed(b, entry, outcome)
             return
+        p, key, local = entry.plan, entry.key, entry.local
         dist: Decision = outcome.decision
         div = divergence_of(local.allowed, dist.allowed)
-        self.comparisons.pair(p.name, key, div, request_id)
+        self.comparisons.pair(p.name, key, div, entry.request_id)
         p.count_distributed(dist, div)
-        self.activity.note_decision(p.name, key, (now_s, dist.allowed, "distributed"))
-        b.out[i] = p.answer(
-            b.as_dict, dist, "distributed", 429, key, request_id, local, dist, div, dp, None, now_s, (None, None, res)
-        )
+        self.activity.note_decision(p.name, key, (entry.now_s, dist.allowed, "distributed"))
+        b.out[entry.index] = p.answer(
+            enforced=dist, enforced_by="distributed", status=429, key=key, request_id=entry.request_id,
+            path=_DISTRIBUTED, local=local, dist=dist, div=div, policy=entry.policy, now_s=entry.now_s,
+            headers=b.headers, res=entry.res,
+        )  # fmt: skip
 
-    def _candidate(self, entry: tuple[Any, ...], req: tuple[str, Policy, int, int], current: bool) -> None:
+    def _candidate(self, entry: _Pending, current: bool) -> None:
         """A request whose current global answer is ``current``: its candidate evaluation
         queued on the shadow pipeline (a drop is counted as the candidate's)."""
-        p = entry[1]
-        lkey, _, cost, now_us = req
-        cand = candidate_item(p.cand, lkey, cost, current)
-        if not self._offer_shadow((None, None, cost, now_us, p.name, entry[2], current, entry[4], cand)):
+        p = entry.plan
+        if p.cand is None:
+            return
+        lkey, _, cost, now_us = entry.request
+        item = ShadowItem(
+            lkey=None, policy=None, cost=cost, now_us=now_us, route=p.name, key=entry.key, local_allowed=current,
+            request_id=entry.request_id, candidate=candidate_item(p.cand, lkey, cost, current),
+        )  # fmt: skip
+        if not self._offer_shadow(item):
             p.cand_dropped += 1
 
     def _answer_cached(self, b: _Batch) -> None:
         """The requests of keys over their global limit: the cached refusal, as Redis's."""
         record = self._record
-        for entry, req, refusal in b.cached:
+        for entry, refusal in b.cached:
             try:
                 self._complete(b, entry, Outcome(refusal, "distributed"))
-                if entry[1].cand is not None and req[2]:
-                    self._candidate(entry, req, False)
-                if record is not None and req[2]:
-                    record(entry[1].name, entry[2], req[2], req[3], entry[1].mode_value, False)
+                cost = entry.request[2]
+                if entry.plan.cand is not None and cost:
+                    self._candidate(entry, False)
+                if record is not None and cost:
+                    record(entry.plan.name, entry.key, cost, entry.request[3], entry.plan.mode_value, False)
             except Exception as exc:  # noqa: BLE001 - one item never fails the batch
-                b.out[entry[0]] = exc
+                b.out[entry.index] = exc
         self.metrics.child(self.metrics.over_limit_cache, "hit").inc(len(b.cached))
 
-    def _failed(self, b: _Batch, entry: tuple[Any, ...], outcome: Outcome) -> None:
+    def _failed(self, b: _Batch, entry: _Pending, outcome: Outcome) -> None:
         """Redis failed: the failure policy's answer counts."""
-        i, p, key, local, request_id, now_s, dp, res, fp = entry
+        p, key = entry.plan, entry.key
         m = self.metrics
         if outcome.deadline is not None:
             m.child(m.deadline_answers, p.name, outcome.deadline).inc()
         self.comparisons.backend_error(p.name)
-        m.child(m.fallback, (fp or self.resilient.failure_policy).value).inc()
+        m.child(m.fallback, (entry.failure[0] or self.resilient.failure_policy).value).inc()
         status, reason = failure_verdict(outcome)
         d: Decision = outcome.decision
         if not d.allowed:
@@ -535,11 +579,12 @@ class Decider:
             m.child(m.exceeded, "failure_policy").inc()
         m.child(m.decisions, p.name, p.mode_value, "failure_policy", "true" if d.allowed else "false").inc()
         p.remaining = d.remaining
-        self.activity.note_decision(p.name, key, (now_s, d.allowed, "failure_policy"))
-        extra = (None, outcome.error, res)
-        b.out[i] = p.answer(
-            b.as_dict, d, "failure_policy", status, key, request_id, local, None, None, dp, None, now_s, extra
-        )
+        self.activity.note_decision(p.name, key, (entry.now_s, d.allowed, "failure_policy"))
+        b.out[entry.index] = p.answer(
+            enforced=d, enforced_by="failure_policy", status=status, key=key, request_id=entry.request_id,
+            path=_DISTRIBUTED, local=entry.local, policy=entry.policy, now_s=entry.now_s, headers=b.headers,
+            backend_error=outcome.error, res=entry.res,
+        )  # fmt: skip
 
     def _flush(self, b: _Batch) -> None:
         m, comparisons = self.metrics, self.comparisons

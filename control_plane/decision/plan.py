@@ -19,7 +19,7 @@ from ..model.rollout import Divergence, Mode
 from ..observe.metrics import Metrics
 from .enforce import Path, path_for, route_path
 from .headers import HeaderStyle, PolicyHeaders, rate_limit_headers
-from .types import DecideResult, result_dict
+from .types import DecideResult, InvalidCost
 
 if TYPE_CHECKING:
     from ..external import ExternalLimits, Resolution
@@ -34,15 +34,19 @@ __all__ = ["ItemPolicies", "RoutePlan", "check_cost"]
 ItemPolicies = tuple[Policy, Policy, str, FailurePolicy | None, int | None]
 
 
-def check_cost(local: Policy, dist: Policy, cost: object) -> int:
-    """A whole number from 1 to both policies' limits (``ValueError`` naming ``cost``), or
-    0: a look at the key without spending anything (Envoy's ``hits_addend`` of 0; the HTTP
-    API refuses it at its edge)."""
+def check_cost(local: Policy, dist: Policy, cost: object, path: Path = Path.LOCAL) -> int:
+    """A whole number from 1 to both policies' limits (:class:`~.types.InvalidCost`, carrying
+    the request's ``path``, otherwise), or 0: a look at the key without spending anything
+    (Envoy's ``hits_addend`` of 0; the HTTP API refuses it at its edge)."""
     if cost == 0 and cost.__class__ is int:
         return 0
-    c = validate_cost(local, cost)
-    if not dist.unlimited and c > dist.limit:
-        validate_cost(dist, c)
+    try:
+        c = validate_cost(local, cost)
+        if not dist.unlimited and c > dist.limit:
+            validate_cost(dist, c)
+    except ValueError as exc:
+        message = str(exc)
+        raise InvalidCost(message.removeprefix("cost: "), path) from None
     return c
 
 
@@ -141,55 +145,66 @@ class RoutePlan:
 
     def answer(
         self,
-        as_dict: bool,
+        *,
         enforced: Decision,
         enforced_by: str,
         status: int,
         key: str,
         request_id: str,
+        path: Path,
         local: Decision,
-        dist: Decision | None,
-        div: Divergence | None,
         policy: Policy,
-        shadow: Policy | None,
         now_s: float,
-        extra: tuple[str | None, str | None, Resolution | None] = (None, None, None),
-    ) -> Any:
-        """A :class:`DecideResult`, or its ``to_dict()`` form when ``as_dict``, with the
-        rate-limit headers of ``enforced`` under ``policy`` (announcing ``shadow``), from
-        cached parts when these are the route's own policies; ``extra`` is (list match,
-        backend error, the external limits' resolution)."""
+        headers: bool,
+        dist: Decision | None = None,
+        div: Divergence | None = None,
+        shadow: Policy | None = None,
+        list_match: str | None = None,
+        backend_error: str | None = None,
+        res: Resolution | None = None,
+    ) -> DecideResult:
+        """The :class:`DecideResult` of a request whose answer is ``enforced`` (the status
+        ``status`` when it rejects), with the rate-limit headers of ``enforced`` under
+        ``policy`` (announcing ``shadow``) when ``headers`` is asked for, from cached parts
+        when these are the route's own policies; ``res`` is the external limits' resolution."""
+        rendered = self._headers(enforced, policy, shadow, now_s) if headers else {}
+        source = url = None
+        if res is not None:
+            source = res.source
+            url = res.limits.backend_url if res.limits is not None else None
+        return DecideResult(
+            route=self.name,
+            mode=self.mode_value,
+            canary_percent=self.percent,
+            key=key,
+            request_id=request_id,
+            path=path,
+            enforced=enforced,
+            enforced_by=enforced_by,
+            status_code=200 if enforced.allowed else status,
+            local=local,
+            distributed=dist,
+            divergence=div,
+            headers=rendered,
+            list_match=list_match,
+            backend_error=backend_error,
+            limits_source=source,
+            backend_url=url,
+        )
+
+    def _headers(self, enforced: Decision, policy: Policy, shadow: Policy | None, now_s: float) -> dict[str, str]:
         limit = enforced.limit
         if policy is self.lp and shadow is self.l_shadow:
             h = self.l_hdr
             if h is None or h.limit != limit:
                 h = self.l_hdr = PolicyHeaders(self.name, limit, policy, shadow, self.style)
-            headers = h.render(enforced, now_s)
-        elif policy is self.dp and shadow is None:
+            return h.render(enforced, now_s)
+        if policy is self.dp and shadow is None:
             h = self.d_hdr
             if h is None or h.limit != limit:
                 h = self.d_hdr = PolicyHeaders(self.name, limit, policy, None, self.style)
-            headers = h.render(enforced, now_s)
-        else:
-            headers = rate_limit_headers(
-                self.name, enforced, policy, shadow_policy=shadow, now_s=now_s, style=self.style
-            )
-        list_match, backend_error, res = extra
-        source = url = None
-        if res is not None:
-            source = res.source
-            url = res.limits.backend_url if res.limits is not None else None
-        allowed = enforced.allowed
-        code = 200 if allowed else status
-        if as_dict:
-            return result_dict(
-                allowed, self.name, self.mode_value, self.percent, enforced_by, key, request_id, code,
-                local, dist, div, list_match, backend_error, source, url, headers,
-            )  # fmt: skip
-        return DecideResult(
-            allowed, self.name, self.mode_value, self.percent, enforced_by, key,
-            local, dist, div, code, headers, request_id, list_match, backend_error, source, url, enforced,
-        )  # fmt: skip
+            return h.render(enforced, now_s)
+        return rate_limit_headers(self.name, enforced, policy, shadow_policy=shadow, now_s=now_s, style=self.style)
 
     # -- metrics -------------------------------------------------------------------------
 

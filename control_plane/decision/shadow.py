@@ -14,32 +14,56 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import deque
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, NamedTuple
 
 from limiter import Policy
 
 from ..model.candidate import blocked_view_name
 from .compare import Comparisons
 
-__all__ = ["ShadowItem", "ShadowPipeline", "ShadowQueue", "candidate_item"]
+__all__ = ["CandidateItem", "ShadowItem", "ShadowPipeline", "ShadowQueue", "candidate_item"]
 
 log = logging.getLogger("shadowlimit.engine")
 
-#: One request waiting for its shadow evaluation, as a plain tuple (the cheapest thing to
-#: build on the request path): (lkey, dist_policy, cost, now_us, route, key,
-#: local_allowed, request_id). The first four are RedisLimiter's request. A route with a
-#: candidate limit adds a ninth, :func:`candidate_item`'s; a request whose current global
-#: answer is already known (enforce) is queued for its candidate alone, with ``lkey`` None.
-ShadowItem = tuple[Any, ...]
+
+class CandidateItem(NamedTuple):
+    """A request's evaluation under its route's candidate limit (:func:`candidate_item`)."""
+
+    key: str  # the candidate's bucket key
+    policy: Policy | None  # None: a cost the candidate refuses outright (no Redis)
+    id: str  # the candidate's id
+    current: bool | None  # the current global answer (None: the one this very item's evaluation gives)
 
 
-def candidate_item(cand: tuple[str, Policy, str, float], lkey: str, cost: int, current: bool | None) -> tuple[Any, ...]:
+@dataclass(slots=True, kw_only=True)
+class ShadowItem:
+    """One request waiting for its shadow evaluation, built by keyword on the request path:
+    RedisLimiter's request (``lkey``, ``policy``, ``cost``, ``now_us``) and what the
+    comparison needs (``route``, ``key``, ``local_allowed``, ``request_id``). A route with a
+    candidate limit adds its ``candidate``; a request whose current global answer is already
+    known (enforce) is queued for its candidate alone, with ``lkey`` None."""
+
+    lkey: str | None
+    policy: Policy | None
+    cost: int
+    now_us: int
+    route: str
+    key: str
+    local_allowed: bool
+    request_id: str
+    candidate: CandidateItem | None = None
+
+    def request(self) -> tuple[Any, ...]:
+        """RedisLimiter's request: ``(key, policy, cost, now_us)``."""
+        return (self.lkey, self.policy, self.cost, self.now_us)
+
+
+def candidate_item(cand: tuple[str, Policy, str, float], lkey: str, cost: int, current: bool | None) -> CandidateItem:
     """A request's candidate evaluation, from its plan's ``cand`` (prefix, policy, id, the
-    largest cost it admits): (its candidate key, policy (None: a cost the candidate refuses
-    outright, no Redis), candidate id, the current global answer (None: the one this very
-    item's evaluation gives))."""
+    largest cost it admits) and the current global answer if known."""
     prefix, policy, cid, most = cand
-    return (prefix + lkey, policy if cost <= most else None, cid, current)
+    return CandidateItem(prefix + lkey, policy if cost <= most else None, cid, current)
 
 
 class ShadowQueue:
@@ -148,10 +172,9 @@ class ShadowPipeline:
         verdicts (None: Redis failed, or did not answer within ``timeout_s``; or the item
         was a candidate's alone). Candidate evaluations go in the same burst
         (:meth:`_with_candidates`)."""
-        if any(len(item) > 8 for item in batch):
+        if any(item.candidate is not None for item in batch):
             return await self._with_candidates(batch, timeout_s)
-        requests = [item[:4] for item in batch]
-        verdicts = await self._ask(requests, timeout_s)
+        verdicts = await self._ask([item.request() for item in batch], timeout_s)
         self._count(batch, verdicts)
         return verdicts
 
@@ -163,38 +186,46 @@ class ShadowPipeline:
     async def _with_candidates(self, batch: list[ShadowItem], timeout_s: float | None) -> list[bool | None]:
         """A batch with candidate evaluations: the current global answers (where not known)
         and the candidates' in one burst, then each candidate compared with its current."""
-        main = [i for i, item in enumerate(batch) if item[0] is not None]
-        cands = [i for i, item in enumerate(batch) if len(item) > 8 and item[8][1] is not None]
-        requests = [batch[i][:4] for i in main]
-        requests += [(batch[i][8][0], batch[i][8][1], batch[i][2], batch[i][3]) for i in cands]
+        main = [i for i, item in enumerate(batch) if item.lkey is not None]
+        cands = [i for i, item in enumerate(batch) if item.candidate is not None and item.candidate.policy is not None]
+        requests = [batch[i].request() for i in main]
+        for i in cands:
+            item = batch[i]
+            c = item.candidate
+            assert c is not None
+            requests.append((c.key, c.policy, item.cost, item.now_us))
         results = await self._ask(requests, timeout_s) if requests else []
         verdicts: list[bool | None] = [None] * len(batch)
         for j, i in enumerate(main):
             verdicts[i] = results[j]
         self._count([batch[i] for i in main], [verdicts[i] for i in main])
-        answers = dict(zip(cands, results[len(main) :]))
+        self._count_candidates(batch, verdicts, dict(zip(cands, results[len(main) :])))
+        return verdicts
+
+    def _count_candidates(
+        self, batch: list[ShadowItem], verdicts: list[bool | None], answers: dict[int, bool | None]
+    ) -> None:
+        """Each candidate's answer compared with the current global one, counted per route and id."""
         per: dict[tuple[str, str], list[int]] = {}  # (route, id) -> [agree, newly rejected, newly admitted, errors]
         blocked = self.comparisons.blocked.record
         for i, item in enumerate(batch):
-            if len(item) <= 8:
+            c = item.candidate
+            if c is None:
                 continue
-            _, policy, cid, current = item[8]
-            if current is None:
-                current = verdicts[i]
-            mine = answers.get(i) if policy is not None else False
-            c = per.setdefault((item[4], cid), [0, 0, 0, 0])
+            current = verdicts[i] if c.current is None else c.current
+            mine = answers.get(i) if c.policy is not None else False
+            counts = per.setdefault((item.route, c.id), [0, 0, 0, 0])
             if current is None or mine is None:
-                c[3] += 1
+                counts[3] += 1
             elif current == mine:
-                c[0] += 1
+                counts[0] += 1
             elif current:
-                c[1] += 1
-                blocked(blocked_view_name(item[4]), item[5], item[7])
+                counts[1] += 1
+                blocked(blocked_view_name(item.route), item.key, item.request_id)
             else:
-                c[2] += 1
+                counts[2] += 1
         for (route, cid), (agree, rejected, admitted, errors) in per.items():
             self.comparisons.candidate_batch(route, cid, agree, rejected, admitted, errors)
-        return verdicts
 
     def _count(self, batch: list[ShadowItem], verdicts: list[bool | None]) -> None:
         """The shadow evaluations compared with their local decisions, counted per route."""
@@ -202,19 +233,19 @@ class ShadowPipeline:
         blocked = self.comparisons.blocked.record
         try:
             for item, dist_allowed in zip(batch, verdicts):
-                route = item[4]
+                route = item.route
                 c = per_route.get(route)
                 if c is None:
                     c = per_route[route] = [0, 0, 0, 0]
                 if dist_allowed is None:
                     c[3] += 1
-                elif item[6] == dist_allowed:
+                elif item.local_allowed == dist_allowed:
                     c[0] += 1
                 elif dist_allowed:
                     c[2] += 1
                 else:
                     c[1] += 1
-                    blocked(route, item[5], item[7])
+                    blocked(route, item.key, item.request_id)
         finally:
             for route, (agree, ladd, ldda, errors) in per_route.items():
                 self.comparisons.evaluated_batch(route, agree, ladd, ldda, errors)

@@ -132,7 +132,7 @@ def bucket_key(parts: Sequence[str]) -> str:
     return key
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class EnvoyLimit:
     """A descriptor's ``rate_limit`` and flags. ``route`` is None for ``unlimited``."""
 
@@ -393,9 +393,14 @@ class _Reader:
             route = f"{self.domain_part}/{'/'.join(names)}"
             if len(route) > ROUTE_NAME_MAX or NAMED_ROUTE_NAME.fullmatch(route) is None:
                 raise self.fail(path, f"the route name {route[:80]!r}... is longer than {ROUTE_NAME_MAX} characters")
-        f = flags
-        return (route, rpu, unit, name, replaces, unlimited, f["shadow_mode"], f["quota_mode"],
-                f["detailed_metric"], f["value_to_metric"])  # fmt: skip
+        f = flags  # a plain tuple of what the limit is and one of its flags: cheap to send from the child
+        return (route, rpu, unit, name, replaces), (
+            unlimited,
+            f["shadow_mode"],
+            f["quota_mode"],
+            f["detailed_metric"],
+            f["value_to_metric"],
+        )
 
     def replaces(self, items: Any, path: FieldPath, own: str) -> tuple[str, ...]:
         if items is None:
@@ -517,12 +522,16 @@ def build_steps(
         for parent, final, share, line, lim in records:
             node = _Node(share=share)
             if lim is not None:
-                node.limit = limit = EnvoyLimit(*lim[:8])
+                (route, rpu, unit, name, replaces), (unlimited, shadow, quota, detailed, to_metric) = lim
+                node.limit = limit = EnvoyLimit(
+                    route=route, requests_per_unit=rpu, unit=unit, name=name, replaces=replaces, unlimited=unlimited,
+                    shadow_mode=shadow, quota_mode=quota,
+                )  # fmt: skip
                 if limit.route is not None:
                     policy = policies.get((limit.requests_per_unit, limit.unit))
                     if policy is None:
                         policy = policies[(limit.requests_per_unit, limit.unit)] = _policy(limit)
-                    origin = EnvoyOrigin(limit, source, line, domain, (lim[8], lim[9], share))
+                    origin = EnvoyOrigin(limit, source, line, domain, (detailed, to_metric, share))
                     routes.append(_route(limit, key, policy, line, origin))
             (root if parent < 0 else nodes[parent]).add(final, node)
             nodes.append(node)

@@ -51,8 +51,7 @@ from envoy.service.ratelimit.v3 import rls_pb2
 from google.protobuf.duration_pb2 import Duration
 from google.protobuf.message import DecodeError
 
-from ..decision import DecideResult, PlainInput
-from ..decision.enforce import Path, path_for
+from ..decision import DecideResult, InvalidCost, Path, PlainInput
 from ..observe import incidents
 from ..settings.envoy import EnvoyHeaders
 from .config import UNITS, EnvoyLimit, Match
@@ -80,9 +79,15 @@ _Response = rls_pb2.RateLimitResponse
 _OK = _Response.OK
 _OVER = _Response.OVER_LIMIT
 _UNLIMITED_REMAINING = 2**32 - 1
-_SHADOWED_MODES = frozenset({"shadow", "canary"})
 _DRAFT_FIELDS = frozenset({"RateLimit-Policy", "RateLimit", "Retry-After"})
-_NO_HEADERS = EnvoyHeaders("none", "RateLimit-Limit", "RateLimit-Remaining", "RateLimit-Reset", None, 0.8)
+_NO_HEADERS = EnvoyHeaders(
+    response="none",
+    limit="RateLimit-Limit",
+    remaining="RateLimit-Remaining",
+    reset="RateLimit-Reset",
+    would_limit=None,
+    near_limit_ratio=0.8,
+)
 
 
 class _Invalid(Exception):
@@ -168,7 +173,12 @@ class RateLimitService:
                 inputs.append((m.limit.route, m.key, costs[i], None))
         would_limit = self.headers.would_limit
         results = (
-            await self.decider.decide_many(inputs, inline_shadow=would_limit is not None, budget_s=budget_s)
+            await self.decider.decide_many(
+                inputs,
+                headers=self.headers.response == "draft",  # the only style that sends the decision's own headers
+                inline_shadow=would_limit is not None,
+                budget_s=budget_s,
+            )
             if inputs
             else []
         )
@@ -261,9 +271,9 @@ class RateLimitService:
             return _Verdict(_Response.DescriptorStatus(code=_OK, limit_remaining=_UNLIMITED_REMAINING), False)
         current = self._current(limit)
         if not isinstance(res, DecideResult):
-            return self._refused(limit, m.key, res, current, cost)
-        d = res.enforced or res.local
-        counted = not (res.enforced_by == "local" and res.mode in _SHADOWED_MODES)
+            return self._refused(limit, res, current)
+        d = res.enforced
+        counted = not res.shadowed  # a shadowed descriptor answers OK, whatever its limit says
         code = _OK if res.allowed or not counted else _OVER
         reset = Duration(seconds=math.ceil(d.reset_after_us / 1_000_000))
         status = _Response.DescriptorStatus(
@@ -277,14 +287,12 @@ class RateLimitService:
         v.would = not counted and res.shadow_allowed is False
         return v
 
-    def _refused(self, limit: EnvoyLimit, key: str, exc: Any, current: Any, cost: int) -> _Verdict:
+    def _refused(self, limit: EnvoyLimit, exc: Any, current: Any) -> _Verdict:
         """An item the decider refused: a cost above the limit is over the limit (as
         envoyproxy/ratelimit answers it, unless shadowed); anything else is a bug."""
-        if not (isinstance(exc, ValueError) and str(exc).startswith("cost:")):
+        if not isinstance(exc, InvalidCost):
             raise exc if isinstance(exc, BaseException) else RuntimeError(f"no decision for {limit.route}")
-        route = limit.route or ""
-        mode, percent = self.decider.modes.effective_mode(route)
-        counted = path_for(mode, percent, route, key) is not Path.SHADOW
+        counted = exc.path is not Path.SHADOW
         unit_s = UNITS[limit.unit]
         reset = Duration(seconds=unit_s - int(time.time()) % unit_s)
         code = _OVER if counted else _OK

@@ -76,7 +76,7 @@ def _seconds(value: object) -> float | None:
     return float(value)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class ExternalConfig:
     """A route's ``external`` block (``rate_limit.external`` of the external limits service, HTTP only).
 

@@ -174,7 +174,7 @@ class ExternalResolver:
         if fut is not None:
             m.shared_calls += 1
         else:
-            fut = self._start_call(key, method, path, headers, client is not None, deadline, state)
+            fut = self._start_call(key, method, path, headers, cache=client is not None, deadline=deadline, state=state)
             if fut is None:
                 return None
         fetched = await asyncio.shield(fut)
@@ -205,6 +205,7 @@ class ExternalResolver:
         method: str | None,
         path: str | None,
         headers: Mapping[str, str],
+        *,
         cache: bool,
         deadline: float,
         state: _Lookup,

@@ -27,7 +27,7 @@ class InvalidResponse(ValueError):
     """The limits service's answer cannot be applied (it counts as a failure)."""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class ExternalLimits:
     """A validated answer from the limits service.
 

@@ -54,7 +54,7 @@ class RememberedAudit:
     json: str
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class StoreView:
     """One read of the store (see :meth:`control_plane.store.RolloutStore.read_view`).
 

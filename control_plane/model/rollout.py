@@ -134,7 +134,7 @@ def next_step(state: RouteState) -> tuple[Mode, int] | None:
     return None
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class AuditEntry:
     """One rollout change: who, when, from, to, why, and the gate figures at the time."""
 

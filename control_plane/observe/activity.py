@@ -20,7 +20,7 @@ MAX_ACTIVE_KEYS = 2000
 LastDecision = tuple[float, bool, str]
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, kw_only=True)
 class RouteActivity:
     """Recent activity of one route (all bounded)."""
 
@@ -74,10 +74,10 @@ class Activity:
 
     def _next_minute(self, route: str, old: RouteActivity | None, minute: int) -> RouteActivity:
         act = RouteActivity(
-            {},
-            old.counts if old is not None and old.minute == minute - 1 else {},
-            old.last if old is not None else {},
-            minute,
+            counts={},
+            previous=old.counts if old is not None and old.minute == minute - 1 else {},
+            last=old.last if old is not None else {},
+            minute=minute,
         )
         if old is not None:
             act.external = old.external

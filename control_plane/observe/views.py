@@ -43,6 +43,7 @@ class FleetViews:
         blocked: WouldBeBlocked,
         client: Any,
         rules: Callable[[], Rules],
+        *,
         clock: Callable[[], float] = time.time,
         max_routes: int = 1000,
         candidate_of: Callable[[str], Candidate | None] = lambda route: None,

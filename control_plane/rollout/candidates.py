@@ -63,6 +63,7 @@ class Candidates:
         divergence: DivergenceStore,
         rules: Callable[[], Rules],
         modes: Any,
+        *,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.client = client

@@ -82,7 +82,7 @@ class FrozenOrigin(Mapping[str, Any]):
     __slots__ = ()
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class RouteRule:
     """One route: which requests it matches, how they are keyed and limited.
 

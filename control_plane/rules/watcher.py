@@ -20,6 +20,7 @@ import os
 import threading
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -43,6 +44,18 @@ RACY_WINDOW_S = 2.0
 
 def _cannot_read(exc: OSError, path: Path) -> RulesError:
     return RulesError(f"cannot read the rules file: {exc.strerror or exc}", path=str(path))
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _Read:
+    """A file read whole: its stat before (``sig``) and after (``sig_after``: a change in
+    between means it was being written), its bytes, when and their digest."""
+
+    sig: tuple[int, int]
+    data: bytes
+    sig_after: tuple[int, int]
+    read_at: float
+    digest: str
 
 
 class RulesWatcher:
@@ -197,7 +210,11 @@ class RulesWatcher:
             st2 = os.stat(path)
         except (RulesError, OSError) as exc:
             return ("read", exc)
-        return ("ok", sig, data, (st2.st_mtime_ns, st2.st_size), read_at, hashlib.sha256(data).hexdigest())
+        read = _Read(
+            sig=sig, data=data, sig_after=(st2.st_mtime_ns, st2.st_size), read_at=read_at,
+            digest=hashlib.sha256(data).hexdigest(),
+        )  # fmt: skip
+        return ("ok", read)
 
     def _examine(self, path: Path, fetched: tuple[Any, ...]) -> tuple[bytes, str] | None:
         if fetched[0] == "stat":
@@ -211,13 +228,13 @@ class RulesWatcher:
             err = exc if isinstance(exc, RulesError) else _cannot_read(exc, path)
             self._report_once(("read", str(err)), err)
             return None
-        _, sig, data, sig2, read_at, digest = fetched
-        if sig2 != sig or len(data) != sig2[1]:
+        read: _Read = fetched[1]
+        if read.sig_after != read.sig or len(read.data) != read.sig_after[1]:
             return None  # being written right now: try again next time
-        self._sig = sig
-        self._read_at = read_at
+        self._sig = read.sig
+        self._read_at = read.read_at
         self._bad_sig = None  # readable (again)
-        return data, digest
+        return read.data, read.digest
 
     def check(self) -> bool:
         """Reload if the file changed; True when new rules were applied."""
@@ -318,7 +335,8 @@ class RulesWatcher:
                     err = exc if isinstance(exc, RulesError) else _cannot_read(exc, path)
                     self._report(err)
                     raise err
-                _, sig, data, _, read_at, digest = fetched
+                read: _Read = fetched[1]
+                sig, data, read_at, digest = read.sig, read.data, read.read_at, read.digest
                 if not force and digest == self._rules.digest:
                     self._recovered()
                     return self._rules

@@ -15,7 +15,7 @@ it, with the same code for the decision and the same bytes out:
   (:func:`~control_plane.api.requests.parse_batch`'s items): a decide body of ``route``,
   ``key`` and maybe ``cost`` and ``request_id``;
 * the answer is built as the FastAPI handler builds it (the decision's ``to_dict()`` form
-  straight from :meth:`~control_plane.decision.Decider.decide_dict`, :func:`rejected`,
+  from :meth:`~control_plane.decision.Decider.decide`, :func:`rejected`,
   :func:`batch_body`, the same header order Starlette's ``Response`` gives);
 * an unexpected error is a 500 with an incident id, as :class:`~control_plane.observe.incidents.CatchAll`.
 
@@ -42,7 +42,7 @@ from ..api.decide import batch_body, rejected, translate
 from ..api.deps import ApiError
 from ..api.requests import parse_batch, plain_item
 from ..auth import Access, Authenticator, Denied, bearer_token, check
-from ..decision import DecideInput, UnknownRoute
+from ..decision import DecideError, DecideInput, UnknownRoute
 from ..observe import incidents
 from .limits import RequestLimits
 
@@ -59,7 +59,7 @@ HOT_PATHS = frozenset({DECIDE, BATCH, AUTHZ})
 _AUTHZ_METHODS = frozenset(m for m in AUTHZ_METHODS if m != "HEAD")
 _POST = frozenset({"POST"})
 _JSON = (b"content-type", b"application/json")
-_DECIDE_ERRORS = (UnknownRoute, InvalidKeyError, ValueError)
+_DECIDE_ERRORS = (UnknownRoute, InvalidKeyError, DecideError)
 _names: dict[str, bytes] = {}
 
 
@@ -199,7 +199,7 @@ class HotPath:
         client = scope.get("client")
         inp = DecideInput(method=method, path=path, client_ip=client[0] if client else None, headers=headers)
         try:
-            result = await decider.decide_dict(inp)
+            result = (await decider.decide(inp)).to_dict()
         except _DECIDE_ERRORS as exc:
             return _error(translate(exc))
         if result["allowed"]:
@@ -216,7 +216,7 @@ async def _decide(decider: Any, body: bytes) -> Answer | None:
     if item.__class__ is not tuple:
         return None
     try:
-        result = await decider.decide_dict(item)  # the PlainInput tuple: no DecideInput built
+        result = (await decider.decide(item)).to_dict()  # the PlainInput tuple: no DecideInput built
     except _DECIDE_ERRORS as exc:
         return _error(translate(exc))
     return _result(result, result["status_code"])

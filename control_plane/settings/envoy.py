@@ -27,7 +27,7 @@ def _env(*names: str) -> AliasChoices:
     return AliasChoices(*names, *(n.lower() for n in names))
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class EnvoyHeaders:
     """What Envoy's answers carry besides the statuses (built once from the settings)."""
 
@@ -205,12 +205,12 @@ class EnvoySettings(BaseModel):
         response = self.envoy_response_headers or ("peer" if self.limit_response_headers_enabled else "none")
         would = None if self.envoy_would_limit_header == "off" else self.envoy_would_limit_header
         return EnvoyHeaders(
-            response,
-            self.envoy_limit_header,
-            self.envoy_remaining_header,
-            self.envoy_reset_header,
-            would,
-            self.envoy_near_limit_ratio,
-            self.envoy_deadline_margin_ms / 1000,
-            self.grpc_max_calls,
+            response=response,
+            limit=self.envoy_limit_header,
+            remaining=self.envoy_remaining_header,
+            reset=self.envoy_reset_header,
+            would_limit=would,
+            near_limit_ratio=self.envoy_near_limit_ratio,
+            deadline_margin_s=self.envoy_deadline_margin_ms / 1000,
+            max_calls=self.grpc_max_calls,
         )

@@ -197,10 +197,12 @@ class RolloutStore:
             pipe.xrange(self.audit_key, min=head, max="+", count=tail)
         try:
             with translate_errors("read rollout state"):
-                raw_states, epoch, adjust, xlen, first, rows = await pipe.execute()
+                got = dict(zip(("states", "epoch", "adjust", "xlen", "first", "rows"), await pipe.execute()))
         finally:
             with contextlib.suppress(Exception):
                 await pipe.reset()
+        raw_states, epoch, adjust = got["states"], got["epoch"], got["adjust"]
+        xlen, first, rows = got["xlen"], got["first"], got["rows"]
         states: dict[str, RouteState] = {}
         for k, v in (raw_states or {}).items():
             route = text(k)

@@ -64,7 +64,7 @@ def _decode(text: str, by_key: dict[str, list[Event]]) -> int:
     """Add one stream entry's requests to ``by_key``; how many there were."""
     n = 0
     for line in text.split("\n"):
-        key, weight, ts, costs, _, _ = line.split("\t")
+        key, weight, ts, costs, _modes_and_verdicts = line.split("\t", 4)
         t = list(accumulate(map(int, ts.split(","))))
         evs = by_key.get(key)
         if evs is None:
@@ -140,7 +140,8 @@ class Recorder:
             self.dropped += 1
             return
         self._kept[slot] = kept + 1
-        self.queue.append((route, key, cost, ts_us, mode, allowed, 1.0 if rate is None else 1.0 / rate))
+        # grouped as flush writes it: the stream (route, minute), the line (key, sampling weight), the event
+        self.queue.append((slot, (key, 1.0 if rate is None else 1.0 / rate), ts_us, cost, (mode, allowed)))
 
     # -- the background work ---------------------------------------------------------------
 
@@ -158,14 +159,13 @@ class Recorder:
             self.dropped += len(items)
             return 0
         groups: dict[tuple[str, int], dict[tuple[str, float], list[Any]]] = {}
-        for route, key, cost, ts, mode, allowed, weight in items:
-            slot = (route, ts // 60_000_000 * 60)
+        for slot, line, ts, cost, (mode, allowed) in items:
             keys = groups.get(slot)
             if keys is None:
                 keys = groups[slot] = {}
-            k = keys.get((key, weight))  # a key's requests under one sampling weight per line
+            k = keys.get(line)  # a key's requests under one sampling weight per line
             if k is None:
-                k = keys[(key, weight)] = [weight, [], [], [], []]
+                k = keys[line] = [line[1], [], [], [], []]
             k[1].append(ts)
             k[2].append(cost)
             k[3].append(_MODE_LETTER.get(mode, "?"))

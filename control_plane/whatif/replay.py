@@ -32,7 +32,7 @@ class KeyFigures:
     rejections: float  # scaled
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class ReplayResult:
     """A replay's figures (scaled by the sampling weights unless said otherwise)."""
 

@@ -37,6 +37,9 @@ from .tls import TlsServerConfig
 
 __all__ = ["CLUSTER_SLOTS", "DEFAULT_CLUSTER_TIMEOUT", "EmbeddedCluster", "slot_ranges"]
 
+#: the fields of a CLUSTER NODES line, in order (the slots follow)
+_CLUSTER_NODES_FIELDS = ("id", "address", "flags", "master", "ping_sent", "pong_received", "config_epoch", "link_state")
+
 CLUSTER_SLOTS = 16384
 """Number of hash slots in a Redis Cluster."""
 
@@ -326,12 +329,13 @@ class EmbeddedCluster:
                 raw_nodes = raw_nodes.decode()
             masters = replicas = 0
             for line in str(raw_nodes).splitlines():
-                fields = line.split()
-                if len(fields) < 8:
+                node = dict(zip(_CLUSTER_NODES_FIELDS, line.split()))
+                if len(node) < len(_CLUSTER_NODES_FIELDS):
                     continue
-                flags = fields[2].split(",")
-                if any(f in flags for f in ("handshake", "noaddr", "fail", "fail?")) or fields[7] != "connected":
-                    return f"node {port}: peer {fields[1]} is {fields[2]}/{fields[7]}"
+                flags = node["flags"].split(",")
+                link = node["link_state"]
+                if any(f in flags for f in ("handshake", "noaddr", "fail", "fail?")) or link != "connected":
+                    return f"node {port}: peer {node['address']} is {node['flags']}/{link}"
                 masters += "master" in flags
                 replicas += "slave" in flags
             if masters != self._masters or replicas != self._masters * self._replicas:

@@ -80,7 +80,7 @@ authorityKeyIdentifier = keyid, issuer
 """
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class TlsServerConfig:
     """How an embedded server serves TLS (and how the launcher's own clients connect).
 
@@ -138,7 +138,7 @@ class TlsServerConfig:
         ]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class TestPki:
     """Paths of the files :func:`make_test_pki` wrote (PEM; keys are EC P-256)."""
 
@@ -192,8 +192,10 @@ def _paths(directory: str) -> TestPki:
     other_server, other_server_key = pair("other-server")
     wrong, wrong_key = pair("wrong-host")
     return TestPki(
-        directory, ca, ca_key, server, server_key, client, client_key, other_ca, other_ca_key, other_server,
-        other_server_key, wrong, wrong_key,
+        directory=directory, ca_cert=ca, ca_key=ca_key, server_cert=server, server_key=server_key,
+        client_cert=client, client_key=client_key, other_ca_cert=other_ca, other_ca_key=other_ca_key,
+        other_server_cert=other_server, other_server_key=other_server_key, wrong_host_cert=wrong,
+        wrong_host_key=wrong_key,
     )  # fmt: skip
 
 

@@ -104,10 +104,10 @@ def test_a_default_route_that_cannot_be_represented_is_a_settings_error(env, ove
 
 
 def test_unexpected_error_is_a_generic_500_with_an_incident_id(cp, http, caplog):
-    async def broken(_inp):
+    async def broken(_inp, **_options):
         raise RuntimeError("secret internals /var/lib/thing")
 
-    cp.engine.decider.decide = cp.engine.decider.decide_dict = broken  # FastAPI's handler, the hot path
+    cp.engine.decider.decide = broken
     with caplog.at_level(logging.ERROR, logger="shadowlimit.incident"):
         r = http.post("/v1/decide", json={"route": "search", "key": "k"})
     assert r.status_code == 500

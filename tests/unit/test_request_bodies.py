@@ -251,12 +251,14 @@ def test_fast_body_check_mirrors_the_schema():
 
 
 def _result(**kw: Any) -> DecideResult:
+    from control_plane.decision import Path
     from limiter.policy import make_decision
 
+    allowed = kw.pop("allowed", False)
+    local = make_decision(allowed, 0, 5, 0 if allowed else 100, 200)
     base: dict[str, Any] = dict(
-        allowed=False, route="r", mode="enforce", canary_percent=0, enforced_by="local", key="k:1",
-        local=make_decision(False, 0, 5, 100, 200), distributed=None, divergence=None, status_code=429,
-        headers={"X-RateLimit-Limit": "5"}, request_id="id",
+        route="r", mode="enforce", canary_percent=0, enforced_by="local", key="k:1", path=Path.DISTRIBUTED,
+        enforced=local, local=local, status_code=429, headers={"X-RateLimit-Limit": "5"}, request_id="id",
     )  # fmt: skip
     base.update(kw)
     return DecideResult(**base)

@@ -8,7 +8,7 @@ import asyncio
 import pytest
 
 from control_plane.decision import Comparisons
-from control_plane.decision.shadow import ShadowPipeline, ShadowQueue
+from control_plane.decision.shadow import ShadowItem, ShadowPipeline, ShadowQueue
 from control_plane.observe.hitters import WouldBeBlocked
 from control_plane.observe.metrics import Metrics
 from control_plane.settings import SettingsError, load_settings
@@ -38,7 +38,16 @@ def _pipeline(redis, *, linger_ms: float = 0, batch_size: int = 256, queue_size:
 def _item(i: int):
     from limiter import Policy
 
-    return (f"r:k{i}", Policy(average=10), 1, i, "r", f"k{i}", True, f"id{i}")
+    return ShadowItem(
+        lkey=f"r:k{i}",
+        policy=Policy(average=10),
+        cost=1,
+        now_us=i,
+        route="r",
+        key=f"k{i}",
+        local_allowed=True,
+        request_id=f"id{i}",
+    )
 
 
 async def _batches(linger_ms: float, items: int, batch_size: int = 256, *, waiting: int = 0) -> list[int]:
@@ -120,21 +129,29 @@ async def test_evaluate_shadow_counts_each_route_and_backend_errors():
     from limiter import Policy
 
     p = Policy(average=10, period=1.0, burst=10)
-    # (lkey, policy, cost, now_us, route, key, local_allowed, request_id) -> distributed verdict
+
+    def item(lkey: str, now_us: int, key: str, local_allowed: bool, request_id: str) -> ShadowItem:
+        route = lkey.split(":")[0]
+        return ShadowItem(
+            lkey=lkey, policy=p, cost=1, now_us=now_us, route=route, key=key, local_allowed=local_allowed,
+            request_id=request_id,
+        )  # fmt: skip
+
+    # the queued request -> its distributed verdict
     cases = [
-        (("a:k1", p, 1, 1, "a", "k1", True, "r1"), True),  # agree
-        (("a:k2", p, 1, 2, "a", "k2", True, "r2"), False),  # local allow, distributed deny
-        (("a:k2", p, 1, 3, "a", "k2", True, "r3"), False),
-        (("a:k3", p, 1, 4, "a", "k3", False, "r4"), True),  # local deny, distributed allow
-        (("b:k1", p, 1, 5, "b", "k1", False, "r5"), False),  # agree (both deny)
-        (("b:k4", p, 1, 6, "b", "k4", True, "r6"), None),  # no verdict: backend error
-        (("b:k5", p, 1, 7, "b", "k5", True, "r7"), None),
+        (item("a:k1", 1, "k1", True, "r1"), True),  # agree
+        (item("a:k2", 2, "k2", True, "r2"), False),  # local allow, distributed deny
+        (item("a:k2", 3, "k2", True, "r3"), False),
+        (item("a:k3", 4, "k3", False, "r4"), True),  # local deny, distributed allow
+        (item("b:k1", 5, "k1", False, "r5"), False),  # agree (both deny)
+        (item("b:k4", 6, "k4", True, "r6"), None),  # no verdict: backend error
+        (item("b:k5", 7, "k5", True, "r7"), None),
     ]
 
     redis = _Verdicts([verdict for _, verdict in cases])
     pipe = _pipeline(redis)
-    await pipe.evaluate([item for item, _ in cases])
-    assert redis.requests == [item[:4] for item, _ in cases]
+    await pipe.evaluate([it for it, _ in cases])
+    assert redis.requests == [(it.lkey, p, 1, it.now_us) for it, _ in cases]
     comparisons = pipe.comparisons
     m = comparisons.metrics
 
