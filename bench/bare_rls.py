@@ -74,7 +74,7 @@ async def serve_h2(port: int) -> None:
         return OK_RESPONSE
 
     table = {"/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit": Method("unary", should_rate_limit)}
-    owner = GrpcServer(Health(), 0)  # no metrics, no token, the default bounds
+    owner = GrpcServer(health=Health(), port=0)  # no metrics, no token, the default bounds
     loop = asyncio.get_running_loop()
     server = await loop.create_server(lambda: GrpcConnection(table, owner.limits, owner), "127.0.0.1", port)
     stop = asyncio.Event()

@@ -134,7 +134,7 @@ def reflection_methods(services: tuple[str, ...]) -> dict[str, Method]:
     return {f"/{REFLECTION_SERVICE}/ServerReflectionInfo": Method("each", each)}
 
 
-@dataclass
+@dataclass(kw_only=True)
 class GrpcServer:
     """A started server: its listening socket's server, the open connections, its health,
     the bounds of a connection, and the sweep that keeps their timers (once a second)."""
@@ -261,8 +261,8 @@ async def start_grpc_server(
     services = (RLS_SERVICE, HEALTH_SERVICE)
     if settings.grpc_reflection:
         table.update(reflection_methods((*services, REFLECTION_SERVICE)))
-    # streams per connection: as many as calls in progress by default; the servicer's own bound
-    # (SHADOWLIMIT_GRPC_MAX_CALLS) answers RESOURCE_EXHAUSTED past it, counted, across connections
+    # streams per connection: Limits' 1,024; the servicer's own bound (SHADOWLIMIT_GRPC_MAX_CALLS)
+    # answers RESOURCE_EXHAUSTED past it, counted, across connections
     keepalive = settings.grpc_keepalive_s
     limits = Limits(
         max_message_bytes=MAX_MESSAGE_BYTES,
@@ -271,14 +271,8 @@ async def start_grpc_server(
         keepalive_s=keepalive,
         keepalive_timeout_s=min(20.0, max(1.0, keepalive / 3)),
     )
-    grpc = GrpcServer(
-        health,
-        0,
-        limits,
-        engine.metrics,
-        auth,
-        max_connections=min(settings.grpc_max_connections, connection_shares()[1]),
-    )
+    cap = min(settings.grpc_max_connections, connection_shares()[1])
+    grpc = GrpcServer(health=health, port=0, limits=limits, metrics=engine.metrics, auth=auth, max_connections=cap)
     loop = asyncio.get_running_loop()
     address = _listen_address(host, port)
     try:

@@ -86,7 +86,7 @@ class Method:
     public: bool = False
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Limits:
     """A connection's bounds and timers (see docs/configuration.md, ``SHADOWLIMIT_GRPC_*``)."""
 
@@ -127,7 +127,7 @@ def parse_timeout(value: str) -> float:
     return int(digits) * unit
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Head:
     """A request's headers, checked and read once (see :func:`read_head`). ``problem``: why
     the request is malformed (RFC 9113 8.1.1: a stream error), else None; ``status``: an
