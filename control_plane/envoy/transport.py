@@ -105,10 +105,12 @@ class GrpcConnection(Output, asyncio.Protocol):
         self.closing = True
         if self.preface_timer is not None:
             self.preface_timer.cancel()
+        tasks = []
         for stream in self.streams.values():
             stream.done = True
             if stream.task is not None:
-                stream.task.cancel()
+                tasks.append(stream.task)
+        _cancel_in_turns(self.loop, tasks)
         self.streams.clear()
         self.blocked.clear()
         self.ready.clear()
@@ -488,6 +490,19 @@ class GrpcConnection(Output, asyncio.Protocol):
             self.owner.slow()
             self.closing = True
             self.transport.close()
+
+
+#: methods cancelled per turn of the event loop when their connection is lost
+CANCELS_PER_TURN = 32
+
+
+def _cancel_in_turns(loop: Any, tasks: list[asyncio.Task[None]]) -> None:
+    """Cancel ``tasks``, :data:`CANCELS_PER_TURN` a turn: a connection lost with a thousand
+    Watch calls open would otherwise have the next turn run a thousand cancellations."""
+    for task in tasks[:CANCELS_PER_TURN]:
+        task.cancel()
+    if len(tasks) > CANCELS_PER_TURN:
+        loop.call_soon(_cancel_in_turns, loop, tasks[CANCELS_PER_TURN:])
 
 
 class LogLines:
