@@ -4,15 +4,16 @@ Request bodies are :class:`StrictBody` models, every one read by
 :func:`~.requests.validate_body` (pydantic-core's JSON parser): ``"5"``, ``5.0`` or ``true``
 is not an integer and ``1`` or ``"true"`` not a boolean, ``NaN`` and ``Infinity`` not numbers,
 unknown fields are refused (a 422 naming the field); a whole number where a float is expected
-(``average``, ``period``) is fine. ``parse_batch`` in ``api/requests.py`` checks batch items
-by hand the same way (``tests/unit/test_request_bodies.py`` keeps the two in step).
+(``average``, ``period``) is fine. The decision endpoints parse with these models too (one
+parser): a validated :class:`DecideRequest` is what the decider reads.
 """
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic_core import PydanticCustomError
 
 
 class ErrorBody(BaseModel):
@@ -102,6 +103,17 @@ MAX_BATCH = 10_000
 
 class BatchRequest(StrictBody):
     requests: list[DecideRequest] = Field(..., min_length=1, max_length=MAX_BATCH)
+
+    @field_validator("requests", mode="before")
+    @classmethod
+    def _not_too_many(cls, value: Any) -> Any:
+        """More than MAX_BATCH items are refused before any is validated (pydantic would
+        validate every one of them first)."""
+        if isinstance(value, list) and len(value) > MAX_BATCH:
+            raise PydanticCustomError(
+                "too_long", "at most {most} items per batch, got {n}", {"most": MAX_BATCH, "n": len(value)}
+            )
+        return value
 
 
 class BatchItemError(BaseModel):

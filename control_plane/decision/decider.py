@@ -41,7 +41,7 @@ from .enforce import Path, divergence_of, failure_verdict, path_for
 from .headers import HeaderStyle
 from .plan import RoutePlan, check_cost
 from .shadow import ShadowItem, ShadowPipeline, candidate_item
-from .types import DecideInput, DecideResult, InputLike, InvalidCost, PlainInput, UnknownRoute
+from .types import DecideInput, DecideResult, InputLike, InvalidCost, MissingTarget, PlainInput, UnknownRoute
 
 if TYPE_CHECKING:
     from ..external import ExternalManager, Resolution
@@ -231,7 +231,11 @@ class Decider:
         return f"{self.instance_id}-{self._seq}"
 
     def resolve(self, inp: InputLike) -> tuple[RouteRule, str]:
-        """Route and key for a request (raises UnknownRoute / InvalidKeyError / ValueError)."""
+        """Route and key for a request (raises MissingTarget / UnknownRoute / InvalidKeyError)."""
+        if inp.route is None and inp.path is None:
+            raise MissingTarget("route", "give either route or method + path")
+        if inp.key is None and inp.client_ip is None and not inp.headers:
+            raise MissingTarget("key", "give either key or client_ip + headers")
         rules = self._rules()
         if inp.route is not None:
             found = rules.get(inp.route)

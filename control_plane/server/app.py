@@ -19,6 +19,7 @@ from ..api import admin, authz, candidates, decide, external, health, observe, r
 from ..api.deps import ApiError
 from ..api.docs_ui import install_docs
 from ..api.openapi import document
+from ..api.requests import invalid_request
 from ..auth import Authenticator, AuthGate, TokensFile
 from ..gctune import tune_gc
 from ..observe import incidents
@@ -44,15 +45,6 @@ ROUTERS = (
     whatif.router,
     health.router,
 )
-
-
-def _field_of(loc: tuple[Any, ...]) -> str:
-    parts = [str(p) for p in loc]
-    if parts and parts[0] in ("body", "query", "path", "header", "cookie"):
-        where = parts.pop(0)
-        if not parts:
-            return where
-    return ".".join(parts)
 
 
 class ControlPlaneApp(FastAPI):
@@ -167,14 +159,7 @@ def _install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(RequestValidationError)
     async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:
-        errors = exc.errors()
-        first = errors[0] if errors else {}
-        field = _field_of(tuple(first.get("loc", ())))
-        msg = f"{field}: {first.get('msg', 'invalid value')}"
-        details = [{"field": _field_of(tuple(e.get("loc", ()))), "message": e.get("msg")} for e in errors]
-        return JSONResponse(
-            {"error": "invalid_request", "message": msg, "field": field, "errors": details}, status_code=422
-        )
+        return JSONResponse(invalid_request(list(exc.errors())), status_code=422)
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:

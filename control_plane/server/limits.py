@@ -29,13 +29,22 @@ target's length (:data:`MAX_TARGET_BYTES`), is the HTTP protocol's job
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, MutableMapping
-from typing import Any
+from typing import Any, NamedTuple
 
 import orjson
 
 from ..settings.limits import MAX_TARGET_BYTES, REQUEST_LINE_ALLOWANCE, RequestLimits
 
-__all__ = ["MAX_TARGET_BYTES", "REQUEST_LINE_ALLOWANCE", "RequestLimits", "RequestLimitsMiddleware", "refusal_body"]
+__all__ = [
+    "MAX_TARGET_BYTES",
+    "REQUEST_LINE_ALLOWANCE",
+    "Admission",
+    "HeadCheck",
+    "RequestLimits",
+    "RequestLimitsMiddleware",
+    "refusal_body",
+    "respond",
+]
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -71,7 +80,65 @@ def _response_start(status: int, body: bytes) -> Message:
     return {"type": "http.response.start", "status": status, "headers": headers}
 
 
-async def _respond(send: Send, status: int, body: bytes) -> None:
+class Admission(NamedTuple):
+    """What the limits say of a request's head: ``refusal`` (status and body) or None;
+    ``length``, the declared body length when it is within the limit and frames the body
+    (None: not declared, or next to a ``Transfer-Encoding``: the body is counted as it comes);
+    ``chunked``: a ``Transfer-Encoding`` is there."""
+
+    refusal: tuple[int, bytes] | None
+    length: int | None
+    chunked: bool
+
+
+class HeadCheck:
+    """The checks of a request's head against :class:`RequestLimits`: the middleware's, and
+    the decision endpoints' in front of it (the same code, the same refusals)."""
+
+    __slots__ = ("limits", "_max_body", "_max_body_digits", "_max_headers", "_max_header_bytes", "_declared_too_large")
+
+    def __init__(self, limits: RequestLimits) -> None:
+        self.limits = limits
+        self._max_body = limits.max_body_bytes
+        self._max_body_digits = len(str(limits.max_body_bytes))
+        self._max_headers = limits.max_headers
+        self._max_header_bytes = limits.max_header_bytes
+        self._declared_too_large = refusal_body(
+            413,
+            f"the request body (Content-Length) is larger than the limit of {limits.max_body_bytes:,} bytes",
+            limits.max_body_bytes,
+        )
+
+    def admit(self, headers: list[tuple[bytes, bytes]]) -> Admission:
+        """One scan of the header list (the hot path costs nothing more)."""
+        if len(headers) > self._max_headers:
+            limit = self._max_headers
+            message = f"the request has {len(headers)} header fields; the limit is {limit}"
+            return Admission((431, refusal_body(431, message, limit)), None, False)
+        size = 0
+        length = None
+        chunked = False
+        for name, value in headers:
+            size += len(name) + len(value)
+            if name == b"content-length":
+                length = value
+            elif name == b"transfer-encoding":
+                chunked = True
+        if size > self._max_header_bytes:
+            limit = self._max_header_bytes
+            message = f"the request's header fields take {size:,} bytes; the limit is {limit:,}"
+            return Admission((431, refusal_body(431, message, limit)), None, chunked)
+        if length is None or chunked or not length.isdigit():
+            return Admission(None, None, chunked)
+        # shorter than the limit written out: within it, no need to compare
+        if len(length) >= self._max_body_digits and int(length) > self._max_body:
+            return Admission((413, self._declared_too_large), None, chunked)
+        return Admission(None, int(length), chunked)
+
+
+async def respond(send: Send, refusal: tuple[int, bytes]) -> None:
+    """Send a refusal (``Connection: close``: the unread rest of the body is never read)."""
+    status, body = refusal
     await send(_response_start(status, body))
     await send({"type": "http.response.body", "body": body, "more_body": False})
 
@@ -82,43 +149,21 @@ class RequestLimitsMiddleware:
     def __init__(self, app: ASGIApp, limits: RequestLimits) -> None:
         self.app = app
         self.limits = limits
+        self.check = HeadCheck(limits)
         self._max_body = limits.max_body_bytes
-        self._max_body_digits = len(str(limits.max_body_bytes))
-        self._max_headers = limits.max_headers
-        self._max_header_bytes = limits.max_header_bytes
-        n = f"{limits.max_body_bytes:,}"
-        self._declared_too_large = refusal_body(
-            413, f"the request body (Content-Length) is larger than the limit of {n} bytes", limits.max_body_bytes
-        )
         self._streamed_too_large = refusal_body(
-            413, f"the request body passed the limit of {n} bytes", limits.max_body_bytes
+            413, f"the request body passed the limit of {limits.max_body_bytes:,} bytes", limits.max_body_bytes
         )
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        headers = scope["headers"]
-        if len(headers) > self._max_headers:
-            await self._too_many_headers(send, len(headers))
+        admission = self.check.admit(scope["headers"])
+        if admission.refusal is not None:
+            await respond(send, admission.refusal)
             return
-        size = 0
-        length = None
-        framed = True
-        for name, value in headers:
-            size += len(name) + len(value)
-            if name == b"content-length":
-                length = value
-            elif name == b"transfer-encoding":
-                framed = False
-        if size > self._max_header_bytes:
-            await self._headers_too_large(send, size)
-            return
-        if length is not None and framed and length.isdigit():
-            # shorter than the limit written out: within it, no need to convert
-            if len(length) >= self._max_body_digits and int(length) > self._max_body:
-                await _respond(send, 413, self._declared_too_large)
-                return
+        if admission.length is not None:
             await self.app(scope, receive, send)
             return
         await self._counted(scope, receive, send)
@@ -140,7 +185,7 @@ class RequestLimitsMiddleware:
                 if received > limit:
                     refused = True
                     if not started:
-                        await _respond(send, 413, self._streamed_too_large)
+                        await respond(send, (413, self._streamed_too_large))
                     return {"type": "http.disconnect"}
             return message
 
@@ -159,17 +204,3 @@ class RequestLimitsMiddleware:
             # about that (ClientDisconnect, a parse error) has been answered by the 413
             if not refused:
                 raise
-
-    async def _too_many_headers(self, send: Send, count: int) -> None:
-        limit = self._max_headers
-        await _respond(
-            send, 431, refusal_body(431, f"the request has {count} header fields; the limit is {limit}", limit)
-        )
-
-    async def _headers_too_large(self, send: Send, size: int) -> None:
-        limit = self._max_header_bytes
-        await _respond(
-            send,
-            431,
-            refusal_body(431, f"the request's header fields take {size:,} bytes; the limit is {limit:,}", limit),
-        )

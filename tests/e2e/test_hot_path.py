@@ -1,4 +1,5 @@
-"""The decision endpoints' hot path answers byte for byte as FastAPI does.
+"""The decision endpoints answer byte for byte the same through the way in in front of
+FastAPI (the hot path) and through FastAPI's routes, which call the same implementation.
 
 Two real control planes on one Redis, identical but for ``SHADOWLIMIT_HOT_PATH`` (on / off),
 with the same instance id and the same frozen decision clock, get the same requests in the
@@ -159,6 +160,6 @@ def test_the_hot_path_answers_byte_for_byte_as_fastapi(pair) -> None:
         a = raw_request(hot.port, method, target, body, headers)
         b = raw_request(cold.port, method, target, body, headers)
         assert a == b, f"case {i} {method} {target} {body[:80]!r}:\nhot:  {a[:600]!r}\ncold: {b[:600]!r}"
-    # the hot one answered most of them itself, the other none
-    assert hot.app.state.hot.answered >= 38 and hot.app.state.hot.handed_over >= 15
+    # the hot one answered all but another method, a HEAD and a body without a length itself
+    assert hot.app.state.hot.answered >= 55 and 3 <= hot.app.state.hot.handed_over <= 6
     assert cold.app.state.hot is None
