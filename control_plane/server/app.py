@@ -5,7 +5,8 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
-from collections.abc import AsyncIterator
+import time
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -21,6 +22,7 @@ from ..api.docs_ui import install_docs
 from ..api.openapi import document
 from ..api.requests import invalid_request
 from ..auth import Authenticator, AuthGate, TokensFile
+from ..decision import wall_clock_us
 from ..gctune import tune_gc
 from ..observe import incidents
 from ..settings import Settings, load_settings
@@ -73,14 +75,20 @@ class ControlPlaneApp(FastAPI):
         return self.openapi_schema
 
 
-def create_app(settings: Settings | None = None) -> ControlPlaneApp:
+def create_app(
+    settings: Settings | None = None,
+    *,
+    clock_us: Callable[[], int] = wall_clock_us,
+    clock: Callable[[], float] = time.time,
+) -> ControlPlaneApp:
     """Build the control plane. With no ``RATE_LIMIT_REDIS_URL`` an embedded redis-server
-    is started for the app's lifetime."""
+    is started for the app's lifetime. ``clock_us`` and ``clock`` are the engine's clocks
+    (the decisions', everything else's: :func:`~control_plane.wiring.build_engine`)."""
     settings = settings or load_settings()
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        handle = await open_engine(settings)
+        handle = await open_engine(settings, clock_us=clock_us, clock=clock)
         app.state.engine = handle.engine
         if app.state.hot is not None:
             app.state.hot.engine = handle.engine

@@ -13,11 +13,12 @@ from __future__ import annotations
 
 import json
 import socket
+import time
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from cp_server import RULES_YAML, ControlPlaneServer, admin_headers, write_rules
+from cp_server import RULES_YAML, Clocks, ControlPlaneServer, admin_headers, write_rules
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -47,21 +48,16 @@ def raw_request(
     return b"\r\n".join(kept) + b"\r\n\r\n" + rest
 
 
-def _freeze(cp: ControlPlaneServer) -> None:
-    decider = cp.engine.decider
-    decider.clock_us = lambda: FROZEN_US
-    decider._wall_clock = False
-
-
 @pytest.fixture
 def pair(redis_url, tmp_path) -> Iterator[tuple[ControlPlaneServer, ControlPlaneServer]]:
     rules = write_rules(tmp_path, RULES_YAML)
-    common: dict[str, Any] = {"redis_url": redis_url, "rules_path": rules, "instance_id": "hot-diff"}
+    # the same frozen decision clock for both: the same answers, to the reset times in the headers
+    frozen = Clocks(clock=time.time, clock_us=lambda: FROZEN_US)
+    common: dict[str, Any] = {"redis_url": redis_url, "rules_path": rules, "instance_id": "hot-diff", "clocks": frozen}
     hot = ControlPlaneServer(hot_path=True, client_token=TOKEN, **common).start()
     cold = ControlPlaneServer(hot_path=False, client_token=TOKEN, **common).start()
     try:
         for cp in (hot, cold):
-            _freeze(cp)
             for route, mode in (("export", "enforce"), ("search", "shadow")):
                 body = json.dumps({"mode": mode, "reason": "diff", "force": True}).encode()
                 h = [("Content-Type", "application/json"), ("Authorization", admin_headers()["Authorization"])]
