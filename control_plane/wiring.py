@@ -9,13 +9,11 @@ import logging
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
-from limiter import LocalLimiter, RedisLimiter
+from limiter import LocalLimiter, RedisConnection, RedisLimiter
 from limiter.errors import BackendAuthError, BackendError
-from limiter.redis_limiter import make_redis_py_client
-from limiter.redis_url import RedisTarget
 from limiter.resilience import BreakerState, CircuitBreaker, FleetMembership, ResilientLimiter
 
 from .decision import Comparisons, Decider, wall_clock_us
@@ -71,7 +69,7 @@ class EngineHandle:
             self.embedded = None
 
 
-def check_redis_target(target: RedisTarget, timeout_s: float = 2.0) -> str | None:
+def check_redis(connection: RedisConnection, timeout_s: float = 2.0) -> str | None:
     """Startup checks: ``ValueError`` when the target's TLS files cannot be used,
     :class:`~limiter.errors.BackendAuthError` when Redis refuses the login (waiting will
     not help); any other failure to reach Redis now is returned as text (the service
@@ -79,7 +77,8 @@ def check_redis_target(target: RedisTarget, timeout_s: float = 2.0) -> str | Non
     reads the TLS files (:func:`~limiter.redis_limiter.make_backend`)."""
 
     async def probe() -> None:
-        rl = RedisLimiter.from_url(target, connect_timeout=timeout_s, command_timeout=timeout_s)
+        quick = replace(connection, connect_timeout=timeout_s, command_timeout=timeout_s)
+        rl = RedisLimiter.from_connection(quick)
         try:
             await asyncio.wait_for(rl.ping(), timeout_s * 2)
         finally:
@@ -118,19 +117,13 @@ async def open_engine(
             "this process's 'global' limit is its own",
             url,
         )
-    target = settings.redis_target(url)
-    redis = RedisLimiter.from_url(
-        target,
+    connection = settings.redis_connection(url)  # the one description both clients are built from
+    redis = RedisLimiter.from_connection(
+        connection,
         namespace=settings.namespace,
         time_source=settings.time_source,  # type: ignore[arg-type]
-        connect_timeout=settings.redis_connect_timeout_s,
-        command_timeout=settings.redis_command_timeout_s,
     )
-    client = make_redis_py_client(
-        target,
-        socket_timeout=max(1.0, settings.redis_command_timeout_s * 4),
-        connect_timeout=settings.redis_connect_timeout_s,
-    )
+    client = redis.client  # redis-py, from the same connection
     engine = build_engine(
         settings,
         redis=redis,
@@ -139,7 +132,7 @@ async def open_engine(
         clock_us=clock_us,
         clock=clock,
     )
-    handle = EngineHandle(engine, redis, client, target.redacted(), embedded)
+    handle = EngineHandle(engine, redis, client, connection.redacted(), embedded)
     try:
         await engine.start()
     except BaseException:
