@@ -45,7 +45,7 @@ STAGES = ("loop", "parse", "decide", "answer", "app")
 
 async def _measure(requests: int, reps: int) -> dict[str, Any]:
 
-    from control_plane.api.decide import result_answer
+    from control_plane.api.decide import as_input, result_answer
     from control_plane.api.requests import validate_body
     from control_plane.api.schemas import DecideRequest
     from control_plane.model.rollout import Mode
@@ -96,7 +96,7 @@ async def _measure(requests: int, reps: int) -> dict[str, Any]:
                                  "headers": headers[i], "client": ("127.0.0.1", 5000)}  # fmt: skip
                         await app(scope, receive_of(body), send)
                     elif stage != "loop":
-                        item = validate_body(DecideRequest, body)
+                        item = as_input(validate_body(DecideRequest, body))
                         if stage != "parse":
                             res = await decide(item)
                             if stage == "answer":
@@ -139,7 +139,7 @@ async def _batch(engine: Any, redis_url: str) -> dict[str, Any]:
     import orjson
     import redis as redispy
 
-    from control_plane.api.decide import answer_batch
+    from control_plane.api.decide import answer_batch, as_input
     from control_plane.api.requests import validate_body
     from control_plane.api.schemas import BatchRequest
     from control_plane.model.rollout import Mode
@@ -157,13 +157,13 @@ async def _batch(engine: Any, redis_url: str) -> dict[str, Any]:
     for mode in ("off", "shadow", "enforce"):
         await engine.rollout.set_mode("api", Mode(mode), reason="benchmark", actor="bench", force=True)
         await asyncio.sleep(0.2)
-        await answer_batch(decider, validate_body(BatchRequest, body).requests)
+        await answer_batch(decider, [as_input(r) for r in validate_body(BatchRequest, body)["requests"]])
         await decider.shadow.drain()
         t_parse = t_decide = 0.0
         r0 = redis_cpu()
         for _ in range(batches):
             a = time.process_time()
-            items = validate_body(BatchRequest, body).requests
+            items = [as_input(r) for r in validate_body(BatchRequest, body)["requests"]]
             b = time.process_time()
             await answer_batch(decider, items)
             c = time.process_time()

@@ -20,12 +20,12 @@ from fastapi.responses import Response
 
 from limiter.keys import InvalidKeyError
 
-from ..decision import DecideError, Decider, DecideResult, InputLike, UnknownRoute
+from ..decision import DecideError, DecideInput, Decider, DecideResult, InputLike, PlainInput, UnknownRoute
 from ..observe import incidents
 from . import examples
 from .deps import ApiError
 from .openapi import RATE_LIMIT_HEADERS, RETRY_AFTER, errors, json_request, keep_example, ok
-from .requests import invalid_request, validate_body
+from .requests import invalid_request, reader
 from .schemas import BatchRequest, BatchResponse, DecideRequest, DecideResponse, ErrorBody
 
 __all__ = [
@@ -34,6 +34,7 @@ __all__ = [
     "REJECTION",
     "Answer",
     "answer_batch",
+    "as_input",
     "as_response",
     "batch_answer",
     "body_of",
@@ -46,6 +47,9 @@ __all__ = [
     "router",
     "translate",
 ]
+
+_read_decide = reader(DecideRequest)
+_read_batch = reader(BatchRequest)
 
 #: what the decider refuses a request with (each a 4xx naming the field)
 DECIDE_ERRORS = (UnknownRoute, InvalidKeyError, DecideError)
@@ -225,7 +229,7 @@ async def decide_batch(request: Request) -> Response:
 async def decide_answer(decider: Decider, body: bytes) -> Answer:
     """``POST /v1/decide``: the body, its decision, the answer."""
     try:
-        req = validate_body(DecideRequest, body)
+        req = as_input(_read_decide(body))
     except RequestValidationError as exc:
         return invalid_answer(exc)
     try:
@@ -238,13 +242,24 @@ async def decide_answer(decider: Decider, body: bytes) -> Answer:
 async def batch_answer(decider: Decider, body: bytes) -> Answer:
     """``POST /v1/decide/batch``: the body, each item's decision (or its error in place)."""
     try:
-        requests = validate_body(BatchRequest, body).requests
+        requests = [as_input(r) for r in _read_batch(body)["requests"]]
     except RequestValidationError as exc:
         return invalid_answer(exc)
     return await answer_batch(decider, requests)
 
 
-async def answer_batch(decider: Decider, requests: Sequence[InputLike]) -> Answer:
+def as_input(req: DecideRequest) -> InputLike | PlainInput:
+    """A validated request as the decider takes it: the usual ``{"route", "key"}`` as a
+    :data:`~control_plane.decision.PlainInput` tuple (no object built), anything else as a
+    :class:`~control_plane.decision.DecideInput` (the same fields)."""
+    if len(req) == 2:
+        route, key = req.get("route"), req.get("key")
+        if route is not None and key is not None:
+            return (route, key, 1, None)
+    return DecideInput(**req)
+
+
+async def answer_batch(decider: Decider, requests: Sequence[InputLike | PlainInput]) -> Answer:
     """A validated batch's answer: each item's decision, or its error in place."""
     results = await decider.decide_many(requests)
     out: list[dict[str, Any]] = []

@@ -3,27 +3,59 @@
 
 from __future__ import annotations
 
-from typing import Any, TypeVar
+from collections.abc import Callable
+from typing import Any, TypeVar, cast
 
 from fastapi import Depends, Request
 from fastapi.exceptions import RequestValidationError
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, TypeAdapter, ValidationError
 
-__all__ = ["invalid_request", "json_body", "validate_body"]
+__all__ = ["adapter", "invalid_request", "json_body", "reader", "validate_body"]
 
-M = TypeVar("M", bound=BaseModel)
+M = TypeVar("M")
+
+
+_ADAPTERS: dict[Any, TypeAdapter[Any]] = {}
+
+
+def adapter(body: type[M]) -> TypeAdapter[M]:
+    """The validator of a request body type that is not a model (a typed dict), built once."""
+    a = _ADAPTERS.get(body)
+    if a is None:
+        a = _ADAPTERS[body] = TypeAdapter(body)
+    return a
 
 
 def validate_body(model: type[M], raw: bytes) -> M:
     """Parse and validate a JSON body straight from bytes (pydantic-core's parser, under the
-    model's strictness: :class:`~.schemas.StrictBody`); every error, of the JSON itself
-    (not JSON, not UTF-8, nested too deep) or of a field, is the usual 422 naming it
-    (``body`` for the JSON as a whole)."""
-    try:
-        return model.model_validate_json(raw)
-    except ValidationError as exc:
-        errors = [{**e, "loc": ("body", *e["loc"])} for e in exc.errors(include_url=False, include_input=False)]
-        raise RequestValidationError(errors, body=None) from None
+    model's strictness: :class:`~.schemas.StrictBody`, :data:`~.schemas.STRICT`); ``model`` is
+    a pydantic model or a typed dict. Every error, of the JSON itself (not JSON, not UTF-8,
+    nested too deep) or of a field, is the usual 422 naming it (``body`` for the JSON as a
+    whole)."""
+    return reader(model)(raw)
+
+
+_READERS: dict[Any, Callable[[bytes], Any]] = {}
+
+
+def reader(model: type[M]) -> Callable[[bytes], M]:
+    """:func:`validate_body` for one ``model``, made once (what a hot endpoint calls)."""
+    read = _READERS.get(model)
+    if read is None:
+        # a typed dict's validator called straight (the adapter's method adds its own call per body)
+        validate: Callable[[bytes], Any] = (
+            model.model_validate_json if issubclass(model, BaseModel) else adapter(model).validator.validate_json
+        )
+
+        def read(raw: bytes) -> M:
+            try:
+                return cast(M, validate(raw))
+            except ValidationError as exc:
+                errors = [{**e, "loc": ("body", *e["loc"])} for e in exc.errors(include_url=False, include_input=False)]
+                raise RequestValidationError(errors, body=None) from None
+
+        _READERS[model] = read
+    return read
 
 
 def json_body(model: type[M]) -> Any:

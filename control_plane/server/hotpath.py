@@ -34,7 +34,7 @@ from ..api.authz import AUTHZ_METHODS, authz_answer
 from ..api.decide import Answer, batch_answer, decide_answer
 from ..auth import Access, Authenticator, authorize, refuse
 from ..observe import incidents
-from .limits import HeadCheck, RequestLimits, respond
+from .limits import NO_LENGTH, HeadCheck, RequestLimits, respond
 
 __all__ = ["HOT_PATHS", "HotPath"]
 
@@ -70,14 +70,15 @@ class HotPath:
             self.handed_over += 1
             await app(scope, receive, send)
             return
-        admission = self.check.admit(scope["headers"])
-        if admission.refusal is not None:
+        length = self.check.admit(scope["headers"])
+        if length.__class__ is tuple:
             self.answered += 1
-            await respond(send, admission.refusal)
+            await respond(send, length)
             return
-        length = admission.length
-        if length is None and (admission.chunked or path != AUTHZ):  # a body to count as it arrives
-            self.handed_over += 1
+        if length == NO_LENGTH and path == AUTHZ:
+            length = 0  # a proxy's question: no body
+        elif length < 0:  # type: ignore[operator]
+            self.handed_over += 1  # a body to count as it arrives
             await app(scope, receive, send)
             return
         denied = authorize(self.auth, Access.DATA, scope)

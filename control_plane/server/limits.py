@@ -29,7 +29,7 @@ target's length (:data:`MAX_TARGET_BYTES`), is the HTTP protocol's job
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, MutableMapping
-from typing import Any, NamedTuple
+from typing import Any
 
 import orjson
 
@@ -38,8 +38,10 @@ from ..settings.limits import MAX_TARGET_BYTES, REQUEST_LINE_ALLOWANCE, RequestL
 __all__ = [
     "MAX_TARGET_BYTES",
     "REQUEST_LINE_ALLOWANCE",
-    "Admission",
+    "NO_LENGTH",
+    "STREAMED",
     "HeadCheck",
+    "Refusal",
     "RequestLimits",
     "RequestLimitsMiddleware",
     "refusal_body",
@@ -80,15 +82,13 @@ def _response_start(status: int, body: bytes) -> Message:
     return {"type": "http.response.start", "status": status, "headers": headers}
 
 
-class Admission(NamedTuple):
-    """What the limits say of a request's head: ``refusal`` (status and body) or None;
-    ``length``, the declared body length when it is within the limit and frames the body
-    (None: not declared, or next to a ``Transfer-Encoding``: the body is counted as it comes);
-    ``chunked``: a ``Transfer-Encoding`` is there."""
-
-    refusal: tuple[int, bytes] | None
-    length: int | None
-    chunked: bool
+#: :meth:`HeadCheck.admit`: no ``Content-Length`` and no ``Transfer-Encoding`` (no body framed)
+NO_LENGTH = -1
+#: :meth:`HeadCheck.admit`: a ``Transfer-Encoding``, or a ``Content-Length`` that is not a number:
+#: the body is counted as it arrives
+STREAMED = -2
+#: a refusal before the app: its status and its JSON body
+Refusal = tuple[int, bytes]
 
 
 class HeadCheck:
@@ -109,12 +109,12 @@ class HeadCheck:
             limits.max_body_bytes,
         )
 
-    def admit(self, headers: list[tuple[bytes, bytes]]) -> Admission:
-        """One scan of the header list (the hot path costs nothing more)."""
+    def admit(self, headers: list[tuple[bytes, bytes]]) -> int | Refusal:
+        """One scan of the header list: the declared body length (``>= 0``) when it is within
+        the limit, :data:`NO_LENGTH`, :data:`STREAMED`, or the :data:`Refusal` (431, 413)."""
         if len(headers) > self._max_headers:
             limit = self._max_headers
-            message = f"the request has {len(headers)} header fields; the limit is {limit}"
-            return Admission((431, refusal_body(431, message, limit)), None, False)
+            return 431, refusal_body(431, f"the request has {len(headers)} header fields; the limit is {limit}", limit)
         size = 0
         length = None
         chunked = False
@@ -127,16 +127,18 @@ class HeadCheck:
         if size > self._max_header_bytes:
             limit = self._max_header_bytes
             message = f"the request's header fields take {size:,} bytes; the limit is {limit:,}"
-            return Admission((431, refusal_body(431, message, limit)), None, chunked)
-        if length is None or chunked or not length.isdigit():
-            return Admission(None, None, chunked)
+            return 431, refusal_body(431, message, limit)
+        if chunked or (length is not None and not length.isdigit()):
+            return STREAMED
+        if length is None:
+            return NO_LENGTH
         # shorter than the limit written out: within it, no need to compare
         if len(length) >= self._max_body_digits and int(length) > self._max_body:
-            return Admission((413, self._declared_too_large), None, chunked)
-        return Admission(None, int(length), chunked)
+            return 413, self._declared_too_large
+        return int(length)
 
 
-async def respond(send: Send, refusal: tuple[int, bytes]) -> None:
+async def respond(send: Send, refusal: Refusal) -> None:
     """Send a refusal (``Connection: close``: the unread rest of the body is never read)."""
     status, body = refusal
     await send(_response_start(status, body))
@@ -159,12 +161,12 @@ class RequestLimitsMiddleware:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        admission = self.check.admit(scope["headers"])
-        if admission.refusal is not None:
-            await respond(send, admission.refusal)
+        admitted = self.check.admit(scope["headers"])
+        if admitted.__class__ is tuple:
+            await respond(send, admitted)
             return
-        if admission.length is not None:
-            await self.app(scope, receive, send)
+        if admitted >= 0:  # type: ignore[operator]
+            await self.app(scope, receive, send)  # framed by its Content-Length, within the limit
             return
         await self._counted(scope, receive, send)
 

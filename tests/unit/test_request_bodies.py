@@ -12,9 +12,9 @@ import orjson
 import pytest
 from fastapi.exceptions import RequestValidationError
 
-from control_plane.api.decide import REJECTION, body_of, rejected
-from control_plane.api.requests import validate_body
-from control_plane.api.schemas import MAX_BATCH, BatchRequest, DecideRequest
+from control_plane.api.decide import REJECTION, as_input, body_of, rejected
+from control_plane.api.requests import adapter, validate_body
+from control_plane.api.schemas import MAX_BATCH, STRICT, BatchRequest, DecideRequest
 from control_plane.decision import DecideInput, DecideResult
 
 _H100 = {f"h{i}": "v" for i in range(100)}
@@ -72,12 +72,17 @@ def test_malformed_batches_are_a_422(raw):
 
 
 def test_a_validated_request_is_what_the_decider_reads():
-    """DecideRequest has DecideInput's fields, so the decider reads a validated body as it is
-    (no second object per item); the defaults are the same."""
-    assert list(DecideRequest.model_fields) == [f.name for f in dataclasses.fields(DecideInput)]
-    req = validate_body(DecideRequest, b'{"route": "a", "key": "k"}')
-    assert {f: getattr(req, f) for f in DecideRequest.model_fields} == dataclasses.asdict(
-        DecideInput(route="a", key="k")
+    """DecideRequest has DecideInput's fields: the usual route + key becomes the decider's plain
+    tuple, anything else a DecideInput of the same fields."""
+    assert list(DecideRequest.__annotations__) == [f.name for f in dataclasses.fields(DecideInput)]
+    assert as_input(validate_body(DecideRequest, b'{"route": "a", "key": "k"}')) == ("a", "k", 1, None)
+    assert as_input(validate_body(DecideRequest, b'{"route": "a", "key": "k", "cost": 2}')) == DecideInput(
+        route="a", key="k", cost=2
+    )
+    assert as_input(validate_body(DecideRequest, b'{"route": null, "key": "k"}')) == DecideInput(key="k")
+    full = b'{"method": "GET", "path": "/x", "client_ip": "10.0.0.1", "headers": {"a": "b"}, "request_id": "r"}'
+    assert as_input(validate_body(DecideRequest, full)) == DecideInput(
+        method="GET", path="/x", client_ip="10.0.0.1", headers={"a": "b"}, request_id="r"
     )
 
 
@@ -90,12 +95,13 @@ def test_too_many_items_are_refused_before_any_is_looked_at():
         (err,) = info.value.errors()
         assert err["loc"] == ("body", "requests")
         assert err["msg"] == f"at most {MAX_BATCH} items per batch, got {len(items)}"
-    assert len(validate_body(BatchRequest, orjson.dumps({"requests": [{"route": "a", "key": "k"}] * 10_000})).requests)
+    ok = validate_body(BatchRequest, orjson.dumps({"requests": [{"route": "a", "key": "k"}] * 10_000}))
+    assert len(ok["requests"]) == 10_000
 
 
 def test_the_schema_states_the_bounds():
     """What the OpenAPI document tells clients is what the model checks."""
-    schema = DecideRequest.model_json_schema()["properties"]
+    schema = adapter(DecideRequest).json_schema()["properties"]
 
     def limits(name: str) -> dict[str, Any]:
         flat = dict(schema[name])
@@ -111,10 +117,11 @@ def test_the_schema_states_the_bounds():
     assert limits("request_id") == {"maxLength": 128}
     assert limits("cost") == {"minimum": 1, "maximum": 1_000_000}
     assert schema["headers"]["maxProperties"] == 100
-    req = BatchRequest.model_json_schema()["properties"]["requests"]
+    req = adapter(BatchRequest).json_schema()["properties"]["requests"]
     assert (req["minItems"], req["maxItems"]) == (1, MAX_BATCH)
-    for model in (DecideRequest, BatchRequest):
-        assert model.model_config.get("extra") == "forbid" and model.model_config.get("strict") is True
+    for body in (DecideRequest, BatchRequest):
+        assert body.__pydantic_config__ == STRICT  # type: ignore[attr-defined]
+    assert STRICT == {"extra": "forbid", "strict": True, "allow_inf_nan": False}
 
 
 def _result(**kw: Any) -> DecideResult:
