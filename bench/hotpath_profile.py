@@ -9,16 +9,16 @@ line is the CPU time (``time.process_time``) per request of the loop with that s
 the loop without it, each the least disturbed of interleaved repetitions (their noise is a few
 microseconds, so a small stage can come out near zero):
 
-* **parse**: ``orjson.loads`` of the body and the hot path's item check;
+* **parse**: the body read by its model (``validate_body(DecideRequest, ...)``, the one parser);
 * **decide**: ``Decider.decide`` (route, key, local check, mode, shadow queueing and the
   shadow worker's evaluation, the Redis call in enforce, headers, metrics, activity, the
   what-if recorder);
-* **answer**: the answer's bytes (``orjson.dumps``, the raw headers);
+* **answer**: the answer's bytes (``result_answer``: ``orjson.dumps``, the raw headers);
 * **hot-path glue**: the rest of the hot path's ASGI call (header bounds, body read, dispatch,
   the two ``send`` calls) -- the whole app call minus the three above.
 
-For ``POST /v1/decide/batch``, per decision: ``parse_batch``, ``decide_many`` +
-``orjson.dumps`` (``batch_body``), the shadow worker's evaluation of a full batch, and the
+For ``POST /v1/decide/batch``, per decision: the body read by its model, ``decide_many`` +
+``orjson.dumps`` (``answer_batch``), the shadow worker's evaluation of a full batch, and the
 Redis server's own CPU per decision (``INFO cpu``) in enforce.
 
 Run: ``python -m bench.hotpath_profile`` (JSON on stdout); ``python -m bench.service`` runs
@@ -44,12 +44,12 @@ STAGES = ("loop", "parse", "decide", "answer", "app")
 
 
 async def _measure(requests: int, reps: int) -> dict[str, Any]:
-    import orjson
 
-    from control_plane.api.requests import plain_item
+    from control_plane.api.decide import as_input, result_answer
+    from control_plane.api.requests import validate_body
+    from control_plane.api.schemas import DecideRequest
     from control_plane.model.rollout import Mode
     from control_plane.server.app import create_app
-    from control_plane.server.hotpath import _result
     from control_plane.settings import load_settings
     from limiter.embedded import EmbeddedRedis
 
@@ -87,7 +87,6 @@ async def _measure(requests: int, reps: int) -> dict[str, Any]:
 
             async def caller(stage: str, n: int, offset: int) -> None:
                 sleep = asyncio.sleep
-                loads = orjson.loads
                 decide = decider.decide
                 for j in range(n):
                     i = (offset + j * CALLERS) % 1000
@@ -97,11 +96,11 @@ async def _measure(requests: int, reps: int) -> dict[str, Any]:
                                  "headers": headers[i], "client": ("127.0.0.1", 5000)}  # fmt: skip
                         await app(scope, receive_of(body), send)
                     elif stage != "loop":
-                        item = plain_item(loads(body))
+                        item = as_input(validate_body(DecideRequest, body))
                         if stage != "parse":
                             res = await decide(item)
                             if stage == "answer":
-                                _result(res.to_dict(), res.status_code)
+                                result_answer(res, res.status_code)
                     await sleep(0)
 
             async def run(stage: str) -> float:
@@ -140,8 +139,9 @@ async def _batch(engine: Any, redis_url: str) -> dict[str, Any]:
     import orjson
     import redis as redispy
 
-    from control_plane.api.decide import batch_body
-    from control_plane.api.requests import parse_batch
+    from control_plane.api.decide import answer_batch, as_input
+    from control_plane.api.requests import validate_body
+    from control_plane.api.schemas import BatchRequest
     from control_plane.model.rollout import Mode
 
     decider = engine.decider
@@ -157,15 +157,15 @@ async def _batch(engine: Any, redis_url: str) -> dict[str, Any]:
     for mode in ("off", "shadow", "enforce"):
         await engine.rollout.set_mode("api", Mode(mode), reason="benchmark", actor="bench", force=True)
         await asyncio.sleep(0.2)
-        await batch_body(decider, parse_batch(body))
+        await answer_batch(decider, [as_input(r) for r in validate_body(BatchRequest, body)["requests"]])
         await decider.shadow.drain()
         t_parse = t_decide = 0.0
         r0 = redis_cpu()
         for _ in range(batches):
             a = time.process_time()
-            items = parse_batch(body)
+            items = [as_input(r) for r in validate_body(BatchRequest, body)["requests"]]
             b = time.process_time()
-            await batch_body(decider, items)
+            await answer_batch(decider, items)
             c = time.process_time()
             t_parse += b - a
             t_decide += c - b

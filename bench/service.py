@@ -406,8 +406,8 @@ def _render_hotpath(h: dict[str, Any], cpu: dict[str, float]) -> list[str]:
         "",
         "| CPU per decision | off | shadow | enforce |",
         "|---|--:|--:|--:|",
-        "| `parse_batch` | " + " | ".join(f"{b[m]['parse_us']:.1f} µs" for m in MODES) + " |",
-        "| decide + `orjson.dumps` (`batch_body`) | "
+        "| the body read by `BatchRequest` | " + " | ".join(f"{b[m]['parse_us']:.1f} µs" for m in MODES) + " |",
+        "| decide + `orjson.dumps` (`answer_batch`) | "
         + " | ".join(f"{b[m]['decide_and_dump_us']:.1f} µs" for m in MODES)
         + " |",
         f"| shadow evaluation, per evaluated decision | - | {b['shadow'].get('shadow_evaluation_us', 0):.1f} µs | - |",

@@ -54,8 +54,10 @@ __all__ = [
     "Role",
     "TokensFile",
     "TokensFileError",
+    "authorize",
     "check",
     "parse_tokens",
+    "refuse",
 ]
 
 log = logging.getLogger("shadowlimit.auth")
@@ -397,20 +399,32 @@ class AuthGate:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        access = self.access_for(scope["method"], scope["path"])
-        if access is Access.OPEN or (access is Access.DATA and not self.auth.client_token_required):
-            await self.app(scope, receive, send)  # the hot path: nothing to check
+        denied = authorize(self.auth, self.access_for(scope["method"], scope["path"]), scope)
+        if denied is not None:
+            await refuse(send, denied)
             return
-        try:
-            ident = check(self.auth, access, bearer_token(scope))
-        except Denied as d:
-            body = orjson.dumps({"error": d.error, "message": d.message, **d.details})
-            headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
-            if d.status == 401:
-                headers.append((b"www-authenticate", b'Bearer realm="shadowlimit"'))
-            await send({"type": "http.response.start", "status": d.status, "headers": headers})
-            await send({"type": "http.response.body", "body": body})
-            return
-        if ident is not None:
-            scope.setdefault("state", {})["identity"] = ident
         await self.app(scope, receive, send)
+
+
+def authorize(auth: Authenticator, access: Access, scope: Scope) -> Denied | None:
+    """The access check of one request (the gate's, and the decision endpoints' in front of
+    it): None when it may go on (its identity, if any, put in ``scope["state"]``), else why not."""
+    if access is Access.OPEN or (access is Access.DATA and not auth.client_token_required):
+        return None  # the usual case: nothing to check
+    try:
+        ident = check(auth, access, bearer_token(scope))
+    except Denied as d:
+        return d
+    if ident is not None:
+        scope.setdefault("state", {})["identity"] = ident
+    return None
+
+
+async def refuse(send: Send, d: Denied) -> None:
+    """Answer a refused request (JSON; ``WWW-Authenticate`` on a 401)."""
+    body = orjson.dumps({"error": d.error, "message": d.message, **d.details})
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    if d.status == 401:
+        headers.append((b"www-authenticate", b'Bearer realm="shadowlimit"'))
+    await send({"type": "http.response.start", "status": d.status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})

@@ -23,7 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -84,7 +84,8 @@ class Engine:
     shadow: ShadowPipeline
     decider: Decider
     recorder: Recorder
-    started_at: float = field(default_factory=time.time)
+    clock: Callable[[], float]  # wall-clock seconds: every part of the replica reads this one
+    started_at: float
     running: bool = False  # started and not stopping: the replica can decide
     _tasks: list[asyncio.Task[Any]] = field(default_factory=list)
 

@@ -16,6 +16,7 @@ import contextlib
 import gc
 import hashlib
 import inspect
+import time
 from collections.abc import Callable, Coroutine
 from typing import Any
 
@@ -50,8 +51,10 @@ class LiveRules:
         events: EventHub,
         instance_id: str,
         rules: Rules | None = None,
+        clock: Callable[[], float] = time.time,
     ) -> None:
         self.settings = settings
+        self.clock = clock  # wall-clock seconds: the reloads' audit entries
         self.store = store
         self.metrics = metrics
         self.events = events
@@ -271,6 +274,7 @@ class LiveRules:
             from_mode="",
             to_mode="ok" if ok else "error",
             reason=detail,
+            at=self.clock(),
             kind="rules_reload",
         )
         with contextlib.suppress(RuntimeError):  # no running loop: nothing to write with

@@ -9,13 +9,11 @@ import logging
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
-from limiter import LocalLimiter, RedisLimiter
+from limiter import LocalLimiter, RedisConnection, RedisLimiter
 from limiter.errors import BackendAuthError, BackendError
-from limiter.redis_limiter import make_redis_py_client
-from limiter.redis_url import RedisTarget
 from limiter.resilience import BreakerState, CircuitBreaker, FleetMembership, ResilientLimiter
 
 from .decision import Comparisons, Decider, wall_clock_us
@@ -71,7 +69,7 @@ class EngineHandle:
             self.embedded = None
 
 
-def check_redis_target(target: RedisTarget, timeout_s: float = 2.0) -> str | None:
+def check_redis(connection: RedisConnection, timeout_s: float = 2.0) -> str | None:
     """Startup checks: ``ValueError`` when the target's TLS files cannot be used,
     :class:`~limiter.errors.BackendAuthError` when Redis refuses the login (waiting will
     not help); any other failure to reach Redis now is returned as text (the service
@@ -79,7 +77,8 @@ def check_redis_target(target: RedisTarget, timeout_s: float = 2.0) -> str | Non
     reads the TLS files (:func:`~limiter.redis_limiter.make_backend`)."""
 
     async def probe() -> None:
-        rl = RedisLimiter.from_url(target, connect_timeout=timeout_s, command_timeout=timeout_s)
+        quick = replace(connection, connect_timeout=timeout_s, command_timeout=timeout_s)
+        rl = RedisLimiter.from_connection(quick)
         try:
             await asyncio.wait_for(rl.ping(), timeout_s * 2)
         finally:
@@ -94,10 +93,16 @@ def check_redis_target(target: RedisTarget, timeout_s: float = 2.0) -> str | Non
     return None
 
 
-async def open_engine(settings: Settings, *, metrics: Metrics | None = None) -> EngineHandle:
+async def open_engine(
+    settings: Settings,
+    *,
+    metrics: Metrics | None = None,
+    clock_us: Callable[[], int] = wall_clock_us,
+    clock: Callable[[], float] = time.time,
+) -> EngineHandle:
     """Connect to Redis (RATE_LIMIT_REDIS_URL; a private embedded one only when the
-    development setting SHADOWLIMIT_EMBEDDED_REDIS asks for it), build the engine and
-    start its background work."""
+    development setting SHADOWLIMIT_EMBEDDED_REDIS asks for it), build the engine with the
+    clocks (:func:`build_engine`) and start its background work."""
     embedded = None
     url = settings.redis_url
     if url is None:
@@ -112,23 +117,22 @@ async def open_engine(settings: Settings, *, metrics: Metrics | None = None) -> 
             "this process's 'global' limit is its own",
             url,
         )
-    target = settings.redis_target(url)
-    redis = RedisLimiter.from_url(
-        target,
+    connection = settings.redis_connection(url)  # the one description both clients are built from
+    redis = RedisLimiter.from_connection(
+        connection,
         namespace=settings.namespace,
         time_source=settings.time_source,  # type: ignore[arg-type]
-        connect_timeout=settings.redis_connect_timeout_s,
-        command_timeout=settings.redis_command_timeout_s,
     )
-    client = make_redis_py_client(
-        target,
-        socket_timeout=max(1.0, settings.redis_command_timeout_s * 4),
-        connect_timeout=settings.redis_connect_timeout_s,
-    )
+    client = redis.client  # redis-py, from the same connection
     engine = build_engine(
-        settings, redis=redis, client=client, metrics=metrics or Metrics(max_routes=settings.metrics_max_routes)
+        settings,
+        redis=redis,
+        client=client,
+        metrics=metrics or Metrics(max_routes=settings.metrics_max_routes),
+        clock_us=clock_us,
+        clock=clock,
     )
-    handle = EngineHandle(engine, redis, client, target.redacted(), embedded)
+    handle = EngineHandle(engine, redis, client, connection.redacted(), embedded)
     try:
         await engine.start()
     except BaseException:
@@ -137,16 +141,24 @@ async def open_engine(settings: Settings, *, metrics: Metrics | None = None) -> 
     return handle
 
 
-def _resilient(settings: Settings, redis: RedisLimiter, iid: str) -> tuple[CircuitBreaker, FleetMembership, Any]:
-    """The Redis circuit breaker, the fleet's membership and the resilient limiter over them."""
+def _resilient(
+    settings: Settings, redis: RedisLimiter, iid: str, clock: Callable[[], float], clock_us: Callable[[], int]
+) -> tuple[CircuitBreaker, FleetMembership, Any]:
+    """The Redis circuit breaker, the fleet's membership and the resilient limiter over them
+    (``clock``: the wall clock their stamps and the fleet's heartbeats read; ``clock_us``:
+    the decisions', which the in-memory fallback sweeps its keys by)."""
     # the engine logs the transitions (with their event fields)
-    breaker = CircuitBreaker(failure_threshold=settings.breaker_failure_threshold, trial_half_opens=False, name=None)
-    fleet = FleetMembership(redis, instance_id=iid, interval_s=2.0, joins=settings.enable_distributed_rate_limiting)
+    breaker = CircuitBreaker(
+        failure_threshold=settings.breaker_failure_threshold, trial_half_opens=False, name=None, wall_clock=clock
+    )
+    fleet = FleetMembership(
+        redis, instance_id=iid, interval_s=2.0, joins=settings.enable_distributed_rate_limiting, wall_clock=clock
+    )
     resilient = ResilientLimiter(
         redis,
         failure_policy=settings.failure_policy,
         failure_code=settings.failure_code,
-        fallback=LocalLimiter(max_keys=settings.local_max_keys),
+        fallback=LocalLimiter(max_keys=settings.local_max_keys, clock=clock_us),
         breaker=breaker,
         fleet=fleet,
     )
@@ -170,14 +182,14 @@ def build_engine(
     the rollout's timestamps, the activity's rates, the views' age."""
     iid = instance_id or settings.instance_id or uuid.uuid4().hex[:12]
     metrics = metrics or Metrics(max_routes=settings.metrics_max_routes)
-    events = EventHub(history=settings.stream_history)
-    breaker, fleet, resilient = _resilient(settings, redis, iid)
+    events = EventHub(history=settings.stream_history, clock=clock)
+    breaker, fleet, resilient = _resilient(settings, redis, iid, clock, clock_us)
     memory = StateMemory()
     store = RolloutStore(client, settings.namespace, clock=clock)
     divergence = DivergenceStore(client, settings.namespace, clock=clock)
     blocked = WouldBeBlocked(settings.namespace, clock=clock)
-    live = LiveRules(settings, store=store, metrics=metrics, events=events, instance_id=iid, rules=rules)
-    adjustments = Adjustments(client, store, memory, live)
+    live = LiveRules(settings, store=store, metrics=metrics, events=events, instance_id=iid, rules=rules, clock=clock)
+    adjustments = Adjustments(client, store, memory, live, clock=clock)
     sink = AuditSink(iid, settings.audit_log)
     rollout = RolloutManager(
         settings, rules=live, store=store, divergence=divergence, memory=memory, adjustments=adjustments,
@@ -205,7 +217,7 @@ def build_engine(
         client, settings.namespace, budget=settings.record_budget, minutes=settings.record_minutes,
         enabled=settings.record, clock=clock, ready=lambda: breaker.state is not BreakerState.OPEN,
     )  # fmt: skip
-    local = LocalLimiter(max_keys=settings.local_max_keys)
+    local = LocalLimiter(max_keys=settings.local_max_keys, clock=clock_us)  # its sweeps read the decisions' clock
     decider = Decider(
         rules=live, modes=rollout, adjustments=adjustments, local=local, resilient=resilient, shadow=shadow,
         comparisons=comparisons, external=external, activity=activity, metrics=metrics, instance_id=iid,
@@ -227,7 +239,7 @@ def build_engine(
         local=local, breaker=breaker, fleet=fleet, resilient=resilient, store=store, divergence=divergence,
         blocked=blocked, memory=memory, live_rules=live, adjustments=adjustments, rollout=rollout,
         candidates=candidates, activity=activity, views=views, external=external,
-        comparisons=comparisons, shadow=shadow, decider=decider, recorder=recorder, started_at=clock(),
+        comparisons=comparisons, shadow=shadow, decider=decider, recorder=recorder, clock=clock, started_at=clock(),
     )  # fmt: skip
     breaker.on_transition = engine.on_breaker
     return engine

@@ -5,6 +5,7 @@
 True
 """
 
+from .connection import RedisConnection
 from .errors import (
     BackendAuthError,
     BackendError,
@@ -31,6 +32,7 @@ __all__ = [
     "LimiterError",
     "LocalLimiter",
     "Policy",
+    "RedisConnection",
     "RedisLimiter",
     "speedups_available",
 ]

@@ -22,10 +22,10 @@ import math
 import re
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import replace
 from typing import Any, Literal
 
 from .algorithms import blocked_decision, decide
+from .connection import RedisConnection
 from .errors import BackendError, BackendReplyError, BackendUnavailable, DeadlineExceeded
 from .policy import Algorithm, BucketView, Decision, Policy, make_decision, validate_cost
 from .redis_url import Endpoint, RedisTarget, parse_redis_url
@@ -106,7 +106,7 @@ class RedisLimiter:
         namespace: str = "shadowlimit",
         time_source: TimeSource = "local",
         clock: Callable[[], int] = _now_us,
-        url: str | RedisTarget | None = None,
+        connection: RedisConnection | None = None,
     ) -> None:
         if time_source not in ("local", "redis"):
             raise ValueError(f"time_source: must be 'local' or 'redis', got {time_source!r}")
@@ -120,7 +120,7 @@ class RedisLimiter:
         self._prepared: dict[Policy, _Prepared] = {}
         self._by_id: dict[int, _Prepared] = {}
         self._peek_prepared: dict[Policy, _Prepared] = {}
-        self._target = parse_redis_url(url) if isinstance(url, str) else url
+        self.connection = connection  # what the backend was built from (None: a backend given directly)
         self._client: Any = None
 
     @classmethod
@@ -139,11 +139,25 @@ class RedisLimiter:
         ``redis+sentinel://``, see :mod:`limiter.redis_url`) or an already parsed
         :class:`~limiter.redis_url.RedisTarget` (settings that add a password file or TLS
         options to the URL). TLS files are read here: a bad one raises ``ValueError``."""
-        target = parse_redis_url(url) if isinstance(url, str) else url
-        if cluster is not None and cluster != target.cluster and not target.sentinel:
-            target = replace(target, kind="cluster" if cluster else "standalone")
-        backend = make_backend(target, connect_timeout=connect_timeout, command_timeout=command_timeout)
-        return cls(backend, namespace=namespace, time_source=time_source, clock=clock, url=target)
+        connection = RedisConnection.parse(url, connect_timeout=connect_timeout, command_timeout=command_timeout)
+        return cls.from_connection(
+            connection.with_kind(cluster), namespace=namespace, time_source=time_source, clock=clock
+        )
+
+    @classmethod
+    def from_connection(
+        cls,
+        connection: RedisConnection,
+        *,
+        namespace: str = "shadowlimit",
+        time_source: TimeSource = "local",
+        clock: Callable[[], int] = _now_us,
+    ) -> RedisLimiter:
+        """Build from a :class:`~limiter.connection.RedisConnection`, the description the
+        off-hot-path client (:attr:`client`) is built from too."""
+        return cls(
+            connection.backend(), namespace=namespace, time_source=time_source, clock=clock, connection=connection
+        )
 
     # -- the hot path -------------------------------------------------------------
 
@@ -419,11 +433,12 @@ class RedisLimiter:
 
     @property
     def client(self) -> Any:
-        """A redis-py asyncio client on the same server(s), for everything off the hot path."""
+        """A redis-py asyncio client on the same server(s), for everything off the hot path
+        (from the same :class:`~limiter.connection.RedisConnection`)."""
         if self._client is None:
-            if self._target is None:
+            if self.connection is None:
                 raise ValueError("this RedisLimiter was built without a URL: it has no redis-py client")
-            self._client = make_redis_py_client(self._target)
+            self._client = self.connection.redis_py()
         return self._client
 
     def describe(self) -> str:
@@ -431,7 +446,7 @@ class RedisLimiter:
 
     def topology(self) -> dict[str, Any]:
         """Which kind of deployment, where the master is, TLS and login, without secrets."""
-        out: dict[str, Any] = self._target.describe() if self._target is not None else {}
+        out: dict[str, Any] = self.connection.describe() if self.connection is not None else {}
         out.update(self.backend.topology())
         return out
 

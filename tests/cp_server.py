@@ -22,13 +22,12 @@ import traceback
 import uuid
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 import httpx
 import uvicorn
 from support import eventually, run_in_loop, settle
 
-from control_plane.observe.hitters import WouldBeBlocked
 from control_plane.server.app import create_app
 from control_plane.server.serving import http_protocol
 from control_plane.settings import Settings, load_settings
@@ -36,9 +35,11 @@ from control_plane.settings import Settings, load_settings
 __all__ = [
     "ADMIN_TOKEN",
     "RULES_YAML",
+    "Clocks",
     "ControlPlaneServer",
     "admin_headers",
     "free_port",
+    "hour_aligned_clocks",
     "metric_value",
     "unique_namespace",
     "wait_until",
@@ -103,18 +104,24 @@ def admin_headers(token: str = ADMIN_TOKEN) -> dict[str, str]:
     return {"Authorization": f"Bearer {token}"}
 
 
-def clear_of_window_edge(window_s: float, margin_s: float) -> None:
-    """Wait out the last ``margin_s`` seconds of the current ``window_s`` window (windows
-    aligned on the epoch, as the limiter's and the views' are)."""
-    left = window_s - time.time() % window_s
-    if left < margin_s:
-        time.sleep(left + 0.1)
+class Clocks(NamedTuple):
+    """A control plane's two clocks (``create_app(clock=..., clock_us=...)``)."""
+
+    clock: Callable[[], float]  # wall-clock seconds
+    clock_us: Callable[[], int]  # the decisions', integer microseconds
 
 
-def clear_of_blocked_window_edge(margin_s: float = 20.0) -> None:
-    """The "would be blocked" view covers the current window only (5 minutes by
-    default): a test that crossed into the next window would find it empty."""
-    clear_of_window_edge(WouldBeBlocked().window_s, margin_s)
+def hour_aligned_clocks(into_s: float = 1.0) -> Clocks:
+    """The wall clock moved so that a control plane's "now" starts ``into_s`` seconds into an
+    hour, and so into a minute, a 5-minute "would be blocked" window, a 10-second window: a
+    test has the whole window ahead of it instead of waiting for the next one (every window
+    is aligned on the epoch). Time still passes; the replicas of one fleet share one."""
+    shift_us = int(into_s * 1_000_000) - time.time_ns() // 1000 % 3_600_000_000
+
+    def clock_us() -> int:
+        return time.time_ns() // 1000 + shift_us
+
+    return Clocks(clock=lambda: clock_us() / 1_000_000, clock_us=clock_us)
 
 
 #: the old name of :func:`support.eventually`
@@ -157,7 +164,13 @@ class ControlPlaneServer:
     """
 
     def __init__(
-        self, *, port: int | None = None, startup_timeout: float = 15.0, http: str = "auto", **overrides: Any
+        self,
+        *,
+        port: int | None = None,
+        startup_timeout: float = 15.0,
+        http: str = "auto",
+        clocks: Clocks | None = None,
+        **overrides: Any,
     ) -> None:
         defaults: dict[str, Any] = {
             "enable_distributed_rate_limiting": True,
@@ -172,6 +185,7 @@ class ControlPlaneServer:
         self.host = "127.0.0.1"
         self.startup_timeout = startup_timeout
         self.http = http  # uvicorn's HTTP implementation (auto, httptools, h11), bounded as `serve` bounds it
+        self.clocks = clocks  # the engine's clocks (None: the wall clock)
         self.app: Any = None
         self.server: uvicorn.Server | None = None
         self.thread: threading.Thread | None = None
@@ -208,7 +222,7 @@ class ControlPlaneServer:
         if self.running:
             return self
         self._error = None
-        self.app = create_app(self.settings)
+        self.app = create_app(self.settings, **(self.clocks._asdict() if self.clocks is not None else {}))
         protocol = http_protocol(self.settings.request_limits, self.http)
         config = uvicorn.Config(
             self.app,

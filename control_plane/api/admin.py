@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import time
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Path, Query, Request
@@ -50,7 +49,7 @@ async def stats(engine: EngineDep) -> dict[str, Any]:
     m = engine.metrics
     return {
         "instance_id": engine.instance_id,
-        "uptime_s": round(time.time() - engine.started_at, 1),
+        "uptime_s": round(engine.clock() - engine.started_at, 1),
         "requests": {
             lt: {
                 "allowed": int(_counter_total(m.requests, limiter_type=lt, status="allowed")),
@@ -93,7 +92,7 @@ async def clients(
         view = None
         if rule is not None:
             lp, _ = key_policies(engine.activity, engine.adjustments, rule, key)
-            view = engine.local.peek(info.key, lp).to_dict()
+            view = engine.local.peek(info.key, lp, engine.decider.clock_us()).to_dict()
         out.append(
             {
                 "route": r,
@@ -143,6 +142,7 @@ async def reset(
                 from_mode="",
                 to_mode="reset",
                 reason=f"reset client {client_id}",
+                at=engine.clock(),
                 kind="reset",
             )
         )

@@ -20,18 +20,30 @@ for every route's ``clientIP`` key.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Annotated, Any
+from urllib.parse import parse_qsl
 
-import orjson
-from fastapi import APIRouter, Query, Request
+from fastapi import APIRouter, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response
+from pydantic import Field, TypeAdapter, ValidationError
 
-from limiter.keys import InvalidKeyError
-
-from ..decision import DecideError, DecideInput, Decider, UnknownRoute
-from .decide import DECISION_RESPONSES, body_of, translate
+from ..decision import DecideInput, Decider
+from .decide import (
+    DECIDE_ERRORS,
+    DECISION_RESPONSES,
+    Answer,
+    as_response,
+    error_answer,
+    invalid_answer,
+    raw_headers,
+    result_answer,
+    translate,
+)
 from .deps import ApiError
 from .openapi import RATE_LIMIT_HEADERS, errors
+
+__all__ = ["AUTHZ_METHODS", "authz_answer", "described", "router"]
 
 router = APIRouter(prefix="/v1", tags=["decide"])
 
@@ -45,6 +57,7 @@ _NO_METHOD = {
     "message": "the proxy must send X-Forwarded-Method (or X-Original-Method)",
     "field": "header:X-Forwarded-Method",
 }
+_DENY_STATUS: TypeAdapter[int] = TypeAdapter(Annotated[int, Field(ge=400, le=499)])
 
 
 def described(h: Mapping[str, str]) -> tuple[str, str]:
@@ -66,25 +79,56 @@ def described(h: Mapping[str, str]) -> tuple[str, str]:
     return method.upper(), uri.split("?", 1)[0].split("#", 1)[0]
 
 
-async def authz(
-    request: Request,
-    deny_status: int | None = Query(None, ge=400, le=499, description="Status of every rejection (nginx: 403)."),
-) -> Response:
-    """Forward-auth: decide the request the proxy describes (see the module docstring)."""
-    decider: Decider = request.app.state.engine.decider
-    method, path = described(request.headers)
-    client = request.client
-    inp = DecideInput(method=method, path=path, client_ip=client.host if client else None, headers=request.headers)
+def deny_status_of(query: bytes) -> int | None:
+    """``?deny_status=4xx`` (the last one given; other parameters are ignored), None without
+    one; a bad value is the usual 422 naming ``deny_status``."""
+    value = None
+    if query:
+        for name, v in parse_qsl(query.decode("latin-1"), keep_blank_values=True):
+            if name == "deny_status":
+                value = v
+    if value is None:
+        return None
+    try:
+        return _DENY_STATUS.validate_python(value, strict=False)
+    except ValidationError as exc:
+        errs = [{**e, "loc": ("query", "deny_status")} for e in exc.errors(include_url=False, include_input=False)]
+        raise RequestValidationError(errs) from None
+
+
+async def authz_answer(
+    decider: Decider, headers: Mapping[str, str], *, client_ip: str | None, query: bytes, deny_status: int | None
+) -> Answer:
+    """Forward-auth: decide the request the proxy describes (see the module docstring);
+    ``deny_status`` is the configured status of every rejection (``?deny_status=`` wins)."""
+    try:
+        asked = deny_status_of(query)
+        method, path = described(headers)
+    except RequestValidationError as exc:
+        return invalid_answer(exc)
+    except ApiError as exc:
+        return error_answer(exc)
+    inp = DecideInput(method=method, path=path, client_ip=client_ip, headers=headers)
     try:
         result = await decider.decide(inp)
-    except (UnknownRoute, InvalidKeyError, DecideError) as exc:
-        raise translate(exc) from exc
+    except DECIDE_ERRORS as exc:
+        return error_answer(translate(exc))
     if result.allowed:  # the gateway forwards the request; only the headers matter
-        return Response(status_code=200, headers=result.headers)
-    status = deny_status or request.app.state.settings.authz_deny_status or result.status_code
-    return Response(
-        orjson.dumps(body_of(result)), status_code=status, headers=result.headers, media_type="application/json"
+        return Answer(200, raw_headers(result.headers, b"", False), b"")
+    return result_answer(result, asked or deny_status or result.status_code)
+
+
+async def authz(request: Request) -> Response:
+    """Forward-auth: decide the request the proxy describes (see the module docstring)."""
+    client = request.client
+    answer = await authz_answer(
+        request.app.state.engine.decider,
+        request.headers,
+        client_ip=client.host if client else None,
+        query=request.scope["query_string"],
+        deny_status=request.app.state.settings.authz_deny_status,
     )
+    return as_response(answer)
 
 
 #: allowed: 200 with the headers and no body; rejected: the decision's status and body
@@ -98,8 +142,13 @@ _RESPONSES: dict[int | str, dict[str, Any]] = {
     400: errors(400, e400=_NO_METHOD)[400],
 }
 
-#: the proxy's description of the request (read from the headers by :func:`described`)
+#: ``deny_status`` (read by :func:`deny_status_of`) and the proxy's description of the request (read
+#: from the headers by :func:`described`)
 _PARAMETERS = [
+    {"name": "deny_status", "in": "query", "required": False,
+     "schema": {"anyOf": [{"type": "integer", "maximum": 499, "minimum": 400}, {"type": "null"}],
+                "description": "Status of every rejection (nginx: 403).", "title": "Deny Status"},
+     "description": "Status of every rejection (nginx: 403)."},
     {"name": "X-Forwarded-Method", "in": "header", "required": False, "schema": {"type": "string"},
      "description": "The original method (Caddy, Traefik); nginx: X-Original-Method.", "example": "GET"},
     {"name": "X-Forwarded-Uri", "in": "header", "required": False, "schema": {"type": "string"},

@@ -1,22 +1,118 @@
-"""The data plane: ``POST /v1/decide`` and ``POST /v1/decide/batch``."""
+"""The data plane: ``POST /v1/decide`` and ``POST /v1/decide/batch``, each implemented once.
+
+:func:`decide_answer` and :func:`batch_answer` are the endpoints: the body parsed by its model
+(the one parser, :func:`~.requests.validate_body`; a bad body is the usual 422), the requests
+decided through the one decision path, the answer as an :class:`Answer` (status, raw headers,
+body bytes). The ASGI entry in front of the framework (:mod:`control_plane.server.hotpath`) and
+the routes declared here for FastAPI and the OpenAPI document both call them.
+"""
 
 from __future__ import annotations
 
-from typing import Any
+import json
+from collections.abc import Mapping, Sequence
+from typing import Any, NamedTuple
 
 import orjson
 from fastapi import APIRouter, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response
 
 from limiter.keys import InvalidKeyError
 
-from ..decision import DecideError, Decider, DecideResult, UnknownRoute
+from ..decision import DecideError, DecideInput, Decider, DecideResult, InputLike, PlainInput, UnknownRoute
 from ..observe import incidents
 from . import examples
 from .deps import ApiError
 from .openapi import RATE_LIMIT_HEADERS, RETRY_AFTER, errors, json_request, keep_example, ok
-from .requests import parse_batch, to_input, validate_body
+from .requests import invalid_request, reader
 from .schemas import BatchRequest, BatchResponse, DecideRequest, DecideResponse, ErrorBody
+
+__all__ = [
+    "DECIDE_ERRORS",
+    "DECISION_RESPONSES",
+    "REJECTION",
+    "Answer",
+    "answer_batch",
+    "as_input",
+    "as_response",
+    "batch_answer",
+    "body_of",
+    "decide_answer",
+    "error_answer",
+    "invalid_answer",
+    "raw_headers",
+    "rejected",
+    "result_answer",
+    "router",
+    "translate",
+]
+
+_read_decide = reader(DecideRequest)
+_read_batch = reader(BatchRequest)
+
+#: what the decider refuses a request with (each a 4xx naming the field)
+DECIDE_ERRORS = (UnknownRoute, InvalidKeyError, DecideError)
+
+
+class Answer(NamedTuple):
+    """An endpoint's answer: the status, the raw headers in order, the body."""
+
+    status: int
+    headers: list[tuple[bytes, bytes]]
+    body: bytes
+
+
+_JSON = (b"content-type", b"application/json")
+_names: dict[str, bytes] = {}
+
+
+def _name(k: str) -> bytes:
+    name = _names[k] = k.lower().encode("latin-1")
+    return name
+
+
+def raw_headers(headers: Mapping[str, str], body: bytes, media: bool) -> list[tuple[bytes, bytes]]:
+    """What Starlette's ``Response(body, headers=headers, media_type=...)`` sends: the headers
+    lower-cased, then ``content-length``, then ``content-type``."""
+    names = _names
+    out = [(names.get(k) or _name(k), v.encode("latin-1")) for k, v in headers.items()]
+    out.append((b"content-length", str(len(body)).encode()))
+    if media:
+        out.append(_JSON)
+    return out
+
+
+def json_answer(status: int, payload: bytes, headers: Mapping[str, str] | None = None) -> Answer:
+    """A JSON body with ``headers`` first."""
+    return Answer(status, raw_headers(headers or {}, payload, True), payload)
+
+
+def error_answer(exc: ApiError) -> Answer:
+    """The bytes of the app's ``ApiError`` handler (a Starlette ``JSONResponse``)."""
+    content = {"error": exc.error, "message": exc.message, **exc.details}
+    body = json.dumps(content, ensure_ascii=False, allow_nan=False, indent=None, separators=(",", ":")).encode()
+    return json_answer(exc.status, body)
+
+
+def invalid_answer(exc: RequestValidationError) -> Answer:
+    """The bytes of the app's handler of a request that failed validation (a 422)."""
+    content = invalid_request(list(exc.errors()))
+    body = json.dumps(content, ensure_ascii=False, allow_nan=False, indent=None, separators=(",", ":")).encode()
+    return json_answer(422, body)
+
+
+def result_answer(result: DecideResult, status: int) -> Answer:
+    """A decision as the decide endpoints answer it: its body, its status, its headers."""
+    return json_answer(status, orjson.dumps(body_of(result)), result.headers)
+
+
+def as_response(answer: Answer) -> Response:
+    """An :class:`Answer` as a Starlette response (the routes' way out): the same bytes."""
+    response = Response(answer.body, status_code=answer.status)
+    response.raw_headers = answer.headers
+    return response
+
 
 router = APIRouter(prefix="/v1", tags=["decide"])
 
@@ -115,18 +211,7 @@ DECISION_RESPONSES: dict[int | str, dict[str, Any]] = {
 )
 async def decide(request: Request) -> Response:
     """Decide one request under its route's mode; the response says who enforced it."""
-    decider: Decider = request.app.state.engine.decider
-    req = validate_body(DecideRequest, await request.body())
-    try:
-        result = await decider.decide(to_input(req))
-    except (UnknownRoute, InvalidKeyError, DecideError) as exc:
-        raise translate(exc) from exc
-    return Response(
-        orjson.dumps(body_of(result)),
-        status_code=result.status_code,
-        headers=result.headers,
-        media_type="application/json",
-    )
+    return as_response(await decide_answer(request.app.state.engine.decider, await request.body()))
 
 
 @router.post(
@@ -138,33 +223,54 @@ async def decide(request: Request) -> Response:
 async def decide_batch(request: Request) -> Response:
     """Many decisions in order; a bad item gets an error in its place, the rest are decided.
     Distributed enforcement for the whole batch goes to Redis as one pipelined burst."""
-    decider: Decider = request.app.state.engine.decider
-    raw = await request.body()
-    inputs = parse_batch(raw)
-    if inputs is None:
-        inputs = []
-        for item in validate_body(BatchRequest, raw).requests:
-            try:
-                inputs.append(to_input(item))
-            except ApiError as exc:
-                inputs.append(exc)
-    return Response(await batch_body(decider, inputs), media_type="application/json")
+    return as_response(await batch_answer(request.app.state.engine.decider, await request.body()))
 
 
-async def batch_body(decider: Decider, inputs: list[Any]) -> bytes:
-    """The batch answer's JSON for parsed items (an :class:`ApiError` in place of a bad one)."""
-    valid: list[Any] = [i for i in inputs if i.__class__ is not ApiError]
-    results = iter(await decider.decide_many(valid))
+async def decide_answer(decider: Decider, body: bytes) -> Answer:
+    """``POST /v1/decide``: the body, its decision, the answer."""
+    try:
+        req = as_input(_read_decide(body))
+    except RequestValidationError as exc:
+        return invalid_answer(exc)
+    try:
+        result = await decider.decide(req)
+    except DECIDE_ERRORS as exc:
+        return error_answer(translate(exc))
+    return result_answer(result, result.status_code)
+
+
+async def batch_answer(decider: Decider, body: bytes) -> Answer:
+    """``POST /v1/decide/batch``: the body, each item's decision (or its error in place)."""
+    try:
+        requests = [as_input(r) for r in _read_batch(body)["requests"]]
+    except RequestValidationError as exc:
+        return invalid_answer(exc)
+    return await answer_batch(decider, requests)
+
+
+def as_input(req: DecideRequest) -> InputLike | PlainInput:
+    """A validated request as the decider takes it: the usual ``{"route", "key"}`` as a
+    :data:`~control_plane.decision.PlainInput` tuple (no object built), anything else as a
+    :class:`~control_plane.decision.DecideInput` (the same fields)."""
+    if len(req) == 2:
+        route, key = req.get("route"), req.get("key")
+        if route is not None and key is not None:
+            return (route, key, 1, None)
+    return DecideInput(**req)
+
+
+async def answer_batch(decider: Decider, requests: Sequence[InputLike | PlainInput]) -> Answer:
+    """A validated batch's answer: each item's decision, or its error in place."""
+    results = await decider.decide_many(requests)
     out: list[dict[str, Any]] = []
     append = out.append
-    for i, item in enumerate(inputs):
-        res: Any = item if item.__class__ is ApiError else next(results)
+    for i, res in enumerate(results):
         if res.__class__ is DecideResult:
             append(body_of(res))
             continue
-        e = res if isinstance(res, ApiError) else translate(res)
+        e = translate(res)
         err = {"error": e.error, "message": e.message, "index": i, "field": e.details.get("field"), "status": e.status}
         if "incident" in e.details:
             err["incident"] = e.details["incident"]
         append(err)
-    return orjson.dumps({"decisions": out})
+    return json_answer(200, orjson.dumps({"decisions": out}))

@@ -20,7 +20,7 @@ router = APIRouter(prefix="/v1", tags=["observe"])
 
 async def get_buckets(request: Request) -> Buckets:
     e = request.app.state.engine
-    return Buckets(e.activity, e.adjustments, e.local, e.redis, e.breaker)
+    return Buckets(e.activity, e.adjustments, e.local, e.redis, e.breaker, clock_us=e.decider.clock_us)
 
 
 BucketsDep = Annotated[Buckets, Depends(get_buckets)]

@@ -38,6 +38,7 @@ from pydantic import BaseModel
 from ..auth import ACCESS, Access
 from ..observe import incidents
 from .links import add_links
+from .requests import adapter
 from .schemas import ErrorBody
 
 __all__ = [
@@ -75,8 +76,8 @@ _ACCESS_TEXT = {
 
 #: the examples given to routes, by their JSON without nulls (see :func:`keep_example`)
 _EXAMPLES: dict[str, Any] = {}
-#: the request bodies declared by :func:`json_request`, by name
-_BODIES: dict[str, type[BaseModel]] = {}
+#: the request bodies declared by :func:`json_request`, by name (models or typed dicts)
+_BODIES: dict[str, type[Any]] = {}
 
 _INT = {"type": "integer"}
 _STR = {"type": "string"}
@@ -165,7 +166,7 @@ def ok(model: type[BaseModel], example: Any, description: str = "Successful Resp
     return {200: {"model": model, "description": description, "content": {"application/json": content}}}
 
 
-def json_request(model: type[BaseModel], example: Any) -> dict[str, Any]:
+def json_request(model: type[Any], example: Any) -> dict[str, Any]:
     """``openapi_extra=`` declaring the JSON request body a handler reads itself with
     :func:`~.requests.json_body` (or :func:`~.requests.validate_body`): ``model`` (put in
     the components by :func:`document`) and one example."""
@@ -198,9 +199,9 @@ def document(schema: dict[str, Any]) -> dict[str, Any]:
     components = schema.setdefault("components", {})
     components.setdefault("securitySchemes", {})[BEARER] = _SCHEME
     schemas = components.setdefault("schemas", {})
-    models: list[type[BaseModel]] = [ErrorBody, *_BODIES.values()]
-    for model in models:
-        _add_component(schemas, model.__name__, model.model_json_schema(ref_template="#/components/schemas/{model}"))
+    bodies: list[type[Any]] = [ErrorBody, *_BODIES.values()]
+    for model in bodies:
+        _add_component(schemas, model.__name__, _json_schema(model))
     missing = []
     for path, ops in schema.get("paths", {}).items():
         for method, op in ops.items():
@@ -267,6 +268,14 @@ def _refs(node: Any) -> Iterator[str]:
     elif isinstance(node, list):
         for v in node:
             yield from _refs(v)
+
+
+def _json_schema(body: type[Any]) -> dict[str, Any]:
+    """A request body's JSON Schema (a pydantic model or a typed dict), refs to the components."""
+    template = "#/components/schemas/{model}"
+    if issubclass(body, BaseModel):
+        return body.model_json_schema(ref_template=template)
+    return adapter(body).json_schema(ref_template=template)
 
 
 def _add_component(schemas: dict[str, Any], name: str, schema: dict[str, Any]) -> None:

@@ -5,6 +5,7 @@ takes the parts it reads, nothing more."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from limiter import LocalLimiter, Policy, RedisLimiter
@@ -185,6 +186,8 @@ class Buckets:
         local: LocalLimiter,
         redis: RedisLimiter,
         breaker: CircuitBreaker,
+        *,
+        clock_us: Callable[[], int],
     ) -> None:
         self.activity, self.adjustments, self.local, self.redis, self.breaker = (
             activity,
@@ -193,12 +196,13 @@ class Buckets:
             redis,
             breaker,
         )
+        self.clock_us = clock_us  # the decisions' clock: a bucket is read at the time its decisions are made
 
-    async def _peek(self, lkey: str, policy: Policy) -> Any:
+    async def _peek(self, lkey: str, policy: Policy, now_us: int) -> Any:
         if self.breaker.state is BreakerState.OPEN:
             return None
         try:
-            return await self.redis.peek(lkey, policy)
+            return await self.redis.peek(lkey, policy, now_us)
         except BackendError:
             return None
 
@@ -206,10 +210,11 @@ class Buckets:
         name = rule.name
         hot = self.activity.hot_keys(name, limit)
         pols = [key_policies(self.activity, self.adjustments, rule, k) for k, _ in hot]
-        dists = await asyncio.gather(*[self._peek(f"{name}:{k}", dp) for (k, _), (_, dp) in zip(hot, pols)])
+        now_us = self.clock_us()
+        dists = await asyncio.gather(*[self._peek(f"{name}:{k}", dp, now_us) for (k, _), (_, dp) in zip(hot, pols)])
         out = []
         for (key, count), (lp, dp), dv in zip(hot, pols, dists):
-            lv = self.local.peek(f"{name}:{key}", lp)
+            lv = self.local.peek(f"{name}:{key}", lp, now_us)
             last = self.activity.last_decision(name, key)
             out.append(
                 {

@@ -4,15 +4,18 @@ Request bodies are :class:`StrictBody` models, every one read by
 :func:`~.requests.validate_body` (pydantic-core's JSON parser): ``"5"``, ``5.0`` or ``true``
 is not an integer and ``1`` or ``"true"`` not a boolean, ``NaN`` and ``Infinity`` not numbers,
 unknown fields are refused (a 422 naming the field); a whole number where a float is expected
-(``average``, ``period``) is fine. ``parse_batch`` in ``api/requests.py`` checks batch items
-by hand the same way (``tests/unit/test_request_bodies.py`` keeps the two in step).
+(``average``, ``period``) is fine. The decision bodies (:class:`DecideRequest`,
+:class:`BatchRequest`) are typed dicts under the same strictness (:data:`STRICT`): validated
+from the JSON without a model object per request, their one parser and their OpenAPI schema.
 """
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, with_config
+from pydantic_core import PydanticCustomError
+from typing_extensions import TypedDict
 
 
 class ErrorBody(BaseModel):
@@ -44,22 +47,46 @@ COST_RANGE = (1, 1_000_000)
 ADJUST_MAX_PERIOD_S = 86_400
 
 
-class DecideRequest(StrictBody):
-    route: str | None = Field(
-        None, min_length=ROUTE_LEN[0], max_length=ROUTE_LEN[1], description="Route name; or give method + path."
-    )
-    method: str | None = Field(None, min_length=METHOD_LEN[0], max_length=METHOD_LEN[1], pattern=r"^[A-Za-z]+$")
-    path: str | None = Field(None, min_length=PATH_LEN[0], max_length=PATH_LEN[1], pattern=r"^/")
-    key: str | None = Field(
-        None,
-        min_length=KEY_LEN[0],
-        max_length=KEY_LEN[1],
-        description="Rate-limit key; or give client_ip + headers.",
-    )
-    client_ip: str | None = Field(None, max_length=CLIENT_IP_LEN[1])
-    headers: dict[str, str] = Field(default_factory=dict, max_length=MAX_HEADERS)
-    cost: int = Field(1, ge=COST_RANGE[0], le=COST_RANGE[1])
-    request_id: str | None = Field(None, max_length=REQUEST_ID_LEN[1])
+#: what every request body is read under (:class:`StrictBody` and the decision bodies alike)
+STRICT = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
+
+
+#: what an absent field of a decide request means (DecideInput's defaults), for the document
+_NONE = {"default": None}
+
+
+@with_config(STRICT)
+class DecideRequest(TypedDict, total=False):
+    # no docstring: it would become the schema's description (the document describes the endpoint)
+    route: Annotated[
+        str | None,
+        Field(
+            min_length=ROUTE_LEN[0],
+            max_length=ROUTE_LEN[1],
+            description="Route name; or give method + path.",
+            json_schema_extra=_NONE,
+        ),
+    ]
+    method: Annotated[
+        str | None,
+        Field(min_length=METHOD_LEN[0], max_length=METHOD_LEN[1], pattern=r"^[A-Za-z]+$", json_schema_extra=_NONE),
+    ]
+    path: Annotated[
+        str | None, Field(min_length=PATH_LEN[0], max_length=PATH_LEN[1], pattern=r"^/", json_schema_extra=_NONE)
+    ]
+    key: Annotated[
+        str | None,
+        Field(
+            min_length=KEY_LEN[0],
+            max_length=KEY_LEN[1],
+            description="Rate-limit key; or give client_ip + headers.",
+            json_schema_extra=_NONE,
+        ),
+    ]
+    client_ip: Annotated[str | None, Field(max_length=CLIENT_IP_LEN[1], json_schema_extra=_NONE)]
+    headers: Annotated[dict[str, str], Field(max_length=MAX_HEADERS)]
+    cost: Annotated[int, Field(ge=COST_RANGE[0], le=COST_RANGE[1], json_schema_extra={"default": 1})]
+    request_id: Annotated[str | None, Field(max_length=REQUEST_ID_LEN[1], json_schema_extra=_NONE)]  # fmt: skip
 
 
 class DecisionModel(BaseModel):
@@ -100,8 +127,19 @@ class DecideResponse(BaseModel):
 MAX_BATCH = 10_000
 
 
-class BatchRequest(StrictBody):
-    requests: list[DecideRequest] = Field(..., min_length=1, max_length=MAX_BATCH)
+def _not_too_many(value: Any) -> Any:
+    """More than MAX_BATCH items are refused before any is validated (pydantic would
+    validate every one of them first)."""
+    if isinstance(value, list) and len(value) > MAX_BATCH:
+        raise PydanticCustomError(
+            "too_long", "at most {most} items per batch, got {n}", {"most": MAX_BATCH, "n": len(value)}
+        )
+    return value
+
+
+@with_config(STRICT)
+class BatchRequest(TypedDict):
+    requests: Annotated[list[DecideRequest], BeforeValidator(_not_too_many), Field(min_length=1, max_length=MAX_BATCH)]
 
 
 class BatchItemError(BaseModel):

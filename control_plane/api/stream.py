@@ -39,7 +39,11 @@ RETRY_AFTER_S = 5
 
 
 async def snapshot(engine: Engine, route: str | None, minutes: int) -> dict[str, Any]:
-    snap: dict[str, Any] = {"at": time.time(), "instance_id": engine.instance_id, "backend": engine.backend_snapshot()}
+    snap: dict[str, Any] = {
+        "at": engine.clock(),
+        "instance_id": engine.instance_id,
+        "backend": engine.backend_snapshot(),
+    }
     rules = engine.rules
     snap["routes"] = await route_views(
         rules, engine.rollout, engine.activity, engine.views, engine.metrics.deadline_counts()
@@ -51,7 +55,14 @@ async def snapshot(engine: Engine, route: str | None, minutes: int) -> dict[str,
     except (StoreUnavailable, BackendError) as exc:
         snap["divergence"] = None
         snap["divergence_error"] = str(exc)
-    buckets = Buckets(engine.activity, engine.adjustments, engine.local, engine.redis, engine.breaker)
+    buckets = Buckets(
+        engine.activity,
+        engine.adjustments,
+        engine.local,
+        engine.redis,
+        engine.breaker,
+        clock_us=engine.decider.clock_us,
+    )
     try:
         view = await asyncio.wait_for(
             buckets_view(rules, buckets, route if route and rules.get(route) else None, 20), timeout=1.5

@@ -20,7 +20,7 @@ def serve(args: argparse.Namespace) -> int:
     from ..observe.logs import configure_logging
     from ..rules import RulesError, load_rules
     from ..settings import SettingsError, load_settings
-    from ..wiring import NO_REDIS_URL, check_redis_target
+    from ..wiring import NO_REDIS_URL, check_redis
 
     overrides: dict[str, Any] = {}
     if args.host:
@@ -38,7 +38,7 @@ def serve(args: argparse.Namespace) -> int:
         if settings.redis_url is None and not settings.embedded_redis:
             raise CliError(NO_REDIS_URL, EXIT_USAGE)
         if settings.redis_url is not None:
-            problem = check_redis_target(settings.redis_target(settings.redis_url))  # TLS files, the login
+            problem = check_redis(settings.redis_connection(settings.redis_url))  # TLS files, the login
             if problem:
                 print(f"warning: Redis is not reachable now ({problem}); starting anyway", file=sys.stderr)
         load_rules(settings.rules_path, settings)  # fail fast with file:line:field

@@ -41,7 +41,7 @@ from .enforce import Path, divergence_of, failure_verdict, path_for
 from .headers import HeaderStyle
 from .plan import RoutePlan, check_cost
 from .shadow import ShadowItem, ShadowPipeline, candidate_item
-from .types import DecideInput, DecideResult, InputLike, InvalidCost, PlainInput, UnknownRoute
+from .types import DecideInput, DecideResult, InputLike, InvalidCost, MissingTarget, PlainInput, UnknownRoute
 
 if TYPE_CHECKING:
     from ..external import ExternalManager, Resolution
@@ -64,10 +64,11 @@ def wall_clock_us() -> int:
 
 class _Pending:
     """A request waiting for its distributed answer: where its answer goes (``index``), what
-    it was decided with so far, and its request to Redis (``request``: key, policy, cost,
-    time) with the failure policy and code that answer for Redis when it fails."""
+    it was decided with so far, and its request to Redis (``request``: bucket key, distributed
+    policy, cost, time in microseconds) with the failure policy and code that answer for Redis
+    when it fails."""
 
-    __slots__ = ("index", "plan", "key", "local", "request_id", "now_s", "policy", "res", "request", "failure")
+    __slots__ = ("index", "plan", "key", "local", "request_id", "res", "request", "failure")
 
     def __init__(
         self,
@@ -77,8 +78,6 @@ class _Pending:
         key: str,
         local: Decision,
         request_id: str,
-        now_s: float,
-        policy: Policy,
         res: Resolution | None,
         request: tuple[str, Policy, int, int],
         failure: tuple[FailurePolicy | None, int | None],
@@ -88,11 +87,13 @@ class _Pending:
         self.key = key
         self.local = local
         self.request_id = request_id
-        self.now_s = now_s
-        self.policy = policy
         self.res = res
         self.request = request
         self.failure = failure
+
+    @property
+    def now_s(self) -> float:
+        return self.request[3] / 1_000_000
 
 
 class _Batch:
@@ -231,7 +232,11 @@ class Decider:
         return f"{self.instance_id}-{self._seq}"
 
     def resolve(self, inp: InputLike) -> tuple[RouteRule, str]:
-        """Route and key for a request (raises UnknownRoute / InvalidKeyError / ValueError)."""
+        """Route and key for a request (raises MissingTarget / UnknownRoute / InvalidKeyError)."""
+        if inp.route is None and inp.path is None:
+            raise MissingTarget("route", "give either route or method + path")
+        if inp.key is None and inp.client_ip is None and not inp.headers:
+            raise MissingTarget("key", "give either key or client_ip + headers")
         rules = self._rules()
         if inp.route is not None:
             found = rules.get(inp.route)
@@ -398,8 +403,8 @@ class Decider:
         path = p.path or path_for(p.mode, p.percent, p.name, key)
         if path is _DISTRIBUTED:
             pending = _Pending(
-                index=i, plan=p, key=key, local=local, request_id=request_id, now_s=now_s, policy=dp, res=res,
-                request=(lkey, dp, cost, now_us), failure=(fp, fc),
+                index=i, plan=p, key=key, local=local, request_id=request_id, res=res, request=(lkey, dp, cost, now_us),
+                failure=(fp, fc),
             )  # fmt: skip
             self._pend(b, pending)
             return
@@ -407,9 +412,8 @@ class Decider:
         if path is _SHADOW:
             shadow = dp
             item = ShadowItem(
-                lkey=lkey, policy=dp, cost=cost, now_us=now_us, route=p.name, key=key, local_allowed=allowed,
-                request_id=request_id,
-            )  # fmt: skip
+                request=(lkey, dp, cost, now_us), route=p.name, key=key, local_allowed=allowed, request_id=request_id
+            )
             self._queue_shadow(b, i, p, item)
         p.fin[allowed] += 1
         p.remaining = local.remaining
@@ -424,9 +428,9 @@ class Decider:
     def _queue_shadow(self, b: _Batch, i: int, p: RoutePlan, item: ShadowItem) -> None:
         """A request's shadow evaluation (with its candidate's, when the route has one), in
         the request path (inline) or on the pipeline (a drop counted)."""
-        cost = item.cost
+        lkey, _, cost, _ = item.request
         if p.cand is not None and cost:  # compared with the current global answer, evaluated with it
-            item.candidate = candidate_item(p.cand, item.lkey or "", cost, None)
+            item.candidate = candidate_item(p.cand, lkey or "", cost, None)
         if b.inline is not None:
             b.inline.append((i, item))
         elif not self._offer_shadow(item):
@@ -523,15 +527,15 @@ class Decider:
         if outcome.source != "distributed":
             self._failed(b, entry, outcome)
             return
-        p, key, local = entry.plan, entry.key, entry.local
+        p, key, local, now_s = entry.plan, entry.key, entry.local, entry.now_s
         dist: Decision = outcome.decision
         div = divergence_of(local.allowed, dist.allowed)
         self.comparisons.pair(p.name, key, div, entry.request_id)
         p.count_distributed(dist, div)
-        self.activity.note_decision(p.name, key, (entry.now_s, dist.allowed, "distributed"))
+        self.activity.note_decision(p.name, key, (now_s, dist.allowed, "distributed"))
         b.out[entry.index] = p.answer(
             enforced=dist, enforced_by="distributed", status=429, key=key, request_id=entry.request_id,
-            path=_DISTRIBUTED, local=local, dist=dist, div=div, policy=entry.policy, now_s=entry.now_s,
+            path=_DISTRIBUTED, local=local, dist=dist, div=div, policy=entry.request[1], now_s=now_s,
             headers=b.headers, res=entry.res,
         )  # fmt: skip
 
@@ -543,7 +547,7 @@ class Decider:
             return
         lkey, _, cost, now_us = entry.request
         item = ShadowItem(
-            lkey=None, policy=None, cost=cost, now_us=now_us, route=p.name, key=entry.key, local_allowed=current,
+            request=(None, None, cost, now_us), route=p.name, key=entry.key, local_allowed=current,
             request_id=entry.request_id, candidate=candidate_item(p.cand, lkey, cost, current),
         )  # fmt: skip
         if not self._offer_shadow(item):
@@ -579,10 +583,11 @@ class Decider:
             m.child(m.exceeded, "failure_policy").inc()
         m.child(m.decisions, p.name, p.mode_value, "failure_policy", "true" if d.allowed else "false").inc()
         p.remaining = d.remaining
-        self.activity.note_decision(p.name, key, (entry.now_s, d.allowed, "failure_policy"))
+        now_s = entry.now_s
+        self.activity.note_decision(p.name, key, (now_s, d.allowed, "failure_policy"))
         b.out[entry.index] = p.answer(
             enforced=d, enforced_by="failure_policy", status=status, key=key, request_id=entry.request_id,
-            path=_DISTRIBUTED, local=entry.local, policy=entry.policy, now_s=entry.now_s, headers=b.headers,
+            path=_DISTRIBUTED, local=entry.local, policy=entry.request[1], now_s=now_s, headers=b.headers,
             backend_error=outcome.error, res=entry.res,
         )  # fmt: skip
 

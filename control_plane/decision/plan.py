@@ -167,12 +167,7 @@ class RoutePlan:
         ``status`` when it rejects), with the rate-limit headers of ``enforced`` under
         ``policy`` (announcing ``shadow``) when ``headers`` is asked for, from cached parts
         when these are the route's own policies; ``res`` is the external limits' resolution."""
-        rendered = self._headers(enforced, policy, shadow, now_s) if headers else {}
-        source = url = None
-        if res is not None:
-            source = res.source
-            url = res.limits.backend_url if res.limits is not None else None
-        return DecideResult(
+        result = DecideResult(
             route=self.name,
             mode=self.mode_value,
             canary_percent=self.percent,
@@ -183,14 +178,20 @@ class RoutePlan:
             enforced_by=enforced_by,
             status_code=200 if enforced.allowed else status,
             local=local,
-            distributed=dist,
-            divergence=div,
-            headers=rendered,
-            list_match=list_match,
-            backend_error=backend_error,
-            limits_source=source,
-            backend_url=url,
+            headers=self._headers(enforced, policy, shadow, now_s) if headers else {},
         )
+        # what most answers do not have, set only when there is one (each keyword passed costs)
+        if dist is not None:
+            result.distributed = dist
+            result.divergence = div
+        if list_match is not None:
+            result.list_match = list_match
+        if backend_error is not None:
+            result.backend_error = backend_error
+        if res is not None:
+            result.limits_source = res.source
+            result.backend_url = res.limits.backend_url if res.limits is not None else None
+        return result
 
     def _headers(self, enforced: Decision, policy: Policy, shadow: Policy | None, now_s: float) -> dict[str, str]:
         limit = enforced.limit

@@ -39,24 +39,17 @@ class CandidateItem(NamedTuple):
 @dataclass(slots=True, kw_only=True)
 class ShadowItem:
     """One request waiting for its shadow evaluation, built by keyword on the request path:
-    RedisLimiter's request (``lkey``, ``policy``, ``cost``, ``now_us``) and what the
-    comparison needs (``route``, ``key``, ``local_allowed``, ``request_id``). A route with a
-    candidate limit adds its ``candidate``; a request whose current global answer is already
-    known (enforce) is queued for its candidate alone, with ``lkey`` None."""
+    RedisLimiter's request (``request``: bucket key, policy, cost, time in microseconds) and
+    what the comparison needs (``route``, ``key``, ``local_allowed``, ``request_id``). A route
+    with a candidate limit adds its ``candidate``; a request whose current global answer is
+    already known (enforce) is queued for its candidate alone, with no bucket key."""
 
-    lkey: str | None
-    policy: Policy | None
-    cost: int
-    now_us: int
+    request: tuple[str | None, Policy | None, int, int]
     route: str
     key: str
     local_allowed: bool
     request_id: str
     candidate: CandidateItem | None = None
-
-    def request(self) -> tuple[Any, ...]:
-        """RedisLimiter's request: ``(key, policy, cost, now_us)``."""
-        return (self.lkey, self.policy, self.cost, self.now_us)
 
 
 def candidate_item(cand: tuple[str, Policy, str, float], lkey: str, cost: int, current: bool | None) -> CandidateItem:
@@ -174,7 +167,7 @@ class ShadowPipeline:
         (:meth:`_with_candidates`)."""
         if any(item.candidate is not None for item in batch):
             return await self._with_candidates(batch, timeout_s)
-        verdicts = await self._ask([item.request() for item in batch], timeout_s)
+        verdicts = await self._ask([item.request for item in batch], timeout_s)
         self._count(batch, verdicts)
         return verdicts
 
@@ -186,14 +179,15 @@ class ShadowPipeline:
     async def _with_candidates(self, batch: list[ShadowItem], timeout_s: float | None) -> list[bool | None]:
         """A batch with candidate evaluations: the current global answers (where not known)
         and the candidates' in one burst, then each candidate compared with its current."""
-        main = [i for i, item in enumerate(batch) if item.lkey is not None]
+        main = [i for i, item in enumerate(batch) if item.request[0] is not None]
         cands = [i for i, item in enumerate(batch) if item.candidate is not None and item.candidate.policy is not None]
-        requests = [batch[i].request() for i in main]
+        requests = [batch[i].request for i in main]
         for i in cands:
             item = batch[i]
             c = item.candidate
             assert c is not None
-            requests.append((c.key, c.policy, item.cost, item.now_us))
+            _, _, cost, now_us = item.request
+            requests.append((c.key, c.policy, cost, now_us))
         results = await self._ask(requests, timeout_s) if requests else []
         verdicts: list[bool | None] = [None] * len(batch)
         for j, i in enumerate(main):

@@ -66,7 +66,15 @@ class InvalidCost(DecideError):
 
 
 class MissingTarget(DecideError):
-    """A request that names no route (nor method + path) or no key (nor client + headers)."""
+    """A request that names no route (nor method + path) or no key (nor client + headers);
+    ``str(err)`` is the message alone."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(field, message)
+        self.args = (message,)
+
+    def __str__(self) -> str:
+        return self.message
 
 
 class InputLike(Protocol):

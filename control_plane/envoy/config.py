@@ -202,7 +202,7 @@ class EnvoyConfig:
     routes: tuple[RouteRule, ...]
     sources: tuple[str, ...]
     digest: str
-    loaded_at: float = field(default_factory=time.time)
+    loaded_at: float  # wall-clock seconds (the loader's clock)
 
     def lookup(self, domain: str, entries: Sequence[tuple[str, str]]) -> Match | None:
         """The limit of a request descriptor (``[(key, value), ...]``), or None."""

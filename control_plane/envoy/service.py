@@ -43,7 +43,6 @@ from __future__ import annotations
 
 import logging
 import math
-import time
 from typing import TYPE_CHECKING, Any
 
 from envoy.config.core.v3.base_pb2 import HeaderValue
@@ -294,7 +293,8 @@ class RateLimitService:
             raise exc if isinstance(exc, BaseException) else RuntimeError(f"no decision for {limit.route}")
         counted = exc.path is not Path.SHADOW
         unit_s = UNITS[limit.unit]
-        reset = Duration(seconds=unit_s - int(time.time()) % unit_s)
+        now_s = self.decider.clock_us() // 1_000_000  # the decisions' clock
+        reset = Duration(seconds=unit_s - now_s % unit_s)
         code = _OVER if counted else _OK
         status = _Response.DescriptorStatus(code=code, current_limit=current, duration_until_reset=reset)
         return _Verdict(status, counted, True, limit.requests_per_unit, 0)

@@ -20,7 +20,6 @@ figures, :class:`~control_plane.model.rollout.GateConfig`).
 from __future__ import annotations
 
 import json
-import time
 import uuid
 from dataclasses import dataclass, field
 from typing import Any
@@ -83,7 +82,7 @@ class Candidate:
     policy: Policy
     reason: str
     actor: str
-    since: float = field(default_factory=time.time)
+    since: float  # wall-clock seconds (the caller's clock)
     id: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
 
     def to_json(self) -> str:

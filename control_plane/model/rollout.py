@@ -14,8 +14,7 @@ Modes (the rollout plan, per route; docs/rollout-runbook.md)::
 from __future__ import annotations
 
 import hashlib
-import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from enum import Enum
 from typing import Any, Literal
 
@@ -143,7 +142,7 @@ class AuditEntry:
     from_mode: str
     to_mode: str
     reason: str
-    at: float = field(default_factory=time.time)
+    at: float  # wall-clock seconds (the caller's clock)
     from_percent: int = 0
     to_percent: int = 0
     forced: bool = False

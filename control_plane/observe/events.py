@@ -14,6 +14,7 @@ import itertools
 import time
 import uuid
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -48,8 +49,16 @@ class EventHub:
     slows the publisher. The last ``history`` events are kept for :meth:`recent` and for
     :meth:`replay` to clients that reconnect."""
 
-    def __init__(self, history: int = 1000, queue_size: int = 256, *, boot: str | None = None) -> None:
+    def __init__(
+        self,
+        history: int = 1000,
+        queue_size: int = 256,
+        *,
+        boot: str | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
         self.boot = boot or uuid.uuid4().hex[:8]
+        self.clock = clock  # wall-clock seconds: each event's "at"
         self._subs: set[asyncio.Queue[dict[str, Any]]] = set()
         self._history: deque[dict[str, Any]] = deque(maxlen=history)
         self._queue_size = queue_size
@@ -59,7 +68,7 @@ class EventHub:
     def publish(self, event: dict[str, Any]) -> None:
         seq = self._last_seq = next(self._seq)
         eid = f"{self.boot}-{seq}"
-        event = {"seq": seq, "id": eid, "at": time.time(), **event}
+        event = {"seq": seq, "id": eid, "at": self.clock(), **event}
         event["seq"], event["id"] = seq, eid  # the hub's numbering wins over anything passed in
         self._history.append(event)
         for q in list(self._subs):

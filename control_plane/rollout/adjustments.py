@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -44,8 +45,17 @@ def unavailable(exc: Exception) -> Exception:
 class Adjustments:
     """The runtime adjustments in force on this replica, and the way to change them."""
 
-    def __init__(self, client: Any, store: RolloutStore, memory: StateMemory, rules: Callable[[], Rules]) -> None:
+    def __init__(
+        self,
+        client: Any,
+        store: RolloutStore,
+        memory: StateMemory,
+        rules: Callable[[], Rules],
+        *,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
         self.client = client
+        self.clock = clock  # wall-clock seconds: the adjustments' audit entries
         self.store = store
         self.memory = memory
         self._rules = rules
@@ -140,6 +150,7 @@ class Adjustments:
                 from_mode="",
                 to_mode="cleared" if policy is None else policy.describe(),
                 reason=reason + (f" (key {key}, {target})" if key else f" ({target})"),
+                at=self.clock(),
                 kind="config_change",
             )
             entry = await self.store.append_audit(entry)

@@ -184,8 +184,8 @@ class Candidates:
             else:
                 await self.client.hset(self.store.adjust_key, field, value)
             entry = AuditEntry(
-                route=route, actor=actor, from_mode="", to_mode=detail, reason=reason, kind="candidate",
-                forced=forced, automatic=automatic, gate=None if gate is None else gate.to_dict(),
+                route=route, actor=actor, from_mode="", to_mode=detail, reason=reason, at=self.clock(),
+                kind="candidate", forced=forced, automatic=automatic, gate=None if gate is None else gate.to_dict(),
             )  # fmt: skip
             entry = await self.store.append_audit(entry)
             await self.adjustments.load()

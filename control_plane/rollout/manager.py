@@ -314,10 +314,12 @@ class RolloutManager:
             raise StoreUnavailable(str(exc)) from exc
         if gate.required and not gate.passed and not force:
             raise GateRefused(gate)
-        new = RouteState(mode, canary_percent, self.clock(), actor, reason, current.version + 1)
+        now = self.clock()
+        new = RouteState(mode, canary_percent, now, actor, reason, current.version + 1)
         entry = AuditEntry(
             route=route,
             actor=actor,
+            at=now,
             from_mode=current.mode.value,
             to_mode=mode.value,
             from_percent=current.canary_percent,
@@ -416,5 +418,6 @@ def _rollback_entry(name: str, rb: RouteState, frm: RouteState) -> AuditEntry:
         to_mode="shadow",
         from_percent=frm.canary_percent,
         reason=rb.reason,
+        at=rb.updated_at,
         automatic=True,
     )

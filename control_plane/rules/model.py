@@ -13,7 +13,6 @@ fallback built from the settings.
 from __future__ import annotations
 
 import re
-import time
 from collections.abc import Generator, Mapping
 from dataclasses import dataclass, field, fields
 from types import MappingProxyType
@@ -242,7 +241,7 @@ def default_route(settings: Settings) -> RouteRule:
     )
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Rules:
     """A loaded rules file: user routes in file order (first match wins) and the default.
 
@@ -252,7 +251,7 @@ class Rules:
     routes: tuple[RouteRule, ...]
     default: RouteRule
     source: str | None = None
-    loaded_at: float = field(default_factory=time.time)
+    loaded_at: float  # wall-clock seconds (the loader's clock)
     digest: str = "builtin"
     _by_name: Mapping[str, RouteRule] = field(init=False, repr=False, compare=False)
     _http: tuple[RouteRule, ...] = field(init=False, repr=False, compare=False)

@@ -5,7 +5,8 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
-from collections.abc import AsyncIterator
+import time
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -19,7 +20,9 @@ from ..api import admin, authz, candidates, decide, external, health, observe, r
 from ..api.deps import ApiError
 from ..api.docs_ui import install_docs
 from ..api.openapi import document
+from ..api.requests import invalid_request
 from ..auth import Authenticator, AuthGate, TokensFile
+from ..decision import wall_clock_us
 from ..gctune import tune_gc
 from ..observe import incidents
 from ..settings import Settings, load_settings
@@ -44,15 +47,6 @@ ROUTERS = (
     whatif.router,
     health.router,
 )
-
-
-def _field_of(loc: tuple[Any, ...]) -> str:
-    parts = [str(p) for p in loc]
-    if parts and parts[0] in ("body", "query", "path", "header", "cookie"):
-        where = parts.pop(0)
-        if not parts:
-            return where
-    return ".".join(parts)
 
 
 class ControlPlaneApp(FastAPI):
@@ -81,14 +75,20 @@ class ControlPlaneApp(FastAPI):
         return self.openapi_schema
 
 
-def create_app(settings: Settings | None = None) -> ControlPlaneApp:
+def create_app(
+    settings: Settings | None = None,
+    *,
+    clock_us: Callable[[], int] = wall_clock_us,
+    clock: Callable[[], float] = time.time,
+) -> ControlPlaneApp:
     """Build the control plane. With no ``RATE_LIMIT_REDIS_URL`` an embedded redis-server
-    is started for the app's lifetime."""
+    is started for the app's lifetime. ``clock_us`` and ``clock`` are the engine's clocks
+    (the decisions', everything else's: :func:`~control_plane.wiring.build_engine`)."""
     settings = settings or load_settings()
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        handle = await open_engine(settings)
+        handle = await open_engine(settings, clock_us=clock_us, clock=clock)
         app.state.engine = handle.engine
         if app.state.hot is not None:
             app.state.hot.engine = handle.engine
@@ -167,14 +167,7 @@ def _install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(RequestValidationError)
     async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:
-        errors = exc.errors()
-        first = errors[0] if errors else {}
-        field = _field_of(tuple(first.get("loc", ())))
-        msg = f"{field}: {first.get('msg', 'invalid value')}"
-        details = [{"field": _field_of(tuple(e.get("loc", ()))), "message": e.get("msg")} for e in errors]
-        return JSONResponse(
-            {"error": "invalid_request", "message": msg, "field": field, "errors": details}, status_code=422
-        )
+        return JSONResponse(invalid_request(list(exc.errors())), status_code=422)
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:

@@ -35,7 +35,18 @@ import orjson
 
 from ..settings.limits import MAX_TARGET_BYTES, REQUEST_LINE_ALLOWANCE, RequestLimits
 
-__all__ = ["MAX_TARGET_BYTES", "REQUEST_LINE_ALLOWANCE", "RequestLimits", "RequestLimitsMiddleware", "refusal_body"]
+__all__ = [
+    "MAX_TARGET_BYTES",
+    "REQUEST_LINE_ALLOWANCE",
+    "NO_LENGTH",
+    "STREAMED",
+    "HeadCheck",
+    "Refusal",
+    "RequestLimits",
+    "RequestLimitsMiddleware",
+    "refusal_body",
+    "respond",
+]
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -72,7 +83,65 @@ def _response_start(status: int, body: bytes) -> Message:
     return {"type": "http.response.start", "status": status, "headers": headers}
 
 
-async def _respond(send: Send, status: int, body: bytes) -> None:
+#: :meth:`HeadCheck.admit`: no ``Content-Length`` and no ``Transfer-Encoding`` (no body framed)
+NO_LENGTH = -1
+#: :meth:`HeadCheck.admit`: a ``Transfer-Encoding``, or a ``Content-Length`` that is not a number:
+#: the body is counted as it arrives
+STREAMED = -2
+#: a refusal before the app: its status and its JSON body
+Refusal = tuple[int, bytes]
+
+
+class HeadCheck:
+    """The checks of a request's head against :class:`RequestLimits`: the middleware's, and
+    the decision endpoints' in front of it (the same code, the same refusals)."""
+
+    __slots__ = ("limits", "_max_body", "_max_body_digits", "_max_headers", "_max_header_bytes", "_declared_too_large")
+
+    def __init__(self, limits: RequestLimits) -> None:
+        self.limits = limits
+        self._max_body = limits.max_body_bytes
+        self._max_body_digits = len(str(limits.max_body_bytes))
+        self._max_headers = limits.max_headers
+        self._max_header_bytes = limits.max_header_bytes
+        self._declared_too_large = refusal_body(
+            413,
+            f"the request body (Content-Length) is larger than the limit of {limits.max_body_bytes:,} bytes",
+            limits.max_body_bytes,
+        )
+
+    def admit(self, headers: list[tuple[bytes, bytes]]) -> int | Refusal:
+        """One scan of the header list: the declared body length (``>= 0``) when it is within
+        the limit, :data:`NO_LENGTH`, :data:`STREAMED`, or the :data:`Refusal` (431, 413)."""
+        if len(headers) > self._max_headers:
+            limit = self._max_headers
+            return 431, refusal_body(431, f"the request has {len(headers)} header fields; the limit is {limit}", limit)
+        size = 0
+        length = None
+        chunked = False
+        for name, value in headers:
+            size += len(name) + len(value)
+            if name == b"content-length":
+                length = value
+            elif name == b"transfer-encoding":
+                chunked = True
+        if size > self._max_header_bytes:
+            limit = self._max_header_bytes
+            message = f"the request's header fields take {size:,} bytes; the limit is {limit:,}"
+            return 431, refusal_body(431, message, limit)
+        if chunked or (length is not None and not length.isdigit()):
+            return STREAMED
+        if length is None:
+            return NO_LENGTH
+        # shorter than the limit written out: within it, no need to compare
+        if len(length) >= self._max_body_digits and int(length) > self._max_body:
+            return 413, self._declared_too_large
+        return int(length)
+
+
+async def respond(send: Send, refusal: Refusal) -> None:
+    """Send a refusal (``Connection: close``: the unread rest of the body is never read)."""
+    status, body = refusal
     await send(_response_start(status, body))
     await send({"type": "http.response.body", "body": body, "more_body": False})
 
@@ -83,44 +152,22 @@ class RequestLimitsMiddleware:
     def __init__(self, app: ASGIApp, limits: RequestLimits) -> None:
         self.app = app
         self.limits = limits
+        self.check = HeadCheck(limits)
         self._max_body = limits.max_body_bytes
-        self._max_body_digits = len(str(limits.max_body_bytes))
-        self._max_headers = limits.max_headers
-        self._max_header_bytes = limits.max_header_bytes
-        n = f"{limits.max_body_bytes:,}"
-        self._declared_too_large = refusal_body(
-            413, f"the request body (Content-Length) is larger than the limit of {n} bytes", limits.max_body_bytes
-        )
         self._streamed_too_large = refusal_body(
-            413, f"the request body passed the limit of {n} bytes", limits.max_body_bytes
+            413, f"the request body passed the limit of {limits.max_body_bytes:,} bytes", limits.max_body_bytes
         )
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        headers = scope["headers"]
-        if len(headers) > self._max_headers:
-            await self._too_many_headers(send, len(headers))
+        admitted = self.check.admit(scope["headers"])
+        if admitted.__class__ is tuple:
+            await respond(send, admitted)
             return
-        size = 0
-        length = None
-        framed = True
-        for name, value in headers:
-            size += len(name) + len(value)
-            if name == b"content-length":
-                length = value
-            elif name == b"transfer-encoding":
-                framed = False
-        if size > self._max_header_bytes:
-            await self._headers_too_large(send, size)
-            return
-        if length is not None and framed and length.isdigit():
-            # shorter than the limit written out: within it, no need to convert
-            if len(length) >= self._max_body_digits and int(length) > self._max_body:
-                await _respond(send, 413, self._declared_too_large)
-                return
-            await self.app(scope, receive, send)
+        if admitted >= 0:  # type: ignore[operator]
+            await self.app(scope, receive, send)  # framed by its Content-Length, within the limit
             return
         await self._counted(scope, receive, send)
 
@@ -141,7 +188,7 @@ class RequestLimitsMiddleware:
                 if received > limit:
                     refused = True
                     if not started:
-                        await _respond(send, 413, self._streamed_too_large)
+                        await respond(send, (413, self._streamed_too_large))
                     return {"type": "http.disconnect"}
             return message
 
@@ -160,17 +207,3 @@ class RequestLimitsMiddleware:
             # about that (ClientDisconnect, a parse error) has been answered by the 413
             if not refused:
                 raise
-
-    async def _too_many_headers(self, send: Send, count: int) -> None:
-        limit = self._max_headers
-        await _respond(
-            send, 431, refusal_body(431, f"the request has {count} header fields; the limit is {limit}", limit)
-        )
-
-    async def _headers_too_large(self, send: Send, size: int) -> None:
-        limit = self._max_header_bytes
-        await _respond(
-            send,
-            431,
-            refusal_body(431, f"the request's header fields take {size:,} bytes; the limit is {limit:,}", limit),
-        )

@@ -23,6 +23,7 @@ from .errors import SettingsError
 from .limits import RequestLimits
 
 if TYPE_CHECKING:
+    from limiter.connection import RedisConnection
     from limiter.redis_url import RedisTarget
 
     from ..decision.headers import HeaderStyle
@@ -528,6 +529,12 @@ class Settings(EnvoySettings, BaseSettings):
         from .redis import apply_redis_settings
 
         return apply_redis_settings(self, url)
+
+    def redis_connection(self, url: str) -> RedisConnection:
+        """The one description both clients are built from: :meth:`redis_target`, the timeouts."""
+        from .redis import connection_of
+
+        return connection_of(self, url)
 
     @property
     def proxies(self) -> TrustedProxies:

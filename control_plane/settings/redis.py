@@ -8,12 +8,13 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
+from limiter.connection import RedisConnection
 from limiter.redis_url import RedisTarget, TlsConfig, parse_redis_url
 
 if TYPE_CHECKING:
     from .base import Settings
 
-__all__ = ["apply_redis_settings"]
+__all__ = ["apply_redis_settings", "connection_of"]
 
 
 def _error(message: str) -> ValueError:
@@ -72,3 +73,15 @@ def _apply_tls(settings: Settings, target: RedisTarget) -> RedisTarget:
     except ValueError as exc:
         raise _error(f"RATE_LIMIT_REDIS_TLS_*: {exc}") from None
     return target.with_tls(merged)
+
+
+def connection_of(settings: Settings, url: str) -> RedisConnection:
+    """How the replica reaches Redis at ``url``: the target (the URL completed by the password
+    file and the TLS settings) and the timeouts, the one description both of its clients
+    (the decisions' RESP client and redis-py) are built from."""
+    return RedisConnection(
+        target=apply_redis_settings(settings, url),
+        connect_timeout=settings.redis_connect_timeout_s,
+        command_timeout=settings.redis_command_timeout_s,
+        socket_timeout=max(1.0, settings.redis_command_timeout_s * 4),
+    )

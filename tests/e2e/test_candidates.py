@@ -6,7 +6,6 @@ audited, when the route leaves."""
 
 from __future__ import annotations
 
-import time
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,7 +17,7 @@ import redis as redis_sync
 from cp_server import (
     ControlPlaneServer,
     admin_headers,
-    clear_of_window_edge,
+    hour_aligned_clocks,
     metric_value,
     unique_namespace,
     wait_until,
@@ -27,7 +26,7 @@ from cp_server import (
 pytestmark = pytest.mark.timeout(120)
 
 # an hour-long fixed window: within one window the answers depend on each key's request
-# count only, so the replay needs no clock (the test keeps clear of the hour's edge)
+# count only, so the replay needs no clock (the fleet's clock starts a second into an hour)
 WINDOW_S = 3600
 CURRENT, CANDIDATE = 8, 5
 RULES = f"""\
@@ -56,9 +55,12 @@ def fleet(redis_url: str, tmp_path: Path) -> Iterator[tuple[ControlPlaneServer, 
     rules = tmp_path / "rules.yaml"
     rules.write_text(RULES)
     ns = unique_namespace("cand")
+    # the fleet's clock starts a second into an hour: the candidate's fixed windows (an hour)
+    # hold every request of a test, with no wait for the next window
     common: dict[str, Any] = dict(
-        redis_url=redis_url, rules_path=rules, namespace=ns, rules_poll_interval_s=0.2, gate_min_samples=20
-    )
+        redis_url=redis_url, rules_path=rules, namespace=ns, rules_poll_interval_s=0.2, gate_min_samples=20,
+        clocks=hour_aligned_clocks(),
+    )  # fmt: skip
     a = ControlPlaneServer(instance_id="replica-a", **common).start()
     try:
         b = ControlPlaneServer(instance_id="replica-b", **common).start()
@@ -133,7 +135,6 @@ PLAN = [("alice", 3), ("bob", 7), ("carol", 12), ("dave", 5), ("erin", 9)]
 
 def test_the_candidates_divergence_equals_a_replay_of_the_same_requests_under_both_limits(fleet) -> None:
     a, b, _ = fleet
-    clear_of_window_edge(WINDOW_S, 60)
     _mode(a, "orders", "enforce")
     r = _set(a, "orders", limit=f"{CANDIDATE}/hour", reason="tighten orders")
     assert r.status_code == 200, r.text
@@ -179,7 +180,6 @@ def test_the_candidates_divergence_equals_a_replay_of_the_same_requests_under_bo
 
 def test_in_shadow_the_candidate_is_compared_with_the_current_global_answer(fleet) -> None:
     a, b, _ = fleet
-    clear_of_window_edge(WINDOW_S, 60)
     _mode(a, "orders", "shadow")
     assert _set(a, "orders", limit="11/hour", reason="loosen").status_code == 200
     wait_until(lambda: _route(b, "orders")["candidate"] is not None, 5, 0.05, "replica b reads the candidate")
@@ -192,7 +192,6 @@ def test_in_shadow_the_candidate_is_compared_with_the_current_global_answer(flee
 
 def test_promote_is_gated_and_audited_and_drop_is_audited(fleet, redis_url: str) -> None:
     a, b, rules = fleet
-    clear_of_window_edge(WINDOW_S, 60)
     _mode(a, "orders", "enforce")
     assert _set(a, "orders", limit="5/hour", reason="tighten").status_code == 200
     wait_until(lambda: _route(b, "orders")["candidate"] is not None, 5, 0.05, "replica b reads the candidate")
@@ -302,9 +301,16 @@ def test_a_candidate_survives_a_reload_that_keeps_its_route_and_is_dropped_when_
             lambda cp=cp: all(r["name"] != "orders" for r in httpx.get(f"{cp.url}/v1/routes").json()["routes"]),
             10, 0.1, "orders gone",
         )  # fmt: skip
-    time.sleep(1.0)  # both replicas saw the route go: one of them dropped the candidate
-    assert not a.engine.adjustments.candidates and not b.engine.adjustments.candidates
-    audit = httpx.get(f"{a.url}/v1/rollout/audit", params={"route": "orders"}, timeout=10).json()["entries"]
-    dropped = [e for e in audit if e["kind"] == "candidate" and e["to"].startswith("dropped")]
+    # both replicas saw the route go: one of them dropped the candidate, and audited it
+    wait_until(
+        lambda: not a.engine.adjustments.candidates and not b.engine.adjustments.candidates,
+        10, 0.1, "the candidate dropped on both replicas",
+    )  # fmt: skip
+
+    def dropped_entries() -> list[dict[str, Any]]:
+        audit = httpx.get(f"{a.url}/v1/rollout/audit", params={"route": "orders"}, timeout=10).json()["entries"]
+        return [e for e in audit if e["kind"] == "candidate" and e["to"].startswith("dropped")]
+
+    dropped = wait_until(dropped_entries, 10, 0.1, "the drop audited")
     assert len(dropped) == 1 and dropped[0]["reason"] == "its route is no longer in the rules"
     assert dropped[0]["automatic"] is True

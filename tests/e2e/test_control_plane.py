@@ -15,8 +15,7 @@ from cp_server import (
     RULES_YAML,
     ControlPlaneServer,
     admin_headers,
-    clear_of_blocked_window_edge,
-    clear_of_window_edge,
+    hour_aligned_clocks,
     metric_value,
     wait_until,
     write_rules,
@@ -499,75 +498,80 @@ def test_audit_newest_first_with_route_filter(make_cp):
 # --------------------------------------------------------------------------- read models
 
 
-def test_divergence_view(http):
-    clear_of_blocked_window_edge()
-    for i in range(6):
-        r = decide(http, method="GET", path="/api/export/all", headers={"X-Client-Id": "mallory"}, request_id=f"m-{i}")
-        assert r.status_code == 200  # local allows 100, shadow enforces local
-    decide(http, route="search", key="nice")
+def test_divergence_view(make_cp):
+    # the "would be blocked" view covers the current 5-minute window: the replica's clock
+    # starts one in, so the test never crosses into the next
+    with make_cp(clocks=hour_aligned_clocks()).client() as http:
+        for i in range(6):
+            r = decide(
+                http, method="GET", path="/api/export/all", headers={"X-Client-Id": "mallory"}, request_id=f"m-{i}"
+            )
+            assert r.status_code == 200  # local allows 100, shadow enforces local
+        decide(http, route="search", key="nice")
 
-    def ready():
-        data = http.get("/v1/divergence").json()["routes"]
-        return data if data["export"]["totals"]["compared"] >= 6 and data["export"]["would_be_blocked"] else None
+        def ready():
+            data = http.get("/v1/divergence").json()["routes"]
+            return data if data["export"]["totals"]["compared"] >= 6 and data["export"]["would_be_blocked"] else None
 
-    data = wait_until(ready, 5.0, 0.1, "export divergence")
-    exp = data["export"]
-    t = exp["totals"]
-    assert t["compared"] == 6
-    assert t["agree"] == 3
-    assert t["local_allow_distributed_deny"] == 3
-    assert t["local_deny_distributed_allow"] == 0
-    assert t["new_rejection_rate"] == pytest.approx(0.5)
-    assert t["reverse_rate"] == 0.0
-    assert t["backend_error_rate"] == 0.0
-    assert len(exp["series"]) == 60
-    assert sum(m["compared"] for m in exp["series"]) == 6
-    assert [m["minute"] for m in exp["series"]] == sorted(m["minute"] for m in exp["series"])
-    assert exp["would_be_blocked"] == [{"key": "mallory", "count": 3, "last_request_id": "m-5"}]
-    assert set(data) == {"search", "login", "export", "default"}
-    assert data["search"]["would_be_blocked"] == []
-    short = http.get("/v1/divergence", params={"minutes": 5}).json()
-    assert short["minutes"] == 5 and len(short["routes"]["export"]["series"]) == 5
-    assert http.get("/v1/divergence", params={"minutes": 0}).status_code == 422
+        data = wait_until(ready, 5.0, 0.1, "export divergence")
+        exp = data["export"]
+        t = exp["totals"]
+        assert t["compared"] == 6
+        assert t["agree"] == 3
+        assert t["local_allow_distributed_deny"] == 3
+        assert t["local_deny_distributed_allow"] == 0
+        assert t["new_rejection_rate"] == pytest.approx(0.5)
+        assert t["reverse_rate"] == 0.0
+        assert t["backend_error_rate"] == 0.0
+        assert len(exp["series"]) == 60
+        assert sum(m["compared"] for m in exp["series"]) == 6
+        assert [m["minute"] for m in exp["series"]] == sorted(m["minute"] for m in exp["series"])
+        assert exp["would_be_blocked"] == [{"key": "mallory", "count": 3, "last_request_id": "m-5"}]
+        assert set(data) == {"search", "login", "export", "default"}
+        assert data["search"]["would_be_blocked"] == []
+        short = http.get("/v1/divergence", params={"minutes": 5}).json()
+        assert short["minutes"] == 5 and len(short["routes"]["export"]["series"]) == 5
+        assert http.get("/v1/divergence", params={"minutes": 0}).status_code == 422
 
 
-def test_buckets_read_without_consuming(http):
+def test_buckets_read_without_consuming(make_cp):
     # login is a sliding window of 10 s: all of this within one window, or the previous
-    # window's weight would give back part of the 3 requests between two reads
-    clear_of_window_edge(10.0, 4.0)
-    for _ in range(3):
+    # window's weight would give back part of the 3 requests between two reads (the
+    # replica's clock starts at the beginning of one)
+    with make_cp(clocks=hour_aligned_clocks()).client() as http:
+        for _ in range(3):
+            assert decide(http, route="login", key="carol").status_code == 200
+
+        def with_dist():
+            # the three shadow evaluations may land in different batches: wait for all of
+            # them (the same requests at the same timestamps leave Redis where local is)
+            b = http.get("/v1/buckets", params={"route": "login", "limit": 5}).json()["buckets"]
+            if not b or b[0]["distributed"] is None or not b[0]["distributed"]["exists"]:
+                return None
+            return b if b[0]["distributed"]["tokens"] == pytest.approx(b[0]["local"]["tokens"], abs=0.01) else None
+
+        first = wait_until(with_dist, 5.0, 0.1, "distributed bucket")[0]
+        assert first["route"] == "login" and first["key"] == "carol"
+        assert first["recent_requests"] == 3
+        assert first["local"]["limit"] == 5 and first["local"]["burst"] == 5
+        assert first["local"]["tokens"] <= 2
+        assert first["distributed"]["tokens"] <= 2
+        assert first["last_decision"]["allowed"] is True and first["last_decision"]["enforced_by"] == "local"
+        prev = first
+        for _ in range(4):
+            b = http.get("/v1/buckets", params={"route": "login", "limit": 5}).json()["buckets"][0]
+            assert b["local"]["tokens"] >= prev["local"]["tokens"]
+            assert b["distributed"]["tokens"] >= prev["distributed"]["tokens"]
+            prev = b
+        # five peeks later two requests are still left (3 used of 5)
         assert decide(http, route="login", key="carol").status_code == 200
-
-    def with_dist():
-        # the three shadow evaluations may land in different batches: wait for all of
-        # them (the same requests at the same timestamps leave Redis where local is)
-        b = http.get("/v1/buckets", params={"route": "login", "limit": 5}).json()["buckets"]
-        if not b or b[0]["distributed"] is None or not b[0]["distributed"]["exists"]:
-            return None
-        return b if b[0]["distributed"]["tokens"] == pytest.approx(b[0]["local"]["tokens"], abs=0.01) else None
-
-    first = wait_until(with_dist, 5.0, 0.1, "distributed bucket")[0]
-    assert first["route"] == "login" and first["key"] == "carol"
-    assert first["recent_requests"] == 3
-    assert first["local"]["limit"] == 5 and first["local"]["burst"] == 5
-    assert first["local"]["tokens"] <= 2
-    assert first["distributed"]["tokens"] <= 2
-    assert first["last_decision"]["allowed"] is True and first["last_decision"]["enforced_by"] == "local"
-    prev = first
-    for _ in range(4):
-        b = http.get("/v1/buckets", params={"route": "login", "limit": 5}).json()["buckets"][0]
-        assert b["local"]["tokens"] >= prev["local"]["tokens"]
-        assert b["distributed"]["tokens"] >= prev["distributed"]["tokens"]
-        prev = b
-    # five peeks later two requests are still left (3 used of 5)
-    assert decide(http, route="login", key="carol").status_code == 200
-    assert decide(http, route="login", key="carol").status_code == 200
-    # all routes, and the limit
-    for i in range(3):
-        decide(http, route="search", key=f"k{i}")
-    allb = http.get("/v1/buckets", params={"limit": 2}).json()["buckets"]
-    assert len(allb) == 2
-    assert http.get("/v1/buckets", params={"route": "nope"}).status_code == 404
+        assert decide(http, route="login", key="carol").status_code == 200
+        # all routes, and the limit
+        for i in range(3):
+            decide(http, route="search", key=f"k{i}")
+        allb = http.get("/v1/buckets", params={"limit": 2}).json()["buckets"]
+        assert len(allb) == 2
+        assert http.get("/v1/buckets", params={"route": "nope"}).status_code == 404
 
 
 def test_backend_view(http):

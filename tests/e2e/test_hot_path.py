@@ -1,4 +1,5 @@
-"""The decision endpoints' hot path answers byte for byte as FastAPI does.
+"""The decision endpoints answer byte for byte the same through the way in in front of
+FastAPI (the hot path) and through FastAPI's routes, which call the same implementation.
 
 Two real control planes on one Redis, identical but for ``SHADOWLIMIT_HOT_PATH`` (on / off),
 with the same instance id and the same frozen decision clock, get the same requests in the
@@ -12,11 +13,12 @@ from __future__ import annotations
 
 import json
 import socket
+import time
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from cp_server import RULES_YAML, ControlPlaneServer, admin_headers, write_rules
+from cp_server import RULES_YAML, Clocks, ControlPlaneServer, admin_headers, write_rules
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -46,21 +48,16 @@ def raw_request(
     return b"\r\n".join(kept) + b"\r\n\r\n" + rest
 
 
-def _freeze(cp: ControlPlaneServer) -> None:
-    decider = cp.engine.decider
-    decider.clock_us = lambda: FROZEN_US
-    decider._wall_clock = False
-
-
 @pytest.fixture
 def pair(redis_url, tmp_path) -> Iterator[tuple[ControlPlaneServer, ControlPlaneServer]]:
     rules = write_rules(tmp_path, RULES_YAML)
-    common: dict[str, Any] = {"redis_url": redis_url, "rules_path": rules, "instance_id": "hot-diff"}
+    # the same frozen decision clock for both: the same answers, to the reset times in the headers
+    frozen = Clocks(clock=time.time, clock_us=lambda: FROZEN_US)
+    common: dict[str, Any] = {"redis_url": redis_url, "rules_path": rules, "instance_id": "hot-diff", "clocks": frozen}
     hot = ControlPlaneServer(hot_path=True, client_token=TOKEN, **common).start()
     cold = ControlPlaneServer(hot_path=False, client_token=TOKEN, **common).start()
     try:
         for cp in (hot, cold):
-            _freeze(cp)
             for route, mode in (("export", "enforce"), ("search", "shadow")):
                 body = json.dumps({"mode": mode, "reason": "diff", "force": True}).encode()
                 h = [("Content-Type", "application/json"), ("Authorization", admin_headers()["Authorization"])]
@@ -159,6 +156,6 @@ def test_the_hot_path_answers_byte_for_byte_as_fastapi(pair) -> None:
         a = raw_request(hot.port, method, target, body, headers)
         b = raw_request(cold.port, method, target, body, headers)
         assert a == b, f"case {i} {method} {target} {body[:80]!r}:\nhot:  {a[:600]!r}\ncold: {b[:600]!r}"
-    # the hot one answered most of them itself, the other none
-    assert hot.app.state.hot.answered >= 38 and hot.app.state.hot.handed_over >= 15
+    # the hot one answered all but another method, a HEAD and a body without a length itself
+    assert hot.app.state.hot.answered >= 55 and 3 <= hot.app.state.hot.handed_over <= 6
     assert cold.app.state.hot is None

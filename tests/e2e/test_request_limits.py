@@ -15,9 +15,9 @@ from typing import Any
 
 import httpx
 import pytest
-from annotated_types import Le, MaxLen
 from cp_server import ADMIN_TOKEN, ControlPlaneServer, free_port, wait_until, write_rules
 from ext_service import AppServer
+from pydantic import TypeAdapter
 
 from control_plane.api.schemas import BatchRequest, DecideRequest
 from control_plane.server.limits import MAX_TARGET_BYTES, RequestLimits, RequestLimitsMiddleware
@@ -403,9 +403,11 @@ def test_a_bad_request_pipelined_after_a_good_one_is_answered_after_it(make_cp, 
 def _max_item() -> dict[str, Any]:
     """A decide item with every field at the schema's largest size (ASCII)."""
     item: dict[str, Any] = {}
-    for name, info in DecideRequest.model_fields.items():
-        max_len = next((m.max_length for m in info.metadata if isinstance(m, MaxLen)), None)
-        le = next((m.le for m in info.metadata if isinstance(m, Le)), None)
+    for name, prop in TypeAdapter(DecideRequest).json_schema()["properties"].items():
+        flat = dict(prop)
+        for alt in prop.get("anyOf", []):
+            flat.update(alt)
+        max_len, le = flat.get("maxLength"), flat.get("maximum")
         if name == "headers":
             item[name] = {}  # the schema bounds how many, not how long (docs/configuration.md)
         elif le is not None:
@@ -413,11 +415,11 @@ def _max_item() -> dict[str, Any]:
         else:
             assert max_len is not None, f"{name} has no maximum length: the body limit's default must be recomputed"
             item[name] = "/" + "p" * (max_len - 1) if name == "path" else ("M" if name == "method" else "x") * max_len
-    return DecideRequest.model_validate(item).model_dump(exclude_unset=True)
+    return TypeAdapter(DecideRequest).validate_python(item)
 
 
 def test_default_body_limit_fits_a_full_batch_at_the_largest_field_sizes():
-    max_items = next(m.max_length for m in BatchRequest.model_fields["requests"].metadata if isinstance(m, MaxLen))
+    max_items = TypeAdapter(BatchRequest).json_schema()["properties"]["requests"]["maxItems"]
     assert max_items == 10_000
     item = json.dumps(_max_item())  # Python's default separators, the roomier ones
     full = len('{"requests": [') + max_items * len(item) + (max_items - 1) * len(", ") + len("]}")

@@ -10,7 +10,7 @@ import pytest
 from cp_server import (
     ControlPlaneServer,
     admin_headers,
-    clear_of_blocked_window_edge,
+    hour_aligned_clocks,
     unique_namespace,
     wait_until,
     write_rules,
@@ -24,11 +24,14 @@ RATE = 10.0  # tokens per second (search: average 10 per 1 s, burst 10, both lim
 def replicas(redis_url, tmp_path):
     rules = write_rules(tmp_path)
     ns = unique_namespace("fleet")
+    # one clock for the fleet, a second into an hour: the "would be blocked" view covers the
+    # current 5-minute window, which a test then never leaves
+    clocks = hour_aligned_clocks()
     a = ControlPlaneServer(
-        redis_url=redis_url, rules_path=rules, namespace=ns, gate_min_samples=0, instance_id="replica-a"
+        redis_url=redis_url, rules_path=rules, namespace=ns, gate_min_samples=0, instance_id="replica-a", clocks=clocks
     )
     b = ControlPlaneServer(
-        redis_url=redis_url, rules_path=rules, namespace=ns, gate_min_samples=0, instance_id="replica-b"
+        redis_url=redis_url, rules_path=rules, namespace=ns, gate_min_samples=0, instance_id="replica-b", clocks=clocks
     )
     a.start()
     try:
@@ -81,7 +84,6 @@ def test_local_limit_over_admits_while_distributed_holds(replicas):
 
 def test_divergence_is_counted_fleet_wide_once(replicas):
     a, b, ca, cb = replicas
-    clear_of_blocked_window_edge()
     n = 40
     decisions, _ = _spread([ca, cb], n, "bob")
     assert all(d["mode"] == "shadow" and d["enforced_by"] == "local" and d["distributed"] is None for d in decisions)

@@ -100,7 +100,14 @@ async def test_middleware_enforces_local_in_shadow_and_distributed_in_enforce(re
             await store.change(
                 "items",
                 new,
-                AuditEntry(route="items", actor="elsewhere", from_mode="shadow", to_mode="enforce", reason="test"),
+                AuditEntry(
+                    route="items",
+                    actor="elsewhere",
+                    from_mode="shadow",
+                    to_mode="enforce",
+                    reason="test",
+                    at=time.time(),
+                ),
                 expected_version=None,
             )
             await client.aclose()

@@ -62,6 +62,7 @@ def fast_fail_client(url: str):
 
 
 def entry(route: str, frm: str, to: str, *, actor: str = "alice", reason: str = "test", **kw) -> AuditEntry:
+    kw.setdefault("at", time.time())
     return AuditEntry(route=route, actor=actor, from_mode=frm, to_mode=to, reason=reason, **kw)
 
 

@@ -268,7 +268,7 @@ async def test_cancelling_the_parse_kills_the_child(big: Path) -> None:
 
 async def test_replaced_configs_are_freed_in_steps(big: Path) -> None:
     config = load_envoy_config(big, SETTINGS)
-    rules = Rules(routes=(), default=default_route(SETTINGS)).with_routes(config.routes, "x")
+    rules = Rules(routes=(), default=default_route(SETTINGS), loaded_at=0.0).with_routes(config.routes, "x")
     refs = [weakref.ref(config), weakref.ref(rules)]
     assert routes_alive() > 50_000
     async with LoopWatch() as watch:

@@ -19,6 +19,7 @@ def test_limiter_public_names():
         "LimiterError",
         "LocalLimiter",
         "Policy",
+        "RedisConnection",
         "RedisLimiter",
         "speedups_available",
     ]

@@ -39,14 +39,7 @@ def _item(i: int):
     from limiter import Policy
 
     return ShadowItem(
-        lkey=f"r:k{i}",
-        policy=Policy(average=10),
-        cost=1,
-        now_us=i,
-        route="r",
-        key=f"k{i}",
-        local_allowed=True,
-        request_id=f"id{i}",
+        request=(f"r:k{i}", Policy(average=10), 1, i), route="r", key=f"k{i}", local_allowed=True, request_id=f"id{i}"
     )
 
 
@@ -133,9 +126,8 @@ async def test_evaluate_shadow_counts_each_route_and_backend_errors():
     def item(lkey: str, now_us: int, key: str, local_allowed: bool, request_id: str) -> ShadowItem:
         route = lkey.split(":")[0]
         return ShadowItem(
-            lkey=lkey, policy=p, cost=1, now_us=now_us, route=route, key=key, local_allowed=local_allowed,
-            request_id=request_id,
-        )  # fmt: skip
+            request=(lkey, p, 1, now_us), route=route, key=key, local_allowed=local_allowed, request_id=request_id
+        )
 
     # the queued request -> its distributed verdict
     cases = [
@@ -151,7 +143,7 @@ async def test_evaluate_shadow_counts_each_route_and_backend_errors():
     redis = _Verdicts([verdict for _, verdict in cases])
     pipe = _pipeline(redis)
     await pipe.evaluate([it for it, _ in cases])
-    assert redis.requests == [(it.lkey, p, 1, it.now_us) for it, _ in cases]
+    assert redis.requests == [it.request for it, _ in cases]
     comparisons = pipe.comparisons
     m = comparisons.metrics
 
