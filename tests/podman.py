@@ -324,6 +324,9 @@ def project_image(extras: str = "envoy") -> tuple[str, float]:
             tag,
             file=REPO / "Containerfile",
             build_args={"BASE_IMAGE": base, "EXTRAS": extras, "REVISION": revision, "SOURCE": source},
+            # Podman 4.3 reuses a cached LABEL layer built with other build arguments: the labels that
+            # differ per checkout are also set on the final image, which no cache replaces
+            labels={"org.opencontainers.image.revision": revision, "org.opencontainers.image.source": source},
         )
         return tag, time.monotonic() - t0
 
@@ -332,10 +335,19 @@ def _git(*args: str) -> str:
     return subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True, timeout=30).stdout.strip()
 
 
-def build(context: Path, tag: str, *, file: Path, build_args: dict[str, str] | None = None) -> None:
+def build(
+    context: Path,
+    tag: str,
+    *,
+    file: Path,
+    build_args: dict[str, str] | None = None,
+    labels: dict[str, str] | None = None,
+) -> None:
     args = ["build", "--format", "docker", "--pull=never", "--jobs", "2", "-t", tag, "-f", str(file)]
     for key, value in (build_args or {}).items():
         args += ["--build-arg", f"{key}={value}"]
+    for key, value in (labels or {}).items():
+        args += ["--label", f"{key}={value}"]
     podman(*args, str(context), timeout=900)
 
 

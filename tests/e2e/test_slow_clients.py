@@ -218,7 +218,14 @@ def test_many_slow_connections_are_all_closed_by_the_bound(make_cp, http):
     cp = make_cp(http=http)
     before = _slow_count(cp.url)
     with ExitStack() as stack:
-        socks = [stack.enter_context(_connect(cp.port)) for _ in range(n)]
+        # each connection's bound runs from when the server accepted it, never before its connect began
+        began: dict[int, float] = {}
+        socks = []
+        for _ in range(n):
+            start = time.monotonic()
+            s = stack.enter_context(_connect(cp.port))
+            began[s.fileno()] = start
+            socks.append(s)
         t0 = time.monotonic()
         for s in socks:
             s.sendall(PARTIAL)
@@ -230,7 +237,7 @@ def test_many_slow_connections_are_all_closed_by_the_bound(make_cp, http):
             for s in readable:
                 chunk = _read_chunk(s)
                 if not chunk:
-                    closed_at[s.fileno()] = time.monotonic() - t0
+                    closed_at[s.fileno()] = time.monotonic() - began[s.fileno()]
                     del open_[s.fileno()]
                 else:
                     assert chunk.startswith(b"HTTP/1.1 408 "), chunk
