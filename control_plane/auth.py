@@ -120,6 +120,13 @@ ACCESS: dict[tuple[str, str], Access] = {
     ("DELETE", "/v1/routes/{route:path}/candidate"): Access.OPERATOR,
     ("POST", "/v1/routes/{route}/candidate/promote"): Access.OPERATOR,
     ("POST", "/v1/routes/{route:path}/candidate/promote"): Access.OPERATOR,
+    **{("GET", f"/v1/routes/{{{r}}}/plan"): Access.READ for r in ("route", "route:path")},
+    **{(m, f"/v1/routes/{{{r}}}/plan"): Access.OPERATOR for m in ("PUT", "DELETE") for r in ("route", "route:path")},
+    **{
+        ("POST", f"/v1/routes/{{{r}}}/plan/{action}"): Access.OPERATOR
+        for action in ("pause", "resume", "approve", "abort")
+        for r in ("route", "route:path")
+    },
     ("GET", "/v1/rollout/audit"): Access.READ,
     ("GET", "/v1/divergence"): Access.READ,
     ("GET", "/v1/buckets"): Access.READ,

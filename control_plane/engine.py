@@ -6,6 +6,8 @@ Each part has one job and is built in one place (:func:`control_plane.wiring.bui
 ``decider``        every decision (:mod:`control_plane.decision`)
 ``shadow``         the shadow pipeline: queued evaluations, compared later
 ``rollout``        modes, gates, the sync with the fleet, automatic rollback
+``plans``          each route's rollout plan and the changes to it
+``plan_driver``    the replica driving the plans (a lease): judges them, applies their steps
 ``adjustments``    runtime limit adjustments
 ``live_rules``     the rules in force and their hot reload
 ``activity``       what this replica saw lately (hot keys, rates, last decisions)
@@ -45,6 +47,8 @@ from .observe.views import FleetViews
 from .rollout.adjustments import Adjustments
 from .rollout.candidates import Candidates
 from .rollout.manager import GateRefused, RolloutManager
+from .rollout.plan_driver import PlanDriver
+from .rollout.plans import Plans
 from .rules import Rules
 from .settings import Settings
 from .store import DivergenceStore, RolloutStore, StoreUnavailable
@@ -77,6 +81,8 @@ class Engine:
     adjustments: Adjustments
     rollout: RolloutManager
     candidates: Candidates
+    plans: Plans
+    plan_driver: PlanDriver
     activity: Activity
     views: FleetViews
     external: ExternalManager
@@ -121,6 +127,8 @@ class Engine:
             spawn(self.rollout.subscribe_loop(), name="rollout-pubsub"),
             spawn(self.rollout.monitor_loop(), name="breaker-monitor"),
             spawn(self.views.run(), name="views-refresh"),
+            spawn(self.plan_driver.run(), name="plan-driver"),
+            spawn(self.plans.notifier.run(), name="notifications"),
         ]
         if self.live_rules.watching:
             self._tasks.append(spawn(self.live_rules.run(), name="rules-watcher"))
@@ -141,6 +149,8 @@ class Engine:
             self.divergence.flush(),
             self.blocked.flush(self.client),
             self.resilient.aclose(),
+            self.plan_driver.prometheus.aclose(),
+            self.plans.notifier.aclose(),
         ]
         for step in final:
             with contextlib.suppress(Exception, asyncio.TimeoutError):

@@ -28,13 +28,17 @@ from .observe.auditlog import AuditSink
 from .observe.events import EventHub
 from .observe.hitters import WouldBeBlocked
 from .observe.metrics import Metrics
+from .observe.notify import Notifier
+from .observe.prometheus import PrometheusClient
 from .observe.views import FleetViews
 from .rollout.adjustments import Adjustments
 from .rollout.candidates import Candidates
 from .rollout.manager import RolloutManager
+from .rollout.plan_driver import PlanDriver
+from .rollout.plans import Plans
 from .rules import Rules
 from .settings import Settings, SettingsError
-from .store import DivergenceStore, RolloutStore
+from .store import DivergenceStore, PlanStore, RolloutStore
 from .whatif.recorder import Recorder
 
 __all__ = ["NO_REDIS_URL", "EngineHandle", "build_engine", "open_engine"]
@@ -165,6 +169,24 @@ def _resilient(
     return breaker, fleet, resilient
 
 
+def _plans(
+    settings: Settings, rollout: RolloutManager, *, rules: LiveRules, metrics: Metrics, iid: str,
+    clock: Callable[[], float],
+) -> tuple[Plans, PlanDriver]:  # fmt: skip
+    """The rollout plans and their driver (its lease, Prometheus, the notifications)."""
+    store = PlanStore(rollout.store)
+    plans = Plans(
+        store=store, rollout=rollout, divergence=rollout.divergence, rules=rules, memory=rollout.memory,
+        metrics=metrics, notifier=Notifier(settings.notify_url, metrics), window_s=settings.gate_window_s, clock=clock,
+    )  # fmt: skip
+    prometheus = PrometheusClient(default_url=settings.prometheus_url, timeout_s=settings.prometheus_timeout_s)
+    driver = PlanDriver(
+        plans, store=store, prometheus=prometheus, instance_id=iid, interval_s=settings.plan_interval_s,
+        lease_s=settings.plan_lease_s, clock=clock,
+    )  # fmt: skip
+    return plans, driver
+
+
 def build_engine(
     settings: Settings,
     *,
@@ -203,6 +225,7 @@ def build_engine(
     )  # fmt: skip
     external.configure(live.current.all_routes)
     candidates = Candidates(client, store, adjustments, divergence, live, rollout, clock=clock)
+    plans, plan_driver = _plans(settings, rollout, rules=live, metrics=metrics, iid=iid, clock=clock)
     live.listeners += [lambda r: external.configure(r.all_routes), rollout.rules_changed, candidates.rules_changed]
     comparisons = Comparisons(divergence, blocked, metrics)
     shadow = ShadowPipeline(
@@ -238,7 +261,7 @@ def build_engine(
         settings=settings, instance_id=iid, metrics=metrics, events=events, redis=redis, client=client,
         local=local, breaker=breaker, fleet=fleet, resilient=resilient, store=store, divergence=divergence,
         blocked=blocked, memory=memory, live_rules=live, adjustments=adjustments, rollout=rollout,
-        candidates=candidates, activity=activity, views=views, external=external,
+        candidates=candidates, plans=plans, plan_driver=plan_driver, activity=activity, views=views, external=external,
         comparisons=comparisons, shadow=shadow, decider=decider, recorder=recorder, clock=clock, started_at=clock(),
     )  # fmt: skip
     breaker.on_transition = engine.on_breaker

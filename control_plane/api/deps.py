@@ -18,6 +18,7 @@ from ..observe.views import FleetViews
 from ..rollout.adjustments import Adjustments
 from ..rollout.candidates import Candidates
 from ..rollout.manager import RolloutManager
+from ..rollout.plans import Plans
 from ..store import RolloutStore
 
 
@@ -58,6 +59,10 @@ async def get_adjustments(request: Request) -> Adjustments:
 
 async def get_candidates(request: Request) -> Candidates:
     return request.app.state.engine.candidates  # type: ignore[no-any-return]
+
+
+async def get_plans(request: Request) -> Plans:
+    return request.app.state.engine.plans  # type: ignore[no-any-return]
 
 
 async def get_external(request: Request) -> ExternalManager:
@@ -124,6 +129,7 @@ ViewsDep = Annotated[FleetViews, Depends(get_views)]
 ActivityDep = Annotated[Activity, Depends(get_activity)]
 AdjustmentsDep = Annotated[Adjustments, Depends(get_adjustments)]
 CandidatesDep = Annotated[Candidates, Depends(get_candidates)]
+PlansDep = Annotated[Plans, Depends(get_plans)]
 ExternalDep = Annotated[ExternalManager, Depends(get_external)]
 StoreDep = Annotated[RolloutStore, Depends(get_store)]
 MetricsDep = Annotated[Metrics, Depends(get_metrics)]

@@ -18,6 +18,7 @@ from ..observe.activity import Activity
 from ..observe.views import FleetViews
 from ..rollout.adjustments import Adjustments
 from ..rollout.manager import RolloutManager
+from ..rollout.plans import Plans
 from ..store import StoreUnavailable, gate_stats_of, totals_of
 from ..store.divergence import CANDIDATE_COUNTS, candidate_stats_of
 from .deps import ApiError
@@ -37,11 +38,15 @@ async def route_views(
     activity: Activity,
     views: FleetViews,
     deadlines: dict[str, dict[str, int]] | None = None,
+    plans: Plans | None = None,
 ) -> list[dict[str, Any]]:
     """Every route with its rules, rollout state, live rate, fleet-wide divergence, the
     gate of its next step, this replica's answers given by the failure policy for want
     of time (``deadlines``: :meth:`~control_plane.observe.metrics.Metrics.deadline_counts`),
-    its global limit in force against the rules' (``limit``) and its candidate limit."""
+    its global limit in force against the rules' (``limit``), its candidate limit and, with
+    ``plans``, its rollout plan (``plan``, :func:`~.plan_views.plan_summary`)."""
+    from .plan_views import plan_summary
+
     deadlines = deadlines or {}
     adjustments = rollout.adjustments
     out = []
@@ -65,6 +70,7 @@ async def route_views(
         view["figures_age_s"] = views.age_s()
         view["limit"] = limit_view(rule, adjustments)
         view["candidate"] = candidate_view(adjustments.candidates.get(name), cached, rollout)
+        view["plan"] = None if plans is None else plan_summary(plans, name, rollout.clock())
         out.append(view)
     return out
 

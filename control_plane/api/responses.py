@@ -68,7 +68,7 @@ class GateView(_Open):
 class AuditEntryView(_Open):
     model_config = ConfigDict(extra="allow", populate_by_name=True)
     id: str
-    kind: Literal["mode_change", "rules_reload", "config_change", "reset", "restore", "candidate"]
+    kind: Literal["mode_change", "rules_reload", "config_change", "reset", "restore", "candidate", "plan"]
     route: str
     actor: str = Field(description="The token's name and the caller's address, e.g. alice@10.0.0.7.")
     at: float = Field(description="Unix seconds.")
@@ -210,6 +210,7 @@ class RouteView(_Open):
     figures_age_s: float | None
     limit: LimitView
     candidate: CandidateSummary | None = Field(description="The route's candidate limit; null without one.")
+    plan: PlanSummary | None = Field(None, description="The route's rollout plan; null without one.")
 
 
 class RoutesList(BaseModel):
@@ -501,3 +502,65 @@ class Readiness(_Open):
     failure_policy: str
     rules: RulesHealth
     instance_id: str
+
+
+# -- rollout plans (control_plane/api/plan_views.py) ----------------------------------------------
+
+
+class PlanCheckView(_Open):
+    """One check of a plan's analysis."""
+
+    name: str
+    value: float | None = Field(description="The check's value now (null: none, e.g. Prometheus unreachable).")
+    threshold: str = Field(description='">= 500", "<= 1%", "<= 0.01".')
+    outcome: Literal["pass", "fail", "inconclusive", "refused"]
+    reason: str = Field(description="Why it did not pass (empty when it did).")
+
+
+class PlanSummary(_Open):
+    """A route's rollout plan: where it stands and what it waits for."""
+
+    source: Literal["rules", "api"] = Field(description="The rules file's plan, or one set through the API.")
+    state: Literal["running", "waiting", "paused", "waiting_for_approval", "completed", "aborted"]
+    step: int = Field(description="The current step, from 1.")
+    steps: int
+    current: str = Field(description='The current step: "shadow", "canary 10%", "approve", "enforce".')
+    labels: list[str] = Field(description="Every step, in order.")
+    describe: str
+    in_step_s: float | None
+    time_left_s: float | None = Field(description="The step's time still to hold (running plans).")
+    waits_for: str | None = Field(description="What the plan waits for; null once completed or aborted.")
+    reason: str = Field(description="Why the plan is in its state (its last change).")
+    verdict: Literal["pass", "fail", "inconclusive", "refused"] | None = Field(
+        description="The last analysis of the current step; null before the first."
+    )
+    first_problem: PlanCheckView | None = Field(description="The first failing, refused or missing check.")
+
+
+class PlanDetail(PlanSummary):
+    """A route's rollout plan with every step, every check and the last outcomes."""
+
+    route: str
+    plan: dict[str, Any] = Field(description="The plan: steps, analysis, on_failure.")
+    step_list: list[dict[str, Any]] = Field(
+        description="Every step: index, step, label, describe, percent, for_s, status (passed, current, pending),"
+        " started_at, last_event."
+    )
+    checks: list[PlanCheckView] = Field(
+        description="The last analysis' checks (of the current step while the plan runs; the one that stopped it"
+        " otherwise)."
+    )
+    analysed_at: float | None
+    analysed_step: int | None = Field(description="The step that analysis judged, from 1.")
+    recent: list[dict[str, Any]] = Field(description="The last analyses' outcomes: at, step, verdict, reason.")
+    history: list[dict[str, Any]] = Field(description="The steps' events: step, at, event, note.")
+    driver: str | None = Field(description="The replica driving the plans (its lease).")
+    version: int
+    updated_at: float | None
+    updated_by: str | None
+
+
+class PlanChanged(BaseModel):
+    route: str
+    plan: PlanDetail | None = Field(description="The route's plan now (the rules file's after a delete; null: none).")
+    audit: AuditEntryView | None

@@ -9,13 +9,14 @@ from fastapi import APIRouter, Query, Request
 from ..decision import UnknownRoute
 from ..model.rollout import Mode
 from ..rollout.manager import GateRefused
-from ..store import StoreUnavailable, VersionConflict
+from ..store import PlanConflict, StoreUnavailable, VersionConflict
 from . import examples
 from .deps import (
     ActivityDep,
     ApiError,
     MetricsDep,
     OperatorDep,
+    PlansDep,
     RolloutDep,
     RulesDep,
     StoreDep,
@@ -43,12 +44,13 @@ _GATE_FAILED = {
 
 @router.get("/routes", responses=ok(RoutesList, examples.ROUTES))
 async def list_routes(
-    rules: RulesDep, rollout: RolloutDep, activity: ActivityDep, views: ViewsDep, metrics: MetricsDep
+    rules: RulesDep, rollout: RolloutDep, activity: ActivityDep, views: ViewsDep, metrics: MetricsDep, plans: PlansDep
 ) -> dict[str, Any]:
-    """Routes, their mode (canary with its percent), rates, divergence, gate status, and the
-    answers this replica's failure policy gave for want of time (a caller's deadline)."""
+    """Routes, their mode (canary with its percent), rates, divergence, gate status, the
+    answers this replica's failure policy gave for want of time (a caller's deadline), and
+    each route's rollout plan (its state, step, time in the step, what it waits for)."""
     return {
-        "routes": await route_views(rules.current, rollout, activity, views, metrics.deadline_counts()),
+        "routes": await route_views(rules.current, rollout, activity, views, metrics.deadline_counts(), plans),
         "distributed_enabled": rollout.settings.enable_distributed_rate_limiting,
         "rules_source": rules.current.source,
         "rules_error": rules.last_error,
@@ -65,15 +67,16 @@ async def list_routes(
 async def set_mode(
     route: str,
     request: Request,
-    rollout: RolloutDep,
+    plans: PlansDep,
     _: OperatorDep,
     change: ModeChangeBody,
 ) -> dict[str, Any]:
-    """Move a route to another mode (gated promotions; ``force`` with a reason overrides)."""
+    """Move a route to another mode (gated promotions; ``force`` with a reason overrides). A
+    running rollout plan on the route is paused by the change (a person's word wins)."""
     if change.mode == "canary" and not 1 <= change.canary_percent <= 100:
         raise ApiError(422, "invalid_request", "canary needs canary_percent between 1 and 100", field="canary_percent")
     try:
-        state, entry, gate = await rollout.set_mode(
+        state, entry, gate = await plans.set_mode(
             route,
             Mode(change.mode),
             canary_percent=change.canary_percent,
@@ -91,6 +94,8 @@ async def set_mode(
             "backend_unavailable",
             f"Redis is unreachable, so the mode was not changed (nothing was written): {exc}",
         ) from exc
+    except PlanConflict as exc:
+        raise ApiError(409, "conflict", f"{exc}; read it again and retry") from exc
     except VersionConflict as exc:
         cur = exc.current.to_dict() if exc.current is not None else None
         raise ApiError(

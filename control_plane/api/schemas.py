@@ -191,6 +191,32 @@ class CandidateAction(StrictBody):
     force: bool = False
 
 
+class PlanSet(StrictBody):
+    """A route's rollout plan, as the rules file's ``rollout`` block has it (JSON for YAML), and
+    why it is set. It wins over the rules file's plan until it is deleted."""
+
+    steps: list[str | dict[str, Any]] = Field(
+        ...,
+        min_length=1,
+        max_length=20,
+        description='In order, each a step toward enforce: {"shadow": "10m"}, {"canary": 10, "for": "10m"}, "approve",'
+        ' "enforce" (or {"enforce": "10m"}).',
+    )
+    analysis: dict[str, Any] | None = Field(
+        None,
+        description="min_compared, max_new_rejection_rate, max_backend_error_rate, prometheus (checks of {name, query,"
+        " max, min, url}); what is left out is the promotion gate's settings'.",
+    )
+    on_failure: Literal["rollback", "pause"] | None = Field(None, description="Default rollback.")
+    reason: str = Field(..., min_length=1, max_length=500)
+
+
+class PlanAct(StrictBody):
+    """Why an operator pauses, resumes, approves, aborts or deletes a plan."""
+
+    reason: str = Field(..., min_length=1, max_length=500)
+
+
 class ConfigAdjust(StrictBody):
     """The admin API's ``adjust``: change a route's limit (or one key's) at runtime, fleet-wide."""
 

@@ -46,7 +46,7 @@ async def snapshot(engine: Engine, route: str | None, minutes: int) -> dict[str,
     }
     rules = engine.rules
     snap["routes"] = await route_views(
-        rules, engine.rollout, engine.activity, engine.views, engine.metrics.deadline_counts()
+        rules, engine.rollout, engine.activity, engine.views, engine.metrics.deadline_counts(), engine.plans
     )
     try:
         snap["divergence"] = await divergence_view(

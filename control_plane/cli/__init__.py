@@ -422,8 +422,10 @@ def _add_remote_commands(sub: Any) -> None:
     sg.add_argument("--reason", help="with --try-live: the audit trail's reason (default: what was asked)")
     sg.set_defaults(func=cmd_suggest)
     from .candidate import add_candidate_command
+    from .plan import add_plan_command
 
     add_candidate_command(sub, _remote)
+    add_plan_command(sub, _remote)
 
 
 def main(argv: list[str] | None = None) -> int:

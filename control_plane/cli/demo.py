@@ -12,8 +12,9 @@ that shows up as divergence (``local_allow_distributed_deny``); flip the route t
 and the global limit takes over. ``mallory`` guesses passwords on ``login`` (5 a minute per
 client IP) on every replica; the ``tenants`` route takes each tenant's limits from the
 limits service (hooli 2/s on the free plan, globex 5/s), cached in Redis; stop the service and decisions
-fall back to the stale copy, then to the rules file's limits. Quitting the dashboard stops
-everything.
+fall back to the stale copy, then to the rules file's limits. Two rollout plans drive themselves:
+``internal`` walks to enforce in a couple of minutes, ``login``'s finds its limit too tight for
+mallory and rolls back. Quitting the dashboard stops everything.
 """
 
 from __future__ import annotations
@@ -214,6 +215,8 @@ class DemoStack:
                 "SHADOWLIMIT_EXTERNAL_BACKEND_HOSTS": env.get(
                     "SHADOWLIMIT_EXTERNAL_BACKEND_HOSTS", "*.backend.internal"
                 ),
+                # the rollout plans (internal's, login's) judged every 2 s instead of 5
+                "SHADOWLIMIT_PLAN_INTERVAL_S": env.get("SHADOWLIMIT_PLAN_INTERVAL_S", "2"),
                 # the fleet's audit trail outside Redis: each replica appends the entries it writes
                 "SHADOWLIMIT_AUDIT_LOG": env.get("SHADOWLIMIT_AUDIT_LOG", str(self.workdir / "audit.jsonl")),
             }
@@ -369,6 +372,8 @@ class DemoStack:
             f"  rules:      {self.rules_path}   (examples/rules.yaml; only the tenants route's"
             " external.url changed, to the limits service above)",
             f"  gates:      {self.gates}",
+            "  plans:      internal walks canary 10% -> 50% -> enforce on its own; login's plan finds its limit"
+            " too tight and rolls back (shadowlimit plan ROUTE)",
             f"  admin token: {self.token}",
             f"  logs:       {self.workdir}   (audit trail: audit.jsonl; "
             + ("kept after the demo)" if self.keep_logs else "removed when the demo stops; --keep-logs keeps them)"),
@@ -380,6 +385,7 @@ class DemoStack:
             f"  SHADOWLIMIT_ADMIN_TOKEN={self.token} ./dev shadowlimit mode search enforce --url {self.urls[0]}"
             " --reason 'try the global limit' --force",
             f"  ./dev shadowlimit whatif search --rate 20/1s --url {self.urls[0]}",
+            f"  ./dev shadowlimit plan internal --url {self.urls[0]}",
             f"  ./dev shadowlimit dash --url {self.urls[0]} --token {self.token}",
             "  (./dev shadowlimit runs the CLI from the project's .venv; installed, it is plain `shadowlimit`)",
         ]

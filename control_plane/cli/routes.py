@@ -1,6 +1,6 @@
 """``shadowlimit routes``: every route with its mode, divergence, the gate of its next step,
-its global limit when it differs from the rules file's, and its candidate limit on a line of
-its own under it."""
+its global limit when it differs from the rules file's, its candidate limit and its rollout
+plan on lines of their own under it."""
 
 from __future__ import annotations
 
@@ -55,7 +55,7 @@ def cmd_routes(args: argparse.Namespace) -> int:
 
 def _under(r: dict[str, Any], late: bool) -> list[list[str]]:
     """The lines under a route's row: its global limit when it is not the rules file's
-    (a runtime adjustment, a promoted candidate), and its candidate limit."""
+    (a runtime adjustment, a promoted candidate), its candidate limit and its plan."""
     out = []
     limit = r.get("limit") or {}
     if limit.get("adjusted"):
@@ -64,6 +64,10 @@ def _under(r: dict[str, Any], late: bool) -> list[list[str]]:
     cand = r.get("candidate")
     if cand:
         out.append(candidate_line(cand, late))
+    if r.get("plan"):
+        from .plan import plan_line
+
+        out.append(plan_line(r["plan"], late))
     return out
 
 

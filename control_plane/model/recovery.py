@@ -27,6 +27,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
+from .plan_progress import PlanRecord
 from .rollout import RouteState
 
 __all__ = ["AUDIT_MEMORY", "LossReport", "RememberedAudit", "StateMemory", "StoreView", "stream_id_key"]
@@ -69,6 +70,7 @@ class StoreView:
     audit_len: int = 0
     audit_first: str | None = None
     adjustments: Mapping[str, str] = field(default_factory=dict)
+    plans: Mapping[str, PlanRecord] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,10 +80,11 @@ class LossReport:
     epoch_changed: bool = False
     routes: tuple[str, ...] = ()
     audit_missing: bool = False
+    plans: tuple[str, ...] = ()
 
     @property
     def lost(self) -> bool:
-        return self.epoch_changed or bool(self.routes) or self.audit_missing
+        return self.epoch_changed or bool(self.routes) or self.audit_missing or bool(self.plans)
 
     def describe(self) -> str:
         parts = []
@@ -91,12 +94,15 @@ class LossReport:
             parts.append("older or missing state for " + ", ".join(self.routes))
         if self.audit_missing:
             parts.append("audit entries missing")
+        if self.plans:
+            parts.append("older or missing rollout plan records for " + ", ".join(self.plans))
         return "; ".join(parts) or "nothing lost"
 
 
 class StateMemory:
     """The newest rollout state per route, the newest audit entries, the runtime
-    adjustments and the store epoch this replica has seen.
+    adjustments, the newest record of each route's rollout plan and the store epoch this
+    replica has seen.
 
     ``states`` is the engine's live view of every route's mode: a state replaces the
     remembered one only when its version is at least as new, so a store that came back
@@ -107,6 +113,7 @@ class StateMemory:
         self.states: dict[str, RouteState] = {}
         self.epoch: str | None = None
         self.adjustments: dict[str, str] = {}
+        self.plans: dict[str, PlanRecord] = {}
         self._audit: dict[str, RememberedAudit] = {}
         self._capacity = audit_capacity
         self.head: str | None = None  # the newest audit id seen
@@ -119,6 +126,14 @@ class StateMemory:
         if cur is not None and state.version < cur.version:
             return False
         self.states[route] = state
+        return True
+
+    def note_plan(self, route: str, record: PlanRecord) -> bool:
+        """Remember a plan record unless an older version; True when it is now the route's."""
+        cur = self.plans.get(route)
+        if cur is not None and record.version < cur.version:
+            return False
+        self.plans[route] = record
         return True
 
     # -- audit ---------------------------------------------------------------------------
@@ -157,6 +172,13 @@ class StateMemory:
             stored = view.states.get(route)
             if stored is None or stored.version < mine.version:
                 routes.append(route)
+        plans = tuple(
+            sorted(
+                route
+                for route, mine in self.plans.items()
+                if mine.version > 0 and (view.plans.get(route) is None or view.plans[route].version < mine.version)
+            )
+        )
         audit_missing = False
         if self.head is not None and not view.head_present:
             # the head can only have been trimmed from a full stream, and then only if
@@ -167,7 +189,9 @@ class StateMemory:
                 and stream_id_key(view.audit_first) > stream_id_key(self.head)
             )
             audit_missing = not trimmed
-        return LossReport(epoch_changed=epoch_changed, routes=tuple(sorted(routes)), audit_missing=audit_missing)
+        return LossReport(
+            epoch_changed=epoch_changed, routes=tuple(sorted(routes)), audit_missing=audit_missing, plans=plans
+        )
 
     def absorb(self, view: StoreView) -> list[str]:
         """Take in what the store holds that is not older than what is remembered; returns
@@ -178,6 +202,8 @@ class StateMemory:
             cur = self.states.get(route)
             if cur != stored and self.note_state(route, stored):
                 changed.append(route)
+        for route, record in view.plans.items():
+            self.note_plan(route, record)
         self.note_audits(view.audit_tail)
         if self.epoch is None:
             self.epoch = view.epoch

@@ -133,6 +133,10 @@ def next_step(state: RouteState) -> tuple[Mode, int] | None:
     return None
 
 
+AuditKind = Literal["mode_change", "rules_reload", "config_change", "reset", "restore", "candidate", "plan"]
+"""What an audit entry records (``plan``: a rollout plan set, removed, paused, resumed, ... without a mode change)."""
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class AuditEntry:
     """One rollout change: who, when, from, to, why, and the gate figures at the time."""
@@ -148,7 +152,7 @@ class AuditEntry:
     forced: bool = False
     automatic: bool = False
     gate: dict[str, Any] | None = None
-    kind: Literal["mode_change", "rules_reload", "config_change", "reset", "restore", "candidate"] = "mode_change"
+    kind: AuditKind = "mode_change"
     id: str = ""
 
     def to_dict(self) -> dict[str, Any]:

@@ -27,7 +27,19 @@ rate_limit_breaker_transitions_total      counter  to
 rate_limit_fallback_decisions_total       counter  policy
 rate_limit_rules_reload_total             counter  result: ok, error
 rate_limit_rules_valid                    gauge    - (0 while the last reload failed)
-rate_limit_mode_changes_total             counter  route, to, automatic
+rate_limit_mode_changes_total             counter  route, to, automatic: false (a person), true
+                                                   (the breaker's automatic rollback), plan (a
+                                                   rollout plan's step)
+rate_limit_plan_step                      gauge    route (the step its rollout plan is at, from 1;
+                                                   0 without a plan)
+rate_limit_plan_state                     gauge    route, state (1 for its plan's state: running,
+                                                   waiting, waiting_for_approval, paused,
+                                                   completed, aborted)
+rate_limit_plan_analysis_total            counter  route, outcome: pass, fail, inconclusive,
+                                                   refused (the plan's analyses, by the replica
+                                                   driving the plans)
+rate_limit_notifications_total            counter  result: sent, retried, failed, dropped
+                                                   (SHADOWLIMIT_NOTIFY_URL's deliveries)
 rate_limit_state_restorations_total       counter  - (the store lost its data, this replica
                                                    wrote back what it remembered)
 rate_limit_external_calls_total           counter  result: ok, timeout, error, invalid
@@ -85,8 +97,8 @@ from ..model.rollout import Divergence, Mode
 from .families import FastCounter, FastGauge, FastHistogram
 
 __all__ = [
-    "DECISION_ENFORCERS", "ENVOY_STATS", "GRPC_PROTOCOL_KINDS", "OTHER_ROUTES", "FastCounter", "FastGauge",
-    "FastHistogram", "Metrics",
+    "DECISION_ENFORCERS", "ENVOY_STATS", "GRPC_PROTOCOL_KINDS", "MODE_CHANGE_CAUSES", "OTHER_ROUTES", "PLAN_OUTCOMES",
+    "PLAN_STATES", "FastCounter", "FastGauge", "FastHistogram", "Metrics",
 ]  # fmt: skip
 
 #: rate_limit_grpc_protocol_errors_total's kinds: a connection error sent (goaway_<code>), streams
@@ -115,6 +127,15 @@ DECISION_ENFORCERS: dict[str, tuple[str, ...]] = {
 
 #: rate_limit_candidate_divergence_total's directions
 CANDIDATE_DIRECTIONS = CandidateDirection.ALL
+
+#: rate_limit_plan_analysis_total's outcomes (control_plane/model/plan_analysis.py's verdicts)
+PLAN_OUTCOMES = ("pass", "fail", "inconclusive", "refused")
+
+#: rate_limit_plan_state's states (the plan's status, a running one waiting for evidence as ``waiting``)
+PLAN_STATES = ("running", "waiting", "waiting_for_approval", "paused", "completed", "aborted")
+
+#: rate_limit_mode_changes_total's ``automatic``: a person, the breaker's rollback, a plan's step
+MODE_CHANGE_CAUSES = ("false", "true", "plan")
 
 #: the interpreter's switch interval while /metrics is rendered in a thread (Metrics.render_async)
 RENDER_SWITCH_INTERVAL_S = 0.001
@@ -145,6 +166,7 @@ _FIXED_LABELS: dict[str, tuple[tuple[str, ...], ...]] = {
     "envoy_requests": tuple((c,) for c in ("ok", "over_limit", "invalid", "overloaded", "error")),
     "grpc_protocol_errors": tuple((k,) for k in GRPC_PROTOCOL_KINDS),
     "over_limit_cache": (("hit",), ("stored",)),
+    "notifications": (("sent",), ("retried",), ("failed",), ("dropped",)),
 }
 
 
@@ -266,7 +288,33 @@ class Metrics:
             registry=r,
         )
         self.mode_changes = Counter(
-            "rate_limit_mode_changes_total", "Rollout mode changes applied.", ["route", "to", "automatic"], registry=r
+            "rate_limit_mode_changes_total",
+            "Rollout mode changes applied: by a person (automatic=false), the breaker's automatic rollback (true),"
+            " a rollout plan's step (plan).",
+            ["route", "to", "automatic"],
+            registry=r,
+        )
+        self.plan_step = FastGauge(
+            "rate_limit_plan_step",
+            "The step each route's rollout plan is at (from 1; 0: no plan).",
+            ["route"],
+            registry=r,
+        )
+        self.plan_state = FastGauge(
+            "rate_limit_plan_state", "1 for the state of each route's rollout plan.", ["route", "state"], registry=r
+        )
+        self.plan_analyses = FastCounter(
+            "rate_limit_plan_analysis_total",
+            "Analyses of rollout plans' steps by outcome (counted by the replica driving the plans).",
+            ["route", "outcome"],
+            registry=r,
+        )
+        self.notifications = FastCounter(
+            "rate_limit_notifications_total",
+            "Notifications to SHADOWLIMIT_NOTIFY_URL: sent, retried (a failed attempt tried again), failed (given"
+            " up), dropped (the queue was full).",
+            ["result"],
+            registry=r,
         )
 
     def _add_external_and_stream_metrics(self, r: CollectorRegistry) -> None:
@@ -404,7 +452,7 @@ class Metrics:
             for by in enforcers:
                 for allowed in ("true", "false"):
                     self.decisions.labels(route, mode, by, allowed)
-            for automatic in ("true", "false"):
+            for automatic in MODE_CHANGE_CAUSES:
                 self.mode_changes.labels(route, mode, automatic)
         for div in Divergence:
             self.divergence.labels(route, div.value)
@@ -413,6 +461,9 @@ class Metrics:
         for direction in CANDIDATE_DIRECTIONS:
             self.candidate_divergence.labels(route, direction)
         self.shadow_dropped.labels(route)
+        self.plan_step.labels(route)
+        for outcome in PLAN_OUTCOMES:
+            self.plan_analyses.labels(route, outcome)
 
     def remove_route(self, route: str) -> None:
         """Drop every series of ``route`` (gone from the rules): a configuration of 50,000
@@ -426,13 +477,14 @@ class Metrics:
             return
         for family in (
             self.decisions, self.divergence, self.shadow_dropped, self.deadline_answers, self.envoy_hits,
-            self.external_limits, self.tokens_remaining, self.candidate_divergence,
+            self.external_limits, self.tokens_remaining, self.candidate_divergence, self.plan_step, self.plan_state,
+            self.plan_analyses,
         ):  # fmt: skip
             family.remove_route(route)
         for mode in DECISION_ENFORCERS:
             with contextlib.suppress(KeyError):
                 self.route_mode.remove(route, mode)
-            for automatic in ("true", "false"):
+            for automatic in MODE_CHANGE_CAUSES:
                 with contextlib.suppress(KeyError):
                     self.mode_changes.remove(route, mode, automatic)
 
@@ -451,10 +503,26 @@ class Metrics:
         for s in ("closed", "open", "half_open"):
             self.breaker_state.labels(s).set(1 if s == state else 0)
 
-    def mode_changed(self, route: str, mode: str, automatic: bool) -> None:
-        """``rate_limit_mode_changes_total`` (an overflowed route's under OTHER_ROUTES)."""
+    def mode_changed(self, route: str, mode: str, automatic: bool | str) -> None:
+        """``rate_limit_mode_changes_total`` (an overflowed route's under OTHER_ROUTES);
+        ``automatic``: True for the breaker's automatic rollback, ``"plan"`` for a rollout
+        plan's step, False for a person's change."""
         label = OTHER_ROUTES if route in self._overflow else route
-        self.mode_changes.labels(label, mode, str(automatic).lower()).inc()
+        self.mode_changes.labels(label, mode, automatic if isinstance(automatic, str) else str(automatic).lower()).inc()
+
+    def set_plan(self, route: str, step: int, state: str | None) -> None:
+        """A route's plan: the step it is at (from 1; 0 without a plan) and its state (None: none)."""
+        if route in self._overflow or route not in self._routes:
+            return
+        self.plan_step.labels(route).set(step)
+        known = (route, PLAN_STATES[0]) in self.plan_state.samples()
+        if state is not None or known:
+            for s in PLAN_STATES:
+                self.plan_state.labels(route, s).set(1 if s == state else 0)
+
+    def plan_analysed(self, route: str, outcome: str) -> None:
+        """``rate_limit_plan_analysis_total`` (an overflowed route's under OTHER_ROUTES)."""
+        self.plan_analyses.labels(OTHER_ROUTES if route in self._overflow else route, outcome).inc()
 
     def set_mode(self, route: str, mode: str) -> None:
         if route in self._overflow:

@@ -23,13 +23,22 @@ from limiter.errors import BackendError
 from limiter.resilience import BreakerState, CircuitBreaker
 
 from ..decision.types import UnknownRoute
+from ..model.plan_progress import PlanRecord
 from ..model.recovery import RememberedAudit, StateMemory
 from ..model.rollout import AuditEntry, GateConfig, GateResult, Mode, RouteState, evaluate_gate
 from ..observe.auditlog import AuditSink
 from ..observe.events import EventHub
 from ..observe.logs import event_fields
 from ..observe.metrics import Metrics
-from ..store import AUDIT_MAXLEN, DivergenceStore, RolloutStore, StoreError, StoreUnavailable, VersionConflict
+from ..store import (
+    AUDIT_MAXLEN,
+    DivergenceStore,
+    PlanWrite,
+    RolloutStore,
+    StoreError,
+    StoreUnavailable,
+    VersionConflict,
+)
 from .adjustments import Adjustments
 
 if TYPE_CHECKING:
@@ -239,8 +248,13 @@ class RolloutManager:
 
     def note_event(self, event: dict[str, Any]) -> None:
         """Remember what an event from another replica (or our own) tells: a route's new
-        state (never an older one) and the audit entry it carries."""
+        state (never an older one), its rollout plan's record, and the audit entry it carries."""
         route = event.get("route")
+        if isinstance(event.get("plan"), dict) and isinstance(route, str):
+            try:
+                self.memory.note_plan(route, PlanRecord.from_dict(event["plan"]))
+            except ValueError:
+                log.warning("ignoring an event with an unreadable plan record: %r", event)
         if event.get("type") == "mode_change" and isinstance(event.get("state"), dict) and isinstance(route, str):
             try:
                 state = RouteState.from_dict(event["state"])
@@ -299,16 +313,14 @@ class RolloutManager:
         actor: str,
         force: bool = False,
         automatic: bool = False,
+        plan: PlanWrite | None = None,
     ) -> tuple[RouteState, AuditEntry, GateResult]:
-        """Change a route's mode fleet-wide (atomic in Redis; audited). Raises
-        :class:`UnknownRoute`, :class:`GateRefused`, :class:`StoreUnavailable` or
-        :class:`VersionConflict`."""
-        if self._rules().get(route) is None:
-            raise UnknownRoute(route)
-        if mode is not Mode.CANARY:
-            canary_percent = 0
+        """Change a route's mode fleet-wide (atomic in Redis; audited), with ``plan``, the
+        route's rollout plan record in the same step (a manual change pauses a running plan).
+        Raises :class:`UnknownRoute`, :class:`GateRefused`, :class:`StoreUnavailable`,
+        :class:`VersionConflict` or, with ``plan``, :class:`~control_plane.store.PlanConflict`."""
+        canary_percent, current = await self._prepare(route, mode, canary_percent)
         try:
-            current = await self._current(route)
             gate = await self.gate_for(route, mode, canary_percent)
         except BackendError as exc:
             raise StoreUnavailable(str(exc)) from exc
@@ -329,12 +341,54 @@ class RolloutManager:
             automatic=automatic,
             gate=gate.to_dict(),
         )
-        entry = await self.store.change(route, new, entry, expected_version=current.version)
-        self.memory.note_state(route, new)
-        self.pending_rollbacks.pop(route, None)
-        self._changed((route,))
+        entry = await self._apply(route, new, entry, current=current, plan=plan)
         self.metrics.mode_changed(route, mode.value, automatic)
         return new, entry, gate
+
+    async def change_for_plan(
+        self, route: str, mode: Mode, *, canary_percent: int, reason: str, actor: str, judged: dict[str, Any] | None,
+        automatic: bool, plan: PlanWrite,
+    ) -> tuple[RouteState, AuditEntry]:  # fmt: skip
+        """A step of a route's rollout plan: the mode changed with the plan's record, atomically
+        (:meth:`RolloutStore.change`; the plan driver's lease checked when ``plan.lease`` is
+        given). The plan's own analysis (``judged``: every check's value and threshold) stands
+        for the gate and is what the audit entry records. Raises :class:`UnknownRoute`,
+        :class:`StoreUnavailable`, :class:`VersionConflict`, ``PlanConflict`` or ``LeaseLost``."""
+        canary_percent, current = await self._prepare(route, mode, canary_percent)
+        new = RouteState(mode, canary_percent, self.clock(), actor, reason, current.version + 1)
+        entry = AuditEntry(
+            route=route, actor=actor, from_mode=current.mode.value, to_mode=mode.value,
+            from_percent=current.canary_percent, to_percent=canary_percent, reason=reason, automatic=automatic,
+            gate=judged, at=new.updated_at,
+        )  # fmt: skip
+        entry = await self._apply(route, new, entry, current=current, plan=plan)
+        self.metrics.mode_changed(route, mode.value, "plan" if automatic else False)
+        return new, entry
+
+    async def _prepare(self, route: str, mode: Mode, canary_percent: int) -> tuple[int, RouteState]:
+        """A change's percent (0 but for a canary) and the route's stored state; raises
+        :class:`UnknownRoute` or :class:`StoreUnavailable`."""
+        if self._rules().get(route) is None:
+            raise UnknownRoute(route)
+        try:
+            return (canary_percent if mode is Mode.CANARY else 0), await self._current(route)
+        except BackendError as exc:
+            raise StoreUnavailable(str(exc)) from exc
+
+    async def _apply(
+        self, route: str, new: RouteState, entry: AuditEntry, *, current: RouteState, plan: PlanWrite | None
+    ) -> AuditEntry:
+        """Store a change (with the plan's record, which then names the route state's new
+        version), then take it in on this replica."""
+        if plan is not None:
+            plan = replace(plan, record=replace(plan.record, route_version=new.version))
+        entry = await self.store.change(route, new, entry, expected_version=current.version, plan=plan)
+        self.memory.note_state(route, new)
+        if plan is not None:
+            self.memory.note_plan(route, replace(plan.record, version=plan.expected_version + 1))
+        self.pending_rollbacks.pop(route, None)
+        self._changed((route,))
+        return entry
 
     # -- automatic rollback --------------------------------------------------------------
 

@@ -22,6 +22,7 @@ from limiter.rates import LIMIT_EXAMPLES
 from limiter.resilience import FailurePolicy
 
 from ..durations import parse_duration
+from ..external import check_service_url
 from .errors import API_KEY_ID, FieldPath, RulesError, field_name
 from .lists import parse_list_entry
 from .model import HTTP_TOKEN
@@ -208,6 +209,15 @@ class FieldReader:
             low = f"from {lo:g}s" if allow_zero else "more than 0s"
             raise self.error(path, f"must be {low} up to {hi:g}s, got {value!r}")
         return seconds
+
+    def service_url(self, value: Any, path: FieldPath) -> str:
+        """An ``http://`` or ``https://`` URL of a service shadowlimit calls (no credentials in it)."""
+        url = self.string(value, path)
+        try:
+            check_service_url(url)
+        except ValueError as exc:
+            raise self.error(path, bare(exc, "url")) from None
+        return url
 
     def header_list(self, value: Any, path: FieldPath) -> list[str]:
         if not isinstance(value, list):

@@ -29,6 +29,7 @@ from limiter.resilience import FailurePolicy
 from ..durations import DURATION_PATTERN
 from .document import DOCUMENT
 from .fields import FAILURE_CODES, KEY, POLICY
+from .plan import PROMETHEUS_CHECK, ROLLOUT
 from .schema import EXTERNAL, ROUTE
 from .spec import Block, choice, docs_table, lenient, ref, whole
 
@@ -42,6 +43,8 @@ TABLES: dict[str, Block] = {
     "document": DOCUMENT,
     "route": ROUTE,
     "external": EXTERNAL,
+    "rollout": ROLLOUT,
+    "prometheus_check": PROMETHEUS_CHECK,
     "key": KEY,
     "policy": POLICY,
 }
@@ -80,6 +83,7 @@ def _definitions() -> dict[str, Any]:
         "failure_code": {**whole(*FAILURE_CODES), "description": "The status of failClosed rejections."},
         "route": ROUTE.json_schema(),
         "external": EXTERNAL.json_schema(),
+        "rollout": ROLLOUT.json_schema(),
     }
 
 

@@ -23,6 +23,7 @@ from limiter.policy import Policy
 from limiter.resilience import FailurePolicy
 
 from ..external import ExternalConfig
+from ..model.plan import Plan
 from ..model.rollout import Mode
 from .lists import ListMatcher
 from .paths import ANY, Segment, compile_path_pattern, match_segments, path_segments
@@ -107,6 +108,7 @@ class RouteRule:
     initial_mode: Mode | None = None
     initial_canary_percent: int = 0
     min_dwell_s: float | None = None  # the gate's minimum time in a step; None: SHADOWLIMIT_GATE_MIN_DWELL_S
+    rollout: Plan | None = None  # the plan the route walks on its own (control_plane/model/plan.py)
     line: int | None = None
     external: ExternalConfig | None = None
     http: bool = True
@@ -215,6 +217,7 @@ class RouteRule:
             "mode": self.initial_mode.value if self.initial_mode is not None else None,
             "canary_percent": self.initial_canary_percent,
             "min_dwell_s": self.min_dwell_s,
+            "rollout": self.rollout.to_dict() if self.rollout is not None else None,
             "line": self.line,
             "external": self.external.to_dict() if self.external is not None else None,
             "http": self.http,

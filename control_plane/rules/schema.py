@@ -24,7 +24,6 @@ from ..external import (
     DEFAULT_MAX_CONCURRENT,
     DEFAULT_TIMEOUT_S,
     ExternalConfig,
-    check_service_url,
     is_sensitive_header,
 )
 from ..model.rollout import Mode
@@ -33,6 +32,7 @@ from .fields import FieldReader, bare, type_name
 from .lists import ListMatcher
 from .model import DEFAULT_ROUTE, HTTP_TOKEN, RESERVED_ROUTE_NAMES, ROUTE_NAME, RouteRule
 from .paths import ANY, MAX_PATTERN_LENGTH, compile_path_pattern
+from .plan import ROLLOUT
 from .spec import Block, Got, Key, anchored, duration_schema, header_name, ref, whole
 
 if TYPE_CHECKING:
@@ -212,15 +212,6 @@ def _secret_headers(key: KeyExtractor) -> tuple[str, ...]:
     return (key.api_key_header,) if key.strategy is KeyStrategy.API_KEY and key.api_key_header else ()
 
 
-def _url(r: FieldReader, value: Any, path: FieldPath, got: Got) -> str:
-    url = r.string(value, path)
-    try:
-        check_service_url(url)
-    except ValueError as exc:
-        raise r.error(path, bare(exc, "url")) from None
-    return url
-
-
 def _one_filter(r: FieldReader, raw: Mapping[str, Any], path: FieldPath) -> None:
     if "allow_list" in raw and "deny_list" in raw:
         raise r.error(
@@ -282,7 +273,7 @@ EXTERNAL = Block(
     keys=(
         Key(
             name="url",
-            read=_url,
+            read=lambda r, v, p, got: r.service_url(v, p),
             into="url",
             required=True,
             schema={"type": "string", "pattern": r"^[hH][tT][tT][pP][sS]?://\S+$"},
@@ -517,6 +508,15 @@ ROUTE = Block(
             default_doc="`SHADOWLIMIT_GATE_MIN_DWELL_S`",
             doc="A duration (`10m`, `90s`, `0`; at most 7 days): how long this route must stay in a rollout step "
             "before the gate lets it be promoted to the next ([runbook](rollout-runbook.md#2-gates)).",
+        ),
+        Key(
+            name="rollout",
+            block=ROLLOUT,
+            into="rollout",
+            own_table=True,
+            schema=ref("rollout"),
+            doc="A plan the route walks on its own: steps toward enforce, each left when its analysis passes "
+            "([below](#rollout-plans-rollout); [runbook](rollout-runbook.md#letting-a-plan-drive)).",
         ),
         Key(
             name="external",

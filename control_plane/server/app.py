@@ -16,7 +16,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from ..api import admin, authz, candidates, decide, external, health, observe, routes, stream, whatif
+from ..api import admin, authz, candidates, decide, external, health, observe, plans, routes, stream, whatif
 from ..api.deps import ApiError
 from ..api.docs_ui import install_docs
 from ..api.openapi import document
@@ -40,6 +40,7 @@ ROUTERS = (
     authz.router,
     routes.router,
     candidates.router,
+    plans.router,
     observe.router,
     external.router,
     admin.router,

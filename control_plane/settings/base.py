@@ -21,6 +21,7 @@ from limiter.resilience import FailurePolicy
 from .envoy import EnvoySettings
 from .errors import SettingsError
 from .limits import RequestLimits
+from .plans import PlanSettings
 
 if TYPE_CHECKING:
     from limiter.connection import RedisConnection
@@ -36,7 +37,7 @@ def _env(name: str) -> AliasChoices:
     return AliasChoices(name, name.lower())
 
 
-class Settings(EnvoySettings, BaseSettings):
+class Settings(EnvoySettings, PlanSettings, BaseSettings):
     """Configuration for the control plane, the middleware and the demo (Envoy's rate limit
     service's fields come from :class:`~control_plane.settings.envoy.EnvoySettings`)."""
 

@@ -9,6 +9,10 @@ touches together in one Redis Cluster slot)::
     rl:{ns}:meta                 hash    epoch: a random id naming this copy of the data
                                          (gone or changed = the store lost its data)
     rl:{ns}:adjust               hash    runtime adjustments (written by the engine)
+    rl:{ns}:plans                hash    route -> its rollout plan's record (PlanRecord JSON)
+    rl:{ns}:plan-lease           string  the replica driving the rollout plans ("<id>#<fence>", PX)
+    rl:{ns}:plan-fence           string  the lease's fencing counter
+    rl:{ns}:plan-analysis        hash    route -> its plan's latest analysis (JSON)
     rl:{ns}:events               channel event JSON (PUBLISH)
     rl:ns:div:<route>:<minute>   hash    per-minute divergence counters (no hash tag:
                                          they spread over the cluster; EXPIRE 2 h)
@@ -18,7 +22,8 @@ Limiter bucket keys (``rl:ns:<key>``) are never touched here.
 Rooms: :mod:`.errors` (the exception tree and :func:`translate_errors`, the one place
 redis-py exceptions become :class:`StoreUnavailable` / :class:`StoreError`: callers never
 see redis-py exceptions), :mod:`.rollouts` (:class:`RolloutStore`), :mod:`.divergence`
-(:class:`DivergenceStore`, :func:`totals_of`, :func:`gate_stats_of`), :mod:`.scripts`
+(:class:`DivergenceStore`, :func:`totals_of`, :func:`gate_stats_of`), :mod:`.plans`
+(:class:`PlanStore`: rollout plans' records, the plan driver's lease, the analyses), :mod:`.scripts`
 (the Lua scripts, ``*.lua`` package data) and :mod:`.codec` (JSON and reply decoding).
 
 Both stores take a redis-py asyncio client (``redis.asyncio.Redis`` or
@@ -32,8 +37,9 @@ no time::
 
 from .codec import audit_entry_from_dict
 from .divergence import DIVERGENCE_FIELDS, DIVERGENCE_TTL_S, DivergenceStore, gate_stats_of, totals_of
-from .errors import StoreError, StoreUnavailable, VersionConflict, translate_errors
-from .rollouts import AUDIT_MAXLEN, AuditListener, RestoreResult, RolloutStore
+from .errors import LeaseLost, PlanConflict, StoreError, StoreUnavailable, VersionConflict, translate_errors
+from .plans import PlanStore
+from .rollouts import AUDIT_MAXLEN, AuditListener, PlanWrite, RestoreResult, RolloutStore
 
 __all__ = [
     "AUDIT_MAXLEN",
@@ -41,6 +47,10 @@ __all__ = [
     "DIVERGENCE_FIELDS",
     "DIVERGENCE_TTL_S",
     "DivergenceStore",
+    "LeaseLost",
+    "PlanConflict",
+    "PlanStore",
+    "PlanWrite",
     "RestoreResult",
     "RolloutStore",
     "StoreError",

@@ -4,7 +4,9 @@
 
     StoreError              Redis answered with an error (or any other store failure)
      ├── StoreUnavailable   Redis unreachable, timed out, or the cluster cannot serve the keys
-     └── VersionConflict    RolloutStore.change: someone else changed the route first
+     ├── VersionConflict    RolloutStore.change: someone else changed the route first
+     ├── PlanConflict       a rollout plan's record was changed first (PlanStore, RolloutStore.change)
+     └── LeaseLost          the plan driver's lease is another replica's now: nothing was written
 
 Every redis-py failure that means "Redis is not reachable / not answering" (connection
 refused or lost, timeouts, cluster down, slot not covered, ...) becomes
@@ -22,9 +24,10 @@ from collections.abc import Iterator
 
 from redis import exceptions as rex
 
+from ..model.plan_progress import PlanRecord
 from ..model.rollout import RouteState
 
-__all__ = ["StoreError", "StoreUnavailable", "VersionConflict", "translate_errors"]
+__all__ = ["LeaseLost", "PlanConflict", "StoreError", "StoreUnavailable", "VersionConflict", "translate_errors"]
 
 
 class StoreError(Exception):
@@ -46,6 +49,26 @@ class VersionConflict(StoreError):
         self.current = current
         actual = current.version if current is not None else 0
         super().__init__(f"route {route!r}: expected version {expected}, stored version is {actual}")
+
+
+class PlanConflict(StoreError):
+    """A rollout plan's record is not at the version the writer read: someone else moved the
+    plan first (another replica, an operator). ``current`` is the stored record (None: none)."""
+
+    def __init__(self, route: str, current: PlanRecord | None) -> None:
+        self.route = route
+        self.current = current
+        actual = current.version if current is not None else 0
+        super().__init__(f"the rollout plan of route {route!r} was changed first (now version {actual})")
+
+
+class LeaseLost(StoreError):
+    """The plan driver's lease names another holder (``holder``, "" when free): this replica
+    no longer drives the plans, and wrote nothing."""
+
+    def __init__(self, holder: str) -> None:
+        self.holder = holder
+        super().__init__(f"the plan driver's lease is held by {holder or 'no one'}")
 
 
 _UNAVAILABLE: tuple[type[BaseException], ...] = (

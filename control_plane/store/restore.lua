@@ -1,12 +1,12 @@
 -- RolloutStore.restore: write back what the store lost of a replica's memory.
 --
--- KEYS[1] rollout hash, KEYS[2] audit stream, KEYS[3] meta hash, KEYS[4] adjustments hash
--- (all in the {ns} slot).
+-- KEYS[1] rollout hash, KEYS[2] audit stream, KEYS[3] meta hash, KEYS[4] adjustments hash,
+-- KEYS[5] rollout plans hash (all in the {ns} slot).
 -- ARGV[1] instance id, ARGV[2] channel, ARGV[3] audit maxlen, ARGV[4] time (s) of the
 -- restoration entries, ARGV[5] epoch to set when the store has none, ARGV[6] the epoch
 -- the caller remembers ('' = none), ARGV[7] JSON {route: state JSON} remembered,
 -- ARGV[8] JSON [[id, kind, route, json], ...] remembered audit entries, ARGV[9] JSON
--- {field: value} remembered adjustments.
+-- {field: value} remembered adjustments, ARGV[10] JSON {route: plan record JSON} remembered.
 -- Writes back, compare-and-set, what the store lacks: a route state whose stored version
 -- is missing or lower; audit entries missing from the stream (re-added at their own ids,
 -- in order); adjustments missing after the epoch changed. Each restored route gets an
@@ -101,7 +101,22 @@ if epoch_lost then
   end
 end
 
-local out = {epoch, #restored, #missing, adj_restored}
+-- rollout plans' records: compare-and-set, the newest version wins
+local plans_restored = 0
+local plans = cjson.decode(ARGV[10])
+for _, route in ipairs(sorted_keys(plans)) do
+  local raw = plans[route]
+  local myver = version_of(raw)
+  local cur = redis.call('HGET', KEYS[5], route)
+  local curver = -1
+  if cur then curver = version_of(cur) end
+  if myver > 0 and curver < myver then
+    redis.call('HSET', KEYS[5], route, raw)
+    plans_restored = plans_restored + 1
+  end
+end
+
+local out = {epoch, #restored, #missing, adj_restored, plans_restored}
 local reason = 'restored by ' .. instance .. ' after the store lost its data'
 local function append(route, entry, event_head)
   local json = cjson.encode(entry)
@@ -122,11 +137,12 @@ for _, r in ipairs(restored) do
   }
   append(route, entry, '{"type":"mode_change","restored":true,"route":' .. cjson.encode(route) .. ',"state":' .. raw)
 end
-if #restored == 0 and (#missing > 0 or adj_restored > 0) then
+if #restored == 0 and (#missing > 0 or adj_restored > 0 or plans_restored > 0) then
   local entry = {
     kind = 'restore', route = '*', actor = 'instance/' .. instance, at = at, ['from'] = '', to = '',
     from_percent = 0, to_percent = 0,
-    reason = reason .. ' (' .. #missing .. ' audit entries, ' .. adj_restored .. ' runtime adjustments)',
+    reason = reason .. ' (' .. #missing .. ' audit entries, ' .. adj_restored .. ' runtime adjustments, '
+      .. plans_restored .. ' plan records)',
     forced = false, automatic = true, gate = cjson.null,
   }
   append('*', entry, '{"type":"restore","route":"*"')

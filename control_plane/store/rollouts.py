@@ -8,9 +8,11 @@ touches together in one Redis Cluster slot)::
     rl:{ns}:meta                 hash    epoch: a random id naming this copy of the data
                                          (gone or changed = the store lost its data)
     rl:{ns}:adjust               hash    runtime adjustments (written by the engine)
+    rl:{ns}:plans                hash    route -> its rollout plan's PlanRecord JSON
     rl:{ns}:events               channel event JSON (PUBLISH)
 
-The writes are the Lua scripts of :mod:`control_plane.store.scripts`.
+The writes are the Lua scripts of :mod:`control_plane.store.scripts`; the plans' own keys
+(lease, analyses) are :mod:`control_plane.store.plans`'.
 """
 
 from __future__ import annotations
@@ -28,13 +30,14 @@ import redis.asyncio as aredis
 from redis import exceptions as rex
 from redis.asyncio.cluster import RedisCluster
 
+from ..model.plan_progress import PlanRecord
 from ..model.recovery import RememberedAudit, StateMemory, StoreView
 from ..model.rollout import AuditEntry, RouteState
 from .codec import audit_entry_from_dict, check_namespace, dumps, text
-from .errors import StoreUnavailable, VersionConflict, translate_errors
+from .errors import LeaseLost, PlanConflict, StoreUnavailable, VersionConflict, translate_errors
 from .scripts import APPEND_LUA, CHANGE_LUA, RESTORE_LUA
 
-__all__ = ["AUDIT_MAXLEN", "AUDIT_SCAN_LIMIT", "AuditListener", "RestoreResult", "RolloutStore"]
+__all__ = ["AUDIT_MAXLEN", "AUDIT_SCAN_LIMIT", "AuditListener", "PlanWrite", "RestoreResult", "RolloutStore"]
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +49,33 @@ AUDIT_SCAN_LIMIT = AUDIT_MAXLEN
 AuditListener = Callable[[AuditEntry, RememberedAudit], None]
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PlanWrite:
+    """A rollout plan's record written with a mode change (:meth:`RolloutStore.change`):
+    the record, the version it must replace, and the lease holder the plan driver's lease
+    must name (None: an operator's change, which needs no lease)."""
+
+    record: PlanRecord
+    expected_version: int
+    lease: str | None = None
+
+
+def decode_plan(route: str, raw: Any) -> PlanRecord | None:
+    """A stored plan record (None, logged, when unreadable)."""
+    try:
+        return PlanRecord.from_dict(json.loads(raw))
+    except (ValueError, TypeError, AttributeError) as exc:
+        log.warning("ignoring unreadable rollout plan record of route %r: %s", route, exc)
+        return None
+
+
+def plan_args(route: str, record: PlanRecord) -> str:
+    """A plan record as a script takes it: its JSON without the version (the script sets it)."""
+    d = record.to_dict()
+    d.pop("version", None)
+    return dumps(d)
+
+
 @dataclass(frozen=True, slots=True)
 class RestoreResult:
     """What :meth:`RolloutStore.restore` wrote back."""
@@ -55,10 +85,11 @@ class RestoreResult:
     audit_entries: int
     adjustments: int
     entries: tuple[AuditEntry, ...] = ()
+    plans: int = 0
 
     @property
     def restored(self) -> bool:
-        return bool(self.routes or self.audit_entries or self.adjustments)
+        return bool(self.routes or self.audit_entries or self.adjustments or self.plans)
 
 
 class RolloutStore:
@@ -86,6 +117,8 @@ class RolloutStore:
         self.audit_key = f"rl:{{{namespace}}}:audit"
         self.meta_key = f"rl:{{{namespace}}}:meta"
         self.adjust_key = f"rl:{{{namespace}}}:adjust"
+        self.plans_key = f"rl:{{{namespace}}}:plans"
+        self.plan_lease_key = f"rl:{{{namespace}}}:plan-lease"
         self.channel = f"rl:{{{namespace}}}:events"
         #: called with every audit entry this store writes (after Redis accepted it)
         self.on_audit = on_audit
@@ -93,7 +126,8 @@ class RolloutStore:
         self._append = client.register_script(APPEND_LUA)
         self._restore = client.register_script(RESTORE_LUA)
 
-    def _written(self, entry: AuditEntry, raw: RememberedAudit) -> AuditEntry:
+    def written(self, entry: AuditEntry, raw: RememberedAudit) -> AuditEntry:
+        """Tell the listener (:attr:`on_audit`) of an audit entry Redis accepted; returns it."""
         if self.on_audit is not None:
             try:
                 self.on_audit(entry, raw)
@@ -128,15 +162,24 @@ class RolloutStore:
             return None
 
     async def change(
-        self, route: str, new: RouteState, entry: AuditEntry, *, expected_version: int | None
+        self,
+        route: str,
+        new: RouteState,
+        entry: AuditEntry,
+        *,
+        expected_version: int | None,
+        plan: PlanWrite | None = None,
     ) -> AuditEntry:
         """Store ``new`` for ``route`` (its version becomes stored version + 1), append
-        ``entry`` to the audit stream and publish a ``mode_change`` event -- atomically.
+        ``entry`` to the audit stream and publish a ``mode_change`` event -- atomically;
+        with ``plan``, the route's plan record too (its own version checked, and the plan
+        driver's lease when ``plan.lease`` is given).
 
         Raises :class:`VersionConflict` if ``expected_version`` is given and differs
-        from the stored version (a never-stored route has version 0),
-        :class:`StoreUnavailable` if Redis cannot be reached. Returns ``entry`` with
-        ``id`` set to the stream id (and ``route`` set to ``route``).
+        from the stored version (a never-stored route has version 0), :class:`PlanConflict`
+        or :class:`LeaseLost` for the plan's checks, :class:`StoreUnavailable` if Redis cannot
+        be reached. Returns ``entry`` with ``id`` set to the stream id (and ``route`` set to
+        ``route``).
         """
         if expected_version is not None and (type(expected_version) is not int or expected_version < 0):
             raise ValueError(f"expected_version: must be a non-negative int or None, got {expected_version!r}")
@@ -155,13 +198,22 @@ class RolloutStore:
             entry.kind,
             dumps(route),
         ]
+        keys = [self.rollout_key, self.audit_key]
+        if plan is not None:
+            keys += [self.plans_key, self.plan_lease_key]
+            args += [str(plan.expected_version), plan_args(route, plan.record), plan.lease or ""]
         with translate_errors(f"change route {route!r}"):
-            reply = await self._change(keys=[self.rollout_key, self.audit_key], args=args)
-        if int(reply[0]) == 0:
+            reply = await self._change(keys=keys, args=args)
+        code = int(reply[0])
+        if code == 0:
             current = self._decode_state(route, reply[1]) if reply[1] else None
             raise VersionConflict(route, expected_version if expected_version is not None else -1, current)
+        if code == 2:
+            raise LeaseLost(text(reply[1]))
+        if code == 3:
+            raise PlanConflict(route, decode_plan(route, reply[1]) if reply[1] else None)
         sid = text(reply[1])
-        return self._written(audit_entry_from_dict(audit, id=sid), RememberedAudit(sid, entry.kind, route, args[3]))
+        return self.written(audit_entry_from_dict(audit, id=sid), RememberedAudit(sid, entry.kind, route, args[3]))
 
     # -- audit ---------------------------------------------------------------
 
@@ -175,7 +227,7 @@ class RolloutStore:
         args = [entry.kind, entry.route, dumps(audit), self.channel, str(AUDIT_MAXLEN), head]
         with translate_errors(f"append audit entry ({entry.kind})"):
             sid = text(await self._append(keys=[self.audit_key], args=args))
-        return self._written(
+        return self.written(
             audit_entry_from_dict(audit, id=sid), RememberedAudit(sid, entry.kind, entry.route, args[2])
         )
 
@@ -189,6 +241,7 @@ class RolloutStore:
         pipe.hgetall(self.rollout_key)
         pipe.hget(self.meta_key, "epoch")
         pipe.hgetall(self.adjust_key)
+        pipe.hgetall(self.plans_key)
         pipe.xlen(self.audit_key)
         pipe.xrange(self.audit_key, min="-", max="+", count=1)
         if head is None:
@@ -197,7 +250,7 @@ class RolloutStore:
             pipe.xrange(self.audit_key, min=head, max="+", count=tail)
         try:
             with translate_errors("read rollout state"):
-                got = dict(zip(("states", "epoch", "adjust", "xlen", "first", "rows"), await pipe.execute()))
+                got = dict(zip(("states", "epoch", "adjust", "plans", "xlen", "first", "rows"), await pipe.execute()))
         finally:
             with contextlib.suppress(Exception):
                 await pipe.reset()
@@ -209,6 +262,7 @@ class RolloutStore:
             state = self._decode_state(route, v)
             if state is not None:
                 states[route] = state
+        plans = {text(k): p for k, v in (got["plans"] or {}).items() if (p := decode_plan(text(k), v)) is not None}
         entries = [self._remembered(sid, fields) for sid, fields in (rows or [])]
         if head is None:
             entries.reverse()
@@ -221,6 +275,7 @@ class RolloutStore:
             audit_len=int(xlen or 0),
             audit_first=text(first[0][0]) if first else None,
             adjustments={text(k): text(v) for k, v in (adjust or {}).items()},
+            plans=plans,
         )
 
     @staticmethod
@@ -241,6 +296,7 @@ class RolloutStore:
         kept)."""
         states = {route: dumps(st.to_dict()) for route, st in memory.states.items() if st.version > 0}
         audit = [[e.id, e.kind, e.route, e.json] for e in memory.audit_entries()]
+        plans = {route: dumps(r.to_dict()) for route, r in memory.plans.items() if r.version > 0}
         args = [
             instance,
             self.channel,
@@ -251,24 +307,26 @@ class RolloutStore:
             dumps(states) if states else "{}",
             dumps(audit) if audit else "[]",
             dumps(memory.adjustments) if memory.adjustments else "{}",
+            dumps(plans) if plans else "{}",
         ]
         with translate_errors("restore the control plane's state"):
             reply = await self._restore(
-                keys=[self.rollout_key, self.audit_key, self.meta_key, self.adjust_key], args=args
+                keys=[self.rollout_key, self.audit_key, self.meta_key, self.adjust_key, self.plans_key], args=args
             )
         epoch, n_routes, n_audit, n_adjust = text(reply[0]), int(reply[1]), int(reply[2]), int(reply[3])
         entries = []
-        for i in range(4, len(reply) - 1, 2):
+        for i in range(5, len(reply) - 1, 2):
             sid, raw = text(reply[i]), text(reply[i + 1])
             d = json.loads(raw)
             entries.append(
-                self._written(
+                self.written(
                     audit_entry_from_dict(d, id=sid), RememberedAudit(sid, "restore", str(d.get("route", "")), raw)
                 )
             )
         return RestoreResult(
-            epoch=epoch, routes=n_routes, audit_entries=n_audit, adjustments=n_adjust, entries=tuple(entries)
-        )
+            epoch=epoch, routes=n_routes, audit_entries=n_audit, adjustments=n_adjust, entries=tuple(entries),
+            plans=int(reply[4]),
+        )  # fmt: skip
 
     async def ensure_epoch(self, candidate: str) -> str:
         """The store's epoch, set to ``candidate`` if it has none."""

@@ -15,9 +15,7 @@
 from __future__ import annotations
 
 import math
-import subprocess
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -26,9 +24,10 @@ import pytest
 from cp_server import ControlPlaneServer, admin_headers, free_port, unique_namespace, write_rules
 from envoy_proxy import EnvoyProxy, rate_limit, request_headers
 from envoy_proxy import route as envoy_route
+from prom_server import prometheus
 from prometheus_client.parser import text_string_to_metric_families
-from promql import ALERTS, ENVOY_METRICS, alert_rules, dashboard_queries, exported_names, metric_names
-from support import eventually, installed_binary
+from promql import ENVOY_METRICS, alert_rules, dashboard_queries, exported_names, metric_names
+from support import eventually
 
 from control_plane.observe.metrics import DECISION_ENFORCERS
 
@@ -52,7 +51,7 @@ def at(s: Series, name: str, **labels: str) -> float | None:
 
 def assert_route_series_at_0(s: Series, route: str) -> None:
     for mode, enforcers in DECISION_ENFORCERS.items():
-        for automatic in ("true", "false"):
+        for automatic in ("true", "false", "plan"):
             assert at(s, "rate_limit_mode_changes_total", route=route, to=mode, automatic=automatic) == 0, (route, mode)
         for by in enforcers:
             for allowed in ("true", "false"):
@@ -61,6 +60,9 @@ def assert_route_series_at_0(s: Series, route: str) -> None:
     for direction in ("agree", "local_allow_distributed_deny", "local_deny_distributed_allow"):
         assert at(s, "rate_limit_shadow_divergence_total", route=route, direction=direction) == 0, (route, direction)
     assert at(s, "rate_limit_shadow_dropped_total", route=route) == 0, route
+    assert at(s, "rate_limit_plan_step", route=route) == 0, route
+    for outcome in ("pass", "fail", "inconclusive", "refused"):
+        assert at(s, "rate_limit_plan_analysis_total", route=route, outcome=outcome) == 0, (route, outcome)
 
 
 def metrics_of(cp: ControlPlaneServer) -> str:
@@ -98,6 +100,8 @@ def test_fresh_replicas_export_every_known_series_at_0(fleet):
             assert at(s, "rate_limit_rejections_total", reason=reason) == 0
         for to in ("closed", "open", "half_open"):
             assert at(s, "rate_limit_breaker_transitions_total", to=to) == 0
+        for result in ("sent", "retried", "failed", "dropped"):
+            assert at(s, "rate_limit_notifications_total", result=result) == 0
         assert at(s, "rate_limit_state_restorations_total") == 0
     # a manual change on a: a's series goes 0 -> 1; b follows the mode but applied nothing
     with a.client() as c:
@@ -184,74 +188,6 @@ def envoy_metric_names(grpc_port: int, tmp_path: Path) -> set[str]:
 # -- a real Prometheus ---------------------------------------------------------------------
 
 
-class Prometheus:
-    """Debian's prometheus on a loopback port, scraping ``targets`` every second."""
-
-    def __init__(self, workdir: Path, targets: list[str]) -> None:
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        workdir.mkdir()
-        self.config = workdir / "prometheus.yml"
-        self.config.write_text(
-            "global:\n  scrape_interval: 1s\n  scrape_timeout: 1s\n  evaluation_interval: 1s\n"
-            f"rule_files:\n  - {ALERTS}\n"
-            "scrape_configs:\n  - job_name: shadowlimit\n    metrics_path: /metrics\n"
-            f"    static_configs:\n      - targets: [{', '.join(repr(t) for t in targets)}]\n"
-        )
-        self.log = workdir / "prometheus.log"
-        self.argv = [
-            installed_binary("prometheus"),
-            f"--config.file={self.config}",
-            f"--storage.tsdb.path={workdir / 'data'}",
-            f"--web.listen-address=127.0.0.1:{self.port}",
-        ]
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> Prometheus:
-        with self.log.open("wb") as log:
-            self.proc = subprocess.Popen(self.argv, stdout=log, stderr=subprocess.STDOUT)
-
-        def ready() -> bool:
-            assert self.proc is not None and self.proc.poll() is None, f"prometheus exited: {self.log.read_text()}"
-            try:
-                return httpx.get(self.url + "/-/ready", timeout=1).status_code == 200
-            except httpx.HTTPError:
-                return False
-
-        eventually(ready, 30, 0.1, "prometheus to be ready")
-        return self
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
-        self.proc = None
-
-    def query(self, expr: str) -> list[dict[str, Any]]:
-        r = httpx.get(self.url + "/api/v1/query", params={"query": expr}, timeout=10)
-        body = r.json()
-        assert r.status_code == 200 and body["status"] == "success", (expr, body)
-        assert body["data"]["resultType"] == "vector", (expr, body["data"]["resultType"])
-        return list(body["data"]["result"])
-
-    def rules(self) -> list[dict[str, Any]]:
-        body = httpx.get(self.url + "/api/v1/rules", timeout=10).json()
-        return [r for g in body["data"]["groups"] for r in g["rules"]]
-
-
-@contextmanager
-def prometheus(workdir: Path, targets: list[str]) -> Iterator[Prometheus]:
-    prom = Prometheus(workdir, targets).start()
-    try:
-        yield prom
-    finally:
-        prom.stop()
-
-
 def grafana(expr: str) -> str:
     """A dashboard expression as Grafana would send it: all routes, a 1m rate interval."""
     return expr.replace("$route", ".*").replace("$__rate_interval", "1m")
@@ -298,7 +234,7 @@ def _traffic(c: httpx.Client, n: int, tag: str) -> None:
 def test_real_prometheus_scrapes_a_control_plane(redis_url, tmp_path):
     cp = ControlPlaneServer(redis_url=redis_url, rules_path=write_rules(tmp_path)).start()
     try:
-        with prometheus(tmp_path / "prometheus", [f"127.0.0.1:{cp.port}"]) as prom, cp.client() as c:
+        with prometheus(tmp_path / "prometheus", {"shadowlimit": [f"127.0.0.1:{cp.port}"]}) as prom, cp.client() as c:
             eventually(lambda: where(prom.query('up{job="shadowlimit"}'), job="shadowlimit") == [1.0], 30)
             # the zero was scraped before the change: the change is an increase
             zero = 'rate_limit_mode_changes_total{route="search",to="canary",automatic="false"}'

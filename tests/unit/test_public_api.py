@@ -157,6 +157,10 @@ def test_control_plane_store_public_names():
         "DIVERGENCE_FIELDS",
         "DIVERGENCE_TTL_S",
         "DivergenceStore",
+        "LeaseLost",
+        "PlanConflict",
+        "PlanStore",
+        "PlanWrite",
         "RestoreResult",
         "RolloutStore",
         "StoreError",
@@ -204,17 +208,23 @@ def test_dashboard_talks_http_only():
 
 
 ROOMS = {
-    "api": ["admin", "authz", "candidates", "decide", "external", "health", "observe", "routes", "stream", "whatif"],
+    "api": [
+        "admin", "authz", "candidates", "decide", "external", "health", "observe", "plans", "routes", "stream",
+        "whatif",
+    ],
     "cli": [
         "CliError", "EXIT_AUTH", "EXIT_GATE", "EXIT_OK", "EXIT_REFUSED", "EXIT_STALE", "EXIT_UNAVAILABLE",
         "EXIT_UNREACHABLE", "EXIT_USAGE", "build_parser", "main",
     ],
     "model": [
-        "AuditEntry", "Divergence", "GateConfig", "GateResult", "GateStats", "Mode", "RouteState", "StateMemory",
-        "evaluate_gate",
+        "AuditEntry", "Divergence", "GateConfig", "GateResult", "GateStats", "Mode", "Plan", "PlanRecord",
+        "PlanStatus", "RouteState", "StateMemory", "Verdict", "analyse", "evaluate_gate", "next_action",
     ],
-    "observe": ["Activity", "EventHub", "FleetViews", "Metrics"],
-    "rollout": ["Adjustments", "CandidateRefused", "Candidates", "GateRefused", "NoCandidate", "RolloutManager"],
+    "observe": ["Activity", "EventHub", "FleetViews", "Metrics", "Notifier", "PrometheusClient"],
+    "rollout": [
+        "Adjustments", "CandidateRefused", "Candidates", "GateRefused", "NoCandidate", "NoPlan", "PlanDriver", "Plans",
+        "RolloutManager",
+    ],
     "server": ["create_app"],
     "settings": ["Settings", "SettingsError", "env_name", "load_settings"],
 }  # fmt: skip

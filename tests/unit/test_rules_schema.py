@@ -198,6 +198,31 @@ GOOD = {
     "no routes": """
         routes:
         """,
+    "a rollout plan": """
+        routes:
+          - name: a
+            match: {path: /a}
+            local: 5/s
+            rollout:
+              steps:
+                - shadow: 10m
+                - {canary: 10, for: 90s}
+                - canary: 50
+                - approve
+                - enforce: 5m
+              analysis:
+                min_compared: 200
+                max_new_rejection_rate: 0.5%
+                max_backend_error_rate: 0.001
+                prometheus:
+                  - {name: upstream 5xx, query: 'sum(rate(x{route="{route}"}[1m]))', max: 1%}
+                  - {name: traffic, query: 'sum(rate(y[1m]))', min: 1, url: http://prometheus:9090}
+              on_failure: pause
+          - name: b
+            match: {path: /b}
+            local: 5/s
+            rollout: {steps: [shadow, enforce]}
+        """,
 }
 
 
@@ -239,6 +264,15 @@ BAD = {
     "routes not a list": "routes: {a: 1}\n",
     "version 2": "version: 2\nroutes: []\n",
     "unknown top-level key": "routes: []\nroute: []\n",
+    "plan: canary percent 100": _ROUTE + "    local: 5/s\n    rollout: {steps: [shadow, {canary: 100}]}\n",
+    "plan: unknown step": _ROUTE + "    local: 5/s\n    rollout: {steps: [shadow, wait]}\n",
+    "plan: bad duration": _ROUTE + "    local: 5/s\n    rollout: {steps: [{shadow: 10 minutes}]}\n",
+    "plan: bad threshold": _ROUTE
+    + "    local: 5/s\n    rollout: {steps: [shadow], analysis: {max_new_rejection_rate: lots}}\n",
+    "plan: check without max or min": _ROUTE
+    + "    local: 5/s\n    rollout: {steps: [shadow], analysis: {prometheus: [{name: x, query: up}]}}\n",
+    "plan: unknown on_failure": _ROUTE + "    local: 5/s\n    rollout: {steps: [shadow], on_failure: abort}\n",
+    "plan: no steps": _ROUTE + "    local: 5/s\n    rollout: {steps: []}\n",
 }
 
 
