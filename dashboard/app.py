@@ -162,6 +162,14 @@ class ShadowlimitDashboard(App[int]):
                     f"Stop evaluating {limit} beside {route}'s global limit; asks for a reason",
                     lambda: dash.action_candidate("drop"),
                 )
+            if view is not None and view.plan is not None:
+                for key, title in (("toggle", "Pause or resume"), ("approve", "Approve the step of")):
+                    if dash.check_action("plan", (key,)):
+                        yield SystemCommand(
+                            f"{title} {route}'s plan",
+                            f"{route}'s rollout plan is {view.plan.state.replace('_', ' ')}; asks for a reason",
+                            lambda k=key: dash.action_plan(k),
+                        )
 
 
 def run_dashboard(

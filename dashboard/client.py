@@ -36,6 +36,7 @@ from .models import (
     ExternalView,
     GateView,
     ModeChangeResult,
+    PlanChange,
     RouteView,
     Snapshot,
     WhatIfView,
@@ -310,6 +311,15 @@ class ControlPlaneClient:
         return CandidateChange.parse(await self._request("POST", self._candidate_path(route) + "/promote", body=body))
 
     # -- the live stream -----------------------------------------------------------------
+
+    # -- rollout plans: the operator's word ----------------------------------------------------
+
+    async def plan_action(self, route: str, action: str, *, reason: str) -> PlanChange:
+        """``POST /v1/routes/{route}/plan/{action}`` (``pause``, ``resume``, ``approve``, ``abort``);
+        a plan in another state is a 409 :class:`ApiError` saying why."""
+        self._operator(f"the plan's {action}")
+        data = await self._request("POST", f"/v1/routes/{quote(route, safe='')}/plan/{action}", body={"reason": reason})
+        return PlanChange.parse(data)
 
     async def stream(self, route: str | None = None, minutes: int = 60) -> AsyncIterator[Snapshot | EventView]:
         """Yield :class:`Snapshot` and :class:`EventView` items from ``GET /v1/stream`` until

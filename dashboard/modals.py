@@ -272,6 +272,7 @@ HELP = """\
   o s c e    move the selected route to off / shadow / canary (asks the percent) / enforce
   w          what-if: replay recorded traffic against a limit, then adjust or try it live
   p d        promote (gated) / drop the selected route's candidate limit (when it has one)
+  x a        pause or resume / approve the step of the selected route's rollout plan
   r          reconnect now          n   next replica (when several are known)
   ?          this help              q   quit
   ctrl+p     command palette; its Theme command switches dark and light themes
@@ -285,12 +286,15 @@ HELP = """\
 [b]Panels[/b]
   Routes      effective mode, decisions/s, divergence (5 min) with the last 12 minutes,
               new rejections (local allowed, distributed would deny), backend errors, gate;
-              * limit adjusted (not the rules'); ↳ candidate: a candidate limit's figures
+              * limit adjusted (not the rules'); ↳ candidate: a candidate limit's figures;
+              ↳ plan: a rollout plan's state, time left, steps (■ passed ▶ now □ next),
+              the first failing or missing check, what it waits for
   Buckets     the selected route's most active keys: tokens left locally and globally
   Backend     the Redis circuit breaker, the failure policy in force, the live fleet
   Divergence  the last hour per route: agree, new rejections, reverse (one column a minute);
               scrolls when the routes do not fit, and to the selected route
-  Audit       mode changes, candidates, rules reloads, breaker transitions, as they happen
+  Audit       mode changes (PLAN: a plan's step), plans, candidates, rules reloads, breaker
+              transitions, as they happen
 
 [b]Connection[/b]
   LIVE when snapshots arrive; STALE keeps the last data on screen and retries with backoff

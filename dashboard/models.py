@@ -21,6 +21,7 @@ from .limit_views import (
     LimitView,
     PolicyView,
 )
+from .plan_views import PlanChange, PlanCheckView, PlanView
 
 __all__ = [
     "AuditEntryView",
@@ -43,6 +44,9 @@ __all__ = [
     "LimitView",
     "MinutePoint",
     "ModeChangeResult",
+    "PlanChange",
+    "PlanCheckView",
+    "PlanView",
     "PolicyView",
     "RouteDivergence",
     "RouteStateView",
@@ -132,6 +136,7 @@ class RouteView:
     rule: dict[str, Any] = field(default_factory=dict, compare=False)
     limit: LimitView | None = None  # the global limit in force against the rules' (None: not sent)
     candidate: CandidateView | None = None
+    plan: PlanView | None = None  # its rollout plan (None: none, or not sent)
 
     @classmethod
     def parse(cls, d: Any) -> RouteView:
@@ -151,6 +156,7 @@ class RouteView:
             rule=rule,
             limit=LimitView.parse(d.get("limit")),
             candidate=CandidateView.parse(d.get("candidate")),
+            plan=PlanView.parse(d.get("plan")),
         )
 
     @property

@@ -29,6 +29,7 @@ from .modals import (
     PercentScreen,
 )
 from .models import AuditEntryView, CandidateView, ConnectionState, EventView, RouteView, Snapshot, WhatIfView
+from .plan_keys import plan_key, plan_key_applies
 from .whatif import ConfirmAdjustScreen, ConfirmTryLiveScreen, WhatIfAnswer, WhatIfScreen
 from .widgets import AuditPanel, BackendPanel, BucketsTable, ConnectionBar, RoutesTable
 
@@ -40,7 +41,7 @@ STREAM_MINUTES = 60
 AUDIT_KINDS_WITHOUT_ENTRY = {"breaker", "auto_rollback"}
 AUDIT_KEEP = 100
 #: events after which the routes are read again at once (not only with the next snapshot)
-ROUTE_CHANGES = {"mode_change", "auto_rollback", "rules_reload", "candidate", "config_change"}
+ROUTE_CHANGES = {"mode_change", "auto_rollback", "rules_reload", "candidate", "config_change", "plan"}
 
 
 class DashboardScreen(Screen[None]):
@@ -54,6 +55,8 @@ class DashboardScreen(Screen[None]):
         Binding("w", "whatif", "What-if"),
         Binding("p", "candidate('promote')", "Promote cand."),
         Binding("d", "candidate('drop')", "Drop cand."),
+        Binding("x", "plan('toggle')", "Pause/resume plan"),
+        Binding("a", "plan('approve')", "Approve step"),
         Binding("r", "reconnect", "Reconnect"),
         Binding("n", "next_replica", "Next replica"),
     ]
@@ -83,7 +86,7 @@ class DashboardScreen(Screen[None]):
         self._audit: dict[tuple[str, str, str, int], AuditEntryView] = {}
         self._events: dict[int, EventView] = {}
         self._applied_at = 0.0  # monotonic time the last snapshot was shown
-        self._candidate_keys = False  # p and d shown: the route under the cursor has a candidate
+        self._candidate_keys: tuple[bool, ...] = ()  # which of p/d, x, a the footer shows now
         self._restart: Timer | None = None
 
     def compose(self) -> ComposeResult:
@@ -151,9 +154,13 @@ class DashboardScreen(Screen[None]):
         self._show_candidate_keys()
 
     def _show_candidate_keys(self) -> None:
-        """Show ``p`` and ``d`` in the footer only while the route under the cursor has a candidate."""
+        """Show ``p`` and ``d`` in the footer only while the route under the cursor has a candidate,
+        ``x`` and ``a`` while they do something to its plan."""
         route = self.route_at_cursor()
-        has = route is not None and route.candidate is not None
+        has = (
+            route is not None and route.candidate is not None,
+            *(plan_key_applies(route, k) for k in ("toggle", "approve")),
+        )
         if has != self._candidate_keys:
             self._candidate_keys = has
             self.refresh_bindings()
@@ -311,6 +318,8 @@ class DashboardScreen(Screen[None]):
         if action == "candidate":
             route = self.route_at_cursor()
             return route is not None and route.candidate is not None
+        if action == "plan":
+            return plan_key_applies(self.route_at_cursor(), str(parameters[0]) if parameters else "toggle")
         return True
 
     # -- what-if ------------------------------------------------------------------------------
@@ -383,14 +392,19 @@ class DashboardScreen(Screen[None]):
 
     # -- rollout toggles ----------------------------------------------------------------
 
+    def read_only(self, what: str) -> bool:
+        """True (and said) when the dashboard has no token to do ``what`` with."""
+        if self.client.has_token:
+            return False
+        self.notify(
+            f"{what} needs an operator or admin token: start the dashboard with --token (or SHADOWLIMIT_ADMIN_TOKEN).",
+            title="Read-only",
+            severity="warning",
+        )
+        return True
+
     def action_mode(self, mode: str) -> None:
-        if not self.client.has_token:
-            self.notify(
-                "Changing a route's mode needs an operator or admin token:"
-                " start the dashboard with --token (or SHADOWLIMIT_ADMIN_TOKEN).",
-                title="Read-only",
-                severity="warning",
-            )
+        if self.read_only("Changing a route's mode"):
             return
         route = self.route_at_cursor()
         if route is None:
@@ -426,7 +440,7 @@ class DashboardScreen(Screen[None]):
                 reason, force = forced, True
                 continue
             except ClientError as exc:
-                self._refused(f"{route.name} not changed", exc)
+                self.refused(f"{route.name} not changed", exc)
                 return
             st = result.state
             label = f"canary {st.canary_percent}%" if st.mode == "canary" else st.mode
@@ -438,7 +452,11 @@ class DashboardScreen(Screen[None]):
             self.refresh_routes()
             return
 
-    def _refused(self, what: str, exc: ClientError) -> None:
+    def action_plan(self, key: str) -> None:
+        """``x`` pauses or resumes, ``a`` approves the plan of the route under the cursor."""
+        plan_key(self, key)
+
+    def refused(self, what: str, exc: ClientError) -> None:
         """Say why the control plane did not make a change (``what``: ``search not changed``)."""
         if isinstance(exc, Unauthorized):
             self.notify(
@@ -455,13 +473,7 @@ class DashboardScreen(Screen[None]):
 
     def action_candidate(self, action: str) -> None:
         """``p`` promotes, ``d`` drops the candidate limit of the route under the cursor."""
-        if not self.client.has_token:
-            self.notify(
-                "Promoting or dropping a candidate limit needs an operator or admin token:"
-                " start the dashboard with --token (or SHADOWLIMIT_ADMIN_TOKEN).",
-                title="Read-only",
-                severity="warning",
-            )
+        if self.read_only("Promoting or dropping a candidate limit"):
             return
         route = self.route_at_cursor()
         if route is None or route.candidate is None:
@@ -496,7 +508,7 @@ class DashboardScreen(Screen[None]):
                 reason, force = forced, True
                 continue
             except ClientError as exc:
-                self._refused(f"{route.name}'s candidate not promoted", exc)
+                self.refused(f"{route.name}'s candidate not promoted", exc)
                 return
             limit = change.limit.describe() if change.limit is not None else candidate.limit
             forced_txt = " (forced past the gate)" if change.audit.forced else ""
@@ -517,7 +529,7 @@ class DashboardScreen(Screen[None]):
         try:
             await self.client.drop_candidate(route.name, reason=reason)
         except ClientError as exc:
-            self._refused(f"{route.name}'s candidate not dropped", exc)
+            self.refused(f"{route.name}'s candidate not dropped", exc)
             return
         self.notify(
             f"{route.name}'s candidate {candidate.limit} dropped (audited); its global limit stays.",

@@ -24,6 +24,7 @@ from .models import (
     ExternalView,
     RouteView,
 )
+from .plan_views import PLAN_STATE_STYLE, PlanView, plan_strip
 from .render import BREAKER_STYLE, ago, bar, candidate_gate_text, clock, gate_text, mode_text, pct, spark_text
 from .theme import (
     BAD,
@@ -43,6 +44,8 @@ from .theme import (
 
 __all__ = [
     "CANDIDATE_ROW",
+    "PLAN_ROW",
+    "plan_cells",
     "AuditPanel",
     "BackendPanel",
     "BucketsTable",
@@ -54,19 +57,28 @@ __all__ = [
 SPARK_MINUTES = 12
 #: a route's name followed by this is the key of its candidate's row (no route name has \x1f)
 CANDIDATE_ROW = "\x1fcandidate"
+#: a route's name followed by this is the key of its rollout plan's row
+PLAN_ROW = "\x1fplan"
 #: after a route's name in the routes table: its global limit in force is not the rules file's
 ADJUSTED_MARK = " *"
 _TRANSITION_STYLE = {"closed": OK, "open": BAD_BOLD}  # a breaker's new state; anything else is a probe
 
 
 def route_of_row(key: str | None) -> str | None:
-    """The route a routes-table row is about (its own row, or its candidate's)."""
-    return None if key is None else key.removesuffix(CANDIDATE_ROW)
+    """The route a routes-table row is about (its own row, its candidate's or its plan's)."""
+    return None if key is None else key.removesuffix(CANDIDATE_ROW).removesuffix(PLAN_ROW)
+
+
+def _row_keys(r: RouteView) -> list[str]:
+    """A route's rows: its own, its candidate's, its plan's."""
+    return [r.name, *([r.name + CANDIDATE_ROW] if r.candidate else []), *([r.name + PLAN_ROW] if r.plan else [])]
 
 
 class RoutesTable(DataTable[Text | str]):
     """Every route: mode, rate, divergence (with a sparkline of recent minutes), gate; under a
-    route with a candidate limit, a ``↳ candidate`` row with its comparisons and its gate. The
+    route with a candidate limit, a ``↳ candidate`` row with its comparisons and its gate; under
+    a route with a rollout plan, a ``↳ plan`` row (its state, time left, its steps as a progress
+    strip, the first failing or missing check, what it waits for). The
     selected route is marked ``▶`` in the first column, not by colour alone (the cursor on a
     candidate's row selects its route); ``*`` after a name: its global limit in force is not
     the rules file's."""
@@ -109,7 +121,7 @@ class RoutesTable(DataTable[Text | str]):
         return route_of_row(self.cursor_key())
 
     def show(self, routes: Sequence[RouteView], divergence: DivergenceView | None, selected: str | None) -> None:
-        rows = [k for r in routes for k in (r.name, r.name + CANDIDATE_ROW)[: 2 if r.candidate else 1]]
+        rows = [k for r in routes for k in _row_keys(r)]
         if rows != self._rows:
             at = self.cursor_key()
             self.clear()
@@ -119,6 +131,8 @@ class RoutesTable(DataTable[Text | str]):
                 if r.candidate is not None:
                     cells = self.candidate_cells(r.candidate)
                     self.add_row(Text(" "), *cells, key=r.name + CANDIDATE_ROW)
+                if r.plan is not None:
+                    self.add_row(Text(" "), *plan_cells(r.plan), key=r.name + PLAN_ROW)
             self._rows = rows
             if selected in rows:
                 self._marked = selected
@@ -132,6 +146,9 @@ class RoutesTable(DataTable[Text | str]):
                 cells = self.candidate_cells(r.candidate)
                 for (col, _), cell in zip(self.COLUMNS[1:], cells):
                     self.update_cell(r.name + CANDIDATE_ROW, col, cell, update_width=True)
+            if r.plan is not None:
+                for (col, _), cell in zip(self.COLUMNS[1:], plan_cells(r.plan)):
+                    self.update_cell(r.name + PLAN_ROW, col, cell, update_width=True)
         self.mark(selected)
 
     def mark(self, route: str | None) -> None:
@@ -204,6 +221,31 @@ class RoutesTable(DataTable[Text | str]):
         if route is not None:
             self.mark(route)
             self.post_message(self.Selected(route))
+
+
+def plan_cells(p: PlanView) -> list[Text | str]:
+    """``↳ plan · running · 42s left · ■■▶□ 3/4 canary 50% · the first failing or missing check ·
+    what it waits for``, under the route's columns."""
+    label = Text("  ↳ plan", style=INFO_BOLD)
+    state = Text(p.state.replace("_", " "), style=PLAN_STATE_STYLE.get(p.state, ""))
+    left = f"{p.time_left_s:.0f}s left" if p.time_left_s else ""
+    problem: Text | str = ""
+    if p.first_problem is not None:
+        bad = p.first_problem.outcome in ("fail", "refused")
+        problem = Text(p.first_problem.describe(), style=BAD_BOLD if bad else WARN)
+    return [label, state, left, plan_strip(p), problem, "", _plan_next(p)]
+
+
+def _plan_next(p: PlanView) -> Text:
+    """What the plan waits for, said with the key that gives it (``a``, ``x``) when a person does."""
+    if p.state == "waiting_for_approval":
+        return Text("waits for an approval: a approves", style=WARN_BOLD)
+    if p.state == "paused":
+        why = p.reason.rsplit("; ", 1)[-1] if "; rolled back" in p.reason else p.reason
+        out = Text(f"{why} · " if why else "", style="dim")
+        out.append("x resumes", style=WARN_BOLD)
+        return out
+    return Text(p.waits_for or p.reason or "", style="dim")
 
 
 def _side(side: BucketSide | None, width: int) -> Text:
@@ -374,8 +416,14 @@ def _audit_entry(e: AuditEntryView) -> Text:
         t.append_text(mode_text(e.to_mode, e.to_percent))
         if e.forced:
             t.append(" FORCED", style=BAD_BOLD)
-        if e.automatic:
+        if e.actor == "plan":  # a step of the route's rollout plan
+            t.append(" PLAN", style=INFO_BOLD)
+        elif e.automatic:
             t.append(" AUTO", style=WARN_BOLD)
+    elif e.kind == "plan":  # a plan set, removed, paused, resumed, waiting for an approval, completed
+        t.append(f"{e.route} ", style="bold")
+        t.append("plan ", style=INFO_BOLD)
+        t.append(e.to_mode)
     elif e.kind == "restore":  # the store lost its data; a replica wrote the state back
         t.append(f"{e.route} ", style="bold")
         t.append("RESTORED ", style=WARN_BOLD)

@@ -1686,3 +1686,144 @@ def test_snapshot_promote_candidate_dialog(snap_compare: Any, utc: None) -> None
         await _steady_cursor(pilot)
 
     assert snap_compare(candidate_app(), run_before=promote, terminal_size=SIZE)
+
+
+# -- rollout plans: the ↳ plan line, x and a ------------------------------------------------
+
+
+def plan_cells(app: ShadowlimitDashboard, route: str) -> dict[str, str]:
+    """The cells of ``route``'s plan row in the routes table ({} without one)."""
+    from dashboard.widgets import PLAN_ROW
+
+    if route + PLAN_ROW not in dash(app).query_one(RoutesTable).rows:
+        return {}
+    return {col: cell(app, RoutesTable, route + PLAN_ROW, col) for col, _ in RoutesTable.COLUMNS}
+
+
+def set_plan(url: str, route: str, body: dict[str, Any]) -> dict[str, Any]:
+    r = httpx.put(f"{url}/v1/routes/{route}/plan", json=body, headers=operator(), timeout=10)
+    assert r.status_code == 200, r.text
+    return r.json()  # type: ignore[no-any-return]
+
+
+async def test_a_plan_shows_under_its_route_and_x_and_a_speak_for_the_operator(
+    control_plane: Callable[..., ControlPlane],
+) -> None:
+    """A plan set over HTTP while the dashboard watches: a ``↳ plan`` row under its route with
+    the server's state, steps and what it waits for; ``x`` pauses and resumes it, ``a``
+    approves the step it waits at (each asks a reason); the keys only where they apply."""
+    from dashboard.modals import ReasonDialog
+    from dashboard.plan_keys import ConfirmPlanScreen
+
+    cp = control_plane(plan_interval_s=0.2, plan_lease_s=1.0, stream_interval_s=0.3)
+    app = ShadowlimitDashboard(cp.url, TOKEN)
+    async with app.run_test(size=SIZE) as pilot:
+        await until_live(pilot, app)
+        assert plan_cells(app, "checkout") == {}
+        body = {"steps": [{"shadow": "0.2s"}, "approve", "enforce"], "analysis": {"min_compared": 5}, "reason": "t"}
+        set_plan(cp.url, "checkout", body)
+        await wait_for(pilot, lambda: plan_cells(app, "checkout"), what="the plan row")
+        rows = [k.value for k in dash(app).query_one(RoutesTable).rows]
+        assert rows.index("checkout\x1fplan") == rows.index("checkout") + 1  # under its route
+        await wait_for(pilot, lambda: plan_cells(app, "checkout")["newrej"], what="the first analysis")
+        row = plan_cells(app, "checkout")
+        assert row["mode"] == "waiting"  # for traffic
+        assert row["route"].strip() == "↳ plan" and row["div"] == "▶□□ 1/3 shadow"
+        assert row["newrej"] == "compared decisions 0 (>= 5)"  # the missing evidence, said
+        assert row["gate"] == "compared decisions: only 0 since the step began (need 5)"
+
+        # x on a running plan pauses it (after a reason), a on it does nothing yet
+        await pilot.press("down", "down")
+        await wait_for(pilot, lambda: dash(app).query_one(RoutesTable).cursor_key() == "checkout\x1fplan")
+        assert dash(app).selected == "checkout" and not dash(app).check_action("plan", ("approve",))
+        await pilot.press("x")
+        await wait_for(pilot, lambda: isinstance(app.screen, ConfirmPlanScreen), what="the pause dialog")
+        await type_reason(pilot, "hold on")
+        await pilot.press("enter")
+        await wait_for(pilot, lambda: plan_cells(app, "checkout")["mode"] == "paused", what="paused")
+        assert server_routes(cp.url)["checkout"]["plan"]["state"] == "paused"
+        # x again resumes it; traffic then takes it to its approval step
+        await pilot.press("x")
+        await wait_for(pilot, lambda: isinstance(app.screen, ReasonDialog), what="the resume dialog")
+        await type_reason(pilot, "go on")
+        await pilot.press("enter")
+        await wait_for(pilot, lambda: plan_cells(app, "checkout")["mode"] != "paused", what="resumed")
+        await traffic(cp.url, 20, route="checkout", key="carol")
+        await cp.settle()
+        await wait_for(
+            pilot, lambda: plan_cells(app, "checkout")["mode"] == "waiting for approval", what="the approval step"
+        )
+        assert plan_cells(app, "checkout")["div"] == "■▶□ 2/3 approve"
+        assert dash(app).check_action("plan", ("approve",))
+        await pilot.press("a")
+        await wait_for(pilot, lambda: isinstance(app.screen, ConfirmPlanScreen), what="the approve dialog")
+        await type_reason(pilot, "looks fine")
+        await pilot.press("enter")
+        await wait_for(pilot, lambda: plan_cells(app, "checkout")["mode"] == "completed", what="completed")
+        assert plan_cells(app, "checkout")["div"] == "■■■ 3/3 enforce"
+        assert server_routes(cp.url)["checkout"]["mode"] == "enforce"
+        assert not dash(app).check_action("plan", ("toggle",))  # nothing to pause in a completed plan
+        entries = audit_entries(cp.url)
+        approved = next(e for e in entries if e["kind"] == "mode_change" and e["to"] == "enforce")
+        assert approved["reason"] == "approve: looks fine" and approved["actor"].startswith("admin@")
+
+
+def plan_snapshot() -> dict[str, Any]:
+    """The fixed snapshot, plus plans: search's waiting in shadow for enough compared decisions,
+    checkout's waiting for an approval after canary 25%, login's paused after its canary failed
+    and rolled back to shadow."""
+    data = fixed_snapshot()
+    labels = ["shadow", "canary 10%", "canary 25%", "approve", "enforce"]
+    base = {"source": "rules", "steps": 5, "labels": labels, "describe": "", "verdict": None, "reason": ""}
+    search, checkout, login = (
+        next(r for r in data["routes"] if r["name"] == n) for n in ("search", "checkout", "login")
+    )
+    search["plan"] = {
+        **base, "state": "waiting", "step": 1, "current": "shadow", "in_step_s": 118.0, "time_left_s": 482.0,
+        "waits_for": "compared decisions: only 312 since the step began (need 500)", "verdict": "inconclusive",
+        "first_problem": {"name": "compared decisions", "value": 312.0, "threshold": ">= 500",
+                          "outcome": "inconclusive", "reason": "only 312 since the step began (need 500)"},
+    }  # fmt: skip
+    checkout["plan"] = {
+        **base, "source": "api", "state": "waiting_for_approval", "step": 4, "current": "approve", "in_step_s": 64.0,
+        "time_left_s": None, "waits_for": "an operator's approval: shadowlimit plan checkout --approve",
+        "verdict": "pass", "first_problem": None,
+    }  # fmt: skip
+    login.update(mode="shadow", stored_mode="shadow")
+    login["plan"] = {
+        **base, "state": "paused", "step": 1, "current": "shadow", "in_step_s": 30.0, "time_left_s": None,
+        "waits_for": "an operator: shadowlimit plan login --resume",
+        "reason": "analysis failed: new rejection rate: new rejections 16.00% exceed 1%; rolled back to shadow",
+        "verdict": "fail",
+        "first_problem": {"name": "new rejection rate", "value": 0.16, "threshold": "<= 1%", "outcome": "fail",
+                          "reason": "new rejections 16.00% exceed 1%"},
+    }  # fmt: skip
+    return data
+
+
+def test_snapshot_plan_lines_160x50(snap_compare: Any, utc: None) -> None:
+    """A plan line under three routes: waiting for evidence (the missing check), waiting for an
+    approval (x and a in the footer on that route), paused after a rollback (the failed check)."""
+    from dashboard.models import Snapshot
+
+    app = ShadowlimitDashboard(
+        "http://control-plane.test:8080", TOKEN, snapshot=Snapshot.parse(plan_snapshot()), theme="textual-dark"
+    )
+
+    async def to_checkout(pilot: Pilot[Any]) -> None:
+        await pilot.press("down", "down")
+        await pilot.pause()
+
+    assert snap_compare(app, run_before=to_checkout, terminal_size=SIZE)
+
+
+def test_a_plan_line_from_odd_fields_still_parses_and_renders() -> None:
+    from dashboard.models import RouteView
+    from dashboard.widgets import plan_cells as cells_of
+
+    for plan in ({}, {"state": 3, "step": "x", "labels": "no"}, {"first_problem": {"value": "nan?"}}):
+        route = RouteView.parse({"name": "a", "plan": plan})
+        assert route.plan is not None
+        assert len(cells_of(route.plan)) == len(RoutesTable.COLUMNS) - 1
+    assert RouteView.parse({"name": "a", "plan": None}).plan is None
+    assert RouteView.parse({"name": "a"}).plan is None
