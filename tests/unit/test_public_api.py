@@ -238,4 +238,7 @@ def test_the_rooms_public_names():
         module = importlib.import_module(f"control_plane.{room}")
         assert sorted(module.__all__) == names, room
         for name in module.__all__:
+            # a name is an attribute, or a submodule that `from control_plane.<room> import *` loads
+            if not hasattr(module, name):
+                importlib.import_module(f"control_plane.{room}.{name}")
             assert getattr(module, name) is not None, f"control_plane.{room}.{name}"
