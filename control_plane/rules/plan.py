@@ -40,6 +40,7 @@ _STEP_NAMES = ", ".join(k.value for k in StepKind)
 _DURATION = duration_schema(STEP_FOR_MAX_S, allow_zero=True)
 _SHARE_PATTERN = r"^\s*(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)\s*%\s*$"
 _SHARE = {"anyOf": [{"type": "number", "minimum": 0, "maximum": 1}, {"type": "string", "pattern": _SHARE_PATTERN}]}
+_URL_SCHEMA = {"type": "string", "pattern": r"^[hH][tT][tT][pP][sS]?://\S+$"}
 _STEP_SCHEMA = {
     "anyOf": [
         {"enum": ["shadow", "approve", "enforce"]},
@@ -144,6 +145,19 @@ def _query(r: FieldReader, value: Any, path: FieldPath, got: Got) -> str:
     return query
 
 
+def _url(r: FieldReader, value: Any, path: FieldPath, got: Got) -> str:
+    return r.service_url(value, path)
+
+
+def _plan_url(got: Got) -> str | None:
+    """The plan's own Prometheus (``analysis.url``), when a check names none."""
+    try:
+        url: str | None = got.outer("url")
+    except KeyError:
+        return None
+    return url
+
+
 def _build_check(r: FieldReader, got: Got, path: FieldPath) -> PrometheusCheck:
     lo, hi = got["min"], got["max"]
     if lo is None and hi is None:
@@ -186,11 +200,11 @@ PROMETHEUS_CHECK = Block(
         ),
         Key(
             name="url",
-            read=lambda r, v, p, got: r.service_url(v, p),
-            absent=lambda r, got: None,
-            schema={"type": "string", "pattern": r"^[hH][tT][tT][pP][sS]?://\S+$"},
-            default_doc="`SHADOWLIMIT_PROMETHEUS_URL`",
-            doc="The Prometheus to ask (its base URL, `http://prometheus:9090`).",
+            read=_url,
+            absent=lambda r, got: _plan_url(got),
+            schema=_URL_SCHEMA,
+            default_doc="`analysis.url`, else `SHADOWLIMIT_PROMETHEUS_URL`",
+            doc="The Prometheus to ask for this check (its base URL, `http://prometheus:9090`).",
         ),
     ),
     build=_build_check,
@@ -243,6 +257,15 @@ ANALYSIS = Block(
             schema=_SHARE,
             default_doc="`SHADOWLIMIT_GATE_MAX_BACKEND_ERROR_RATE`",
             doc="The share of distributed evaluations that may fail (Redis errors, an open breaker).",
+        ),
+        Key(
+            name="url",
+            read=_url,
+            absent=lambda r, got: None,
+            schema=_URL_SCHEMA,
+            default_doc="`SHADOWLIMIT_PROMETHEUS_URL`",
+            doc="The Prometheus this plan's checks ask (its base URL, `http://prometheus:9090`); a check's own "
+            "`url` wins.",
         ),
         Key(
             name="prometheus",

@@ -47,8 +47,9 @@ class PlanSettings(BaseModel):
         None,
         validation_alias=_env("SHADOWLIMIT_PROMETHEUS_URL"),
         description=(
-            "The Prometheus (base URL, http://prometheus:9090) the plans' prometheus checks ask, unless a check"
-            " names its own url; unset: such checks are inconclusive and their plan waits."
+            "The Prometheus (base URL, http://prometheus:9090) the plans' prometheus checks ask, unless the plan"
+            " (analysis.url) or the check names its own url; unset: such checks are inconclusive and their plan"
+            " waits."
         ),
     )
     prometheus_timeout_s: float = Field(

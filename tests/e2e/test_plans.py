@@ -201,13 +201,15 @@ def test_a_flipped_upstream_error_ratio_rolls_a_canary_back(redis_url, tmp_path,
 
 
 def test_a_route_without_traffic_never_advances(redis_url, tmp_path, prom):
+    # the plan names its Prometheus itself (analysis.url): no SHADOWLIMIT_PROMETHEUS_URL here
     text = rules(f"""
         steps: [{{shadow: 0.2s}}, {{canary: 50, for: 0.2s}}, enforce]
         analysis:
           min_compared: 10
+          url: {prom.url}
           prometheus: [{{name: upstream 5xx, query: '{upstream_ratio()}', max: 0.05}}]
     """)
-    with replicas(redis_url, tmp_path, text, prometheus_url=prom.url) as cps:
+    with replicas(redis_url, tmp_path, text) as cps:
         a, b = cps
 
         def judged_often() -> float:

@@ -102,6 +102,30 @@ def test_bad_plans_name_the_file_line_and_field(settings, rollout, where, fragme
     assert str(info.value).startswith("r.yaml:")
 
 
+def test_a_plans_prometheus_url_is_its_checks_unless_a_check_names_its_own(settings):
+    plan = read_plan(
+        {
+            "steps": ["shadow", "enforce"],
+            "analysis": {
+                "url": "http://prom-a:9090",
+                "prometheus": [
+                    {"name": "a", "query": "up", "max": 1},
+                    {"name": "b", "query": "up", "max": 1, "url": "http://prom-b:9090"},
+                ],
+            },
+        },
+        settings,
+    )
+    assert [c.url for c in plan.analysis.prometheus] == ["http://prom-a:9090", "http://prom-b:9090"]
+    alone = read_plan(
+        {"steps": ["shadow"], "analysis": {"prometheus": [{"name": "a", "query": "up", "max": 1}]}}, settings
+    )
+    assert alone.analysis.prometheus[0].url is None  # SHADOWLIMIT_PROMETHEUS_URL's
+    with pytest.raises(RulesError) as info:
+        read_plan({"steps": ["shadow"], "analysis": {"url": "ftp://prom"}}, settings)
+    assert info.value.field == "analysis.url"
+
+
 def test_the_api_reads_a_plan_with_the_same_rows(settings):
     plan = read_plan({"steps": [{"shadow": "2s"}, "enforce"], "analysis": {"min_compared": 5}}, settings)
     assert plan.describe() == "shadow 2s -> enforce" and plan.analysis.min_compared == 5
