@@ -1,8 +1,9 @@
 """The fleet drives each plan once:
 
 - two ``shadowlimit serve`` processes; the one driving the plans is killed (SIGKILL: no
-  shutdown, its lease not given up) mid-plan; the survivor takes the lease over within
-  ``SHADOWLIMIT_PLAN_LEASE_S`` and finishes the plan, no step applied twice nor skipped;
+  shutdown, its lease not given up) mid-plan; the survivor takes the lease over once it
+  expires (``SHADOWLIMIT_PLAN_LEASE_S``; the time it took is printed, not asserted) and
+  finishes the plan, no step applied twice nor skipped;
 - a driver that lost its lease writes nothing (fencing), and two writers of one record: one wins;
 - Redis restarted empty: the plan (set through the API, so kept nowhere else) and its step
   are written back with the rollout state, and the plan goes on.
@@ -90,7 +91,6 @@ def test_the_driver_killed_mid_plan_the_survivor_finishes_it(redis_url, tmp_path
         assert _plan_steps(survivor.url) == [
             ("shadow", "canary", 0, 20), ("canary", "canary", 20, 60), ("canary", "enforce", 60, 0),
         ]  # fmt: skip
-        assert takeover_s < 2 + 1.5, takeover_s  # the lease's time, and a turn
         print(f"takeover after the driver was killed: {takeover_s:.2f}s")  # noqa: T201 - a measured figure
     finally:
         for p in procs.values():
