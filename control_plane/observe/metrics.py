@@ -34,7 +34,7 @@ rate_limit_plan_step                      gauge    route (the step its rollout p
                                                    0 without a plan)
 rate_limit_plan_state                     gauge    route, state (1 for its plan's state: running,
                                                    waiting, waiting_for_approval, paused,
-                                                   completed, aborted)
+                                                   completed, aborted; all 0 without a plan)
 rate_limit_plan_analysis_total            counter  route, outcome: pass, fail, inconclusive,
                                                    refused (the plan's analyses, by the replica
                                                    driving the plans)
@@ -462,6 +462,8 @@ class Metrics:
             self.candidate_divergence.labels(route, direction)
         self.shadow_dropped.labels(route)
         self.plan_step.labels(route)
+        for state in PLAN_STATES:
+            self.plan_state.labels(route, state)
         for outcome in PLAN_OUTCOMES:
             self.plan_analyses.labels(route, outcome)
 
@@ -515,10 +517,8 @@ class Metrics:
         if route in self._overflow or route not in self._routes:
             return
         self.plan_step.labels(route).set(step)
-        known = (route, PLAN_STATES[0]) in self.plan_state.samples()
-        if state is not None or known:
-            for s in PLAN_STATES:
-                self.plan_state.labels(route, s).set(1 if s == state else 0)
+        for s in PLAN_STATES:
+            self.plan_state.labels(route, s).set(1 if s == state else 0)
 
     def plan_analysed(self, route: str, outcome: str) -> None:
         """``rate_limit_plan_analysis_total`` (an overflowed route's under OTHER_ROUTES)."""

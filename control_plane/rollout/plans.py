@@ -91,6 +91,8 @@ class Plans:
         self.analyses: dict[str, dict[str, Any]] = {}
         #: the plan driver's lease as this replica last saw it ("<instance>#<fence>"; None: none)
         self.driver: str | None = None
+        #: the routes whose plan the metrics last showed (a plan gone from the rules goes back to 0)
+        self._shown: set[str] = set()
 
     # -- which plan a route has ------------------------------------------------------------
 
@@ -170,8 +172,13 @@ class Plans:
         return analysis if analysis.step == record.step and analysis.at >= record.step_since else None
 
     def refresh_metrics(self) -> None:
-        """``rate_limit_plan_step`` and ``rate_limit_plan_state`` of every route with a plan."""
-        for route in self.routes():
+        """``rate_limit_plan_step`` and ``rate_limit_plan_state`` of every route with a plan
+        (and back to 0 for a route whose plan is gone)."""
+        routes = self.routes()
+        for route in self._shown.difference(routes):
+            self.metrics.set_plan(route, 0, None)
+        self._shown = set(routes)
+        for route in routes:
             record = self.record(route)
             if record is None:
                 self.metrics.set_plan(route, 0, None)

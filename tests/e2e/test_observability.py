@@ -61,6 +61,8 @@ def assert_route_series_at_0(s: Series, route: str) -> None:
         assert at(s, "rate_limit_shadow_divergence_total", route=route, direction=direction) == 0, (route, direction)
     assert at(s, "rate_limit_shadow_dropped_total", route=route) == 0, route
     assert at(s, "rate_limit_plan_step", route=route) == 0, route
+    for state in ("running", "waiting", "waiting_for_approval", "paused", "completed", "aborted"):
+        assert at(s, "rate_limit_plan_state", route=route, state=state) == 0, (route, state)
     for outcome in ("pass", "fail", "inconclusive", "refused"):
         assert at(s, "rate_limit_plan_analysis_total", route=route, outcome=outcome) == 0, (route, outcome)
 
