@@ -175,16 +175,23 @@ def percent(share: float) -> str:
     return f"{share * 100:.4f}".rstrip("0").rstrip(".") + "%"
 
 
-def since_baseline(total: GateStats, baseline: GateStats | None) -> GateStats:
-    """The figures counted after ``baseline`` was taken (both over the same minutes)."""
-    if baseline is None:
-        return total
+def since_baseline(*, first: GateStats, later: GateStats, baseline: GateStats | None) -> GateStats:
+    """The figures counted after ``baseline`` was taken: ``first``, the minute it was taken in,
+    less the baseline (never below 0: counters that went back, lost with Redis' data, count
+    nothing of that minute), and ``later``, the minutes after it, whole."""
+
+    def since(name: str) -> int:
+        before: int = 0 if baseline is None else getattr(baseline, name)
+        now: int = getattr(first, name)
+        after: int = getattr(later, name)
+        return max(0, now - before) + after
+
     return GateStats(
-        compared=max(0, total.compared - baseline.compared),
-        new_rejections=max(0, total.new_rejections - baseline.new_rejections),
-        backend_errors=max(0, total.backend_errors - baseline.backend_errors),
-        distributed_attempts=max(0, total.distributed_attempts - baseline.distributed_attempts),
-        shadow_dropped=max(0, total.shadow_dropped - baseline.shadow_dropped),
+        compared=since("compared"),
+        new_rejections=since("new_rejections"),
+        backend_errors=since("backend_errors"),
+        distributed_attempts=since("distributed_attempts"),
+        shadow_dropped=since("shadow_dropped"),
     )
 
 

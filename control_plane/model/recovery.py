@@ -25,7 +25,7 @@ How a loss shows:
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from .plan_progress import PlanRecord
 from .rollout import RouteState
@@ -210,6 +210,15 @@ class StateMemory:
         if view.epoch == self.epoch:
             self.adjustments = dict(view.adjustments)
         return changed
+
+    def forget_baselines(self, routes: Iterable[str]) -> None:
+        """The plans of ``routes`` lost their records with the store's data, and the fleet's
+        counters with them: their steps count from nothing now, so the counts taken when each
+        step began no longer apply (:func:`~.plan_analysis.since_baseline`)."""
+        for route in routes:
+            record = self.plans.get(route)
+            if record is not None and record.baseline is not None:
+                self.plans[route] = replace(record, baseline=None)
 
     def restored(self, epoch: str) -> None:
         """The store now holds everything remembered, under ``epoch``."""

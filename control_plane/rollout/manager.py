@@ -203,6 +203,7 @@ class RolloutManager:
         view = await self.store.read_view(mem.head)
         loss = mem.check(view, audit_maxlen=AUDIT_MAXLEN)
         if loss.lost:
+            mem.forget_baselines(loss.plans)
             result = await self.store.restore(mem, instance=self.instance_id, new_epoch=uuid.uuid4().hex)
             mem.restored(result.epoch)
             if result.restored:

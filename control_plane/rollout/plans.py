@@ -142,8 +142,9 @@ class Plans:
         minutes = int(now // 60) - int(start // 60) + 1
         rows = await self.divergence.series(route, max(1, minutes), now=now)
         base = record.baseline
-        first = int(rows[0]["minute"]) if rows else None
-        return since_baseline(gate_stats_of(rows), base.counts if base is not None and base.minute == first else None)
+        if base is None or not rows or int(rows[0]["minute"]) != base.minute:
+            return gate_stats_of(rows)
+        return since_baseline(first=gate_stats_of(rows[:1]), later=gate_stats_of(rows[1:]), baseline=base.counts)
 
     def note_analysis(self, route: str, analysis: Analysis, driver: str) -> dict[str, Any]:
         """Keep the analysis and its outcome among the last ones; returns what is stored."""

@@ -5,6 +5,7 @@ what the plan does next at a given ``now`` -- no IO, no clock."""
 from __future__ import annotations
 
 import textwrap
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -21,6 +22,7 @@ from control_plane.model.plan_analysis import (
 )
 from control_plane.model.plan_progress import (
     ActionKind,
+    Baseline,
     OperatorRefused,
     PlanRecord,
     PlanStatus,
@@ -28,6 +30,7 @@ from control_plane.model.plan_progress import (
     operator_action,
     start_action,
 )
+from control_plane.model.recovery import StateMemory, StoreView
 from control_plane.model.rollout import GateStats, Mode, RouteState
 from control_plane.rules import RulesError, parse_rules
 from control_plane.rules.plan import read_plan
@@ -216,12 +219,21 @@ def test_prometheus_answers(status, body, outcome, value):
 
 
 def test_figures_since_the_baseline():
-    total = GateStats(compared=50, new_rejections=5, backend_errors=1, distributed_attempts=51, shadow_dropped=2)
+    first = GateStats(compared=50, new_rejections=5, backend_errors=1, distributed_attempts=51, shadow_dropped=2)
+    later = GateStats(compared=100, new_rejections=1, backend_errors=0, distributed_attempts=100)
     base = GateStats(compared=30, new_rejections=5, backend_errors=0, distributed_attempts=30)
-    assert since_baseline(total, base) == GateStats(
-        compared=20, new_rejections=0, backend_errors=1, distributed_attempts=21, shadow_dropped=2
+    assert since_baseline(first=first, later=later, baseline=base) == GateStats(
+        compared=120, new_rejections=1, backend_errors=1, distributed_attempts=121, shadow_dropped=2
     )
-    assert since_baseline(total, None) is total
+    assert since_baseline(first=first, later=later, baseline=None) == GateStats(
+        compared=150, new_rejections=6, backend_errors=1, distributed_attempts=151, shadow_dropped=2
+    )
+    # the first minute's counters lost with Redis' data (below the baseline): nothing of that
+    # minute counts, never a negative figure taken from the later minutes
+    lost = GateStats(compared=4, new_rejections=0, backend_errors=3, distributed_attempts=4)
+    assert since_baseline(first=lost, later=later, baseline=base) == GateStats(
+        compared=100, new_rejections=1, backend_errors=3, distributed_attempts=100
+    )
 
 
 # -- what the plan does next ---------------------------------------------------------------
@@ -382,3 +394,18 @@ def test_records_keep_their_fields_and_a_bounded_history():
     assert PlanRecord.from_dict(record.to_dict()) == record
     with pytest.raises(ValueError):
         PlanRecord.from_dict({"plan_id": "x"})
+
+
+def test_a_record_the_store_lost_forgets_its_steps_baseline():
+    """Redis lost the plan's record and the fleet's counters with it: the step counts from
+    nothing, so the counts taken when it began are dropped before the record is written back."""
+    memory = StateMemory()
+    base = Baseline(minute=100, counts=_stats(400))
+    memory.note_plan("search", replace(_record(1, since=5.0), baseline=base, version=7))
+    memory.note_plan("other", replace(_record(1, since=5.0), baseline=base, version=3))
+    kept = StoreView(states={}, epoch=None, plans={"other": memory.plans["other"]})
+    loss = memory.check(kept, audit_maxlen=1000)
+    assert loss.plans == ("search",)
+    memory.forget_baselines(loss.plans)
+    assert memory.plans["search"].baseline is None and memory.plans["search"].version == 7
+    assert memory.plans["other"].baseline == base
