@@ -153,9 +153,10 @@ def _restarted_empty(server: EmbeddedRedis, tmp_path: Path) -> None:
         a, b = cps
         body = {
             "steps": [{"shadow": "0.5s"}, {"canary": 30, "for": "3s"}, "enforce"],
-            # the decisions in flight while Redis restarts fail: backend errors, which the default
-            # 0.1% would judge a failure (and roll back); this plan is about surviving the loss
-            "analysis": {"min_compared": 20, "max_backend_error_rate": "50%"},
+            # the decisions in flight while Redis restarts fail: backend errors, counted once Redis
+            # is back, which any threshold of a few decisions might judge a failure (and roll
+            # back); this plan is about surviving the loss, so it never fails on them
+            "analysis": {"min_compared": 20, "max_backend_error_rate": "100%"},
             "reason": "walk it",
         }
         r = httpx.put(a.url + "/v1/routes/search/plan", json=body, headers=admin_headers(), timeout=5)
@@ -178,8 +179,17 @@ def _restarted_empty(server: EmbeddedRedis, tmp_path: Path) -> None:
             assert back["step"] >= 1 and back["version"] >= before["version"]
             for cp in cps:
                 assert _plan(cp.url)["current"] in ("canary 30%", "enforce")
-            done = eventually(lambda: _plan(a.url)["state"] == "completed", 60, 0.1, "the plan to go on and finish")
-        assert done
+            seen: dict[str, Any] = {}
+
+            def finished() -> bool:
+                seen.update(_plan(a.url))
+                return seen["state"] == "completed"
+
+            try:
+                eventually(finished, 60, 0.1, "the plan to go on and finish")
+            except AssertionError as exc:  # say where the plan stopped and why
+                keep = ("state", "current", "reason", "waits_for", "checks", "recent", "driver")
+                raise AssertionError(f"{exc}; the plan: { ({k: seen.get(k) for k in keep}) }") from None
         steps = _plan_steps(a.url)
         assert steps[-1] == ("canary", "enforce", 30, 0) and steps.count(("canary", "enforce", 30, 0)) == 1
         restores = httpx.get(a.url + "/v1/rollout/audit?limit=200", timeout=5).json()["entries"]
