@@ -11,6 +11,7 @@ nothing written: retry later), 7 ``routes``: the fleet figures are stale.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from typing import Any
 from urllib.parse import quote
@@ -31,6 +32,7 @@ from .output import (
     EXIT_GATE,
     EXIT_INTERRUPTED,
     EXIT_OK,
+    EXIT_PIPE,
     EXIT_REFUSED,
     EXIT_STALE,
     EXIT_UNAVAILABLE,
@@ -445,3 +447,14 @@ def main(argv: list[str] | None = None) -> int:
         return exc.code
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED
+    except BrokenPipeError:
+        return _reader_gone()
+
+
+def _reader_gone() -> int:
+    """The output's reader closed its end (``| head``): end quietly, as ``cat`` would, and keep
+    the interpreter's own flush at exit from printing a traceback about the same pipe."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+    return EXIT_PIPE

@@ -19,6 +19,7 @@ __all__ = [
     "EXIT_GATE",
     "EXIT_INTERRUPTED",
     "EXIT_OK",
+    "EXIT_PIPE",
     "EXIT_REFUSED",
     "EXIT_STALE",
     "EXIT_UNAVAILABLE",
@@ -37,6 +38,7 @@ __all__ = [
 
 EXIT_OK, EXIT_REFUSED, EXIT_USAGE, EXIT_UNREACHABLE, EXIT_AUTH, EXIT_GATE = 0, 1, 2, 3, 4, 5
 EXIT_UNAVAILABLE, EXIT_STALE, EXIT_INTERRUPTED = 6, 7, 130
+EXIT_PIPE = 141  # as a shell reports a command ended by SIGPIPE
 
 #: exit code -> (kind, meaning); the kind is what ``--json`` errors carry
 EXIT_CODES: dict[int, tuple[str, str]] = {
@@ -52,6 +54,7 @@ EXIT_CODES: dict[int, tuple[str, str]] = {
     ),
     EXIT_STALE: ("stale", "routes: the fleet figures are stale (Redis unreachable); the last ones read are shown"),
     EXIT_INTERRUPTED: ("interrupted", "interrupted (Ctrl-C)"),
+    EXIT_PIPE: ("pipe", "the reader of the output went away (`| head`): the rest was not printed"),
 }
 
 EXIT_CODES_EPILOG = "exit codes:\n" + "\n".join(f"  {code:<4}{meaning}" for code, (_, meaning) in EXIT_CODES.items())

@@ -21,7 +21,7 @@ from cp_server import ADMIN_TOKEN, ControlPlaneServer, free_port, write_rules
 
 from control_plane.cli import build_parser, main
 from control_plane.cli import options as cli_options
-from control_plane.cli.output import EXIT_CODES, CliParser
+from control_plane.cli.output import EXIT_CODES, EXIT_PIPE, CliParser
 
 SHADOWLIMIT = Path(sys.executable).parent / "shadowlimit"
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "cli.md"
@@ -181,6 +181,20 @@ def test_the_installed_command_says_it_in_one_line(tmp_path):
     )
     assert proc.returncode == 2 and proc.stderr == ""
     assert json.loads(proc.stdout)["error"]["message"].startswith("--timeout: expected ")
+
+
+def test_a_reader_that_goes_away_ends_the_command_quietly():
+    """``shadowlimit ... | head``: the pipe's reader closes its end before the output is written."""
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # the reader is gone before the first write
+    try:
+        proc = subprocess.run(
+            [str(SHADOWLIMIT), "completion", "bash"], stdout=write_end, stderr=subprocess.PIPE, text=True, timeout=60
+        )
+    finally:
+        os.close(write_end)
+    assert proc.stderr == ""  # no traceback, no "Exception ignored" from the flush at exit
+    assert proc.returncode == EXIT_PIPE
 
 
 def test_the_documented_exit_codes_are_the_commands():
