@@ -29,13 +29,15 @@
 #include <time.h>
 
 #define EPSILON 1e-9
+/* a key's entry: [state, algorithm, last_seen_us, expires_us, function, (created_us, forgot_us)] */
+#define ENTRY_SIZE 6
 #define MAX_RETRIES 3
 /* beyond this a wait in microseconds is handed to the Python path (big ints) */
 #define MAX_SAFE_US 4.0e18
 
 typedef struct {
     PyObject_HEAD
-    PyObject *data;        /* the OrderedDict: key -> [state, algorithm, last_seen_us, expires_us, function] */
+    PyObject *data;        /* the OrderedDict: key -> an entry of ENTRY_SIZE items (LocalLimiter._data) */
     PyObject *locked;      /* bound lock.locked */
     PyObject *move_to_end; /* bound data.move_to_end */
     PyObject *slow;        /* LocalLimiter._check_py(key, policy, cost, now_us) */
@@ -347,7 +349,7 @@ FastCheck_vectorcall(PyObject *callable, PyObject *const *args, size_t nargsf, P
             }
             SLOW(); /* a new key: insertion, sweep and eviction are the Python path's */
         }
-        if (!PyList_CheckExact(entry) || PyList_GET_SIZE(entry) != 5 || PyList_GET_ITEM(entry, 1) != self->token_bucket_alg)
+        if (!PyList_CheckExact(entry) || PyList_GET_SIZE(entry) != ENTRY_SIZE || PyList_GET_ITEM(entry, 1) != self->token_bucket_alg)
             SLOW();
         PyObject *state = PyList_GET_ITEM(entry, 0);
         if (!PyTuple_CheckExact(state) || PyTuple_GET_SIZE(state) != 2)
@@ -448,7 +450,7 @@ FastCheck_vectorcall(PyObject *callable, PyObject *const *args, size_t nargsf, P
             Py_DECREF(lk);
         }
         PyObject *again = (busy == 0) ? PyDict_GetItemWithError(self->data, key) : NULL;
-        int moved = busy != 0 || again != entry || PyList_GET_SIZE(entry) != 5 || PyList_GET_ITEM(entry, 0) != state;
+        int moved = busy != 0 || again != entry || PyList_GET_SIZE(entry) != ENTRY_SIZE || PyList_GET_ITEM(entry, 0) != state;
         if (moved || PyErr_Occurred()) {
             Py_DECREF(dec);
             Py_XDECREF(new_state);
@@ -464,7 +466,8 @@ FastCheck_vectorcall(PyObject *callable, PyObject *const *args, size_t nargsf, P
                 SLOW(); /* a locked Python path is running: queue behind it */
             continue;
         }
-        /* write: entry = [state, algorithm, last_seen_us, expires_us, function]; algorithm and function stay */
+        /* write: entry = [state, algorithm, last_seen_us, expires_us, function, (created_us, forgot_us)];
+           algorithm, function and the bucket's birth stay */
         if (allowed)
             set_item(entry, 0, new_state);
         Py_INCREF(now_obj);

@@ -621,3 +621,38 @@ def test_algorithm_change_starts_fresh(first, second):
     # and switching back starts fresh again
     d = lim.check("k", p1, now_us=T0)
     assert d.allowed and d.remaining == 4
+
+
+# ---------------------------------------------------------------------------
+# when a bucket was made, and when the store last forgot buckets
+# ---------------------------------------------------------------------------
+
+
+def test_a_bucket_knows_when_it_was_made_and_when_the_store_last_forgot():
+    t = [T0]
+    lim = LocalLimiter(max_keys=10, clock=lambda: t[0])
+    assert lim.started_us == lim.forgot_us == T0
+    p = POLICIES[Algorithm.TOKEN_BUCKET]
+    assert lim.birth("k") is None
+    lim.check("k", p, now_us=T0 + 5)
+    for i in range(20):  # the C path (a known key) leaves the birth alone
+        lim.check("k", p, now_us=T0 + 10 + i)
+    assert lim.birth("k") == (T0 + 5, T0)
+    info = lim.info("k")
+    assert info is not None and (info.created_us, info.forgot_us) == (T0 + 5, T0)
+    # a change of algorithm makes a new bucket: made now, forgotten now
+    lim.check("k", POLICIES[Algorithm.GCRA], now_us=T0 + 100)
+    assert lim.birth("k") == (T0 + 100, T0 + 100)
+    # an eviction at the cap: the store forgot buckets then, and says so to the next ones
+    for i in range(10):
+        lim.check(f"other-{i}", p, now_us=T0 + 200 + i)
+    assert lim.evicted == 1 and lim.forgot_us == T0 + 209 and lim.birth("k") is None
+    assert lim.birth("other-8") == (T0 + 208, T0)  # made before the eviction
+    assert lim.birth("other-9") == (T0 + 209, T0 + 209)  # made by it
+    lim.check("other-9", p, now_us=T0 + 250)
+    assert lim.birth("other-9") == (T0 + 209, T0 + 209)
+    assert [(i.key, i.created_us) for i in lim.items()][-1] == ("other-9", T0 + 209)
+    # cleared: everything forgotten at the clock's time
+    t[0] = T0 + 400
+    lim.clear()
+    assert lim.forgot_us == T0 + 400 and lim.birth("new") is None

@@ -127,12 +127,14 @@ def test_reads_its_clock_once_and_honours_a_custom_clock():
         return t[0]
 
     lim = LocalLimiter(clock=clock, speedups=True)
+    assert len(calls) == 1  # the store's start (LocalLimiter.started_us)
+    assert lim.started_us == lim.forgot_us == T0
     ref = LocalLimiter(speedups=False)
     p = Policy(average=2, burst=3)
     for step in [0, 0, 0, 0, 100_000, 400_000, 2_000_000, 1]:
         t[0] += step
         assert lim.check("k", p) == ref.check("k", p, 1, t[0])
-    assert len(calls) == 8
+    assert len(calls) == 1 + 8  # once per check
 
 
 def test_default_clock_is_wall_clock_microseconds():
