@@ -2,7 +2,8 @@
 modes and the canary's share (:mod:`.rollout`: ``Mode``, ``RouteState``, ``next_step``,
 ``canary_bucket``), divergence classes (``Divergence``, ``classify``), audit entries
 (``AuditEntry``), the promotion gates (``GateConfig``, ``GateStats``, ``GateResult``,
-``evaluate_gate``), and what a replica remembers of the store to restore it after Redis lost
+``evaluate_gate``), why a divergent decision diverged (:mod:`.causes`: ``Cause``,
+``cause_of``), and what a replica remembers of the store to restore it after Redis lost
 its data (:mod:`.recovery`: ``StateMemory``), and rollout plans: the plan (:mod:`.plan`: ``Plan``),
 its analysis (:mod:`.plan_analysis`: ``analyse``, ``Verdict``) and its progress
 (:mod:`.plan_progress`: ``PlanRecord``, ``PlanStatus``, ``next_action``). Every other room
@@ -10,6 +11,7 @@ builds on these."""
 
 from __future__ import annotations
 
+from .causes import Cause, cause_of
 from .plan import Plan
 from .plan_analysis import Verdict, analyse
 from .plan_progress import PlanRecord, PlanStatus, next_action
@@ -18,6 +20,7 @@ from .rollout import AuditEntry, Divergence, GateConfig, GateResult, GateStats, 
 
 __all__ = [
     "AuditEntry",
+    "Cause",
     "Divergence",
     "GateConfig",
     "GateResult",
@@ -30,6 +33,7 @@ __all__ = [
     "StateMemory",
     "Verdict",
     "analyse",
+    "cause_of",
     "evaluate_gate",
     "next_action",
 ]

@@ -217,8 +217,8 @@ ROOMS = {
         "EXIT_UNREACHABLE", "EXIT_USAGE", "build_parser", "main",
     ],
     "model": [
-        "AuditEntry", "Divergence", "GateConfig", "GateResult", "GateStats", "Mode", "Plan", "PlanRecord",
-        "PlanStatus", "RouteState", "StateMemory", "Verdict", "analyse", "evaluate_gate", "next_action",
+        "AuditEntry", "Cause", "Divergence", "GateConfig", "GateResult", "GateStats", "Mode", "Plan", "PlanRecord",
+        "PlanStatus", "RouteState", "StateMemory", "Verdict", "analyse", "cause_of", "evaluate_gate", "next_action",
     ],
     "observe": ["Activity", "EventHub", "FleetViews", "Metrics", "Notifier", "PrometheusClient"],
     "rollout": [
