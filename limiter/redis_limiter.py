@@ -21,7 +21,7 @@ import asyncio
 import math
 import re
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from typing import Any, Literal
 
 from .algorithms import blocked_decision, decide
@@ -249,31 +249,42 @@ class RedisLimiter:
         return await self._many(requests, False, timeout_s)
 
     async def allowed_many(
-        self, requests: Sequence[tuple[str, Policy, int, int | None]], *, timeout_s: float | None = None
-    ) -> list[bool | BackendError]:
+        self,
+        requests: Sequence[tuple[str, Policy, int, int | None]],
+        *,
+        timeout_s: float | None = None,
+        decisions: Collection[int] = (),
+    ) -> list[bool | Decision | BackendError]:
         """:meth:`check_many` when only the verdicts matter (shadow comparisons): the
         same scripts, the same state changes, ``True``/``False`` instead of a
-        :class:`Decision` per item."""
-        return await self._many(requests, True, timeout_s)
+        :class:`Decision` per item -- except the items whose index is in ``decisions``,
+        which get their :class:`Decision` (a comparison that needs one answer in full)."""
+        return await self._many(requests, True, timeout_s, decisions)
 
     def _payloads(
-        self, requests: Sequence[tuple[str, Policy, int, int | None]], verdicts: bool, out: list[Any]
+        self,
+        requests: Sequence[tuple[str, Policy, int, int | None]],
+        verdicts: bool,
+        out: list[Any],
+        full: Collection[int] = (),
     ) -> tuple[list[bytes], list[bytes], list[tuple[int, bytes, _Prepared, bytes]]]:
         """The keys, commands and (index, key, script, arguments) of the items Redis must
-        decide; the others (unlimited and blocking policies) are answered in ``out``."""
+        decide; the others (unlimited and blocking policies) are answered in ``out``
+        (verdicts, or decisions for the indexes in ``full``)."""
         keys: list[bytes] = []
         payloads: list[bytes] = []
         meta: list[tuple[int, bytes, _Prepared, bytes]] = []
         prefix = self._prefix
         for i, (key, policy, cost, now_us) in enumerate(requests):
+            verdict = verdicts and i not in full
             if type(cost) is not int or cost < 1 or cost > policy.limit:
                 c = self._off_path(policy, cost, now_us)
                 if isinstance(c, Decision):
-                    out[i] = c.allowed if verdicts else c
+                    out[i] = c.allowed if verdict else c
                     continue
                 cost = c
             if policy.unlimited:
-                out[i] = True if verdicts else make_decision(True, policy.limit, policy.limit, 0, 0)
+                out[i] = True if verdict else make_decision(True, policy.limit, policy.limit, 0, 0)
                 continue
             prep = self._prepare(policy) if cost else self._prepare_peek(policy)
             rkey = prefix + key.encode()
@@ -284,10 +295,14 @@ class RedisLimiter:
         return keys, payloads, meta
 
     async def _many(
-        self, requests: Sequence[tuple[str, Policy, int, int | None]], verdicts: bool, timeout_s: float | None = None
+        self,
+        requests: Sequence[tuple[str, Policy, int, int | None]],
+        verdicts: bool,
+        timeout_s: float | None = None,
+        full: Collection[int] = (),
     ) -> list[Any]:
         out: list[Any] = [None] * len(requests)
-        keys, payloads, meta = self._payloads(requests, verdicts, out)
+        keys, payloads, meta = self._payloads(requests, verdicts, out, full)
         if not payloads:
             return out
         groups: list[tuple[Any, list[int]]] = []
@@ -324,9 +339,10 @@ class RedisLimiter:
                     except BackendError as exc:
                         out[pos] = exc
                         continue
-                out[pos] = (
-                    reply[0] == 1 if verdicts else make_decision(reply[0] == 1, reply[1], reply[2], reply[3], reply[4])
-                )
+                if verdicts and (not full or pos not in full):
+                    out[pos] = reply[0] == 1
+                else:
+                    out[pos] = make_decision(reply[0] == 1, reply[1], reply[2], reply[3], reply[4])
         return out
 
     async def _recover(self, rkey: bytes, prep: _Prepared, rest: bytes, reply: Any) -> list[Any]:

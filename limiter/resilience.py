@@ -31,7 +31,7 @@ import logging
 import math
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from enum import Enum
 from typing import Literal, cast
@@ -374,22 +374,29 @@ class ResilientLimiter:
         return cast("list[Outcome]", out)
 
     async def compare_many(
-        self, requests: Sequence[tuple[str, Policy, int, int | None]], *, timeout_s: float | None = None
-    ) -> list[bool | None]:
-        """Shadow evaluation: Redis's verdict on each request (``True`` allowed), or
-        ``None`` where it could not give one (breaker open, the call failed, or it did not
-        answer within ``timeout_s``). Nothing is degraded to the failure policy; failures
-        are counted and feed the breaker as in :meth:`check_many`. A blocking policy's
-        verdict is ``False`` without Redis."""
+        self,
+        requests: Sequence[tuple[str, Policy, int, int | None]],
+        *,
+        timeout_s: float | None = None,
+        decisions: Collection[int] = (),
+    ) -> list[bool | Decision | None]:
+        """Shadow evaluation: Redis's verdict on each request (``True`` allowed), its
+        :class:`Decision` for the indexes in ``decisions``, or ``None`` where it could not
+        give one (breaker open, the call failed, or it did not answer within ``timeout_s``).
+        Nothing is degraded to the failure policy; failures are counted and feed the breaker
+        as in :meth:`check_many`. A blocking policy's verdict is ``False`` without Redis
+        (in ``decisions`` too: the verdict is the whole answer)."""
         if any(r[1].blocked for r in requests):
-            return await self._compare_with_blocked(requests, timeout_s)
+            return await self._compare_with_blocked(requests, timeout_s, decisions)
         if timeout_s is not None and timeout_s < MIN_TRY_S:
             return [None] * len(requests)
         if not self.breaker.allow_request():
             self._ensure_prober()
             return [None] * len(requests)
         try:
-            if timeout_s is None:
+            if decisions:
+                results = await self.redis.allowed_many(requests, timeout_s=timeout_s, decisions=decisions)
+            elif timeout_s is None:
                 results = await self.redis.allowed_many(requests)
             else:
                 results = await self.redis.allowed_many(requests, timeout_s=timeout_s)
@@ -398,15 +405,15 @@ class ResilientLimiter:
             raise
         error: BackendError | None = None
         for r in results:
-            if type(r) is not bool:
-                error = r
+            if type(r) is not bool and type(r) is not Decision:
+                error = cast("BackendError", r)
                 break
         if error is None:
             self.breaker.record_success()
-            return cast("list[bool | None]", results)  # every item is a bool: no copy needed
-        out: list[bool | None] = []
+            return cast("list[bool | Decision | None]", results)  # every item is an answer: no copy needed
+        out: list[bool | Decision | None] = []
         for r in results:
-            if type(r) is bool:
+            if type(r) is bool or type(r) is Decision:
                 out.append(r)
             else:
                 self.backend_errors += 1
@@ -416,10 +423,13 @@ class ResilientLimiter:
         return out
 
     async def _compare_with_blocked(
-        self, requests: Sequence[tuple[str, Policy, int, int | None]], timeout_s: float | None
-    ) -> list[bool | None]:
+        self,
+        requests: Sequence[tuple[str, Policy, int, int | None]],
+        timeout_s: float | None,
+        decisions: Collection[int],
+    ) -> list[bool | Decision | None]:
         """:meth:`compare_many` for a batch with blocking policies (False, without Redis)."""
-        verdicts: list[bool | None] = [False] * len(requests)
+        verdicts: list[bool | Decision | None] = [False] * len(requests)
         rest: list[int] = []
         for i, (_, p, c, _n) in enumerate(requests):
             if p.blocked:
@@ -427,7 +437,9 @@ class ResilientLimiter:
             else:
                 rest.append(i)
         if rest:
-            for i, v in zip(rest, await self.compare_many([requests[i] for i in rest], timeout_s=timeout_s)):
+            sub = [k for k, i in enumerate(rest) if i in decisions]
+            answers = await self.compare_many([requests[i] for i in rest], timeout_s=timeout_s, decisions=sub)
+            for i, v in zip(rest, answers):
                 verdicts[i] = v
         return verdicts
 

@@ -233,6 +233,23 @@ async def test_check_many_and_allowed_many_match_one_by_one_checks(any_redis_url
         assert any(not d.allowed for d in expected) and any(d.allowed for d in expected)
 
 
+async def test_allowed_many_answers_the_items_asked_for_in_full(any_redis_url):
+    """``decisions``: those items' whole Decision (what check_many gives), the others' verdicts,
+    the same state changes; blocking and unlimited policies answered without Redis alike."""
+    keys = [f"u{i % 3}" for i in range(12)]
+    requests = [(k, POLICY, 1 + i % 2, T0 + i) for i, k in enumerate(keys)]
+    full = {0, 5, 11}
+    async with contextlib.AsyncExitStack() as stack:
+        one, mixed = (RedisLimiter.from_url(any_redis_url, namespace=ns) for ns in ("one-full", "mixed"))
+        for rl in (one, mixed):
+            stack.push_async_callback(rl.aclose)
+        expected = [await one.check(k, p, c, n) for k, p, c, n in requests]
+        got = await mixed.allowed_many(requests, decisions=full)
+        assert got == [d if i in full else d.allowed for i, d in enumerate(expected)]
+        unlimited = [("x", Policy(average=0), 1, T0), ("y", Policy.blocking(), 1, T0)]
+        assert await mixed.allowed_many(unlimited, decisions={1}) == [True, Decision(False, 0, 0, 1_000_000, 1_000_000)]
+
+
 async def test_allowed_many_reports_a_failing_key_in_place(any_redis_url):
     async with contextlib.AsyncExitStack() as stack:
         rl = RedisLimiter.from_url(any_redis_url, namespace="bad")
@@ -262,6 +279,23 @@ async def test_compare_many_feeds_the_breaker_and_never_degrades(redis_url):
         # breaker open: no verdicts at all, no call to Redis, nothing decided by the policy
         assert await res.compare_many([("a", POLICY, 1, T0 + 10**7)]) == [None]
         assert res.fallback_decisions == 0
+    finally:
+        await res.aclose()
+        await rl.aclose()
+
+
+async def test_compare_many_gives_whole_decisions_where_asked_failures_still_none(redis_url):
+    redis_sync.Redis.from_url(redis_url).set("rl:cmpd:broken", b"not a hash")
+    rl = RedisLimiter.from_url(redis_url, namespace="cmpd")
+    res = ResilientLimiter(rl, failure_policy="passThrough", breaker=CircuitBreaker(failure_threshold=5))
+    try:
+        out = await res.compare_many([("a", POLICY, 2, T0), ("a", POLICY, 1, T0)], decisions=[0])
+        assert out == [Decision(True, POLICY.burst - 2, POLICY.burst, 0, out[0].reset_after_us), True]
+        out = await res.compare_many([("broken", POLICY, 1, T0), ("a", POLICY, 1, T0)], decisions=[0, 1])
+        assert out[0] is None and isinstance(out[1], Decision) and res.backend_errors == 1
+        # a blocking policy is answered without Redis; the others keep their places
+        out = await res.compare_many([("z", Policy.blocking(), 1, T0), ("a", POLICY, 1, T0)], decisions=[1])
+        assert out[0] is False and isinstance(out[1], Decision)
     finally:
         await res.aclose()
         await rl.aclose()
