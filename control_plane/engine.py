@@ -14,6 +14,7 @@ Each part has one job and is built in one place (:func:`control_plane.wiring.bui
 ``views``          fleet-wide divergence figures, refreshed in the background
 ``external``       per-key limits from limits services
 ``comparisons``    where compared pairs are counted
+``clock_skew``     this replica's clock against Redis'
 =================  ==================================================================
 
 The engine itself only runs their background work, says whether the replica is ready,
@@ -39,6 +40,7 @@ from .external import ExternalManager
 from .live_rules import LiveRules
 from .model.recovery import StateMemory
 from .observe.activity import Activity
+from .observe.clock import ClockSkew
 from .observe.events import EventHub
 from .observe.hitters import WouldBeBlocked
 from .observe.logs import event_fields
@@ -91,6 +93,7 @@ class Engine:
     decider: Decider
     recorder: Recorder
     clock: Callable[[], float]  # wall-clock seconds: every part of the replica reads this one
+    clock_skew: ClockSkew
     started_at: float
     running: bool = False  # started and not stopping: the replica can decide
     _tasks: list[asyncio.Task[Any]] = field(default_factory=list)
@@ -129,6 +132,7 @@ class Engine:
             spawn(self.views.run(), name="views-refresh"),
             spawn(self.plan_driver.run(), name="plan-driver"),
             spawn(self.plans.notifier.run(), name="notifications"),
+            spawn(self.clock_skew.run(), name="clock-check"),
         ]
         if self.live_rules.watching:
             self._tasks.append(spawn(self.live_rules.run(), name="rules-watcher"))
@@ -245,6 +249,7 @@ class Engine:
                 "redis": self.redis.describe(),
                 "redis_topology": self.redis.topology(),
                 "time_source": self.redis.time_source,
+                "clock": self.clock_skew.snapshot(),
                 "live_instances": self.resilient.live_instances,
                 "fleet": self.fleet.members,
                 "instance_id": self.instance_id,

@@ -17,6 +17,7 @@ from limiter.errors import BackendAuthError, BackendError
 from limiter.resilience import BreakerState, CircuitBreaker, FleetMembership, ResilientLimiter
 
 from .decision import Comparisons, Decider, wall_clock_us
+from .decision.explain import Explainer
 from .decision.overlimit import OverLimitCache
 from .decision.shadow import ShadowPipeline
 from .engine import Engine
@@ -25,6 +26,7 @@ from .live_rules import LiveRules
 from .model.recovery import StateMemory
 from .observe.activity import Activity
 from .observe.auditlog import AuditSink
+from .observe.clock import ClockSkew
 from .observe.events import EventHub
 from .observe.hitters import WouldBeBlocked
 from .observe.metrics import Metrics
@@ -187,6 +189,35 @@ def _plans(
     return plans, driver
 
 
+def _shadow(
+    settings: Settings,
+    *,
+    redis: RedisLimiter,
+    resilient: Any,
+    comparisons: Comparisons,
+    local: LocalLimiter,
+    views: FleetViews,
+    metrics: Metrics,
+    clock_us: Callable[[], int],
+) -> tuple[ClockSkew, ShadowPipeline]:
+    """This replica's clock against Redis' (its gauge), and the shadow pipeline with what
+    explains its divergence: the local store's births, that clock, the fleet's size and views."""
+    gauge = metrics.clock_skew.labels()
+    skew = ClockSkew(
+        redis.redis_time_us, clock_us=clock_us, tolerance_us=round(settings.clock_skew_tolerance_ms * 1000),
+        on_measure=lambda offset_us: gauge.set(offset_us / 1e6),
+    )  # fmt: skip
+    explainer = Explainer(
+        local=local, skew=skew, caller_clock=settings.time_source == "local",
+        fleet_size=lambda: int(resilient.live_instances), fleet_before=views.decided_before,
+    )  # fmt: skip
+    shadow = ShadowPipeline(
+        resilient, comparisons, queue_size=settings.shadow_queue_size, batch_size=settings.shadow_batch_size,
+        linger_s=settings.shadow_linger_ms / 1000, explainer=explainer,
+    )  # fmt: skip
+    return skew, shadow
+
+
 def build_engine(
     settings: Settings,
     *,
@@ -228,26 +259,7 @@ def build_engine(
     plans, plan_driver = _plans(settings, rollout, rules=live, metrics=metrics, iid=iid, clock=clock)
     live.listeners += [lambda r: external.configure(r.all_routes), rollout.rules_changed, candidates.rules_changed]
     comparisons = Comparisons(divergence, blocked, metrics)
-    shadow = ShadowPipeline(
-        resilient,
-        comparisons,
-        queue_size=settings.shadow_queue_size,
-        batch_size=settings.shadow_batch_size,
-        linger_s=settings.shadow_linger_ms / 1000,
-    )
-    activity = Activity(clock=clock)
-    recorder = Recorder(
-        client, settings.namespace, budget=settings.record_budget, minutes=settings.record_minutes,
-        enabled=settings.record, clock=clock, ready=lambda: breaker.state is not BreakerState.OPEN,
-    )  # fmt: skip
     local = LocalLimiter(max_keys=settings.local_max_keys, clock=clock_us)  # its sweeps read the decisions' clock
-    decider = Decider(
-        rules=live, modes=rollout, adjustments=adjustments, local=local, resilient=resilient, shadow=shadow,
-        comparisons=comparisons, external=external, activity=activity, metrics=metrics, instance_id=iid,
-        recorder=recorder, headers=settings.header_style(),
-        clock_us=clock_us,
-        over_limit=OverLimitCache(settings.over_limit_cache_keys) if settings.over_limit_cache_keys else None,
-    )  # fmt: skip
     views = FleetViews(
         divergence,
         blocked,
@@ -257,12 +269,29 @@ def build_engine(
         max_routes=settings.metrics_max_routes,
         candidate_of=lambda r: adjustments.candidates.get(r),
     )
+    clock_skew, shadow = _shadow(
+        settings, redis=redis, resilient=resilient, comparisons=comparisons, local=local, views=views,
+        metrics=metrics, clock_us=clock_us,
+    )  # fmt: skip
+    activity = Activity(clock=clock)
+    recorder = Recorder(
+        client, settings.namespace, budget=settings.record_budget, minutes=settings.record_minutes,
+        enabled=settings.record, clock=clock, ready=lambda: breaker.state is not BreakerState.OPEN,
+    )  # fmt: skip
+    decider = Decider(
+        rules=live, modes=rollout, adjustments=adjustments, local=local, resilient=resilient, shadow=shadow,
+        comparisons=comparisons, external=external, activity=activity, metrics=metrics, instance_id=iid,
+        recorder=recorder, headers=settings.header_style(),
+        clock_us=clock_us,
+        over_limit=OverLimitCache(settings.over_limit_cache_keys) if settings.over_limit_cache_keys else None,
+    )  # fmt: skip
     engine = Engine(
         settings=settings, instance_id=iid, metrics=metrics, events=events, redis=redis, client=client,
         local=local, breaker=breaker, fleet=fleet, resilient=resilient, store=store, divergence=divergence,
         blocked=blocked, memory=memory, live_rules=live, adjustments=adjustments, rollout=rollout,
         candidates=candidates, plans=plans, plan_driver=plan_driver, activity=activity, views=views, external=external,
-        comparisons=comparisons, shadow=shadow, decider=decider, recorder=recorder, clock=clock, started_at=clock(),
+        comparisons=comparisons, shadow=shadow, decider=decider, recorder=recorder, clock=clock, clock_skew=clock_skew,
+        started_at=clock(),
     )  # fmt: skip
     breaker.on_transition = engine.on_breaker
     return engine

@@ -55,6 +55,12 @@ _TOTALS = {
     "backend_errors": 0,
     "distributed_attempts": 120,
     "shadow_dropped": 0,
+    "cause_replicas": 0,
+    "cause_tighter": 1,
+    "cause_fresh_local": 0,
+    "cause_clock": 0,
+    "cause_uneven": 0,
+    "cause_looser": 0,
     "minutes": 5,
     "new_rejection_rate": 0.008333,
     "reverse_rate": 0.0,
@@ -270,7 +276,34 @@ DIVERGENCE: dict[str, Any] = {
         "search": {
             "totals": {**_TOTALS, "minutes": 1},
             "series": [{"minute": 1795710180, **_MINUTE}],
-            "would_be_blocked": [{"key": "alice", "count": 1, "last_request_id": "2fce927b8478-14"}],
+            "would_be_blocked": [
+                {"key": "alice", "count": 1, "last_request_id": "2fce927b8478-14", "cause": "tighter"}
+            ],
+            "causes": {
+                "explain": True,
+                "meaning": {
+                    "replicas": "the fleet multiplied the old limit",
+                    "tighter": "the new limit is tighter",
+                    "fresh_local": "a replica's bucket was new (restart or eviction)",
+                    "clock": "a replica's clock is off",
+                    "uneven": "the load was uneven over the replicas",
+                    "looser": "the new limit is looser",
+                },
+                "new_rejections": {
+                    "total": 1,
+                    "by_cause": {"clock": 0, "fresh_local": 0, "replicas": 0, "tighter": 1},
+                    "unexplained": 0,
+                    "shares": {"clock": 0.0, "fresh_local": 0.0, "replicas": 0.0, "tighter": 1.0},
+                    "summary": "100% the new limit is tighter",
+                },
+                "reverse": {
+                    "total": 0,
+                    "by_cause": {"looser": 0, "uneven": 0},
+                    "unexplained": 0,
+                    "shares": {"looser": 0.0, "uneven": 0.0},
+                    "summary": "",
+                },
+            },
             "candidate": {
                 **_CANDIDATE,
                 "series": [
@@ -318,6 +351,14 @@ BACKEND: dict[str, Any] = {
     "redis": "10.0.0.5:6379",
     "redis_topology": {"kind": "standalone", "master": "10.0.0.5:6379"},
     "time_source": "local",
+    "clock": {
+        "offset_ms": 0.412,
+        "round_trip_ms": 0.198,
+        "tolerance_ms": 250.0,
+        "past_tolerance": False,
+        "measured_at_us": 1795710208431022,
+        "error": None,
+    },
     "live_instances": 1,
     "fleet": ["2fce927b8478"],
     "instance_id": "2fce927b8478",

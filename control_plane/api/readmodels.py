@@ -13,22 +13,23 @@ from limiter.errors import BackendError
 from limiter.resilience import BreakerState, CircuitBreaker
 
 from ..model.candidate import Candidate, candidate_gate
-from ..model.rollout import Mode, RouteState, evaluate_gate, next_step
+from ..model.causes import FORWARD, MEANING, REVERSE, Cause, summary
+from ..model.rollout import Divergence, Mode, RouteState, evaluate_gate, next_step
 from ..observe.activity import Activity
 from ..observe.views import FleetViews
 from ..rollout.adjustments import Adjustments
 from ..rollout.manager import RolloutManager
 from ..rollout.plans import Plans
 from ..store import StoreUnavailable, gate_stats_of, totals_of
-from ..store.divergence import CANDIDATE_COUNTS, candidate_stats_of
+from ..store.divergence import CANDIDATE_COUNTS, candidate_stats_of, cause_field
 from .deps import ApiError
 
 if TYPE_CHECKING:
     from ..rules import RouteRule, Rules
 
 __all__ = [
-    "Buckets", "buckets_view", "candidate_totals", "candidate_view", "divergence_view", "key_policies",
-    "limit_view", "route_views",
+    "Buckets", "buckets_view", "candidate_totals", "candidate_view", "causes_view", "divergence_view",
+    "key_policies", "limit_view", "route_views",
 ]  # fmt: skip
 
 
@@ -168,10 +169,40 @@ async def divergence_view(
         if cached is None:
             raise StoreUnavailable(views.error or "no divergence figures yet")
         series = cached["series"][-minutes:]
-        routes[name] = {"totals": totals_of(series, minutes), "series": series, "would_be_blocked": cached["top"]}
+        totals = totals_of(series, minutes)
+        rule = rules.get(name)
+        routes[name] = {
+            "totals": totals,
+            "series": series,
+            "would_be_blocked": cached["top"],
+            "causes": causes_view(totals, explain=rule is not None and rule.explain),
+        }
         if candidates is not None and rollout is not None:
             routes[name]["candidate"] = candidate_view(candidates.get(name), cached, rollout, series=True)
     return {"minutes": minutes, "routes": routes, "as_of": views.at, "age_s": views.age_s(), "error": views.error}
+
+
+def causes_view(totals: dict[str, Any], *, explain: bool) -> dict[str, Any]:
+    """Why the divergent decisions of ``totals`` (as :func:`totals_of` sums them) diverged:
+    per direction, the count and share of each cause (control_plane/model/causes.py), the
+    decisions left without one (``unexplained``: the route's ``explain: false``, in enforce, a
+    failed or dropped evaluation) and the shares in words; ``explain``: the route's setting."""
+    out: dict[str, Any] = {"explain": explain, "meaning": {c.value: MEANING[c] for c in Cause}}
+    for name, div, causes in (
+        ("new_rejections", Divergence.LOCAL_ALLOW_DISTRIBUTED_DENY, FORWARD),
+        ("reverse", Divergence.LOCAL_DENY_DISTRIBUTED_ALLOW, REVERSE),
+    ):
+        total = int(totals.get(div.value, 0))
+        counts = {c: int(totals.get(cause_field(c), 0)) for c in causes}
+        unexplained = max(0, total - sum(counts.values()))
+        out[name] = {
+            "total": total,
+            "by_cause": {c.value: n for c, n in counts.items()},
+            "unexplained": unexplained,
+            "shares": {c.value: round(n / total, 6) if total else 0.0 for c, n in counts.items()},
+            "summary": summary(counts, unexplained),
+        }
+    return out
 
 
 def key_policies(activity: Activity, adjustments: Adjustments, rule: RouteRule, key: str) -> tuple[Policy, Policy]:

@@ -90,6 +90,12 @@ class DivergenceCounts(_Open):
     backend_errors: int
     distributed_attempts: int
     shadow_dropped: int
+    cause_replicas: int = Field(0, description="New rejections the reference (the old limit fleet-wide) makes too.")
+    cause_tighter: int = Field(0, description="New rejections the reference admits: the global limit is stricter.")
+    cause_fresh_local: int = Field(0, description="New rejections on a replica's bucket made after a restart.")
+    cause_clock: int = Field(0, description="New rejections on a replica whose clock is off from Redis'.")
+    cause_uneven: int = Field(0, description="Reverse divergences within what the fleet's local limits give.")
+    cause_looser: int = Field(0, description="Reverse divergences under a global limit above the fleet's.")
 
 
 class DivergenceTotals(DivergenceCounts):
@@ -108,6 +114,28 @@ class BlockedKey(_Open):
     key: str
     count: int
     last_request_id: str | None = None
+    cause: str | None = Field(
+        None,
+        description="The main cause of the key's new rejections (replicas, tighter, fresh_local, clock); null:"
+        " not explained.",
+    )
+
+
+class CauseShares(BaseModel):
+    total: int = Field(description="Divergent decisions in this direction over the window.")
+    by_cause: dict[str, int]
+    unexplained: int = Field(description="Divergent decisions without a cause (explain: false, enforce, a failure).")
+    shares: dict[str, float] = Field(description="Each cause's share of total.")
+    summary: str = Field(description='The shares in words: "74% the fleet multiplied the old limit · ..."')
+
+
+class DivergenceCauses(BaseModel):
+    """Why the route's local and global limits disagree (docs/rollout-runbook.md#why-they-disagree)."""
+
+    explain: bool = Field(description="The route's explain setting in the rules.")
+    meaning: dict[str, str] = Field(description="Each cause in words.")
+    new_rejections: CauseShares = Field(description="New rejections: replicas, tighter, fresh_local, clock.")
+    reverse: CauseShares = Field(description="The reverse divergences: uneven, looser.")
 
 
 class Adjustment(_Open):
@@ -254,6 +282,7 @@ class RouteDivergence(BaseModel):
     totals: DivergenceTotals
     series: list[MinuteCounts]
     would_be_blocked: list[BlockedKey]
+    causes: DivergenceCauses
     candidate: CandidateDetail | None = Field(
         None, description="The route's candidate limit against its current one; null without one."
     )
@@ -313,6 +342,10 @@ class BackendReport(_Open):
     redis: str
     redis_topology: dict[str, Any]
     time_source: str
+    clock: dict[str, Any] = Field(
+        description="This replica's clock against Redis' TIME: offset_ms (this clock minus Redis'), round_trip_ms,"
+        " tolerance_ms (SHADOWLIMIT_CLOCK_SKEW_TOLERANCE_MS), past_tolerance, measured_at_us, error."
+    )
     live_instances: int
     fleet: list[str]
     instance_id: str

@@ -1,5 +1,6 @@
 """The ``shadowlimit`` command: serve, demo, dash, and admin commands against a running
-control plane (the admin commands: stats, reset, adjust, top, clients), and its shell completion.
+control plane (the admin commands: stats, reset, adjust, top, clients; the rollout's: routes,
+mode, audit, divergence, whatif, suggest, candidate), and its shell completion.
 
 Every command takes ``--json`` (JSON on stdout, errors too). Exit codes scripts can use
 (:data:`control_plane.cli.output.EXIT_CODES`, listed in every ``--help``): 0 ok, 1 refused
@@ -17,6 +18,8 @@ from typing import Any
 from urllib.parse import quote
 
 from .. import package_version
+from .candidate import add_candidate_command
+from .divergence import add_divergence_command
 from .options import (
     add_connection_options,
     amount,
@@ -45,6 +48,7 @@ from .output import (
     print_json,
     wants_json,
 )
+from .plan import add_plan_command
 from .remote import request, show
 from .routes import cmd_routes
 
@@ -423,10 +427,8 @@ def _add_remote_commands(sub: Any) -> None:
     sg.add_argument("--try-live", action="store_true", help="set the suggestion as the route's candidate limit")
     sg.add_argument("--reason", help="with --try-live: the audit trail's reason (default: what was asked)")
     sg.set_defaults(func=cmd_suggest)
-    from .candidate import add_candidate_command
-    from .plan import add_plan_command
-
     add_candidate_command(sub, _remote)
+    add_divergence_command(sub, _remote)
     add_plan_command(sub, _remote)
 
 

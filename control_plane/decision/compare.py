@@ -1,12 +1,13 @@
 """Where comparisons are counted: every pair of decisions (and every distributed call that
-failed, and every shadow evaluation dropped) goes to the fleet-wide divergence counters,
-the Prometheus counters and, for the requests enforcement would newly reject, the "who
-would be blocked" view. Used by the decider (pairs decided on the request path) and the
+failed, and every shadow evaluation dropped, and every divergence's cause) goes to the
+fleet-wide divergence counters, the Prometheus counters and, for the requests enforcement
+would newly reject, the "who would be blocked" view. Used by the decider (pairs decided on the request path) and the
 shadow pipeline (pairs evaluated later), so both count the same way."""
 
 from __future__ import annotations
 
 from ..model.candidate import CandidateDirection
+from ..model.causes import Cause, direction_of
 from ..model.rollout import Divergence
 from ..observe.hitters import WouldBeBlocked
 from ..observe.metrics import Metrics
@@ -50,6 +51,14 @@ class Comparisons:
                 m.child(m.divergence, route, div.value).inc(n)
         if errors:
             m.backend_errors.inc(errors)
+
+    def causes_batch(self, route: str, counts: dict[Cause, int]) -> None:
+        """Divergent decisions of one route explained by cause (control_plane/model/causes.py),
+        counted at once (their keys' causes are recorded by the caller, one by one)."""
+        self.divergence.add_causes(route, counts)
+        m = self.metrics
+        for cause, n in counts.items():
+            m.child(m.divergence_cause, route, direction_of(cause).value, cause.value).inc(n)
 
     def candidate_batch(self, route: str, cid: str, agree: int, rejected: int, admitted: int, errors: int) -> None:
         """Comparisons of a route's candidate limit ``cid`` with its current limit, counted

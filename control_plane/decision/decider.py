@@ -32,16 +32,17 @@ from typing import TYPE_CHECKING, Any
 from limiter import Decision, LocalLimiter, Policy
 from limiter.keys import DEFAULT_MAX_KEY_LENGTH, validate_key
 from limiter.policy import make_decision
-from limiter.resilience import FailurePolicy, Outcome
+from limiter.resilience import Outcome
 
 from ..observe.activity import Activity
 from ..observe.metrics import Metrics
+from .batch import Batch, Pending
 from .compare import Comparisons
 from .enforce import Path, divergence_of, failure_verdict, path_for
 from .headers import HeaderStyle
 from .plan import RoutePlan, check_cost
 from .shadow import ShadowItem, ShadowPipeline, candidate_item
-from .types import DecideInput, DecideResult, InputLike, InvalidCost, MissingTarget, PlainInput, UnknownRoute
+from .types import DecideResult, InputLike, InvalidCost, MissingTarget, PlainInput, UnknownRoute
 
 if TYPE_CHECKING:
     from ..external import ExternalManager, Resolution
@@ -60,81 +61,6 @@ _SHADOW = Path.SHADOW
 def wall_clock_us() -> int:
     """The wall clock in integer microseconds (the decider's default clock)."""
     return time.time_ns() // 1000
-
-
-class _Pending:
-    """A request waiting for its distributed answer: where its answer goes (``index``), what
-    it was decided with so far, and its request to Redis (``request``: bucket key, distributed
-    policy, cost, time in microseconds) with the failure policy and code that answer for Redis
-    when it fails."""
-
-    __slots__ = ("index", "plan", "key", "local", "request_id", "res", "request", "failure")
-
-    def __init__(
-        self,
-        *,
-        index: int,
-        plan: RoutePlan,
-        key: str,
-        local: Decision,
-        request_id: str,
-        res: Resolution | None,
-        request: tuple[str, Policy, int, int],
-        failure: tuple[FailurePolicy | None, int | None],
-    ) -> None:
-        self.index = index
-        self.plan = plan
-        self.key = key
-        self.local = local
-        self.request_id = request_id
-        self.res = res
-        self.request = request
-        self.failure = failure
-
-    @property
-    def now_s(self) -> float:
-        return self.request[3] / 1_000_000
-
-
-class _Batch:
-    """One call's items and what is known about each so far."""
-
-    __slots__ = (
-        "inputs", "items", "headers", "out", "rules", "keys", "lookups", "ext", "plans", "pend", "inline", "budget",
-        "cached",
-    )  # fmt: skip
-
-    def __init__(
-        self, inputs: Sequence[InputLike | PlainInput], headers: bool, inline: bool = False, budget: float | None = None
-    ) -> None:
-        n = len(inputs)
-        self.inputs = inputs
-        self.items: Sequence[Any] = inputs  # becomes a copy when a tuple is turned into a DecideInput
-        self.headers = headers  # render each answer's rate-limit headers
-        self.out: list[Any] = [None] * n
-        self.rules: list[RouteRule | None] = [None] * n
-        self.keys: list[Any] = [None] * n  # the key, or the item's exception
-        self.lookups: list[int] = []
-        self.ext: dict[int, Resolution] = {}
-        self.plans: dict[str, RoutePlan] = {}  # the plans this batch has used
-        self.pend: list[_Pending] = []  # requests waiting for their distributed answer
-        # shadow evaluations made in the request path (inline_shadow): (index, the ShadowItem)
-        self.inline: list[tuple[int, ShadowItem]] | None = [] if inline else None
-        self.budget = budget  # seconds left for Redis (the caller's deadline), None: no deadline
-        # requests the over-limit cache answers: (the pending request, the refusal)
-        self.cached: list[tuple[_Pending, Decision]] = []
-
-    def full(self, i: int) -> InputLike:
-        """Item ``i`` as an object with named fields (a PlainInput is converted, in a copy of the list)."""
-        inp = self.items[i]
-        if inp.__class__ is not tuple:
-            return inp  # type: ignore[no-any-return]
-        if self.items is self.inputs:
-            self.items = list(self.inputs)
-        route, key, cost, request_id = inp
-        full = DecideInput(route=route, key=key, cost=cost, request_id=request_id)
-        self.items[i] = full  # type: ignore[index]
-        return full
 
 
 class Decider:
@@ -268,7 +194,7 @@ class Decider:
         self, inputs: Sequence[InputLike | PlainInput], headers: bool, inline: bool = False,
         budget: float | None = None,
     ) -> list[Any]:  # fmt: skip
-        b = _Batch(inputs, headers, inline, budget)
+        b = Batch(inputs, headers, inline, budget)
         self._resolve_all(b)
         if b.lookups:
             await self._lookup_external(b)
@@ -292,7 +218,7 @@ class Decider:
             await self._distributed(b)
         return b.out
 
-    async def _shadow_inline(self, b: _Batch) -> None:
+    async def _shadow_inline(self, b: Batch) -> None:
         """The shadow evaluations of this call, now: the pipeline's own evaluation (same
         comparison, same counters), each verdict put on its result."""
         inline = b.inline or []
@@ -302,7 +228,7 @@ class Decider:
             if isinstance(res, DecideResult):
                 res.shadow_allowed = verdict
 
-    def _resolve_all(self, b: _Batch) -> None:
+    def _resolve_all(self, b: Batch) -> None:
         rules_get = self._rules().get
         rules, keys = b.rules, b.keys
         for i, inp in enumerate(b.inputs):
@@ -338,7 +264,7 @@ class Decider:
                 if not (rule.deny.matches(key, full.client_ip) or rule.allow.matches(key, full.client_ip)):
                     b.lookups.append(i)
 
-    async def _lookup_external(self, b: _Batch) -> None:
+    async def _lookup_external(self, b: Batch) -> None:
         items = b.items
         got = await asyncio.gather(
             *[
@@ -355,7 +281,7 @@ class Decider:
             else:
                 b.ext[i] = res
 
-    def _step(self, b: _Batch, i: int) -> None:
+    def _step(self, b: Batch, i: int) -> None:
         """Item ``i`` up to its answer, or its place in the distributed burst: the plan's
         policies, the lists, the local decision, then what the path says (answer now,
         with the shadow evaluation queued, or wait for the distributed answer)."""
@@ -402,9 +328,9 @@ class Decider:
         p.req[allowed] += 1
         path = p.path or path_for(p.mode, p.percent, p.name, key)
         if path is _DISTRIBUTED:
-            pending = _Pending(
+            pending = Pending(
                 index=i, plan=p, key=key, local=local, request_id=request_id, res=res, request=(lkey, dp, cost, now_us),
-                failure=(fp, fc),
+                failure=(fp, fc), ref=lp if p.explain else None,
             )  # fmt: skip
             self._pend(b, pending)
             return
@@ -414,7 +340,7 @@ class Decider:
             item = ShadowItem(
                 request=(lkey, dp, cost, now_us), route=p.name, key=key, local_allowed=allowed, request_id=request_id
             )
-            self._queue_shadow(b, i, p, item)
+            self._queue_shadow(b, i, p, item, lp)
         p.fin[allowed] += 1
         p.remaining = local.remaining
         last[key] = (now_s, allowed, "local")
@@ -425,12 +351,15 @@ class Decider:
             policy=lp, shadow=shadow, now_s=now_s, headers=b.headers, res=res,
         )  # fmt: skip
 
-    def _queue_shadow(self, b: _Batch, i: int, p: RoutePlan, item: ShadowItem) -> None:
-        """A request's shadow evaluation (with its candidate's, when the route has one), in
-        the request path (inline) or on the pipeline (a drop counted)."""
+    def _queue_shadow(self, b: Batch, i: int, p: RoutePlan, item: ShadowItem, lp: Policy) -> None:
+        """A request's shadow evaluation (with its candidate's, when the route has one, and
+        the reference's, ``lp`` fleet-wide, when it explains its divergence), in the request
+        path (inline) or on the pipeline (a drop counted)."""
         lkey, _, cost, _ = item.request
         if p.cand is not None and cost:  # compared with the current global answer, evaluated with it
             item.candidate = candidate_item(p.cand, lkey or "", cost, None)
+        if p.explain and cost:
+            item.ref = lp
         if b.inline is not None:
             b.inline.append((i, item))
         elif not self._offer_shadow(item):
@@ -438,7 +367,7 @@ class Decider:
             if p.cand is not None and cost:
                 p.cand_dropped += 1
 
-    def _pend(self, b: _Batch, pending: _Pending) -> None:
+    def _pend(self, b: Batch, pending: Pending) -> None:
         """A request whose distributed answer counts: into the burst to Redis, or (a key
         known over its global limit, in enforce) answered from the over-limit cache."""
         over = self.over_limit
@@ -451,7 +380,7 @@ class Decider:
         b.pend.append(pending)
 
     def _listed(
-        self, b: _Batch, i: int, p: RoutePlan, *, key: str, client_ip: str | None, policy: Policy, request_id: str,
+        self, b: Batch, i: int, p: RoutePlan, *, key: str, client_ip: str | None, policy: Policy, request_id: str,
         now_us: int, res: Resolution | None,
     ) -> bool:  # fmt: skip
         """A deny-listed client gets 403, an allow-listed one 200; neither limiter is asked."""
@@ -471,7 +400,7 @@ class Decider:
         )  # fmt: skip
         return True
 
-    async def _distributed(self, b: _Batch) -> None:
+    async def _distributed(self, b: Batch) -> None:
         """One pipelined burst for every request whose distributed answer counts."""
         try:
             if len(b.pend) == 1:  # one request (decide): the client's single-command path
@@ -504,14 +433,14 @@ class Decider:
         finally:
             self._flush(b)
 
-    def _settle(self, b: _Batch, entry: _Pending, outcome: Outcome) -> None:
+    def _settle(self, b: Batch, entry: Pending, outcome: Outcome) -> None:
         """A distributed answer: the request completed, its candidate evaluation queued, a
         refusal remembered by the over-limit cache (enforce), the request recorded."""
         self._complete(b, entry, outcome)
         cost = entry.request[2]
         from_redis = outcome.source == "distributed"
-        if entry.plan.cand is not None and cost and from_redis:
-            self._candidate(entry, outcome.decision.allowed)
+        if (entry.plan.cand is not None or entry.ref is not None) and cost and from_redis:
+            self._after(entry, outcome.decision)
         over = self.over_limit
         if over is not None and cost <= 1 and not outcome.decision.allowed and from_redis:
             if entry.plan.mode_value == "enforce":
@@ -522,7 +451,7 @@ class Decider:
             p = entry.plan
             self._record(p.name, entry.key, cost, entry.request[3], p.mode_value, outcome.decision.allowed)
 
-    def _complete(self, b: _Batch, entry: _Pending, outcome: Outcome) -> None:
+    def _complete(self, b: Batch, entry: Pending, outcome: Outcome) -> None:
         """The distributed answer is in: compare, then enforce (or the failure policy)."""
         if outcome.source != "distributed":
             self._failed(b, entry, outcome)
@@ -539,36 +468,35 @@ class Decider:
             headers=b.headers, res=entry.res,
         )  # fmt: skip
 
-    def _candidate(self, entry: _Pending, current: bool) -> None:
-        """A request whose current global answer is ``current``: its candidate evaluation
-        queued on the shadow pipeline (a drop is counted as the candidate's)."""
+    def _after(self, entry: Pending, answer: Decision) -> None:
+        """A request whose global answer is ``answer``: its candidate's evaluation and the
+        reference's, queued on the shadow pipeline (a drop is counted as the candidate's)."""
         p = entry.plan
-        if p.cand is None:
-            return
-        lkey, _, cost, now_us = entry.request
+        lkey, dp, cost, now_us = entry.request
+        cand = None if p.cand is None else candidate_item(p.cand, lkey, cost, answer.allowed)
         item = ShadowItem(
-            request=(None, None, cost, now_us), route=p.name, key=entry.key, local_allowed=current,
-            request_id=entry.request_id, candidate=candidate_item(p.cand, lkey, cost, current),
+            request=(lkey, dp, cost, now_us), route=p.name, key=entry.key, local_allowed=entry.local.allowed,
+            request_id=entry.request_id, candidate=cand, ref=entry.ref, known=answer,
         )  # fmt: skip
-        if not self._offer_shadow(item):
+        if not self._offer_shadow(item) and cand is not None:
             p.cand_dropped += 1
 
-    def _answer_cached(self, b: _Batch) -> None:
+    def _answer_cached(self, b: Batch) -> None:
         """The requests of keys over their global limit: the cached refusal, as Redis's."""
         record = self._record
         for entry, refusal in b.cached:
             try:
                 self._complete(b, entry, Outcome(refusal, "distributed"))
                 cost = entry.request[2]
-                if entry.plan.cand is not None and cost:
-                    self._candidate(entry, False)
+                if (entry.plan.cand is not None or entry.ref is not None) and cost:
+                    self._after(entry, refusal)
                 if record is not None and cost:
                     record(entry.plan.name, entry.key, cost, entry.request[3], entry.plan.mode_value, False)
             except Exception as exc:  # noqa: BLE001 - one item never fails the batch
                 b.out[entry.index] = exc
         self.metrics.child(self.metrics.over_limit_cache, "hit").inc(len(b.cached))
 
-    def _failed(self, b: _Batch, entry: _Pending, outcome: Outcome) -> None:
+    def _failed(self, b: Batch, entry: Pending, outcome: Outcome) -> None:
         """Redis failed: the failure policy's answer counts."""
         p, key = entry.plan, entry.key
         m = self.metrics
@@ -591,7 +519,7 @@ class Decider:
             backend_error=outcome.error, res=entry.res,
         )  # fmt: skip
 
-    def _flush(self, b: _Batch) -> None:
+    def _flush(self, b: Batch) -> None:
         m, comparisons = self.metrics, self.comparisons
         for p in b.plans.values():
             p.flush(m, comparisons)

@@ -63,7 +63,7 @@ class RoutePlan:
 
     __slots__ = (
         "rule", "name", "prefix", "mode", "mode_value", "percent", "path", "lp", "dp", "simple", "lists",
-        "failure", "cost_max", "adjust", "stamp", "l_shadow", "cand", "cand_dropped",
+        "failure", "cost_max", "adjust", "stamp", "l_shadow", "cand", "cand_dropped", "explain",
         "req", "fin", "dreq", "div", "remaining", "dropped",
         "style", "l_hdr", "d_hdr",
         "_children_of", "_local_children", "_gauge", "_gauge_of",
@@ -97,6 +97,9 @@ class RoutePlan:
         if c is not None and mode is not Mode.OFF:
             self.cand = (candidate_key_prefix(c.id), c.policy, c.id, math.inf if c.policy.unlimited else c.policy.limit)
         self.cand_dropped = 0
+        # divergence explained by cause (the local policy evaluated fleet-wide as a reference,
+        # on the shadow pipeline): in shadow and canary, where the old limit still counts
+        self.explain = rule.explain and mode in (Mode.SHADOW, Mode.CANARY)
         # requests that need nothing beyond the route's own policies
         self.simple = (
             rule.external is None

@@ -7,6 +7,10 @@ divergence figures then say they are a sample), the request is never delayed. Th
 worker takes up to ``batch_size`` items at a time and sends them to Redis as one burst;
 when fewer are waiting it first lingers ``linger_s`` for more, so a steady trickle costs
 one round trip per few milliseconds instead of one per request.
+
+The same burst carries a route's candidate limit's evaluations and, on a route that explains
+its divergence, the reference's (:mod:`.explain`): each divergent decision is then counted
+by cause.
 """
 
 from __future__ import annotations
@@ -17,10 +21,12 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-from limiter import Policy
+from limiter import Decision, Policy
 
 from ..model.candidate import blocked_view_name
+from ..model.causes import FORWARD, Cause
 from .compare import Comparisons
+from .explain import REFERENCE_PREFIX, Explainer
 
 __all__ = ["CandidateItem", "ShadowItem", "ShadowPipeline", "ShadowQueue", "candidate_item"]
 
@@ -41,8 +47,10 @@ class ShadowItem:
     """One request waiting for its shadow evaluation, built by keyword on the request path:
     RedisLimiter's request (``request``: bucket key, policy, cost, time in microseconds) and
     what the comparison needs (``route``, ``key``, ``local_allowed``, ``request_id``). A route
-    with a candidate limit adds its ``candidate``; a request whose current global answer is
-    already known (enforce) is queued for its candidate alone, with no bucket key."""
+    with a candidate limit adds its ``candidate``; a route that explains its divergence, ``ref``
+    (the request's local policy, evaluated fleet-wide as the reference). A request whose
+    global answer is already ``known`` (decided on the request path: enforce, a canary's
+    share) is queued for its candidate and reference alone."""
 
     request: tuple[str | None, Policy | None, int, int]
     route: str
@@ -50,6 +58,8 @@ class ShadowItem:
     local_allowed: bool
     request_id: str
     candidate: CandidateItem | None = None
+    ref: Policy | None = None
+    known: Decision | None = None
 
 
 def candidate_item(cand: tuple[str, Policy, str, float], lkey: str, cost: int, current: bool | None) -> CandidateItem:
@@ -113,9 +123,19 @@ class ShadowQueue:
 class ShadowPipeline:
     """The queue, its worker and the evaluation of a batch."""
 
-    def __init__(self, resilient: Any, comparisons: Comparisons, *, queue_size: int, batch_size: int, linger_s: float):
+    def __init__(
+        self,
+        resilient: Any,
+        comparisons: Comparisons,
+        *,
+        queue_size: int,
+        batch_size: int,
+        linger_s: float,
+        explainer: Explainer | None = None,
+    ):
         self.resilient = resilient
         self.comparisons = comparisons
+        self.explainer = explainer  # None: nothing is explained (a ShadowItem's ref is ignored)
         self.queue = ShadowQueue(queue_size)
         self.batch_size = batch_size
         self.linger_s = linger_s
@@ -162,39 +182,87 @@ class ShadowPipeline:
     async def evaluate(self, batch: list[ShadowItem], *, timeout_s: float | None = None) -> list[bool | None]:
         """Redis's verdict on each queued request, compared with its local decision and
         counted per route at once (the would-be-blocked keys one by one); returns the
-        verdicts (None: Redis failed, or did not answer within ``timeout_s``; or the item
-        was a candidate's alone). Candidate evaluations go in the same burst
-        (:meth:`_with_candidates`)."""
-        if any(item.candidate is not None for item in batch):
-            return await self._with_candidates(batch, timeout_s)
+        verdicts (None: Redis failed, or did not answer within ``timeout_s``; or the item's
+        global answer was already known). Candidate and reference evaluations go in the same
+        burst (:meth:`_with_extras`)."""
+        for item in batch:
+            if item.candidate is not None or item.ref is not None:
+                return await self._with_extras(batch, timeout_s)
         verdicts = await self._ask([item.request for item in batch], timeout_s)
         self._count(batch, verdicts)
         return verdicts
 
-    async def _ask(self, requests: list[Any], timeout_s: float | None) -> list[bool | None]:
+    async def _ask(self, requests: list[Any], timeout_s: float | None, full: set[int] | None = None) -> list[Any]:
+        if full:
+            return await self.resilient.compare_many(requests, timeout_s=timeout_s, decisions=full)  # type: ignore[no-any-return]
         if timeout_s is None:
             return await self.resilient.compare_many(requests)  # type: ignore[no-any-return]
         return await self.resilient.compare_many(requests, timeout_s=timeout_s)  # type: ignore[no-any-return]
 
-    async def _with_candidates(self, batch: list[ShadowItem], timeout_s: float | None) -> list[bool | None]:
-        """A batch with candidate evaluations: the current global answers (where not known)
-        and the candidates' in one burst, then each candidate compared with its current."""
-        main = [i for i, item in enumerate(batch) if item.request[0] is not None]
-        cands = [i for i, item in enumerate(batch) if item.candidate is not None and item.candidate.policy is not None]
-        requests = [batch[i].request for i in main]
-        for i in cands:
-            item = batch[i]
+    async def _with_extras(self, batch: list[ShadowItem], timeout_s: float | None) -> list[bool | None]:
+        """A batch with candidate or reference evaluations: the global answers not known yet,
+        the candidates' and the references' in one burst; then each pair compared and
+        counted, each candidate against its current answer, each divergence by its cause."""
+        requests: list[Any] = []
+        main: dict[int, int] = {}  # batch index -> its request's index, for each of the three
+        cands: dict[int, int] = {}
+        refs: dict[int, int] = {}
+        explain = self.explainer is not None
+        for i, item in enumerate(batch):
+            if item.known is None and item.request[0] is not None:
+                main[i] = len(requests)
+                requests.append(item.request)
+        for i, item in enumerate(batch):
             c = item.candidate
-            assert c is not None
-            _, _, cost, now_us = item.request
-            requests.append((c.key, c.policy, cost, now_us))
-        results = await self._ask(requests, timeout_s) if requests else []
+            if c is not None and c.policy is not None:
+                _, _, cost, now_us = item.request
+                cands[i] = len(requests)
+                requests.append((c.key, c.policy, cost, now_us))
+        if explain:
+            for i, item in enumerate(batch):
+                lkey, _, cost, now_us = item.request
+                if item.ref is not None and lkey is not None:
+                    refs[i] = len(requests)
+                    requests.append((REFERENCE_PREFIX + lkey, item.ref, cost, now_us))
+        full = self.explainer.first_requests(batch, main) if self.explainer is not None else None
+        results = await self._ask(requests, timeout_s, full) if requests else []
         verdicts: list[bool | None] = [None] * len(batch)
-        for j, i in enumerate(main):
-            verdicts[i] = results[j]
+        for i, j in main.items():
+            r = results[j]
+            if r.__class__ is Decision:
+                assert self.explainer is not None
+                self.explainer.learn(batch[i], r)
+                r = r.allowed
+            verdicts[i] = r
         self._count([batch[i] for i in main], [verdicts[i] for i in main])
-        self._count_candidates(batch, verdicts, dict(zip(cands, results[len(main) :])))
+        self._count_candidates(batch, verdicts, {i: results[j] for i, j in cands.items()})
+        if explain:
+            self._count_causes(batch, verdicts, {i: results[j] for i, j in refs.items()})
         return verdicts
+
+    def _count_causes(self, batch: list[ShadowItem], verdicts: list[bool | None], refs: dict[int, Any]) -> None:
+        """Each explained divergence's cause, counted per route (and, for a new rejection,
+        its key's, in the would-be-blocked view)."""
+        explainer = self.explainer
+        assert explainer is not None
+        per: dict[str, dict[Cause, int]] = {}
+        record = self.comparisons.blocked.record_cause
+        for i, item in enumerate(batch):
+            if item.ref is None:
+                continue
+            known = item.known
+            glob = verdicts[i] if known is None else known.allowed
+            if glob is None or glob == item.local_allowed:
+                continue
+            cause = explainer.cause(item, glob, refs.get(i))
+            if cause is None:
+                continue
+            counts = per.setdefault(item.route, {})
+            counts[cause] = counts.get(cause, 0) + 1
+            if cause in FORWARD:
+                record(item.route, item.key, cause)
+        for route, counts in per.items():
+            self.comparisons.causes_batch(route, counts)
 
     def _count_candidates(
         self, batch: list[ShadowItem], verdicts: list[bool | None], answers: dict[int, bool | None]

@@ -20,6 +20,7 @@ from typing import Any, Literal
 
 __all__ = [
     "CANARY_STEPS",
+    "GATE_COUNTS",
     "AuditEntry",
     "Divergence",
     "GateConfig",
@@ -173,13 +174,20 @@ class AuditEntry:
         }
 
 
-@dataclass(frozen=True, slots=True)
+#: which new rejections the gate's ``max_new_rejection_rate`` counts: every one, or only
+#: those not explained as something else than a tighter limit (:data:`GateStats.excused`)
+GATE_COUNTS = ("all", "tighter")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class GateConfig:
     """Promotion thresholds (defaults: >= 500 compared decisions in 5 minutes, new
     rejections <= 1%, backend errors <= 0.1%, and >= 90% of the decisions evaluated by
     the distributed limiter -- a shadow queue that dropped more makes the figures a
     sample biased toward quiet moments, when nothing is rejected -- and at least
-    ``min_dwell_s`` (10 minutes) in the current step since it was set)."""
+    ``min_dwell_s`` (10 minutes) in the current step since it was set). ``counts``: which
+    new rejections ``max_new_rejection_rate`` counts (:data:`GATE_COUNTS`; ``tighter``
+    leaves out those excused, :attr:`GateStats.excused`)."""
 
     window_s: int = 300
     min_samples: int = 500
@@ -187,17 +195,31 @@ class GateConfig:
     max_backend_error_rate: float = 0.001
     min_sampled_share: float = 0.9
     min_dwell_s: float = 600.0
+    counts: str = "all"
 
 
 @dataclass(frozen=True, slots=True)
 class GateStats:
-    """Fleet-wide figures for a route over the gate window."""
+    """Fleet-wide figures for a route over the gate window. ``excused``: the new rejections
+    explained by a cause that is not a policy question (control_plane/model/causes.py's
+    ``EXCUSED``: the leak across replicas, fresh buckets, clock skew), which the gate leaves
+    out with ``counts: tighter``."""
 
     compared: int
     new_rejections: int  # local_allow_distributed_deny
     backend_errors: int
     distributed_attempts: int
     shadow_dropped: int = 0  # decisions whose shadow evaluation was dropped (queue full)
+    excused: int = 0
+
+    def counted_rejections(self, counts: str) -> int:
+        """The new rejections the gate counts (``counts``: :data:`GATE_COUNTS`)."""
+        return (
+            self.new_rejections - min(self.excused, self.new_rejections) if counts == "tighter" else self.new_rejections
+        )
+
+    def counted_rate(self, counts: str) -> float:
+        return self.counted_rejections(counts) / self.compared if self.compared else 0.0
 
     @property
     def sampled_share(self) -> float | None:
@@ -235,6 +257,9 @@ class GateResult:
             "new_rejections": self.stats.new_rejections,
             "new_rejection_rate": round(self.stats.new_rejection_rate, 6),
             "max_new_rejection_rate": self.config.max_new_rejection_rate,
+            "gate_counts": self.config.counts,
+            "counted_rejections": self.stats.counted_rejections(self.config.counts),
+            "counted_rejection_rate": round(self.stats.counted_rate(self.config.counts), 6),
             "backend_errors": self.stats.backend_errors,
             "backend_error_rate": round(self.stats.backend_error_rate, 6),
             "max_backend_error_rate": self.config.max_backend_error_rate,
@@ -280,8 +305,16 @@ def figure_problems(stats: GateStats, config: GateConfig, *, since: str | None =
     if stats.compared < config.min_samples:
         period = since or f"in the last {config.window_s}s"
         reasons.append(f"only {stats.compared} compared decisions {period} (need {config.min_samples})")
-    if stats.new_rejection_rate > config.max_new_rejection_rate:
-        reasons.append(f"new rejections {stats.new_rejection_rate:.2%} exceed {config.max_new_rejection_rate:.2%}")
+    counted = stats.counted_rate(config.counts)
+    if counted > config.max_new_rejection_rate:
+        if config.counts == "tighter":
+            excused = stats.new_rejection_rate - counted
+            reasons.append(
+                f"tighter new rejections {counted:.2%} exceed {config.max_new_rejection_rate:.2%}"
+                f" (gate_counts: tighter; {excused:.2%} more left out: replicas, fresh_local, clock)"
+            )
+        else:
+            reasons.append(f"new rejections {counted:.2%} exceed {config.max_new_rejection_rate:.2%}")
     if stats.backend_error_rate > config.max_backend_error_rate:
         reasons.append(f"backend errors {stats.backend_error_rate:.2%} exceed {config.max_backend_error_rate:.2%}")
     share = stats.sampled_share

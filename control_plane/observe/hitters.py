@@ -17,7 +17,10 @@ earlier increment, so ``add`` is amortised O(log k).
 
 :class:`WouldBeBlocked` keeps one summary per route for the current time window
 (``window index = floor(now / window_s)``) and merges the replicas' views in Redis
-(``rl:<ns>:hh:<route>:<window>`` sorted set, ``rl:<ns>:hhid:<route>:<window>`` hash).
+(``rl:<ns>:hh:<route>:<window>`` sorted set, ``rl:<ns>:hhid:<route>:<window>`` hash), with
+the causes of each key's new rejections (``rl:<ns>:hhid:<route>#why:<window>`` hash of
+``<cause>:<key>`` -> count; ``#`` is in no route name), so each key of the fleet's top says
+its main cause.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from ..model.causes import FORWARD, Cause, main_cause
 from ..store import StoreError, translate_errors
 from ..store.codec import text
 
@@ -168,6 +172,8 @@ class WouldBeBlocked:
         self.capacity = capacity
         self._windows: dict[str, tuple[int, SpaceSaving]] = {}  # route -> (window, local view)
         self._deltas: dict[tuple[str, int], SpaceSaving] = {}  # (route, window) -> unflushed
+        # (route, window) -> {(key, cause): n}, unflushed; at most capacity x 4 pairs per flush
+        self._causes: dict[tuple[str, int], dict[tuple[str, Cause], int]] = {}
 
     def window_index(self, now: float | None = None) -> int:
         return int((self.clock() if now is None else now) // self.window_s)
@@ -177,6 +183,9 @@ class WouldBeBlocked:
 
     def ids_key(self, route: str, window: int) -> str:
         return f"rl:{self.namespace}:hhid:{route}:{window}"
+
+    def causes_key(self, route: str, window: int) -> str:
+        return f"rl:{self.namespace}:hhid:{route}#why:{window}"
 
     # -- local ---------------------------------------------------------------
 
@@ -192,12 +201,27 @@ class WouldBeBlocked:
             d = self._deltas[(route, w)] = SpaceSaving(self.capacity)
         d.add(key, 1, request_id)
 
+    def record_cause(self, route: str, key: str, cause: Cause, now: float | None = None) -> None:
+        """The cause of one of ``key``'s new rejections (recorded with :meth:`record`, or later:
+        the cause of a request decided on the request path comes with its reference). Keys past
+        the bound between two flushes are not counted (the top keys come back soon enough)."""
+        slot = (route, self.window_index(now))
+        d = self._causes.get(slot)
+        if d is None:
+            d = self._causes[slot] = {}
+        pair = (key, cause)
+        n = d.get(pair)
+        if n is not None:
+            d[pair] = n + 1
+        elif len(d) < 4 * self.capacity:
+            d[pair] = 1
+
     def top(self, route: str, n: int = 10, now: float | None = None) -> list[dict[str, Any]]:
         """This replica's view of the current window."""
         cur = self._windows.get(route)
         if cur is None or cur[0] != self.window_index(now):
             return []
-        return [e.to_dict() for e in cur[1].top(n)]
+        return [{**e.to_dict(), "cause": None} for e in cur[1].top(n)]  # causes: the fleet view's
 
     def routes(self) -> list[str]:
         return sorted(self._windows)
@@ -209,10 +233,16 @@ class WouldBeBlocked:
         (route, window) summaries written. On failure the deltas are kept and
         :class:`~control_plane.store.StoreUnavailable` is raised."""
         batch, self._deltas = self._deltas, {}
-        if not batch:
+        causes, self._causes = self._causes, {}
+        if not batch and not causes:
             return 0
         ttl = 2 * self.window_s
         pipe = client.pipeline(transaction=False)
+        for (route, w), counts in causes.items():
+            ckey = self.causes_key(route, w)
+            for (key, cause), n in counts.items():
+                pipe.hincrby(ckey, f"{cause.value}:{key}", n)
+            pipe.expire(ckey, ttl)
         for (route, w), ss in batch.items():
             zkey, ikey = self.zset_key(route, w), self.ids_key(route, w)
             ids: dict[str, str] = {}
@@ -233,6 +263,10 @@ class WouldBeBlocked:
         finally:
             if not ok:
                 self._merge_back(batch)
+                for slot, counts in causes.items():
+                    d = self._causes.setdefault(slot, {})
+                    for pair, n in counts.items():
+                        d[pair] = d.get(pair, 0) + n
         return len(batch)
 
     def _merge_back(self, batch: dict[tuple[str, int], SpaceSaving]) -> None:
@@ -245,7 +279,8 @@ class WouldBeBlocked:
                 d.add(e.key, e.count, e.last_request_id)
 
     async def fleet_top(self, client: Any, route: str, n: int = 10, now: float | None = None) -> list[dict[str, Any]]:
-        """The fleet-wide top ``n`` of the current window (as flushed by every replica)."""
+        """The fleet-wide top ``n`` of the current window (as flushed by every replica), each
+        key with its main cause (None: its new rejections were not explained)."""
         if n <= 0:
             return []
         w = self.window_index(now)
@@ -253,12 +288,28 @@ class WouldBeBlocked:
             rows = await client.zrevrange(self.zset_key(route, w), 0, n - 1, withscores=True)
             if not rows:
                 return []
-            keys = [k for k, _ in rows]
-            ids = await client.hmget(self.ids_key(route, w), keys)
-        return [
-            {"key": text(k), "count": int(score), "last_request_id": None if rid is None else text(rid)}
-            for (k, score), rid in zip(rows, ids)
-        ]
+            keys = [text(k) for k, _ in rows]
+            pipe = client.pipeline(transaction=False)
+            pipe.hmget(self.ids_key(route, w), keys)
+            pipe.hmget(self.causes_key(route, w), [f"{c.value}:{k}" for k in keys for c in FORWARD])
+            try:
+                ids, why = await pipe.execute()
+            finally:
+                with contextlib.suppress(Exception):
+                    await pipe.reset()
+        out = []
+        for i, ((k, score), rid) in enumerate(zip(rows, ids)):
+            counts = {c: int(why[i * len(FORWARD) + j] or 0) for j, c in enumerate(FORWARD)}
+            cause = main_cause(counts)
+            out.append(
+                {
+                    "key": text(k),
+                    "count": int(score),
+                    "last_request_id": None if rid is None else text(rid),
+                    "cause": None if cause is None else cause.value,
+                }
+            )
+        return out
 
     async def run(self, client: Any, interval_s: float = 1.0) -> None:
         """Flush every ``interval_s`` until cancelled; errors are logged, not raised."""

@@ -14,6 +14,9 @@ rate_limit_rejections_total               counter  reason: local_exhausted,
 rate_limit_tokens_remaining               gauge    scope (global/route), route
 rate_limit_backend_errors_total           counter  -
 rate_limit_shadow_divergence_total        counter  route, direction
+rate_limit_divergence_cause_total         counter  route, direction, cause (the divergent decisions
+                                                   explained: control_plane/model/causes.py)
+rate_limit_clock_skew_seconds             gauge    - (this replica's clock minus Redis' TIME)
 rate_limit_requests_total                 counter  limiter_type, status
 rate_limit_exceeded_total                 counter  limiter_type
 rate_limit_active_clients                 gauge    limiter_type
@@ -93,6 +96,7 @@ from limiter.resilience import FailurePolicy
 
 from ..external.resolver import SOURCES
 from ..model.candidate import CandidateDirection
+from ..model.causes import Cause, direction_of
 from ..model.rollout import Divergence, Mode
 from .families import FastCounter, FastGauge, FastHistogram
 
@@ -195,6 +199,7 @@ class Metrics:
             for labels in label_sets:
                 metric.labels(*labels)
         self.stream_snapshot_builds.labels()
+        self.clock_skew.labels()
         self.stream_refused.labels()
         self.grpc_connections.labels()
         self.external_backend_url_rejected.labels()
@@ -256,6 +261,19 @@ class Metrics:
             "A route's candidate limit compared with its current limit (the shadow pipeline): agree, newly_rejected"
             " (the current limit admits, the candidate would refuse), newly_admitted (the reverse).",
             ["route", "direction"],
+            registry=r,
+        )
+        self.divergence_cause = FastCounter(
+            "rate_limit_divergence_cause_total",
+            "Divergent decisions by cause (control_plane/model/causes.py): replicas, tighter, fresh_local, clock"
+            " (local_allow_distributed_deny); uneven, looser (local_deny_distributed_allow).",
+            ["route", "direction", "cause"],
+            registry=r,
+        )
+        self.clock_skew = FastGauge(
+            "rate_limit_clock_skew_seconds",
+            "This replica's clock minus Redis' TIME, seconds, the round trip taken off (measured every few seconds).",
+            [],
             registry=r,
         )
         self.over_limit_cache = FastCounter(
@@ -422,7 +440,7 @@ class Metrics:
 
     def add_route(self, route: str, *, external: bool = False, envoy: bool = False) -> None:
         """Create ``route``'s labelled counters at 0 (decisions by mode, enforcer and
-        result; divergence by direction; shadow drops; mode changes by target and
+        result; divergence by direction, and by cause; shadow drops; mode changes by target and
         ``automatic``; with ``external``, decisions by limits source; with ``envoy``, the
         descriptor's hits by stat), so the first event
         on any replica is an increase from 0 that ``increase()`` and ``rate()`` see, not a
@@ -460,6 +478,8 @@ class Metrics:
             self.deadline_answers.labels(route, reason)
         for direction in CANDIDATE_DIRECTIONS:
             self.candidate_divergence.labels(route, direction)
+        for cause in Cause:
+            self.divergence_cause.labels(route, direction_of(cause).value, cause.value)
         self.shadow_dropped.labels(route)
         self.plan_step.labels(route)
         for state in PLAN_STATES:
@@ -479,8 +499,8 @@ class Metrics:
             return
         for family in (
             self.decisions, self.divergence, self.shadow_dropped, self.deadline_answers, self.envoy_hits,
-            self.external_limits, self.tokens_remaining, self.candidate_divergence, self.plan_step, self.plan_state,
-            self.plan_analyses,
+            self.external_limits, self.tokens_remaining, self.candidate_divergence, self.divergence_cause,
+            self.plan_step, self.plan_state, self.plan_analyses,
         ):  # fmt: skip
             family.remove_route(route)
         for mode in DECISION_ENFORCERS:

@@ -175,5 +175,17 @@ class FleetViews:
             self._asked.popitem(last=False)
         return view
 
+    def decided_before(self, name: str, t: float) -> bool:
+        """Whether the fleet compared decisions of route ``name`` in a whole minute before ``t``
+        (Unix seconds), as far as the cached figures say (False without them): the fleet was
+        already deciding it then."""
+        v = self._views.get(name)
+        if v is None:
+            kept = self._asked.get(name)
+            v = None if kept is None else kept[1]
+        if v is None:
+            return False
+        return any(row["compared"] > 0 for row in v["series"] if row["minute"] + 60 <= t)
+
     def age_s(self) -> float | None:
         return None if not self.at else self._clock() - self.at

@@ -96,6 +96,7 @@ class RolloutManager:
             max_backend_error_rate=settings.gate_max_backend_error_rate,
             min_sampled_share=settings.gate_min_sampled_share,
             min_dwell_s=settings.gate_min_dwell_s,
+            counts=settings.gate_counts,
         )
         self.pending_rollbacks: dict[str, tuple[RouteState, RouteState]] = {}  # route -> (rollback, from)
         self.restorations = 0

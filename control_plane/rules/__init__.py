@@ -32,6 +32,7 @@ Schema (see ``examples/rules.yaml`` for a commented example)::
         mode: shadow                 # initial mode when Redis has no stored state
         canary_percent: 10           # only with mode: canary
         min_dwell: 10m               # gate: minimum time in a step (default SHADOWLIMIT_GATE_MIN_DWELL_S)
+        explain: false               # divergence not explained by cause (default true: a reference in Redis)
         external:                    # optional: per-key limits from a limits service
           url: http://limits:8080/limits   # POSTed {key, headers, method, path}
           timeout: 5s                # default 5s, at most 60s

@@ -128,6 +128,12 @@ class FieldReader:
             raise self.error(path, f"must be a string, got {type_name(value)}")
         return value
 
+    def boolean(self, value: Any, path: FieldPath) -> bool:
+        """``true`` or ``false`` (nothing else is truthy here)."""
+        if not isinstance(value, bool):
+            raise self.error(path, f"must be true or false, got {type_name(value)} {value!r}")
+        return value
+
     def integer(self, value: Any, path: FieldPath, lo: int, hi: int) -> int:
         """A whole number from ``lo`` to ``hi`` (``true`` is not a number)."""
         if isinstance(value, bool) or not isinstance(value, int):

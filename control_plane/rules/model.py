@@ -109,6 +109,7 @@ class RouteRule:
     initial_canary_percent: int = 0
     min_dwell_s: float | None = None  # the gate's minimum time in a step; None: SHADOWLIMIT_GATE_MIN_DWELL_S
     rollout: Plan | None = None  # the plan the route walks on its own (control_plane/model/plan.py)
+    explain: bool = True  # divergence explained by cause (the local policy evaluated fleet-wide as a reference)
     line: int | None = None
     external: ExternalConfig | None = None
     http: bool = True
@@ -218,6 +219,7 @@ class RouteRule:
             "canary_percent": self.initial_canary_percent,
             "min_dwell_s": self.min_dwell_s,
             "rollout": self.rollout.to_dict() if self.rollout is not None else None,
+            "explain": self.explain,
             "line": self.line,
             "external": self.external.to_dict() if self.external is not None else None,
             "http": self.http,

@@ -519,6 +519,17 @@ ROUTE = Block(
             "([below](#rollout-plans-rollout); [runbook](rollout-runbook.md#letting-a-plan-drive)).",
         ),
         Key(
+            name="explain",
+            read=lambda r, v, p, got: r.boolean(v, p),
+            into="explain",
+            schema={"type": "boolean"},
+            default_doc="`true`",
+            doc="Say why the route's local and global limits disagree (`replicas`, `tighter`, `fresh_local`, "
+            "`clock`; `uneven`, `looser`): its local policy is also evaluated fleet-wide in Redis, as a reference "
+            "beside the global one, which doubles the route's shadow work in Redis; `false` leaves its divergence "
+            "unexplained ([runbook](rollout-runbook.md#why-they-disagree)).",
+        ),
+        Key(
             name="external",
             block=EXTERNAL,
             into="external",

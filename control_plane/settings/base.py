@@ -22,6 +22,7 @@ from .envoy import EnvoySettings
 from .errors import SettingsError
 from .limits import RequestLimits
 from .plans import PlanSettings
+from .rollout import RolloutSettings
 
 if TYPE_CHECKING:
     from limiter.connection import RedisConnection
@@ -37,9 +38,10 @@ def _env(name: str) -> AliasChoices:
     return AliasChoices(name, name.lower())
 
 
-class Settings(EnvoySettings, PlanSettings, BaseSettings):
+class Settings(EnvoySettings, PlanSettings, RolloutSettings, BaseSettings):
     """Configuration for the control plane, the middleware and the demo (Envoy's rate limit
-    service's fields come from :class:`~control_plane.settings.envoy.EnvoySettings`)."""
+    service's fields come from :class:`~control_plane.settings.envoy.EnvoySettings`, the
+    rollout's -- gates, modes, clocks -- from :class:`~control_plane.settings.rollout.RolloutSettings`)."""
 
     model_config = SettingsConfigDict(env_prefix="", case_sensitive=False, extra="ignore", populate_by_name=True)
 
@@ -308,46 +310,6 @@ class Settings(EnvoySettings, PlanSettings, BaseSettings):
             "FastAPI's native OpenTelemetry instrumentation (spans, metrics, logs per request)"
             " for a process with an OpenTelemetry SDK configured."
         ),
-    )
-    # rollout gates
-    gate_window_s: int = Field(300, ge=10, validation_alias=_env("SHADOWLIMIT_GATE_WINDOW_S"))
-    gate_min_samples: int = Field(500, ge=0, validation_alias=_env("SHADOWLIMIT_GATE_MIN_SAMPLES"))
-    gate_max_new_rejection_rate: float = Field(
-        0.01, ge=0, le=1, validation_alias=_env("SHADOWLIMIT_GATE_MAX_NEW_REJECTION_RATE")
-    )
-    gate_max_backend_error_rate: float = Field(
-        0.001, ge=0, le=1, validation_alias=_env("SHADOWLIMIT_GATE_MAX_BACKEND_ERROR_RATE")
-    )
-    gate_min_sampled_share: float = Field(
-        0.9,
-        ge=0,
-        le=1,
-        validation_alias=_env("SHADOWLIMIT_GATE_MIN_SAMPLED_SHARE"),
-        description=(
-            "A promotion needs at least this share of the window's decisions evaluated by the distributed limiter"
-            " (not dropped by a full shadow queue); 0 turns the check off."
-        ),
-    )
-    gate_min_dwell_s: float = Field(
-        600.0,
-        ge=0,
-        validation_alias=_env("SHADOWLIMIT_GATE_MIN_DWELL_S"),
-        description=(
-            "A promotion needs the route to have been this many seconds in its current step (shadow, each canary"
-            " percentage) since the step was set; a route's min_dwell in the rules file overrides it; 0 turns it off."
-        ),
-    )
-    auto_rollback_after_s: float = Field(
-        30.0,
-        gt=0,
-        validation_alias=_env("SHADOWLIMIT_AUTO_ROLLBACK_AFTER_S"),
-        description="Enforced routes fall back to shadow when the breaker stays open this long.",
-    )
-    default_mode: str = Field(
-        "shadow",
-        pattern="^(off|shadow|canary|enforce)$",
-        validation_alias=_env("SHADOWLIMIT_DEFAULT_MODE"),
-        description="Mode of a route with no stored state.",
     )
     # event stream
     stream_interval_s: float = Field(1.0, gt=0, le=60, validation_alias=_env("SHADOWLIMIT_STREAM_INTERVAL_S"))

@@ -1,8 +1,9 @@
 """Fleet-wide divergence counters: per route and minute, shared by every replica.
 
-Keys: ``rl:<ns>:div:<route>:<minute>``, hashes of :data:`DIVERGENCE_FIELDS` (no hash
-tag: they spread over the cluster; EXPIRE :data:`DIVERGENCE_TTL_S`). :func:`totals_of`
-and :func:`gate_stats_of` sum rows as :meth:`DivergenceStore.series` returns them.
+Keys: ``rl:<ns>:div:<route>:<minute>``, hashes of :data:`DIVERGENCE_FIELDS`, the divergent
+decisions per cause (:data:`CAUSE_FIELDS`) and a candidate limit's counters (no hash tag:
+they spread over the cluster; EXPIRE :data:`DIVERGENCE_TTL_S`). :func:`totals_of` and
+:func:`gate_stats_of` sum rows as :meth:`DivergenceStore.series` returns them.
 """
 
 from __future__ import annotations
@@ -14,13 +15,14 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from ..model.causes import EXCUSED, Cause
 from ..model.rollout import Divergence, GateStats
 from .codec import check_namespace, text
 from .errors import StoreError, translate_errors
 
 __all__ = [
-    "CANDIDATE_COUNTS", "DIVERGENCE_FIELDS", "DIVERGENCE_TTL_S", "DivergenceStore", "candidate_stats_of",
-    "gate_stats_of", "totals_of",
+    "CANDIDATE_COUNTS", "CAUSE_FIELDS", "DIVERGENCE_FIELDS", "DIVERGENCE_TTL_S", "DivergenceStore",
+    "candidate_stats_of", "cause_field", "gate_stats_of", "totals_of",
 ]  # fmt: skip
 
 log = logging.getLogger(__name__)
@@ -35,6 +37,15 @@ DIVERGENCE_FIELDS = (
     "distributed_attempts",
     "shadow_dropped",
 )
+
+#: the divergent decisions per cause (DivergenceStore.add_causes; control_plane/model/causes.py)
+CAUSE_FIELDS = tuple(f"cause_{c.value}" for c in Cause)
+
+
+def cause_field(cause: Cause) -> str:
+    """The counter of ``cause`` in a route's minute (``cause_replicas``, ...)."""
+    return f"cause_{cause.value}"
+
 
 #: a candidate limit's counters (DivergenceStore.add_candidate), field ``c:<candidate id>:<name>``
 CANDIDATE_COUNTS = ("agree", "newly_rejected", "newly_admitted", "errors", "dropped")
@@ -163,6 +174,17 @@ class DivergenceStore:
                 f = f"c:{cid}:{name}"
                 extra[f] = extra.get(f, 0) + n
 
+    def add_causes(self, route: str, counts: dict[Cause, int], *, now: float | None = None) -> None:
+        """Count divergent decisions of ``route`` by cause (:data:`CAUSE_FIELDS`)."""
+        slot = (route, _minute(self.clock() if now is None else now))
+        extra = self._extra.get(slot)
+        if extra is None:
+            extra = self._extra[slot] = {}
+        for cause, n in counts.items():
+            if n:
+                f = cause_field(cause)
+                extra[f] = extra.get(f, 0) + n
+
     def pending(self) -> dict[tuple[str, int], dict[str, int]]:
         """Unflushed deltas (a copy), keyed by (route, minute)."""
         return {k: dict(zip(DIVERGENCE_FIELDS, v)) for k, v in self._pending.items()}
@@ -263,7 +285,7 @@ class DivergenceStore:
         out = []
         for m, raw in zip(minutes, rows):
             d = {text(k): int(v) for k, v in (raw or {}).items()}
-            out.append({"minute": m, **{f: d.get(f, 0) for f in DIVERGENCE_FIELDS}})
+            out.append({"minute": m, **{f: d.get(f, 0) for f in (*DIVERGENCE_FIELDS, *CAUSE_FIELDS)}})
         return out
 
     async def series(self, route: str, minutes: int = 60, now: float | None = None) -> list[dict[str, int]]:
@@ -318,7 +340,7 @@ def totals_of(rows: list[dict[str, int]], minutes: int) -> dict[str, Any]:
     and ``sampled_share``: the share of the decisions that should have been compared
     that the distributed limiter did evaluate (1.0 unless shadow evaluations were
     dropped; None with no decisions at all)."""
-    s: dict[str, Any] = {f: sum(r.get(f, 0) for r in rows) for f in DIVERGENCE_FIELDS}
+    s: dict[str, Any] = {f: sum(r.get(f, 0) for r in rows) for f in (*DIVERGENCE_FIELDS, *CAUSE_FIELDS)}
     cmp, att = s["compared"], s["distributed_attempts"]
     s["minutes"] = minutes
     s["new_rejection_rate"] = s["local_allow_distributed_deny"] / cmp if cmp else 0.0
@@ -343,7 +365,8 @@ def candidate_stats_of(rows: list[dict[str, int]]) -> GateStats:
 
 
 def gate_stats_of(rows: list[dict[str, int]]) -> GateStats:
-    """The rollout gate's figures from per-minute rows (as :meth:`DivergenceStore.series` returns)."""
+    """The rollout gate's figures from per-minute rows (as :meth:`DivergenceStore.series` returns):
+    ``excused``, the new rejections explained by a cause in :data:`~control_plane.model.causes.EXCUSED`."""
     s = {f: sum(r.get(f, 0) for r in rows) for f in DIVERGENCE_FIELDS}
     return GateStats(
         compared=s["compared"],
@@ -351,4 +374,5 @@ def gate_stats_of(rows: list[dict[str, int]]) -> GateStats:
         backend_errors=s["backend_errors"],
         distributed_attempts=s["distributed_attempts"],
         shadow_dropped=s["shadow_dropped"],
+        excused=sum(r.get(cause_field(c), 0) for r in rows for c in EXCUSED),
     )

@@ -42,6 +42,7 @@ BASE: dict[str, list[str]] = {
     "whatif": ["search", "--rate", "5/s"],
     "suggest": ["search", "--max-reject", "1%"],
     "candidate": ["search", "--limit", "5/s", "--reason", "r"],
+    "divergence": ["search"],
     "plan": ["search"],
 }
 NUMERIC_TYPES = {

@@ -500,8 +500,10 @@ def test_audit_newest_first_with_route_filter(make_cp):
 
 def test_divergence_view(make_cp):
     # the "would be blocked" view covers the current 5-minute window: the replica's clock
-    # starts one in, so the test never crosses into the next
-    with make_cp(clocks=hour_aligned_clocks()).client() as http:
+    # starts one in, so the test never crosses into the next. That clock is up to an hour
+    # from Redis' on purpose: the skew tolerance is widened to an hour so the divergence
+    # is put down to the limits, not to the clock
+    with make_cp(clocks=hour_aligned_clocks(), clock_skew_tolerance_ms=3_600_000).client() as http:
         for i in range(6):
             r = decide(
                 http, method="GET", path="/api/export/all", headers={"X-Client-Id": "mallory"}, request_id=f"m-{i}"
@@ -526,7 +528,12 @@ def test_divergence_view(make_cp):
         assert len(exp["series"]) == 60
         assert sum(m["compared"] for m in exp["series"]) == 6
         assert [m["minute"] for m in exp["series"]] == sorted(m["minute"] for m in exp["series"])
-        assert exp["would_be_blocked"] == [{"key": "mallory", "count": 3, "last_request_id": "m-5"}]
+        # one replica, a global limit stricter than the local one: the new limit is tighter
+        assert exp["would_be_blocked"] == [{"key": "mallory", "count": 3, "last_request_id": "m-5", "cause": "tighter"}]
+        why = exp["causes"]["new_rejections"]
+        assert (why["total"], why["by_cause"]["tighter"], why["unexplained"]) == (3, 3, 0)
+        assert why["shares"]["tighter"] == 1.0 and why["summary"] == "100% the new limit is tighter"
+        assert exp["causes"]["explain"] is True and exp["causes"]["reverse"]["total"] == 0
         assert set(data) == {"search", "login", "export", "default"}
         assert data["search"]["would_be_blocked"] == []
         short = http.get("/v1/divergence", params={"minutes": 5}).json()

@@ -196,7 +196,10 @@ def engine_state(e: Engine, keys: list[str]) -> dict[str, Any]:
             r: (e.activity.hot_keys(r, 100), [e.activity.last_decision(r, k) for k in keys], e.activity.rate(r))
             for r in ROUTES
         },
-        "queue": e.shadow.queue.take(len(e.shadow)),
+        # each key's shadow evaluations in order: a batch queues its shadowed requests as it goes
+        # and its decided ones' candidate and reference evaluations after their burst, one by one
+        # each in its turn; only the order within a key reaches Redis as state (a stable sort)
+        "queue": sorted(e.shadow.queue.take(len(e.shadow)), key=lambda item: (item.route, item.key)),
         "dropped": e.comparisons.dropped,
         "seq": e.decider.next_id(),
         "local": [(i.key, i.algorithm, i.last_seen_us) for i in e.local.items()],

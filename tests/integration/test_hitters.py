@@ -10,6 +10,7 @@ import pytest_asyncio
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
+from control_plane.model.causes import Cause
 from control_plane.observe.hitters import FLEET_TOP_KEEP, HitterEntry, SpaceSaving, WouldBeBlocked
 from control_plane.store import StoreUnavailable
 from limiter.embedded import EmbeddedRedis
@@ -123,8 +124,8 @@ def test_local_view_per_route_and_window():
     wb.record("/a", "bob", "b0", now=T)
     wb.record("/b", "carol", "c0", now=T)
     assert wb.top("/a", now=T) == [
-        {"key": "alice", "count": 5, "error": 0, "last_request_id": "a4"},
-        {"key": "bob", "count": 1, "error": 0, "last_request_id": "b0"},
+        {"key": "alice", "count": 5, "error": 0, "last_request_id": "a4", "cause": None},
+        {"key": "bob", "count": 1, "error": 0, "last_request_id": "b0", "cause": None},
     ]
     assert [e["key"] for e in wb.top("/b", now=T)] == ["carol"]
     assert wb.top("/none", now=T) == []
@@ -172,20 +173,22 @@ async def test_fleet_top_merges_two_replicas(client):
 
     fleet = await r1.fleet_top(client, "/api", n=10, now=T)
     assert fleet == [
-        {"key": "alice", "count": 50, "last_request_id": "r2-a19"},
-        {"key": "bob", "count": 25, "last_request_id": "r2-b24"},
-        {"key": "carol", "count": 1, "last_request_id": "r1-c0"},
+        {"key": "alice", "count": 50, "last_request_id": "r2-a19", "cause": None},
+        {"key": "bob", "count": 25, "last_request_id": "r2-b24", "cause": None},
+        {"key": "carol", "count": 1, "last_request_id": "r1-c0", "cause": None},
     ]
     # both replicas see the same fleet view; local views stay local
     assert await r2.fleet_top(client, "/api", n=2, now=T) == fleet[:2]
     assert [e["key"] for e in r1.top("/api", now=T)] == ["alice", "carol"]
-    assert await r1.fleet_top(client, "/other", now=T) == [{"key": "zed", "count": 1, "last_request_id": "z0"}]
+    assert await r1.fleet_top(client, "/other", now=T) == [
+        {"key": "zed", "count": 1, "last_request_id": "z0", "cause": None}
+    ]
 
     # more records after a flush are added, not re-added
     r1.record("/api", "bob", "r1-b0", now=T)
     await r1.flush(client)
     fleet = await r2.fleet_top(client, "/api", n=10, now=T)
-    assert fleet[1] == {"key": "bob", "count": 26, "last_request_id": "r1-b0"}
+    assert fleet[1] == {"key": "bob", "count": 26, "last_request_id": "r1-b0", "cause": None}
 
     # another window is empty; keys expire after two windows
     assert await r1.fleet_top(client, "/api", now=T + W) == []
@@ -193,6 +196,33 @@ async def test_fleet_top_merges_two_replicas(client):
     assert 0 < await client.ttl(r1.zset_key("/api", w)) <= 2 * W
     assert 0 < await client.ttl(r1.ids_key("/api", w)) <= 2 * W
     assert r1.zset_key("/api", w) == f"rl:{NS}:hh:/api:{w}" and r1.ids_key("/api", w) == f"rl:{NS}:hhid:/api:{w}"
+
+
+async def test_each_key_of_the_fleet_top_says_its_main_cause(client):
+    """Two replicas record the causes of their keys' new rejections; the fleet's top gives each
+    key the cause the most of them had (the earlier in the causes' order on a tie)."""
+    r1, r2 = WouldBeBlocked(NS, window_s=W), WouldBeBlocked(NS, window_s=W)
+    for wb, key, causes in (
+        (r1, "alice", [Cause.REPLICAS] * 3 + [Cause.TIGHTER]),
+        (r2, "alice", [Cause.TIGHTER] * 2),
+        (r2, "bob", [Cause.CLOCK, Cause.REPLICAS]),
+        (r1, "carol", []),
+    ):
+        for cause in causes or [None]:
+            wb.record("/why", key, None, now=T)
+            if cause is not None:
+                wb.record_cause("/why", key, cause, now=T)
+    await r1.flush(client)
+    await r2.flush(client)
+    top = await r1.fleet_top(client, "/why", now=T)
+    assert {e["key"]: e["cause"] for e in top} == {"alice": "replicas", "bob": "clock", "carol": None}
+    assert await client.hget(r1.causes_key("/why", int(T // W)), "tighter:alice") == b"3"
+    # a cause past the bound between two flushes is not counted (the top keys come back)
+    small = WouldBeBlocked(NS, window_s=W, capacity=1)
+    for i in range(10):
+        small.record_cause("/why", f"k{i}", Cause.TIGHTER, now=T)
+    await small.flush(client)
+    assert await client.hlen(small.causes_key("/why", int(T // W))) == 4 + 4  # 4 pairs above, the first 4 here
 
 
 async def test_fleet_set_is_trimmed(client):
@@ -223,6 +253,7 @@ async def test_failed_flush_keeps_deltas():
         with pytest.raises(StoreUnavailable):
             await wb.flush(client)
         wb.record("/a", "alice", "x3", now=T)
+        wb.record_cause("/a", "alice", Cause.TIGHTER, now=T)  # kept through the failed flushes too
         with pytest.raises(StoreUnavailable):
             await wb.flush(client)
         with pytest.raises(StoreUnavailable):
@@ -230,8 +261,8 @@ async def test_failed_flush_keeps_deltas():
         server.start()  # no persistence: the fleet view restarts empty
         await wb.flush(client)
         assert await wb.fleet_top(client, "/a", now=T) == [
-            {"key": "alice", "count": 2, "last_request_id": "x3"},
-            {"key": "bob", "count": 1, "last_request_id": "y1"},
+            {"key": "alice", "count": 2, "last_request_id": "x3", "cause": "tighter"},
+            {"key": "bob", "count": 1, "last_request_id": "y1", "cause": None},
         ]
     finally:
         await client.aclose()

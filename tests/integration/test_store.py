@@ -15,6 +15,7 @@ from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from support import aeventually
 
+from control_plane.model.causes import Cause
 from control_plane.model.recovery import StateMemory
 from control_plane.model.rollout import AuditEntry, Divergence, GateStats, Mode, RouteState
 from control_plane.store import (
@@ -24,6 +25,7 @@ from control_plane.store import (
     StoreUnavailable,
     VersionConflict,
 )
+from control_plane.store.divergence import CAUSE_FIELDS
 from limiter.embedded import EmbeddedRedis
 from limiter.redis_limiter import make_redis_py_client
 
@@ -406,6 +408,7 @@ async def test_two_replicas_sum_without_double_counting(client, client2):
                 "backend_errors",
                 "distributed_attempts",
                 "shadow_dropped",
+                *CAUSE_FIELDS,
             ],
             0,
         ),
@@ -436,6 +439,20 @@ async def test_two_replicas_sum_without_double_counting(client, client2):
     assert (await r1.totals("/b", minutes=1, now=now))["agree"] == 1
     empty = await r1.totals("/none", minutes=5, now=now)
     assert empty["compared"] == 0 and empty["new_rejection_rate"] == 0.0 and empty["backend_error_rate"] == 0.0
+
+    # the causes of the divergent decisions, summed by both replicas in the same hashes; the gate
+    # leaves out the new rejections that are not a policy question (replicas, fresh_local, clock)
+    r1.add_causes("/a", {Cause.REPLICAS: 4, Cause.TIGHTER: 1}, now=now)
+    r2.add_causes("/a", {Cause.REPLICAS: 2, Cause.CLOCK: 1, Cause.UNEVEN: 1}, now=now)
+    await r1.flush()
+    await r2.flush()
+    totals = await r1.totals("/a", minutes=3, now=now)
+    assert {f: totals[f] for f in CAUSE_FIELDS} == {
+        "cause_replicas": 6, "cause_tighter": 1, "cause_fresh_local": 0, "cause_clock": 1, "cause_uneven": 1,
+        "cause_looser": 0,
+    }  # fmt: skip
+    stats = await r1.window_stats("/a", 30, now=now)
+    assert stats.excused == 7 and stats.counted_rejections("tighter") == 1 and stats.counted_rejections("all") == 8
 
     # the hashes expire (2 h) and carry no hash tag
     key = r1.key("/a", MIN0)

@@ -23,6 +23,11 @@ def _has(samples, name: str, value: float = 0.0, **labels: str) -> bool:
     return samples.get((name, frozenset(labels.items()))) == value
 
 
+def _dc(labels: frozenset[tuple[str, str]]) -> tuple[str, str]:
+    d = dict(labels)
+    return d["direction"], d["cause"]
+
+
 def test_a_fresh_registry_has_the_fixed_label_sets_at_0():
     s = _samples(Metrics())
     for reason in ("local_exhausted", "distributed_exhausted", "backend_error", "fallback_exhausted", "deny_list"):
@@ -43,6 +48,7 @@ def test_a_fresh_registry_has_the_fixed_label_sets_at_0():
         assert _has(s, "rate_limit_decision_duration_seconds_count", mode=mode)
     assert _has(s, "rate_limit_breaker_state", 1.0, state="closed")
     assert _has(s, "rate_limit_rules_valid", 1.0)
+    assert _has(s, "rate_limit_clock_skew_seconds", 0.0)
     # nothing about a route before the route is known
     assert not [k for k in s if ("route", "search") in k[1]]
 
@@ -61,6 +67,13 @@ def test_add_route_creates_every_route_series_at_0_once():
                 )
     for div in Divergence:
         assert _has(s, "rate_limit_shadow_divergence_total", route="search", direction=div.value)
+    forward, reverse = Divergence.LOCAL_ALLOW_DISTRIBUTED_DENY.value, Divergence.LOCAL_DENY_DISTRIBUTED_ALLOW.value
+    causes = {(d, c) for n, labels in s if n == "rate_limit_divergence_cause_total" for d, c in [_dc(labels)]}
+    assert causes == {
+        (forward, "replicas"), (forward, "tighter"), (forward, "fresh_local"), (forward, "clock"),
+        (reverse, "uneven"), (reverse, "looser"),
+    }  # fmt: skip
+    assert _has(s, "rate_limit_divergence_cause_total", route="search", direction=forward, cause="replicas")
     assert _has(s, "rate_limit_shadow_dropped_total", route="search")
     assert not [k for k in s if k[0] == "rate_limit_external_limits_total"]  # no external limits on it
     # counted, then announced again (a rules reload): the count is kept

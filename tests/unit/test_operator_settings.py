@@ -32,3 +32,28 @@ def test_process_python_and_build_info_metrics_are_exported() -> None:
     names = {line.split("{")[0].split(" ")[0] for line in text.splitlines() if not line.startswith("#")}
     assert {"process_cpu_seconds_total", "process_resident_memory_bytes", "python_info"} <= names
     assert 'shadowlimit_build_info{version="' in text
+
+
+@pytest.mark.parametrize(
+    ("env", "value", "said"),
+    [
+        ("SHADOWLIMIT_CLOCK_SKEW_TOLERANCE_MS", "-1", "greater than or equal to 0"),
+        ("SHADOWLIMIT_CLOCK_SKEW_TOLERANCE_MS", "a second", "a valid number"),
+        ("SHADOWLIMIT_CLOCK_SKEW_TOLERANCE_MS", "3600001", "less than or equal to 3600000"),
+        ("SHADOWLIMIT_GATE_COUNTS", "tight", "'all' or 'tighter'"),
+    ],
+)
+def test_the_causes_settings_are_checked_naming_the_variable(monkeypatch, env, value, said) -> None:
+    monkeypatch.setenv(env, value)
+    with pytest.raises(SettingsError) as err:
+        load_settings(redis_url=URL)
+    assert f"{env}: " in str(err.value) and said in str(err.value) and repr(value) in str(err.value)
+
+
+def test_the_causes_settings_defaults_and_values(monkeypatch) -> None:
+    s = load_settings(redis_url=URL)
+    assert (s.clock_skew_tolerance_ms, s.gate_counts) == (250.0, "all")
+    monkeypatch.setenv("SHADOWLIMIT_CLOCK_SKEW_TOLERANCE_MS", "50")
+    monkeypatch.setenv("SHADOWLIMIT_GATE_COUNTS", "tighter")
+    s = load_settings(redis_url=URL)
+    assert (s.clock_skew_tolerance_ms, s.gate_counts) == (50.0, "tighter")

@@ -113,3 +113,40 @@ def test_rules_bad_min_dwell_names_file_line_and_field():
     assert str(exc.value).startswith("rules.yaml:6: routes[0].min_dwell:"), str(exc.value)
     with pytest.raises(RulesError, match="min_dwell"):
         parse_rules(ROUTE.replace("{dwell}", "30d"), load_settings(), source="rules.yaml")
+
+
+def test_gate_counts_tighter_leaves_out_the_excused_new_rejections():
+    """A route whose new rejections are nearly all the leak across replicas: refused counting
+    all of them, promoted counting only the tighter ones (and the unexplained: never excused)."""
+    leak = GateStats(compared=1000, new_rejections=300, backend_errors=0, distributed_attempts=1000, excused=295)
+    counting_all = evaluate_gate(st("shadow"), Mode.CANARY, 10, leak, CONFIG, now=1.0)
+    assert counting_all.reasons == ("new rejections 30.00% exceed 1.00%",)
+    tighter = GateConfig(min_samples=500, min_dwell_s=600, counts="tighter")
+    assert evaluate_gate(st("shadow"), Mode.CANARY, 10, leak, tighter, now=1.0).passed
+    d = evaluate_gate(st("shadow"), Mode.CANARY, 10, leak, tighter, now=1.0).to_dict()
+    assert (d["gate_counts"], d["new_rejections"], d["counted_rejections"], d["counted_rejection_rate"]) == (
+        "tighter",
+        300,
+        5,
+        0.005,
+    )
+    worse = GateStats(compared=1000, new_rejections=300, backend_errors=0, distributed_attempts=1000, excused=250)
+    refused = evaluate_gate(st("shadow"), Mode.CANARY, 10, worse, tighter, now=1.0)
+    assert refused.reasons == (
+        "tighter new rejections 5.00% exceed 1.00% (gate_counts: tighter; 25.00% more left out: replicas,"
+        " fresh_local, clock)",
+    )
+    # excused can never count below zero
+    assert (
+        GateStats(
+            compared=10, new_rejections=1, backend_errors=0, distributed_attempts=10, excused=5
+        ).counted_rejections("tighter")
+        == 0
+    )
+
+
+def test_gate_counts_comes_from_the_settings():
+    from control_plane.model.rollout import GATE_COUNTS
+
+    assert GATE_COUNTS == ("all", "tighter")
+    assert GateConfig().counts == "all"

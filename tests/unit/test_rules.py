@@ -536,6 +536,36 @@ def test_unknown_key_inside_route(settings):
     assert "did you mean 'failure_policy'" in err.message and "allowed keys:" in err.message
 
 
+def test_explain_is_true_unless_a_route_says_false_and_nothing_else_passes(settings):
+    rules = parse(
+        """
+        routes:
+          - name: a
+            match: {path: /a}
+            local: {average: 1}
+          - name: b
+            match: {path: /b}
+            local: {average: 1}
+            explain: false
+        """,
+        settings,
+    )
+    assert (rules.get("a").explain, rules.get("b").explain) == (True, False)
+    assert rules.get("b").to_dict()["explain"] is False
+    for bad in ("yes-please", "1", "null", "[true]"):
+        err = error(
+            f"""
+            routes:
+              - name: a
+                match: {{path: /a}}
+                local: {{average: 1}}
+                explain: {bad}
+            """,
+            settings,
+        )
+        assert (err.line, err.field) == (6, "routes[0].explain") and "must be true or false" in err.message, bad
+
+
 def test_trusted_proxies_in_file_is_rejected_with_a_hint(settings):
     err = error(
         """
