@@ -1,7 +1,8 @@
 """Divergence over time: per route, one sparkline per class (agree, new rejections, reverse)
-over the last hour, one column per minute, sized to the panel; under a route with a
-candidate limit, the candidate's comparisons with the current limit and its newly rejected
-requests per minute."""
+over the last hour, one column per minute, sized to the panel; why the two limits disagree,
+in words (the shares of each cause, docs/rollout-runbook.md#why-they-disagree), and the keys
+a limit would block with each one's cause; under a route with a candidate limit, the
+candidate's comparisons with the current limit and its newly rejected requests per minute."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from rich.text import Text
 from textual.geometry import Region
 from textual.widget import Widget
 
-from .models import CandidateView, DivergenceView
+from .models import BlockedKey, CandidateView, CausesView, DivergenceView
 from .render import pct, spark_text
 from .theme import BAD, BAD_BOLD, INFO_BOLD, OK, SELECTED_MARK, WARN, WARN_BOLD
 
@@ -52,7 +53,7 @@ class DivergenceChart(Widget):
         assert self._view is not None
         rd = self._view.routes[name]
         cand = 0 if rd.candidate is None else 2 + bool(rd.candidate.would_be_blocked)
-        return 4 + bool(rd.would_be_blocked) + cand
+        return 4 + len(_why(rd.causes)) + bool(rd.would_be_blocked) + cand
 
     def _names(self) -> list[str]:
         if self._view is None:
@@ -112,9 +113,12 @@ class DivergenceChart(Widget):
                 out.append(f"  {label:<{LABEL - 3}} ", style="dim")
                 out.append_text(spark_text(vals, minutes, colour, top=None if attr == "agree" else float(both)))
                 out.append(f" {_short(total):>7}\n", style=colour if total else "dim")
+            for label, words in _why(rd.causes):
+                out.append(f"  {label:<{LABEL - 3}} ", style="dim")
+                out.append(words + "\n")
             if rd.would_be_blocked:
                 out.append(f"  {'would block':<{LABEL - 3}} ", style="dim")
-                out.append(" · ".join(f"{b.key} ×{b.count:,}" for b in rd.would_be_blocked[:4]) + "\n", style=BAD)
+                _blocked(out, rd.would_be_blocked[:4])
             if rd.candidate is not None:
                 candidate_lines(out, rd.candidate, minutes)
         out.append(_axis(minutes), style="dim")
@@ -141,6 +145,34 @@ def candidate_lines(out: Text, c: CandidateView, minutes: int) -> None:
     if c.would_be_blocked:
         out.append(f"  {'cand. block':<{LABEL - 3}} ", style="dim")
         out.append(" · ".join(f"{b.key} ×{b.count:,}" for b in c.would_be_blocked[:4]) + "\n", style=BAD)
+
+
+def _why(causes: CausesView | None) -> list[tuple[str, str]]:
+    """The lines that say why the limits disagree, (label, words), one per direction with
+    divergent decisions: the server's shares in words, or that the route explains nothing."""
+    if causes is None:
+        return []
+    lines = []
+    for label, shares in (("why new rej", causes.new_rejections), ("why reverse", causes.reverse)):
+        if shares.total <= 0:
+            continue
+        if not causes.explain:
+            lines.append((label, "not explained (explain: false in the rules)"))
+        elif shares.summary:
+            lines.append((label, shares.summary))
+    return lines
+
+
+def _blocked(out: Text, keys: Sequence[BlockedKey]) -> None:
+    """The keys a limit would block, each with its count and, when known, its main cause."""
+    for i, b in enumerate(keys):
+        if i:
+            out.append(" · ", style=BAD)
+        out.append(f"{b.key} ×{b.count:,}", style=BAD)
+        if b.cause:
+            out.append(" ")
+            out.append(b.cause, style="italic")
+    out.append("\n")
 
 
 def _short(n: int) -> str:

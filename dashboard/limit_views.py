@@ -122,16 +122,25 @@ class GateView:
         return self.target
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class BlockedKey:
+    """A key a limit would newly reject: how often, its last request, and (the current global
+    limit's would-be-blocked keys) the main cause of its new rejections, None: not explained."""
+
     key: str
     count: int
     last_request_id: str
+    cause: str | None = None
 
     @classmethod
     def parse(cls, d: Any) -> BlockedKey:
         d = as_dict(d)
-        return cls(as_str(d.get("key")), as_int(d.get("count")), as_str(d.get("last_request_id")))
+        return cls(
+            key=as_str(d.get("key")),
+            count=as_int(d.get("count")),
+            last_request_id=as_str(d.get("last_request_id")),
+            cause=opt_str(d.get("cause")),
+        )
 
 
 @dataclass(frozen=True, slots=True)

@@ -292,6 +292,8 @@ HELP = """\
   Buckets     the selected route's most active keys: tokens left locally and globally
   Backend     the Redis circuit breaker, the failure policy in force, the live fleet
   Divergence  the last hour per route: agree, new rejections, reverse (one column a minute);
+              why they disagree in words (the fleet multiplied the old limit, the new limit
+              is tighter, ...) and the keys a limit would block, each with its cause;
               scrolls when the routes do not fit, and to the selected route
   Audit       mode changes (PLAN: a plan's step), plans, candidates, rules reloads, breaker
               transitions, as they happen

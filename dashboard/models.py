@@ -33,6 +33,8 @@ __all__ = [
     "CandidatePoint",
     "CandidateTotals",
     "CandidateView",
+    "CauseShares",
+    "CausesView",
     "ConnectionState",
     "DivergenceTotals",
     "DivergenceView",
@@ -205,21 +207,62 @@ class MinutePoint:
         return self.local_allow_distributed_deny / self.compared if self.compared else 0.0
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CauseShares:
+    """One direction's divergent decisions by cause, as the server counted them: how many,
+    how many it could not explain, and the shares in its words (``summary``: "74% the fleet
+    multiplied the old limit · 26% the new limit is tighter")."""
+
+    total: int = 0
+    unexplained: int = 0
+    summary: str = ""
+
+    @classmethod
+    def parse(cls, d: Any) -> CauseShares:
+        d = as_dict(d)
+        return cls(
+            total=as_int(d.get("total")), unexplained=as_int(d.get("unexplained")), summary=as_str(d.get("summary"))
+        )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CausesView:
+    """Why a route's local and global limits disagree (docs/rollout-runbook.md#why-they-disagree):
+    its new rejections and its reverse divergences by cause; ``explain``: the route's setting."""
+
+    explain: bool = True
+    new_rejections: CauseShares = CauseShares()
+    reverse: CauseShares = CauseShares()
+
+    @classmethod
+    def parse(cls, d: Any) -> CausesView | None:
+        """None for a control plane that does not send causes."""
+        if not isinstance(d, dict):
+            return None
+        return cls(
+            explain=d.get("explain") is not False,
+            new_rejections=CauseShares.parse(d.get("new_rejections")),
+            reverse=CauseShares.parse(d.get("reverse")),
+        )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class RouteDivergence:
     totals: DivergenceTotals
     series: tuple[MinutePoint, ...]
     would_be_blocked: tuple[BlockedKey, ...]
     candidate: CandidateView | None = None  # with its series and the keys it would newly reject
+    causes: CausesView | None = None  # None: not sent (an older control plane)
 
     @classmethod
     def parse(cls, d: Any) -> RouteDivergence:
         d = as_dict(d)
         return cls(
-            DivergenceTotals.parse(d.get("totals")) or DivergenceTotals(),
-            tuple(MinutePoint.parse(p) for p in d.get("series") or ()),
-            tuple(BlockedKey.parse(b) for b in d.get("would_be_blocked") or ()),
-            CandidateView.parse(d.get("candidate")),
+            totals=DivergenceTotals.parse(d.get("totals")) or DivergenceTotals(),
+            series=tuple(MinutePoint.parse(p) for p in d.get("series") or ()),
+            would_be_blocked=tuple(BlockedKey.parse(b) for b in d.get("would_be_blocked") or ()),
+            candidate=CandidateView.parse(d.get("candidate")),
+            causes=CausesView.parse(d.get("causes")),
         )
 
 

@@ -136,8 +136,10 @@ def control_plane(redis_server: Any, tmp_path: Path) -> Iterator[Callable[..., C
     rules.write_text(RULES)
     started: list[ControlPlane] = []
 
-    def start(**overrides: Any) -> ControlPlane:
-        cp = ControlPlane(redis_server.url, rules, namespace=f"dash{uuid.uuid4().hex[:10]}", **overrides).start()
+    def start(namespace: str | None = None, **overrides: Any) -> ControlPlane:
+        """One more control plane; ``namespace``: another's, to make them one fleet."""
+        namespace = namespace or f"dash{uuid.uuid4().hex[:10]}"
+        cp = ControlPlane(redis_server.url, rules, namespace=namespace, **overrides).start()
         started.append(cp)
         return cp
 
@@ -497,6 +499,75 @@ async def test_a_sampled_divergence_says_how_much_it_covers(control_plane: Calla
         assert cell(app, RoutesTable, "search", "newrej").endswith("%")
 
 
+def chart_lines(app: ShadowlimitDashboard, route: str) -> list[str]:
+    """``route``'s block in the divergence panel, line by line (its header first)."""
+    from dashboard.chart import DivergenceChart
+
+    snap = dash(app).snapshot
+    names = list(snap.divergence.routes) if snap is not None and snap.divergence is not None else []
+    lines = str(dash(app).query_one(DivergenceChart).render()).splitlines()
+    heads = [i for i, line in enumerate(lines) if any(line.lstrip("▶ ").startswith(f"{n} ") for n in names)]
+    top = next((i for i in heads if lines[i].lstrip("▶ ").startswith(f"{route} ")), None)
+    if top is None:
+        return []
+    end = next((i for i in heads if i > top), len(lines) - 1)  # the next route's header, or the time axis
+    return lines[top:end]
+
+
+def chart_line(app: ShadowlimitDashboard, route: str, label: str) -> str:
+    """What follows ``label`` on its line in ``route``'s block ("" without such a line)."""
+    found = [line.strip()[len(label) :].strip() for line in chart_lines(app, route) if line.strip().startswith(label)]
+    return found[0] if found else ""
+
+
+async def test_the_divergence_panel_says_why_in_words_and_each_blocked_keys_cause(
+    control_plane: Callable[..., ControlPlane],
+) -> None:
+    """Two replicas of one fleet. On search (a global limit stricter than the local one) bob
+    sends 15 requests to each: every one admitted locally, the global limit admits 5; the
+    old limit, fleet-wide, would have admitted 20, so of his 25 new rejections 15 are the new
+    limit being tighter and 10 the fleet multiplying the old one. On checkout carol
+    sends 7 to one replica, whose bucket holds 5, while the global limit would admit them:
+    the reverse, the load uneven over the replicas. The panel says so in the server's words,
+    with each would-be-blocked key's cause."""
+    cp = control_plane()
+    cp2 = control_plane(namespace=cp.namespace)
+    for replica in (cp, cp2):  # each knows the fleet is two (heartbeats): 2 x 5/s locally is above 8/s
+        eventually(
+            lambda r=replica: httpx.get(f"{r.url}/v1/backend", timeout=5).json()["live_instances"] == 2,
+            15,
+            what="a fleet of two",
+        )
+    async with httpx.AsyncClient() as c:  # in two bursts, so the limits barely refill meanwhile
+        for replica in (cp, cp2):
+            r = await c.post(
+                f"{replica.url}/v1/decide/batch", json={"requests": [{"route": "search", "key": "bob"}] * 15}
+            )
+            assert r.status_code == 200 and all(x["allowed"] for x in r.json()["decisions"]), r.text
+    await traffic(cp.url, 7, route="checkout", key="carol")
+    await cp.settle()
+    await cp2.settle()
+    await cp.settle()  # the views again, now that both replicas' counters are written
+    server = httpx.get(f"{cp.url}/v1/divergence", params={"minutes": 60}, timeout=5).json()["routes"]
+    search, checkout = server["search"], server["checkout"]
+    why = search["causes"]["new_rejections"]
+    assert why["by_cause"]["tighter"] > 0 and why["by_cause"]["replicas"] > 0, why
+    assert " · " in why["summary"], why
+    [bob] = search["would_be_blocked"]
+    assert bob["key"] == "bob" and bob["cause"] in ("tighter", "replicas"), bob
+    assert checkout["causes"]["reverse"]["summary"] == "100% the load was uneven over the replicas", checkout
+
+    app = ShadowlimitDashboard(cp.url, TOKEN)
+    async with app.run_test(size=SIZE) as pilot:
+        await until_live(pilot, app)
+        await wait_for(pilot, lambda: chart_line(app, "search", "why new rej"), what="the search block's why line")
+        assert chart_line(app, "search", "why new rej") == why["summary"]
+        assert chart_line(app, "search", "would block") == f"bob ×{bob['count']:,} {bob['cause']}"
+        assert not chart_line(app, "search", "why reverse")
+        assert chart_line(app, "checkout", "why reverse") == "100% the load was uneven over the replicas"
+        assert not chart_line(app, "checkout", "why new rej") and not chart_line(app, "checkout", "would block")
+
+
 async def test_a_restoration_shows_in_the_audit_panel(
     control_plane: Callable[..., ControlPlane], redis_server: Any
 ) -> None:
@@ -735,9 +806,18 @@ def fixed_snapshot() -> dict[str, Any]:
                 "totals": _totals(search),
                 "series": search,
                 "would_be_blocked": [
-                    {"key": "bob", "count": 1840, "last_request_id": "r1"},
-                    {"key": "mallory", "count": 96, "last_request_id": "r2"},
+                    {"key": "bob", "count": 1840, "last_request_id": "r1", "cause": "replicas"},
+                    {"key": "mallory", "count": 96, "last_request_id": "r2", "cause": "tighter"},
                 ],
+                "causes": {
+                    "explain": True,
+                    "new_rejections": {
+                        "total": 1936,
+                        "unexplained": 0,
+                        "summary": "95% the fleet multiplied the old limit · 5% the new limit is tighter",
+                    },
+                    "reverse": {"total": 0, "unexplained": 0, "summary": ""},
+                },
             },
             "checkout": {"totals": _totals(checkout), "series": checkout, "would_be_blocked": []},
             "login": {"totals": _totals(login), "series": login, "would_be_blocked": []},
