@@ -211,6 +211,10 @@ KEY_PANELS: dict[str, Callable[[list[dict[str, Any]]], bool]] = {
         v > 0 for v in where(r, route="export", direction="local_allow_distributed_deny")
     ),
     "Would-be rejections": lambda r: any(v > 0 for v in where(r, route="export")),
+    # export's global limit is far stricter than its local one, on one replica: the new limit is tighter
+    "Why new rejections happen (share by cause)": lambda r: any(
+        v > 0.9 for v in where(r, route="export", cause="tighter")
+    ),
     "Mode changes": lambda r: any(v > 0 for v in where(r, route="search", to="canary", automatic="false")),
     "Decisions by mode": lambda r: (
         any(v > 0 for v in where(r, mode="shadow")) and any(v > 0 for v in where(r, mode="canary"))
@@ -223,6 +227,7 @@ KEY_PANELS: dict[str, Callable[[list[dict[str, Any]]], bool]] = {
     ),
     "Shadow drops": lambda r: sorted(s["metric"]["route"] for s in r) == sorted(ROUTES),
     "Replicas and rules": lambda r: len(r) == 1 and value(r[0]) == 1,
+    "Replica clock against Redis": lambda r: len(r) == 1 and abs(value(r[0])) < 0.25,
 }
 
 
