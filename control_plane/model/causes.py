@@ -19,7 +19,13 @@ A decision the local limiter admits and the global one would reject
    if the whole fleet were one replica -- rejects it too: the old limit would have stopped this
    client had it not been spread over replicas. The leak the migration closes.
 4. ``tighter``: the reference admits it: even one replica under the old limit would have let it
-   through; the global limit is stricter. A change of policy, for someone to decide.
+   through; the global limit is stricter. A change of policy, for someone to decide. Only a
+   global limit stricter than the local one in its rate or its burst can be tighter
+   (:func:`no_stricter`): under one as generous in both, a rejection the reference happens to
+   admit is ``replicas`` too. Two buckets at their limits admit different requests of the same
+   traffic (which one finds a token depends on how far each has refilled), so under a looser
+   global limit the reference admits some requests the global one refuses, though it refuses
+   more of them.
 
 A decision the local limiter rejects and the global one would admit
 (``local_deny_distributed_allow``):
@@ -59,6 +65,7 @@ __all__ = [
     "is_fresh",
     "main_cause",
     "more_generous",
+    "no_stricter",
     "refill_us",
     "remembers",
     "summary",
@@ -147,7 +154,9 @@ def cause_of(f: CauseFigures) -> Cause | None:
             return Cause.FRESH_LOCAL
         if f.reference_allowed is None:
             return None
-        return Cause.TIGHTER if f.reference_allowed else Cause.REPLICAS
+        if f.reference_allowed and not no_stricter(f.global_policy, f.local_policy):
+            return Cause.TIGHTER
+        return Cause.REPLICAS
     return Cause.LOOSER if more_generous(f.global_policy, f.local_policy, f.fleet_size) else Cause.UNEVEN
 
 
@@ -191,6 +200,18 @@ def more_generous(global_policy: Policy, local_policy: Policy, fleet_size: int) 
     g_rate = global_policy.average / global_policy.period
     l_rate = local_policy.average / local_policy.period
     return g_rate > n * l_rate or global_policy.limit > n * local_policy.limit
+
+
+def no_stricter(global_policy: Policy, local_policy: Policy) -> bool:
+    """The global policy admits at least what one replica's local policy does: a rate and a
+    burst (limit) no lower than its own. A new rejection under it is never ``tighter``."""
+    if global_policy.unlimited:
+        return True
+    if local_policy.unlimited or global_policy.blocked:
+        return False
+    g_rate = global_policy.average / global_policy.period
+    l_rate = local_policy.average / local_policy.period
+    return g_rate >= l_rate and global_policy.limit >= local_policy.limit
 
 
 def main_cause(counts: Mapping[Cause, int]) -> Cause | None:

@@ -21,6 +21,7 @@ from control_plane.model.causes import (
     is_fresh,
     main_cause,
     more_generous,
+    no_stricter,
     refill_us,
     remembers,
     summary,
@@ -55,7 +56,9 @@ FRESH = replace(BASE, birth=Birth(created_us=T0 - SEC // 2, forgot_us=T0 - 7 * S
 
 def test_the_reference_tells_the_leak_from_a_tighter_limit():
     assert cause_of(BASE) is Cause.REPLICAS
-    assert cause_of(replace(BASE, reference_allowed=True)) is Cause.TIGHTER
+    stricter = replace(BASE, global_policy=Policy(average=5, period=1.0, burst=5))
+    assert cause_of(replace(stricter, reference_allowed=True)) is Cause.TIGHTER
+    assert cause_of(stricter) is Cause.REPLICAS
     # without the reference's answer a new rejection has no cause (counted unexplained)
     assert cause_of(replace(BASE, reference_allowed=None)) is None
 
@@ -98,6 +101,29 @@ def test_the_reverse_is_looser_when_the_global_limit_gives_more_than_the_whole_f
     assert more_generous(Policy(average=1800, period=60, burst=10), LOCAL, 3) is False  # 30/s
     assert more_generous(Policy(average=1900, period=60, burst=10), LOCAL, 3) is True  # 31.7/s
     assert more_generous(Policy(average=1800, period=60, burst=31), LOCAL, 3) is True
+
+
+@pytest.mark.parametrize(
+    ("global_policy", "tighter"),
+    [
+        (LOCAL, False),  # the same limit
+        (Policy(average=30, period=1.0, burst=30), False),  # more generous in both
+        (Policy(average=5, period=1.0, burst=5), True),  # stricter in both
+        (Policy(average=30, period=1.0, burst=5), True),  # a higher rate, a smaller burst
+        (Policy(average=5, period=1.0, burst=30), True),  # a larger burst, a lower rate
+        (Policy(average=600, period=60.0, burst=10), False),  # the same rate, said per minute
+        (Policy.unlimited_policy(), False),
+        (Policy.blocking(), True),
+    ],
+)
+def test_only_a_global_limit_stricter_in_rate_or_burst_can_be_tighter(global_policy, tighter):
+    """Two buckets at their limits admit different requests of the same traffic: under a
+    global limit as generous as the local one, a rejection the reference happens to admit is
+    still the fleet multiplying the old limit."""
+    figures = replace(BASE, global_policy=global_policy, reference_allowed=True)
+    assert no_stricter(global_policy, LOCAL) is not tighter
+    assert cause_of(figures) is (Cause.TIGHTER if tighter else Cause.REPLICAS)
+    assert no_stricter(global_policy, Policy.unlimited_policy()) is global_policy.unlimited
 
 
 def test_agreement_has_no_cause():
