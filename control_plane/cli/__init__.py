@@ -333,6 +333,9 @@ def _add_local_commands(sub: Any) -> None:
     d.add_argument("--no-dash", action="store_true", help="run headless; print where it listens and the admin token")
     d.add_argument("--replicas", type=count(1, MAX_DEMO_REPLICAS), default=3, help="replicas to start (1-16)")
     d.add_argument("--keep-logs", action="store_true", help="keep the demo's logs and rules after it stops")
+    d.add_argument(
+        "--no-restart", action="store_true", help="never restart a replica (by default the last restarts once)"
+    )
     d.add_argument("--base-port", type=port, default=0, help="first replica port (default: free ports)")
     d.add_argument(
         "--duration",

@@ -8,13 +8,19 @@ docs/api.md's examples were produced with), copied into the demo's folder with o
 (:data:`TRAFFIC`) tells the shadow rollout's story on those routes: one client (``bob``) spreads
 bursts on ``search`` over every replica; each replica's local bucket sees a third of his
 traffic and admits it all, while the global limit would reject a part of it. In shadow mode
-that shows up as divergence (``local_allow_distributed_deny``); flip the route to enforce
-and the global limit takes over. ``mallory`` guesses passwords on ``login`` (5 a minute per
-client IP) on every replica; the ``tenants`` route takes each tenant's limits from the
-limits service (hooli 2/s on the free plan, globex 5/s), cached in Redis; stop the service and decisions
-fall back to the stale copy, then to the rules file's limits. Two rollout plans drive themselves:
-``internal`` walks to enforce in a couple of minutes, ``login``'s finds its limit too tight for
-mallory and rolls back. Quitting the dashboard stops everything.
+that shows up as divergence (``local_allow_distributed_deny``), put down to the fleet
+multiplying the old limit (the cause ``replicas``); flip the route to enforce and the global
+limit takes over. ``mallory`` guesses passwords on ``login`` (5 a minute per client IP) on
+every replica, whose global limit being tried is stricter (3 a minute): ``uptime``, a monitor
+logging in 4 times a minute on its own replica, would be refused by the new limit alone (the
+cause ``tighter``). About a minute in, the last replica is restarted once
+(:meth:`DemoStack.restart`): its new local buckets admit what the old ones would not have,
+while the global state remembers its clients (``fresh_local``). The ``tenants`` route
+takes each tenant's limits from the limits service (hooli 2/s on the free plan, globex 5/s),
+cached in Redis; stop the service and decisions fall back to the stale copy, then to the
+rules file's limits. Two rollout plans drive themselves: ``internal`` walks to enforce in a
+couple of minutes, ``login``'s finds its limit too tight for mallory and rolls back.
+Quitting the dashboard stops everything.
 """
 
 from __future__ import annotations
@@ -106,9 +112,12 @@ TRAFFIC: list[Client] = [
         ip="198.51.100.30",
         headers={"X-Tenant-Id": "globex"},
     ),
-    # login, 5 per minute per client IP: erin logs in now and then, mallory guesses passwords
-    # on every replica (each admits 5 a minute: 15 in all, where the global limit admits 5)
+    # login, 5 per minute per client IP today, 3 a minute tried globally: erin logs in now and
+    # then; uptime, a monitor, logs in 4 times a minute on its replica (the old limit admits it,
+    # the new one would not: tighter); mallory guesses passwords on every replica (each admits
+    # 5 a minute: 15 in all, where the old limit fleet-wide would admit 5: replicas)
     Client(name="erin", method="POST", path="/auth/login", rps=0.05, spread=False, ip="198.51.100.40", headers={}),
+    Client(name="uptime", method="POST", path="/auth/login", rps=4 / 60, spread=False, ip="198.51.100.41", headers={}),
     Client(name="mallory", method="POST", path="/auth/login", rps=1.0, spread=True, ip="198.51.100.66", headers={}),
     # internal, keyed by API key, a 10% canary
     Client(
@@ -172,6 +181,7 @@ class DemoStack:
         *,
         clock: Callable[[], float] = time.monotonic,
         keep_logs: bool = False,
+        restart: bool = True,
     ) -> None:
         self.n = replicas
         #: monotonic seconds, for the startup and shutdown deadlines
@@ -191,6 +201,11 @@ class DemoStack:
         self.errors = 0
         self.gates = ""  # the promotion gate settings the replicas run with (said in the banner)
         self.gate_settings: dict[str, str] = {}
+        self.env: dict[str, str] = {}  # the replicas' environment
+        #: restart the last replica once, after a whole minute of decisions (with 2 replicas or more)
+        self.restart_planned = restart and replicas > 1
+        self.down: set[int] = set()  # replicas being restarted: the traffic skips them
+        self.restarted: list[int] = []  # replicas restarted so far (1-based, as in the banner)
 
     def start(self) -> None:
         if self.redis_url is None:
@@ -221,6 +236,7 @@ class DemoStack:
                 "SHADOWLIMIT_AUDIT_LOG": env.get("SHADOWLIMIT_AUDIT_LOG", str(self.workdir / "audit.jsonl")),
             }
         )
+        self.env = env
         self.gate_settings = {k: env[k] for k in _GATE_SETTINGS}
         self.gates = (
             f"{env['SHADOWLIMIT_GATE_WINDOW_S']}s window, {env['SHADOWLIMIT_GATE_MIN_SAMPLES']} compared decisions,"
@@ -228,29 +244,63 @@ class DemoStack:
         )
         for i in range(self.n):
             port = self.base_port + i if self.base_port else _free_port()
-            log = open(self.workdir / f"replica-{i + 1}.log", "wb")  # noqa: SIM115 - closed with the process
-            env_i = dict(env, SHADOWLIMIT_INSTANCE_ID=f"replica-{i + 1}")
-            proc = subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "control_plane.cli",
-                    "serve",
-                    "--host",
-                    "127.0.0.1",
-                    "--port",
-                    str(port),
-                    "--log-level",
-                    "warning",
-                ],
-                env=env_i,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                preexec_fn=_die_with_parent,
-            )
-            self.procs.append(proc)
             self.urls.append(f"http://127.0.0.1:{port}")
+            self.procs.append(self._spawn(i))
         self._wait_ready()
+
+    def _spawn(self, i: int) -> subprocess.Popen[bytes]:
+        """Replica ``i`` (0-based) as its own process, on its port, logging to its file."""
+        port = self.urls[i].rsplit(":", 1)[1]
+        log = open(self.workdir / f"replica-{i + 1}.log", "ab")  # noqa: SIM115 - closed with the process
+        return subprocess.Popen(
+            [sys.executable, "-m", "control_plane.cli", "serve", "--host", "127.0.0.1", "--port", port]
+            + ["--log-level", "warning"],
+            env=dict(self.env, SHADOWLIMIT_INSTANCE_ID=f"replica-{i + 1}"),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            preexec_fn=_die_with_parent,
+        )
+
+    async def restart(self, i: int) -> None:
+        """Replica ``i`` (0-based) stopped and started again on its port, as a deployment or a
+        crash would: its local buckets start empty while the global state in Redis remembers
+        its clients, which shows as the cause ``fresh_local`` for a refill time. The traffic
+        skips it meanwhile."""
+        import httpx
+
+        self.down.add(i)
+        try:
+            old = self.procs[i]
+            old.terminate()
+            try:
+                await asyncio.to_thread(old.wait, 10)
+            except subprocess.TimeoutExpired:
+                old.kill()
+                await asyncio.to_thread(old.wait)
+            self.procs[i] = self._spawn(i)
+            deadline = self.clock() + 30
+            async with httpx.AsyncClient(timeout=1.0) as http:
+                while self.clock() < deadline and self.procs[i].poll() is None:
+                    with contextlib.suppress(httpx.HTTPError):
+                        if (await http.get(self.urls[i] + "/readyz")).status_code == 200:
+                            break
+                    await asyncio.sleep(0.1)
+            self.restarted.append(i + 1)
+        finally:
+            self.down.discard(i)
+
+    async def _restart_once(self, stop: asyncio.Event, started: float) -> None:
+        """The last replica restarted 5 s into the first minute after the traffic began (at
+        least 10 s of it in that minute): the fleet's figures are per minute, and a replica
+        counts its fresh buckets as ``fresh_local`` only when the fleet had been deciding the
+        route in a whole minute before its restart."""
+        boundary = (started // 60 + 1) * 60
+        if boundary - started < 10:
+            boundary += 60
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(stop.wait(), max(0.0, boundary + 5 - time.time()))
+        if not stop.is_set():
+            await self.restart(self.n - 1)
 
     def _start_limits_service(self, timeout: float = 15.0) -> None:
         """The example limits service as its own process, on a free port."""
@@ -298,6 +348,7 @@ class DemoStack:
         """Each client sends at its rate, to one replica or spread over all of them."""
         import httpx
 
+        started = time.time()
         async with httpx.AsyncClient(timeout=2.0) as http:
 
             async def client(c: Client) -> None:
@@ -307,13 +358,14 @@ class DemoStack:
                 loop = asyncio.get_running_loop()
                 due = loop.time()  # paced by a schedule, so a slow answer does not lower the rate
                 while not stop.is_set():
-                    url = self.urls[i % len(self.urls)] if c.spread else self.urls[home]
+                    target = i % len(self.urls) if c.spread else home
                     i += 1
-                    try:
-                        await http.post(url + "/v1/decide", json=body)
-                        self.sent += 1
-                    except httpx.HTTPError:
-                        self.errors += 1
+                    if target not in self.down:  # a replica being restarted is skipped
+                        try:
+                            await http.post(self.urls[target] + "/v1/decide", json=body)
+                            self.sent += 1
+                        except httpx.HTTPError:
+                            self.errors += 1
                     # bursty clients come in clumps; steady ones evenly
                     delay = 1.0 / c.rps
                     if c.spread and i % 5 == 0:
@@ -324,7 +376,8 @@ class DemoStack:
                     with contextlib.suppress(asyncio.TimeoutError):
                         await asyncio.wait_for(stop.wait(), max(0.0, due - loop.time()))
 
-            await asyncio.gather(*[client(c) for c in TRAFFIC])
+            restart = [self._restart_once(stop, started)] if self.restart_planned else []
+            await asyncio.gather(*[client(c) for c in TRAFFIC], *restart)
 
     def stop(self) -> None:
         procs = [*self.procs, *([self.limits_proc] if self.limits_proc is not None else [])]
@@ -357,6 +410,7 @@ class DemoStack:
             "admin_token": self.token,
             "logs": str(self.workdir),
             "keep_logs": self.keep_logs,
+            "restart": f"replica-{self.n}" if self.restart_planned else None,
         }
 
     def banner(self) -> str:
@@ -374,6 +428,14 @@ class DemoStack:
             f"  gates:      {self.gates}",
             "  plans:      internal walks canary 10% -> 50% -> enforce on its own; login's plan finds its limit"
             " too tight and rolls back (shadowlimit plan ROUTE)",
+            *(
+                [
+                    f"  restart:    replica {self.n} restarts once, 5 s into the first whole minute of traffic: its"
+                    " new local buckets show as the cause fresh_local (--no-restart: never)"
+                ]
+                if self.restart_planned
+                else []
+            ),
             f"  admin token: {self.token}",
             f"  logs:       {self.workdir}   (audit trail: audit.jsonl; "
             + ("kept after the demo)" if self.keep_logs else "removed when the demo stops; --keep-logs keeps them)"),
@@ -393,7 +455,9 @@ class DemoStack:
 
 
 def run_demo(args: argparse.Namespace) -> int:
-    stack = DemoStack(replicas=args.replicas, base_port=args.base_port, keep_logs=args.keep_logs)
+    stack = DemoStack(
+        replicas=args.replicas, base_port=args.base_port, keep_logs=args.keep_logs, restart=not args.no_restart
+    )
     as_json = bool(getattr(args, "json", False))
     note = sys.stderr if as_json else sys.stdout
     stop = asyncio.Event()
@@ -430,7 +494,7 @@ def run_demo(args: argparse.Namespace) -> int:
                 await task
 
             asyncio.run(headless())
-            stopped = {"event": "stopped", "sent": stack.sent, "errors": stack.errors}
+            stopped = {"event": "stopped", "sent": stack.sent, "errors": stack.errors, "restarted": stack.restarted}
             print(
                 json.dumps(stopped) if as_json else f"stopped: {stack.sent} demo requests sent ({stack.errors} errors)"
             )

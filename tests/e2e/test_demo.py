@@ -12,6 +12,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -119,6 +120,63 @@ def test_the_demo_runs_the_example_rules_file_with_only_the_limits_url_changed()
             if proc.poll() is None:
                 proc.kill()
     assert proc.returncode == 0
+
+
+def test_the_demos_traffic_makes_each_cause_of_divergence():
+    """The demo's story, by cause (docs/rollout-runbook.md#why-they-disagree walks it): bob
+    spreads his searches over the replicas (``replicas``: search's global limit is more
+    generous than one replica's, so nothing of it is ``tighter``), globex its tenant's
+    requests; on login, whose global limit is stricter than today's, uptime keeps to 4 a
+    minute on one replica (``tighter``) while mallory spreads her guesses (``replicas``); the
+    last replica, restarted once about a minute in, makes ``fresh_local`` while its new
+    buckets are young."""
+    import json
+
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "control_plane.cli", "demo", "--no-dash", "--json"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        env={k: v for k, v in os.environ.items() if k != "RATE_LIMIT_REDIS_URL"},
+    )
+    assert proc.stdout is not None
+    try:
+        running = json.loads(proc.stdout.readline())
+        assert running["restart"] == "replica-3", running
+        url = running["replicas"][0]
+
+        def causes() -> tuple[dict[str, Any], dict[str, dict[str, str | None]]]:
+            routes = httpx.get(url + "/v1/divergence?minutes=10", timeout=5).json()["routes"]
+            why = {r: v["causes"]["new_rejections"]["by_cause"] for r, v in routes.items()}
+            keys = {r: {w["key"]: w["cause"] for w in v["would_be_blocked"]} for r, v in routes.items()}
+            return why, keys
+
+        deadline = time.monotonic() + 150  # uptime's 4th login of a minute; the restart within 70 s
+        why, keys = causes()
+        while time.monotonic() < deadline and not (
+            keys["login"].get("198.51.100.41") == "tighter" and why["login"]["fresh_local"] > 0
+        ):
+            time.sleep(2)
+            why, keys = causes()
+        assert keys["search"]["198.51.100.20"] == "replicas", keys
+        assert why["search"]["tighter"] == 0 and why["search"]["replicas"] >= 0.9 * sum(why["search"].values()), why
+        assert keys["tenants"]["globex"] == "replicas", keys
+        # mallory: the leak, or, while the restarted replica's bucket of her is young (its refill
+        # time: two minutes of a sliding window), that replica's new bucket
+        assert keys["login"]["198.51.100.66"] in ("replicas", "fresh_local"), keys
+        assert why["login"]["replicas"] > 0, why
+        assert keys["login"].get("198.51.100.41") == "tighter", keys
+        assert why["login"]["fresh_local"] > 0, why
+        assert "198.51.100.10" not in keys["search"], "alice (5/s) is well-behaved"
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            out, _ = proc.communicate(timeout=30)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+    stopped = json.loads(out.splitlines()[-1])
+    assert stopped["restarted"] == [3] and stopped["errors"] == 0, stopped
 
 
 def test_demo_rules_refuse_an_example_file_without_the_limits_url(tmp_path):

@@ -87,7 +87,9 @@ def test_example_file_loads(settings):
 
     login = rules.get("login")
     assert login.local.algorithm is Algorithm.SLIDING_WINDOW and login.local.period == 60.0 and login.local.average == 5
-    assert login.distributed == login.local
+    # the global limit being tried is stricter than today's: 3 a minute, the same window
+    assert login.distributed.algorithm is Algorithm.SLIDING_WINDOW and login.distributed.period == 60.0
+    assert (login.distributed.average, login.distributed.burst) == (3, 3)
     assert login.failure_policy is FailurePolicy.FAIL_CLOSED
 
     internal = rules.get("internal")
