@@ -8,6 +8,9 @@ Sections (``--only``):
                   ``RedisLimiter`` vs ``limits`` (async and sync Redis storage)
                   and PyrateLimiter's Redis buckets, sequential and 100 tasks.
 * ``memory``      Redis bytes per key for each algorithm / strategy.
+* ``explain``     what explaining divergence costs: the shadow pipeline's comparisons/s
+                  and Redis CPU per comparison with the reference and without
+                  (``explain: false``); its own ``bench/results/explain.json``.
 
 Results go to ``bench/results/latest.json`` and ``docs/benchmarks.md``.
 """

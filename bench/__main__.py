@@ -22,9 +22,9 @@ from typing import Any
 
 from .harness import CpuAccount, Settings, environment, log
 
-SECTIONS = ("local", "distributed", "memory", "profile", "clients", "whatif", "service", "envoy")
+SECTIONS = ("local", "distributed", "memory", "profile", "clients", "whatif", "explain", "service", "envoy")
 #: sections that keep their own results file; a run of only these updates latest.json
-STANDALONE = ("service", "envoy")
+STANDALONE = ("explain", "service", "envoy")
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -42,6 +42,7 @@ def _extra_sections() -> list[str]:
     sections = (
         _service_section(),
         _whatif_section(),
+        _explain_section(),
         cp,
         _stream_section(ROOT / "bench" / "results" / "stream.json"),
         _grpc_section(),
@@ -66,6 +67,16 @@ def _whatif_section() -> str | None:
     if not path.exists():
         return None
     from .whatif import render
+
+    return render(json.loads(path.read_text(encoding="utf-8")))
+
+
+def _explain_section() -> str | None:
+    """The ``explain`` section's results (bench/results/explain.json, written by its last run)."""
+    path = ROOT / "bench" / "results" / "explain.json"
+    if not path.exists():
+        return None
+    from .explain import render
 
     return render(json.loads(path.read_text(encoding="utf-8")))
 
@@ -122,7 +133,7 @@ def _redis_sections(
     """The sections that need Redis, against one private embedded redis-server."""
     from . import report
 
-    needs_redis = any(s in sections for s in ("distributed", "memory", "profile", "clients", "whatif"))
+    needs_redis = any(s in sections for s in ("distributed", "memory", "profile", "clients", "whatif", "explain"))
     server = None
     url = ""  # set when a section needs Redis
     try:
@@ -161,6 +172,18 @@ def _redis_sections(
             n = 200_000 if settings.quick else 1_000_000
             results["whatif"] = _timed("whatif", cpu, env, lambda: measure_whatif(url, n))
             _write_atomic(ROOT / "bench" / "results" / "whatif.json", json.dumps(results["whatif"], indent=1) + "\n")
+        if "explain" in sections:
+            from .explain import measure as measure_explain
+
+            pid = server.pid if server is not None else None
+            quick = settings.quick
+            results["explain"] = _timed(
+                "explain",
+                cpu,
+                env,
+                lambda: measure_explain(url, pid, seconds=0.5 if quick else 2.0, repeats=2 if quick else 7),
+            )
+            _write_atomic(ROOT / "bench" / "results" / "explain.json", json.dumps(results["explain"], indent=1) + "\n")
     finally:
         if server is not None:
             server.stop()

@@ -14,7 +14,21 @@ from dataclasses import dataclass
 from importlib import metadata
 from typing import Any
 
-__all__ = ["Settings", "summarize", "environment", "lib_versions", "timed_reps", "log"]
+__all__ = ["Settings", "summarize", "environment", "lib_versions", "pid_cpu_seconds", "timed_reps", "log"]
+
+_TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def pid_cpu_seconds(pid: int | None) -> float:
+    """CPU seconds (user + system) a process has used, from /proc (0.0 if unknown)."""
+    if pid is None:
+        return 0.0
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii") as fh:
+            rest = fh.read().rsplit(")", 1)[1].split()
+        return (int(rest[11]) + int(rest[12])) / _TICK
+    except (OSError, IndexError, ValueError):
+        return 0.0
 
 
 @dataclass(frozen=True)
@@ -86,22 +100,12 @@ class CpuAccount:
         # loopback traffic this benchmark itself generates) is not charged to any process
         return (f[0] + f[1] + f[2]) / self.TICK
 
-    def _pid_cpu(self, pid: int | None) -> float:
-        if pid is None:
-            return 0.0
-        try:
-            with open(f"/proc/{pid}/stat", encoding="ascii") as fh:
-                rest = fh.read().rsplit(")", 1)[1].split()
-            return (int(rest[11]) + int(rest[12])) / self.TICK
-        except (OSError, IndexError, ValueError):
-            return 0.0
-
     def attach_redis(self, pid: int | None) -> None:
         self.redis_pid = pid
 
     def snapshot(self) -> tuple[float, float, float, float]:
         t = os.times()
-        return (time.perf_counter(), self._machine_busy(), t.user + t.system, self._pid_cpu(self.redis_pid))
+        return (time.perf_counter(), self._machine_busy(), t.user + t.system, pid_cpu_seconds(self.redis_pid))
 
     @staticmethod
     def background(a: tuple[float, float, float, float], b: tuple[float, float, float, float]) -> dict[str, float]:
