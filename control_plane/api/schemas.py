@@ -204,8 +204,8 @@ class PlanSet(StrictBody):
     )
     analysis: dict[str, Any] | None = Field(
         None,
-        description="min_compared, max_new_rejection_rate, max_backend_error_rate, prometheus (checks of {name, query,"
-        " max, min, url}); what is left out is the promotion gate's settings'.",
+        description="min_compared, max_new_rejection_rate, gate_counts, max_backend_error_rate, prometheus (checks of"
+        " {name, query, max, min, url}); what is left out is the promotion gate's settings'.",
     )
     on_failure: Literal["rollback", "pause"] | None = Field(None, description="Default rollback.")
     reason: str = Field(..., min_length=1, max_length=500)

@@ -165,20 +165,26 @@ class PrometheusCheck:
 @dataclass(frozen=True, slots=True, kw_only=True)
 class PlanAnalysis:
     """The checks that let a route leave a step: shadowlimit's own figures over the step so
-    far (compared decisions, new rejections, backend errors) and the Prometheus checks."""
+    far (compared decisions, new rejections, backend errors) and the Prometheus checks.
+    ``gate_counts``: which new rejections ``max_new_rejection_rate`` counts, ``all`` or
+    ``tighter`` (those that are a change of policy: control_plane/model/causes.py)."""
 
     min_compared: int
     max_new_rejection_rate: float
     max_backend_error_rate: float
     prometheus: tuple[PrometheusCheck, ...] = ()
+    gate_counts: str = "all"
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        d: dict[str, Any] = {
             "min_compared": self.min_compared,
             "max_new_rejection_rate": self.max_new_rejection_rate,
             "max_backend_error_rate": self.max_backend_error_rate,
             "prometheus": [c.to_dict() for c in self.prometheus],
         }
+        if self.gate_counts != "all":  # a plan written before gate_counts keeps its id
+            d["gate_counts"] = self.gate_counts
+        return d
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> PlanAnalysis:
@@ -187,6 +193,7 @@ class PlanAnalysis:
             max_new_rejection_rate=float(d["max_new_rejection_rate"]),
             max_backend_error_rate=float(d["max_backend_error_rate"]),
             prometheus=tuple(PrometheusCheck.from_dict(c) for c in d.get("prometheus") or ()),
+            gate_counts=str(d.get("gate_counts", "all")),
         )
 
 

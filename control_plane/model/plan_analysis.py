@@ -22,7 +22,7 @@ from dataclasses import dataclass, replace
 from enum import Enum
 from typing import Any
 
-from .plan import Plan, PrometheusCheck
+from .plan import Plan, PlanAnalysis, PrometheusCheck
 from .rollout import GateStats
 
 __all__ = [
@@ -192,6 +192,7 @@ def since_baseline(*, first: GateStats, later: GateStats, baseline: GateStats | 
         backend_errors=since("backend_errors"),
         distributed_attempts=since("distributed_attempts"),
         shadow_dropped=since("shadow_dropped"),
+        excused=since("excused"),
     )
 
 
@@ -208,6 +209,15 @@ def _rate(name: str, value: float, limit: float, enough: bool, what: str) -> Che
             reason=f"{what} {value:.2%} exceed {percent(limit)}",
         )  # fmt: skip
     return CheckResult(name=name, value=value, threshold=threshold, outcome=Verdict.PASS)
+
+
+def _new_rejections(a: PlanAnalysis, stats: GateStats, enough: bool) -> CheckResult:
+    """The new-rejection check: all of them, or (``gate_counts: tighter``) only those that are a
+    change of policy, the leak across replicas, fresh buckets and clock skew left out."""
+    if a.gate_counts == "tighter":
+        rate = stats.counted_rate("tighter")
+        return _rate("tighter new rejection rate", rate, a.max_new_rejection_rate, enough, "tighter new rejections")
+    return _rate("new rejection rate", stats.new_rejection_rate, a.max_new_rejection_rate, enough, "new rejections")
 
 
 def _prometheus(check: PrometheusCheck, reading: PromReading | None) -> CheckResult:
@@ -238,7 +248,7 @@ def analyse(plan: Plan, stats: GateStats, readings: dict[str, PromReading], *, s
     )
     checks = [
         compared,
-        _rate("new rejection rate", stats.new_rejection_rate, a.max_new_rejection_rate, enough, "new rejections"),
+        _new_rejections(a, stats, enough),
         _rate("backend error rate", stats.backend_error_rate, a.max_backend_error_rate, enough, "backend errors"),
         *(_prometheus(c, readings.get(c.name)) for c in a.prometheus),
     ]

@@ -9,7 +9,7 @@ same plans and refuse the same ones, naming the field (and, in a file, the line)
       on_failure: rollback
 
 An analysis left out takes the promotion gate's settings (``SHADOWLIMIT_GATE_MIN_SAMPLES``,
-``..._MAX_NEW_REJECTION_RATE``, ``..._MAX_BACKEND_ERROR_RATE``).
+``..._MAX_NEW_REJECTION_RATE``, ``SHADOWLIMIT_GATE_COUNTS``, ``..._MAX_BACKEND_ERROR_RATE``).
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ import math
 from typing import TYPE_CHECKING, Any
 
 from ..model.plan import OnFailure, Plan, PlanAnalysis, PlanStep, PrometheusCheck, StepKind, step_order_problem
+from ..model.rollout import GATE_COUNTS
 from .errors import FieldPath
 from .fields import FieldReader, type_name
 from .spec import Block, Got, Key, duration_schema, read_block
@@ -227,6 +228,12 @@ def _checks(r: FieldReader, value: Any, path: FieldPath, got: Got) -> tuple[Prom
     return tuple(checks)
 
 
+def _gate_counts(r: FieldReader, value: Any, path: FieldPath, got: Got) -> str:
+    if value not in GATE_COUNTS:
+        raise r.error(path, f"must be all or tighter, got {value!r}")
+    return str(value)
+
+
 def _setting(name: str) -> Any:
     return lambda r, got: getattr(r.settings, name)
 
@@ -249,6 +256,16 @@ ANALYSIS = Block(
             schema=_SHARE,
             default_doc="`SHADOWLIMIT_GATE_MAX_NEW_REJECTION_RATE`",
             doc="The share of compared requests the global limit may newly reject (`1%`, `0.5%`, `0.01`).",
+        ),
+        Key(
+            name="gate_counts",
+            read=_gate_counts,
+            absent=_setting("gate_counts"),
+            schema={"enum": list(GATE_COUNTS)},
+            default_doc="`SHADOWLIMIT_GATE_COUNTS`",
+            doc="Which new rejections `max_new_rejection_rate` counts: `all`, or `tighter`, only those that are a "
+            "change of policy (the leak across replicas, fresh buckets and clock skew left out: "
+            "[why they disagree](rollout-runbook.md#why-they-disagree)).",
         ),
         Key(
             name="max_backend_error_rate",
@@ -282,6 +299,7 @@ ANALYSIS = Block(
         max_new_rejection_rate=got["max_new_rejection_rate"],
         max_backend_error_rate=got["max_backend_error_rate"],
         prometheus=got["prometheus"],
+        gate_counts=got["gate_counts"],
     ),
 )
 

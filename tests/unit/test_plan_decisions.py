@@ -88,6 +88,7 @@ def test_a_plan_in_the_rules_file(settings):
         ("steps: [{canary: 5, for: -1}]", "routes[0].rollout.steps[0].for", "must be from 0s"),
         ("steps: [shadow]\nanalysis: {max_backend_error_rate: 150%}", "analysis.max_backend_error_rate", "0 to 1"),
         ("steps: [shadow]\nanalysis: {min_compared: 0}", "analysis.min_compared", "must be from 1"),
+        ("steps: [shadow]\nanalysis: {gate_counts: some}", "analysis.gate_counts", "must be all or tighter"),
         ("steps: [shadow]\nanalysis: {prometheus: [{name: a, query: up, max: x}]}", "prometheus[0].max", "number"),
         ("steps: [shadow]\nanalysis: {prometheus: [{name: a, query: up, min: 2, max: 1}]}", "[0].min", "above max"),
         (
@@ -135,6 +136,16 @@ def test_the_api_reads_a_plan_with_the_same_rows(settings):
     with pytest.raises(RulesError) as info:
         read_plan({"steps": [{"canary": 50}, {"canary": 10}]}, settings)
     assert info.value.field == "steps[1]" and info.value.path is None and info.value.line is None
+
+
+def test_a_plans_gate_counts_is_the_settings_unless_its_analysis_says(settings):
+    plain = read_plan({"steps": ["shadow", "enforce"]}, settings)
+    assert plain.analysis.gate_counts == "all" and "gate_counts" not in plain.to_dict()["analysis"]
+    tighter = read_plan({"steps": ["shadow", "enforce"], "analysis": {"gate_counts": "tighter"}}, settings)
+    assert tighter.analysis.gate_counts == "tighter" and Plan.from_dict(tighter.to_dict()) == tighter
+    assert tighter.id != plain.id
+    fleet = Settings(rules_path=None, gate_counts="tighter")
+    assert read_plan({"steps": ["shadow", "enforce"]}, fleet).analysis.gate_counts == "tighter"
 
 
 # -- the analysis --------------------------------------------------------------------------
@@ -188,6 +199,24 @@ def test_a_failure_wins_over_a_refusal_and_a_refusal_over_missing_evidence():
     assert analyse(PLAN, _stats(500), {}, step=0, now=1).reason == "5xx: not asked yet"
 
 
+def test_with_gate_counts_tighter_the_leak_across_replicas_does_not_fail_a_step():
+    """A step whose new rejections are all explained by the leak across replicas (or fresh
+    buckets, a clock off: ``excused``) passes when the plan counts only those that are a
+    change of policy; what is left counts against the same threshold."""
+    leak = GateStats(compared=500, new_rejections=150, backend_errors=0, distributed_attempts=500, excused=148)
+    plan = replace(PLAN, analysis=replace(PLAN.analysis, gate_counts="tighter"))
+    readings = {"5xx": PromReading(value=0.0)}
+    assert analyse(PLAN, leak, readings, step=0, now=1).verdict is Verdict.FAIL
+    a = analyse(plan, leak, readings, step=0, now=1)
+    assert a.verdict is Verdict.PASS
+    assert (a.checks[1].name, a.checks[1].value) == ("tighter new rejection rate", 0.004)
+    policy = replace(leak, excused=100)
+    b = analyse(plan, policy, readings, step=0, now=1)
+    assert (
+        b.verdict is Verdict.FAIL and b.reason == "tighter new rejection rate: tighter new rejections 10.00% exceed 1%"
+    )
+
+
 def _vector(*values: str) -> dict[str, Any]:
     return {"status": "success", "data": {"resultType": "vector", "result": [{"value": [1, v]} for v in values]}}
 
@@ -225,6 +254,11 @@ def test_figures_since_the_baseline():
     assert since_baseline(first=first, later=later, baseline=base) == GateStats(
         compared=120, new_rejections=1, backend_errors=1, distributed_attempts=121, shadow_dropped=2
     )
+    # the explained ones (the gate_counts: tighter figure) the same way
+    explained = since_baseline(
+        first=replace(first, excused=4), later=replace(later, excused=1), baseline=replace(base, excused=3)
+    )
+    assert explained.excused == 2
     assert since_baseline(first=first, later=later, baseline=None) == GateStats(
         compared=150, new_rejections=6, backend_errors=1, distributed_attempts=151, shadow_dropped=2
     )
