@@ -526,8 +526,9 @@ ROUTE = Block(
             default_doc="`true`",
             doc="Say why the route's local and global limits disagree (`replicas`, `tighter`, `fresh_local`, "
             "`clock`; `uneven`, `looser`): its local policy is also evaluated fleet-wide in Redis, as a reference "
-            "beside the global one, which doubles the route's shadow work in Redis; `false` leaves its divergence "
-            "unexplained ([runbook](rollout-runbook.md#why-they-disagree)).",
+            "beside the global one, which halves the shadow pipeline's comparisons per second and doubles Redis' CPU "
+            "per comparison ([measured](benchmarks.md#explaining-divergence-the-references-cost)); `false` leaves its "
+            "divergence unexplained ([runbook](rollout-runbook.md#why-they-disagree)).",
         ),
         Key(
             name="external",
