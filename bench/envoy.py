@@ -25,7 +25,7 @@ or its latency makes fail): the bare server; enforce; the cache on and off; enfo
 stalls 30 ms at a time (``DEBUG SLEEP 0.03`` back to back from another connection); enforce
 with Redis SIGKILLed in the middle of the round (started again after it, same port, empty).
 The bare rows: a grpcio aio server (the ceiling the targets compare with) and shadowlimit's own
-transport (``control_plane/envoy/h2.py``) answering OK without a decision. The reload row:
+transport (``control_plane/envoy/transport.py``) answering OK without a decision. The reload row:
 saturated, enforce, the serve process's Envoy config replaced 1 s into a round of at least
 12 s by one just under the 4 MiB limit (``tests/bigconfig.py``, 54,000 descriptors).
 
