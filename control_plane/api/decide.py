@@ -77,7 +77,7 @@ def raw_headers(headers: Mapping[str, str], body: bytes, media: bool) -> list[tu
     lower-cased, then ``content-length``, then ``content-type``."""
     names = _names
     out = [(names.get(k) or _name(k), v.encode("latin-1")) for k, v in headers.items()]
-    out.append((b"content-length", str(len(body)).encode()))
+    out.append((b"content-length", b"%d" % len(body)))
     if media:
         out.append(_JSON)
     return out
@@ -104,7 +104,8 @@ def invalid_answer(exc: RequestValidationError) -> Answer:
 
 def result_answer(result: DecideResult, status: int) -> Answer:
     """A decision as the decide endpoints answer it: its body, its status, its headers."""
-    return json_answer(status, orjson.dumps(body_of(result)), result.headers)
+    payload = orjson.dumps(body_of(result))
+    return Answer(status, raw_headers(result.headers, payload, True), payload)
 
 
 def as_response(answer: Answer) -> Response:

@@ -56,6 +56,7 @@ __all__ = ["Decider", "wall_clock_us"]
 _time_ns = time.time_ns
 _DISTRIBUTED = Path.DISTRIBUTED
 _SHADOW = Path.SHADOW
+_new = object.__new__  # records made per request: a new object, then its class's __init__ (RoutePlan.answer)
 
 
 def wall_clock_us() -> int:
@@ -328,18 +329,19 @@ class Decider:
         p.req[allowed] += 1
         path = p.path or path_for(p.mode, p.percent, p.name, key)
         if path is _DISTRIBUTED:
-            pending = Pending(
-                index=i, plan=p, key=key, local=local, request_id=request_id, res=res, request=(lkey, dp, cost, now_us),
-                failure=(fp, fc), ref=lp if p.explain else None,
+            pending = _new(Pending)
+            Pending.__init__(
+                pending, index=i, plan=p, key=key, local=local, request_id=request_id, res=res,
+                request=(lkey, dp, cost, now_us), failure=(fp, fc), ref=lp if p.explain else None,
             )  # fmt: skip
             self._pend(b, pending)
             return
         shadow = None
         if path is _SHADOW:
             shadow = dp
-            item = ShadowItem(
-                request=(lkey, dp, cost, now_us), route=p.name, key=key, local_allowed=allowed, request_id=request_id
-            )
+            item = _new(ShadowItem)
+            req = (lkey, dp, cost, now_us)
+            ShadowItem.__init__(item, request=req, route=p.name, key=key, local_allowed=allowed, request_id=request_id)
             self._queue_shadow(b, i, p, item, lp)
         p.fin[allowed] += 1
         p.remaining = local.remaining

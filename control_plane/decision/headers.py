@@ -92,7 +92,10 @@ class PolicyHeaders:
     """The headers of every decision under one policy of one route (and one coming
     distributed policy): the parts that do not change per decision are computed once."""
 
-    __slots__ = ("route", "style", "limit", "limit_s", "policy_h", "bucket_us", "window_us")
+    __slots__ = (
+        "route", "style", "limit", "limit_s", "policy_h", "bucket_us", "window_us", "legacy", "draft", "reset_seconds",
+        "r_prefix",
+    )  # fmt: skip
 
     def __init__(self, route: str, limit: int, policy: Policy, shadow: Policy | None, style: HeaderStyle) -> None:
         self.route = route
@@ -107,35 +110,47 @@ class PolicyHeaders:
         # one whole unit comes back every emission interval (buckets); windows free within w
         self.bucket_us = 0 if windowed or policy.unlimited else max(1, round(policy.emission_us))
         self.window_us = quota(policy)[1] * _US
+        # the style, read once per decision
+        self.legacy = style.legacy
+        self.draft = style.draft and bool(h)
+        self.reset_seconds = style.reset_seconds
+        self.r_prefix = f'"{route}";r='
 
     def next_unit_s(self, d: Decision) -> int:
         """The draft's ``t``: seconds until more quota is made available."""
         if not d.allowed:
-            return max(1, math.ceil(d.retry_after_us / _US))
+            return max(1, _ceil_s(d.retry_after_us))
         reset = d.reset_after_us
         if reset <= 0:
             return 0
         if self.bucket_us:
             part = reset % self.bucket_us
             reset = part if part else min(reset, self.bucket_us)
-        return math.ceil(min(reset, self.window_us) / _US)
+        return -(-min(reset, self.window_us) // _US)  # whole seconds, rounded up
 
     def render(self, d: Decision, now_s: float) -> dict[str, str]:
-        style = self.style
         remaining = d.remaining
         rem = str(remaining) if remaining > 0 else "0"
-        headers: dict[str, str] = {}
-        if style.legacy:
-            reset_s = math.ceil(d.reset_after_us / _US)
-            headers["X-RateLimit-Limit"] = self.limit_s
-            headers["X-RateLimit-Remaining"] = rem
-            headers["X-RateLimit-Reset"] = str(reset_s if style.reset_seconds else int(now_s) + reset_s)
-        if style.draft and self.policy_h:
+        if self.legacy:
+            reset_s = -(-d.reset_after_us // _US)  # whole seconds, rounded up
+            headers = {
+                "X-RateLimit-Limit": self.limit_s,
+                "X-RateLimit-Remaining": rem,
+                "X-RateLimit-Reset": str(reset_s if self.reset_seconds else int(now_s) + reset_s),
+            }
+        else:
+            headers = {}
+        if self.draft:
             headers["RateLimit-Policy"] = self.policy_h
-            headers["RateLimit"] = f'"{self.route}";r={rem};t={self.next_unit_s(d)}'
+            headers["RateLimit"] = f"{self.r_prefix}{rem};t={self.next_unit_s(d)}"
         if not d.allowed:
-            headers["Retry-After"] = str(max(1, math.ceil(d.retry_after_us / _US)))
+            headers["Retry-After"] = str(max(1, _ceil_s(d.retry_after_us)))
         return headers
+
+
+def _ceil_s(us: int) -> int:
+    """Whole seconds, rounded up, of a time in microseconds (exact: integer arithmetic)."""
+    return -(-us // _US)
 
 
 _CACHE: dict[tuple[str, int, int, int, HeaderStyle], tuple[Policy, Policy | None, PolicyHeaders]] = {}

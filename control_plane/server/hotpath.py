@@ -88,12 +88,22 @@ class HotPath:
             return
         body = b""
         if length:
-            got = await _read(receive)
-            if got is None:
-                return  # the client went away
-            body = got
+            message = await receive()
+            if message["type"] == "http.request" and not message.get("more_body", False):
+                body = message.get("body", b"")  # the usual case: the whole body in one message
+            else:
+                got = await _read(receive, message)
+                if got is None:
+                    return  # the client went away
+                body = got
         try:
-            answer = await self._answer(path, scope, body)
+            # the endpoint, called here (no coroutine between): one implementation of each
+            if path == DECIDE:
+                answer = await decide_answer(self.engine.decider, body)
+            elif path == BATCH:
+                answer = await batch_answer(self.engine.decider, body)
+            else:
+                answer = await self._authz(scope)
         except Exception as exc:  # noqa: BLE001 - as CatchAll: a 500 with an incident id
             payload = orjson.dumps(incidents.body(incidents.report(exc, f"{method} {path}")))
             answer = Answer(500, [_JSON, (b"content-length", str(len(payload)).encode())], payload)
@@ -101,12 +111,8 @@ class HotPath:
         await send({"type": "http.response.start", "status": answer.status, "headers": answer.headers})
         await send({"type": "http.response.body", "body": answer.body})
 
-    async def _answer(self, path: str, scope: Scope, body: bytes) -> Answer:
+    async def _authz(self, scope: Scope) -> Answer:
         decider = self.engine.decider
-        if path == DECIDE:
-            return await decide_answer(decider, body)
-        if path == BATCH:
-            return await batch_answer(decider, body)
         client = scope.get("client")
         return await authz_answer(
             decider,
@@ -117,13 +123,14 @@ class HotPath:
         )
 
 
-async def _read(receive: Receive) -> bytes | None:
-    """The body (framed by its ``Content-Length``), or None if the client disconnected."""
+async def _read(receive: Receive, message: Message) -> bytes | None:
+    """The body (framed by its ``Content-Length``) from its first ``message`` on, or None if the
+    client disconnected."""
     chunks = []
     while True:
-        message = await receive()
         if message["type"] == "http.disconnect":
             return None
         chunks.append(message.get("body", b""))
         if not message.get("more_body", False):
-            return b"".join(chunks) if len(chunks) > 1 else chunks[0]
+            return b"".join(chunks)
+        message = await receive()
