@@ -76,10 +76,13 @@ def raw_headers(headers: Mapping[str, str], body: bytes, media: bool) -> list[tu
     """What Starlette's ``Response(body, headers=headers, media_type=...)`` sends: the headers
     lower-cased, then ``content-length``, then ``content-type``."""
     names = _names
-    out = [(names.get(k) or _name(k), v.encode("latin-1")) for k, v in headers.items()]
-    out.append((b"content-length", b"%d" % len(body)))
+    out: list[tuple[bytes, bytes]] = []
+    add = out.append  # a loop, not a comprehension: no frame of its own (every decision passes here)
+    for k, v in headers.items():
+        add((names.get(k) or _name(k), v.encode("latin-1")))
+    add((b"content-length", b"%d" % len(body)))
     if media:
-        out.append(_JSON)
+        add(_JSON)
     return out
 
 
@@ -103,8 +106,10 @@ def invalid_answer(exc: RequestValidationError) -> Answer:
 
 
 def result_answer(result: DecideResult, status: int) -> Answer:
-    """A decision as the decide endpoints answer it: its body, its status, its headers."""
-    payload = orjson.dumps(body_of(result))
+    """A decision as the decide endpoints answer it: its body (:func:`body_of`'s), its status,
+    its headers."""
+    body = result.to_dict()
+    payload = orjson.dumps(body if result.enforced.allowed else rejected(body))
     return Answer(status, raw_headers(result.headers, payload, True), payload)
 
 
@@ -267,7 +272,8 @@ async def answer_batch(decider: Decider, requests: Sequence[InputLike | PlainInp
     append = out.append
     for i, res in enumerate(results):
         if res.__class__ is DecideResult:
-            append(body_of(res))
+            body = res.to_dict()  # body_of(res), without a call per item
+            append(body if res.enforced.allowed else rejected(body))
             continue
         e = translate(res)
         err = {"error": e.error, "message": e.message, "index": i, "field": e.details.get("field"), "status": e.status}
