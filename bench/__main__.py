@@ -41,6 +41,7 @@ def _extra_sections() -> list[str]:
     cp = report.control_plane_section(ROOT / "bench" / "results" / "control_plane.json")
     sections = (
         _service_section(),
+        _ab_section(),
         _whatif_section(),
         _explain_section(),
         cp,
@@ -89,6 +90,24 @@ def _service_section() -> str | None:
     from .service import render
 
     return render(json.loads(path.read_text(encoding="utf-8")))
+
+
+def _ab_section() -> str | None:
+    """``python -m bench.ab REV``'s last results (bench/results/ab.json), measured separately."""
+    path = ROOT / "bench" / "results" / "ab.json"
+    if not path.exists():
+        return None
+    from .ab import render
+
+    text = render(json.loads(path.read_text(encoding="utf-8")), 0.05)
+    return (
+        "## A/B: this revision against an earlier one\n\n"
+        "Both revisions served side by side (`shadowlimit serve --grpc-port` each, one Redis), every row run "
+        "against both in interleaved rounds, the order swapped every round; within 5% is judged on requests/s, "
+        "the server CPU per request is the figure least moved by other work on the machine.\n\n"
+        + text.rstrip()
+        + "\n\n_Measured separately by `python -m bench.ab REV`; read from `bench/results/ab.json`._\n"
+    )
 
 
 def _grpc_section() -> str | None:

@@ -8,6 +8,10 @@ every row against both in turn, round after round, the order swapped every round
 callers) in off, shadow and enforce. It prints each row's median requests/s for both, the
 ratio (this checkout over ``REV``) and whether it is within ``--tolerance`` (5%), and writes
 ``bench/results/ab.json``. Both servers share the machine: what drifts, drifts for both.
+
+Each row also says the server's CPU time (user + system, /proc) per request for both: on a
+machine other work shares, requests/s moves with that work, while the CPU a request costs
+moves much less (the machine's load average is recorded with the figures).
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -23,7 +28,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .control_plane import WRK_AUTHZ_LUA, WRK_LUA, Server, ensure_wrk, free_port, run_wrk
+from .control_plane import WRK_AUTHZ_LUA, WRK_LUA, Server, ensure_wrk, free_port, process_cpu_s, run_wrk
 from .grpc_rls import ENVOY_CONFIG, ROUTE, RULES, run_client
 
 __all__ = ["measure", "main"]
@@ -63,6 +68,8 @@ def measure(rev: str, rounds: int = 5, seconds: float = 3.0) -> dict[str, Any]:
     decide.write_text(WRK_LUA)
     authz.write_text(WRK_AUTHZ_LUA)
     runs: dict[str, dict[str, list[float]]] = {"before": {}, "after": {}}
+    cpu: dict[str, dict[str, list[float]]] = {"before": {}, "after": {}}  # server CPU us per request
+    load = [os.getloadavg()[0]]
     with contextlib.ExitStack() as stack, worktree(rev) as tree:
         redis = EmbeddedRedis().start()
         stack.callback(redis.stop)
@@ -81,44 +88,70 @@ def measure(rev: str, rounds: int = 5, seconds: float = 3.0) -> dict[str, Any]:
                 time.sleep(0.3)
                 for name in order:
                     server, grpc_port = servers[name]
-                    row = runs[name]
-                    row.setdefault(f"decide {mode}", []).append(run_wrk(wrk, server.url, decide, seconds, 32)["rps"])
-                    row.setdefault(f"authz {mode}", []).append(run_wrk(wrk, server.url, authz, seconds, 32)["rps"])
-                    row.setdefault(f"grpc {mode}", []).append(run_client(grpc_port, seconds, 32)["calls_per_s"])
-            print(f"bench.ab: round {rnd + 1}/{rounds} done", file=sys.stderr, flush=True)
+                    pid = server.proc.pid
+                    for row, script in (("decide", decide), ("authz", authz)):
+                        r = run_wrk(wrk, server.url, script, seconds, 32, pid)
+                        runs[name].setdefault(f"{row} {mode}", []).append(r["rps"])
+                        cpu[name].setdefault(f"{row} {mode}", []).append(r["server_cpu_us_per_request"])
+                    c0 = process_cpu_s(pid)
+                    g = run_client(grpc_port, seconds, 32)
+                    c1 = process_cpu_s(pid)
+                    runs[name].setdefault(f"grpc {mode}", []).append(g["calls_per_s"])
+                    if c0 is not None and c1 is not None and g["calls"]:
+                        cpu[name].setdefault(f"grpc {mode}", []).append((c1 - c0) / g["calls"] * 1e6)
+            load.append(os.getloadavg()[0])
+            print(f"bench.ab: round {rnd + 1}/{rounds} done (load {load[-1]:.2f})", file=sys.stderr, flush=True)
     rows = {}
     for key in runs["after"]:
         b, a = statistics.median(runs["before"][key]), statistics.median(runs["after"][key])
         paired = statistics.median(x / y for x, y in zip(runs["after"][key], runs["before"][key]))
         rows[key] = {"before": b, "after": a, "ratio": a / b, "paired_ratio": paired}
+        cb, ca = cpu["before"].get(key), cpu["after"].get(key)
+        if cb and ca:
+            rows[key]["cpu_us"] = {
+                "before": statistics.median(cb),
+                "after": statistics.median(ca),
+                "paired_ratio": statistics.median(x / y for x, y in zip(ca, cb)),
+            }
     head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
     return {
         "rows": rows,
         "runs": runs,
+        "cpu_runs": cpu,
         "meta": {
             "before": rev,
             "after": head.stdout.strip(),
             "date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
             "rounds": rounds,
             "seconds": seconds,
+            "cores": os.cpu_count(),
+            "load_avg": {"min": min(load), "median": statistics.median(load), "max": max(load)},
         },
     }
 
 
 def render(results: dict[str, Any], tolerance: float) -> str:
     meta = results["meta"]
+    load = meta.get("load_avg")
+    machine = ""
+    if load:
+        machine = f"; {meta['cores']} cores, load average {load['min']:.1f} to {load['max']:.1f}"
+        machine += f" (median {load['median']:.1f})"
     lines = [
         f"A/B, {meta['date']}: {meta['after']} (after) against {meta['before']} (before), "
-        f"{meta['rounds']} interleaved rounds of {meta['seconds']:g} s per row, medians",
+        f"{meta['rounds']} interleaved rounds of {meta['seconds']:g} s per row, medians" + machine,
         "",
-        f"| row | before /s | after /s | after / before | paired | within {tolerance:.0%} |",
-        "|---|--:|--:|--:|--:|---|",
+        f"| row | before /s | after /s | after / before | paired | within {tolerance:.0%} "
+        "| server CPU/request before | after | paired |",
+        "|---|--:|--:|--:|--:|---|--:|--:|--:|",
     ]
     for key, r in results["rows"].items():
         ok = r["ratio"] >= 1 - tolerance
+        c = r.get("cpu_us")
+        cpu = f"{c['before']:.1f} µs | {c['after']:.1f} µs | {c['paired_ratio']:.3f}" if c else "- | - | -"
         lines.append(
             f"| {key} | {r['before']:,.0f} | {r['after']:,.0f} | {r['ratio']:.3f} | {r['paired_ratio']:.3f} | "
-            f"{'yes' if ok else '**no**'} |"
+            f"{'yes' if ok else '**no**'} | {cpu} |"
         )
     return "\n".join(lines)
 
