@@ -20,6 +20,7 @@ import argparse
 import contextlib
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -39,13 +40,40 @@ MODES = ("off", "shadow", "enforce")
 
 @contextlib.contextmanager
 def worktree(rev: str) -> Any:
-    """``rev`` checked out in a temporary directory (removed afterwards)."""
+    """``rev`` checked out in a temporary directory (removed afterwards), with its C
+    extension built in place as this checkout's is: without it, its local limiter would run
+    the pure Python path and the comparison would favour this checkout."""
     path = Path(tempfile.mkdtemp(prefix="shadowlimit-ab-")) / "tree"
     subprocess.run(["git", "worktree", "add", "--detach", "-q", str(path), rev], cwd=ROOT, check=True)
     try:
+        _build_extension(path)
         yield path
     finally:
         subprocess.run(["git", "worktree", "remove", "--force", str(path)], cwd=ROOT, check=False)
+
+
+def _build_extension(tree: Path) -> None:
+    """``tree``'s ``limiter._speedups``: this checkout's build when the C source is the same,
+    else compiled in place (the flags of setup.py; the project's packaging is not read)."""
+    source = "limiter/_speedups.c"
+    if (tree / source).read_bytes() == (ROOT / source).read_bytes():
+        for built in (ROOT / "limiter").glob("_speedups*.so"):
+            shutil.copy2(built, tree / "limiter" / built.name)
+        return
+    from setuptools import Extension
+    from setuptools.command.build_ext import build_ext
+    from setuptools.dist import Distribution
+
+    ext = Extension("limiter._speedups", [source], extra_compile_args=["-O2", "-ffp-contract=off"])
+    here = os.getcwd()
+    os.chdir(tree)
+    try:
+        cmd = build_ext(Distribution({"ext_modules": [ext]}))
+        cmd.inplace = True
+        cmd.ensure_finalized()
+        cmd.run()
+    finally:
+        os.chdir(here)
 
 
 def _server(work: Path, tree: Path | None, name: str, redis_url: str) -> tuple[Server, int]:
