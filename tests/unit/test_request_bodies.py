@@ -1,6 +1,7 @@
-"""The decision endpoints' bodies are read by their models alone (one parser): strict types,
-the bounds the OpenAPI document states, the item count refused before any item is validated;
-a validated request is what the decider reads; the rejection bodies."""
+"""The decision endpoints' bodies are read by their models (one parser): strict types, the
+bounds the OpenAPI document states, the item count refused before any item is validated; a
+validated request is what the decider reads; the plain ``{"route", "key"}`` recognised without
+the model only as the model reads it; the rejection bodies."""
 
 from __future__ import annotations
 
@@ -11,8 +12,10 @@ from typing import Any
 import orjson
 import pytest
 from fastapi.exceptions import RequestValidationError
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from control_plane.api.decide import REJECTION, as_input, body_of, rejected
+from control_plane.api.decide import REJECTION, as_input, body_of, plain_request, read_batch, read_decide, rejected
 from control_plane.api.requests import adapter, validate_body
 from control_plane.api.schemas import MAX_BATCH, STRICT, BatchRequest, DecideRequest
 from control_plane.decision import DecideInput, DecideResult
@@ -84,6 +87,92 @@ def test_a_validated_request_is_what_the_decider_reads():
     assert as_input(validate_body(DecideRequest, full)) == DecideInput(
         method="GET", path="/x", client_ip="10.0.0.1", headers={"a": "b"}, request_id="r"
     )
+
+
+def _model(raw: bytes, model: Any = DecideRequest) -> Any:
+    """What the model makes of ``raw`` for the decider, or ``"refused"``."""
+    try:
+        got = validate_body(model, raw)
+    except RequestValidationError:
+        return "refused"
+    return [as_input(r) for r in got["requests"]] if model is BatchRequest else as_input(got)
+
+
+def _read(read: Any, raw: bytes) -> Any:
+    try:
+        return read(raw)
+    except RequestValidationError:
+        return "refused"
+
+
+_EDGES = ["", "a", " k", "x" * 64, "x" * 65, "x" * 256, "x" * 257, "é" * 64, "é" * 65, "é" * 256, "é" * 257, "\u2028"]
+_VALUES = st.one_of(
+    st.text(max_size=300), st.sampled_from(_EDGES), st.integers(), st.none(), st.booleans(), st.floats(),
+    st.lists(st.integers(), max_size=2), st.dictionaries(st.text(max_size=3), st.text(max_size=3), max_size=2),
+)  # fmt: skip
+_BODIES = st.dictionaries(st.sampled_from(["route", "key", "cost", "path", "request_id", "other"]), _VALUES, max_size=4)
+
+
+@settings(max_examples=400, deadline=None)
+@given(_BODIES)
+def test_the_plain_request_is_recognised_only_as_the_model_reads_it(body):
+    """plain_request says yes only where the model says yes, with the model's result; the
+    endpoints' readers give what the model gives, for every body."""
+    raw = json.dumps(body).encode()  # big integers and NaN too, for the JSON reader to refuse
+    try:
+        plain = plain_request(orjson.loads(raw))
+    except orjson.JSONDecodeError:
+        plain = None
+    if plain is not None:
+        assert plain == _model(raw)
+    assert _read(read_decide, raw) == _model(raw)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(_BODIES, max_size=4))
+def test_a_batch_is_read_as_the_model_reads_it(items):
+    raw = json.dumps({"requests": items}).encode()
+    assert _read(read_batch, raw) == _model(raw, BatchRequest)
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b'{"route":"a","key":"b","key":"c"}',  # the last of a repeated name, as the model reads it
+        b'{"route":"a","key":"b","route":"c"}',
+        b' {"route":"a","key":"b"} ',
+        b'\xef\xbb\xbf{"route":"a","key":"b"}',
+        b'{"route":"a","key":"\\ud800"}',
+        b'{"route":"a","key":"b"}\x00',
+        b'{"route":"a","key":"b"',
+        b'["a","b"]',
+        b'"a"',
+        b"",
+        b'{"requests":[{"route":"a","key":"b"}]}',
+    ],
+)
+def test_edges_of_the_json_are_read_as_the_model_reads_them(raw):
+    assert _read(read_decide, raw) == _model(raw)
+    batch = b'{"requests":[' + raw + b"]}"
+    assert _read(read_batch, batch) == _model(batch, BatchRequest)
+
+
+def test_the_bounds_of_a_plain_request_are_the_models():
+    """Every route and key at and around the model's bounds (ASCII and not), and other types."""
+    routes = ["", "a", "x" * 64, "x" * 65, "é" * 64, "é" * 65, None, 1]
+    keys = ["", "k", "x" * 256, "x" * 257, "é" * 256, "é" * 257, None, 1]
+    for route in routes:
+        for key in keys:
+            raw = orjson.dumps({"route": route, "key": key})
+            plain = plain_request(orjson.loads(raw))
+            assert plain is None or plain == _model(raw), (route, key)
+            assert _read(read_decide, raw) == _model(raw), (route, key)
+
+
+def test_a_batch_of_plain_requests_is_bounded_as_the_model_bounds_it():
+    for n in (0, 1, MAX_BATCH, MAX_BATCH + 1):
+        raw = orjson.dumps({"requests": [{"route": "a", "key": f"k{i}"} for i in range(n)]})
+        assert _read(read_batch, raw) == _model(raw, BatchRequest)
 
 
 def test_too_many_items_are_refused_before_any_is_looked_at():
