@@ -406,7 +406,7 @@ def _render_hotpath(h: dict[str, Any], cpu: dict[str, float]) -> list[str]:
         "",
         "| CPU per decision | off | shadow | enforce |",
         "|---|--:|--:|--:|",
-        "| the body read by `BatchRequest` | " + " | ".join(f"{b[m]['parse_us']:.1f} µs" for m in MODES) + " |",
+        "| the body read (`read_batch`) | " + " | ".join(f"{b[m]['parse_us']:.1f} µs" for m in MODES) + " |",
         "| decide + `orjson.dumps` (`answer_batch`) | "
         + " | ".join(f"{b[m]['decide_and_dump_us']:.1f} µs" for m in MODES)
         + " |",
