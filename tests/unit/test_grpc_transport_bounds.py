@@ -15,7 +15,7 @@ import h2.events
 import pytest
 from h2_client import H2Client, grpc_message
 from hpack import Encoder
-from test_h2_transport import LIMITS, PREFACE, Owner, frame, frames
+from test_h2_transport import LIMITS, PREFACE, Loopback, frame, frames
 
 from control_plane.envoy.transport import GrpcConnection
 from control_plane.envoy.wire import Call, Limits, Method
@@ -23,15 +23,13 @@ from control_plane.envoy.wire import Call, Limits, Method
 pytestmark = pytest.mark.timeout(60)
 
 
-class Counting:
+class Counting(Loopback):
     """A server whose methods count their runs and cancellations."""
 
     def __init__(self, limits: Limits = LIMITS) -> None:
-        self.owner = Owner()
-        self.limits = limits
+        super().__init__(limits)
         self.runs = 0
         self.cancelled = 0
-        self.release = asyncio.Event()
         self.methods = {
             "/t.S/Hit": Method("unary", self.hit),
             "/t.S/Hold": Method("unary", self.hold),
@@ -64,20 +62,6 @@ class Counting:
 
     def connections(self) -> list[GrpcConnection]:
         return list(self.owner.connections)
-
-    async def __aenter__(self) -> Counting:
-        loop = asyncio.get_running_loop()
-        self.server = await loop.create_server(
-            lambda: GrpcConnection(self.methods, self.limits, self.owner), "127.0.0.1", 0
-        )
-        self.port = self.server.sockets[0].getsockname()[1]
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        self.release.set()
-        self.server.close()
-        for c in self.connections():
-            c.transport.close()
 
 
 def request_block(enc: Encoder, path: str, extra: list[tuple[str, str]] | None = None) -> bytes:

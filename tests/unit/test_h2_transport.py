@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import struct
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Any, Self
 
 import h2.errors
 import h2.events
@@ -47,11 +47,34 @@ class Owner:
         self.connections.discard(conn)
 
 
-class Server:
+class Loopback:
+    """A GrpcConnection server on a loopback port for one test: ``async with``; its methods are the subclass's."""
+
+    methods: dict[str, Method]
+
     def __init__(self, limits: Limits) -> None:
         self.owner = Owner()
         self.limits = limits
         self.release = asyncio.Event()
+
+    async def __aenter__(self) -> Self:
+        loop = asyncio.get_running_loop()
+        self.server = await loop.create_server(
+            lambda: GrpcConnection(self.methods, self.limits, self.owner), "127.0.0.1", 0
+        )
+        self.port = self.server.sockets[0].getsockname()[1]
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.release.set()
+        self.server.close()
+        for c in list(self.owner.connections):
+            c.transport.close()
+
+
+class Server(Loopback):
+    def __init__(self, limits: Limits) -> None:
+        super().__init__(limits)
         self.seen: list[Call] = []
         self.methods = {
             "/t.S/Echo": Method("unary", self.echo),
@@ -83,20 +106,6 @@ class Server:
     async def count(self, data: bytes, call: Call) -> AsyncIterator[bytes]:
         for i in range(int(data)):
             yield str(i).encode()
-
-    async def __aenter__(self) -> Server:
-        loop = asyncio.get_running_loop()
-        self.server = await loop.create_server(
-            lambda: GrpcConnection(self.methods, self.limits, self.owner), "127.0.0.1", 0
-        )
-        self.port = self.server.sockets[0].getsockname()[1]
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        self.release.set()
-        self.server.close()
-        for c in list(self.owner.connections):
-            c.transport.close()
 
 
 # the tests' bounds (a server per test, in the test's own event loop)
