@@ -15,7 +15,7 @@ import h2.events
 import pytest
 from h2_client import H2Client, grpc_message
 from hpack import Encoder
-from test_h2_transport import LIMITS, PREFACE, Loopback, frame, frames
+from test_h2_transport import LIMITS, PREFACE, Loopback, frame, frames, goaways, raw
 
 from control_plane.envoy.transport import GrpcConnection
 from control_plane.envoy.wire import Call, Limits, Method
@@ -68,27 +68,6 @@ def request_block(enc: Encoder, path: str, extra: list[tuple[str, str]] | None =
     headers = [(":method", "POST"), (":scheme", "http"), (":path", path), (":authority", "t"),
                ("content-type", "application/grpc"), *(extra or [])]  # fmt: skip
     return enc.encode(headers)
-
-
-async def exchange(port: int, data: bytes, until: bytes | None = None, read_s: float = 2.0) -> bytes:
-    """Send ``data`` raw, read until the connection closes, ``until`` is seen or ``read_s`` of quiet."""
-    reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    writer.write(data)
-    got = b""
-    try:
-        while until is None or until not in got:
-            chunk = await asyncio.wait_for(reader.read(65536), read_s)
-            if not chunk:
-                break
-            got += chunk
-    except TimeoutError:
-        pass
-    writer.close()
-    return got
-
-
-def goaways(data: bytes) -> list[int]:
-    return [int.from_bytes(p[4:8], "big") for t, _, _, p in frames(data) if t == 7]
 
 
 def resets(data: bytes) -> dict[int, int]:
@@ -162,7 +141,7 @@ async def test_rapid_reset_gets_goaway_enhance_your_calm_and_its_calls_never_run
             sid = 1 + 2 * i
             data += frame(1, 0x4, sid, again if i else first) + frame(0, 0x1, sid, grpc_message(b""))
             data += frame(3, 0, sid, b"\0\0\0\x08")  # RST_STREAM CANCEL
-        got = await exchange(s.port, bytes(data))
+        got = await raw(s.port, bytes(data))
         assert goaways(got) == [h2.errors.ErrorCodes.ENHANCE_YOUR_CALM]
         assert s.runs == 0  # each call was reset in the read that opened it
         assert s.owner.counts["goaway_enhance_your_calm"] == 1
@@ -206,7 +185,7 @@ async def test_a_malformed_request_is_a_stream_error_logged_on_one_line(caplog: 
         data = PREFACE + frame(4, 0, 0) + frame(1, 0x5, 1, bad)
         data += frame(1, 0x4, 3, good) + frame(0, 0x1, 3, grpc_message(b""))
         with caplog.at_level(logging.INFO, logger="shadowlimit.grpc"):
-            got = await exchange(s.port, data, until=b"ok")
+            got = await raw(s.port, data, until=b"ok")
         assert resets(got) == {1: h2.errors.ErrorCodes.PROTOCOL_ERROR} and not goaways(got) and s.runs == 1
         lines = [r for r in caplog.records if r.name == "shadowlimit.grpc"]
         assert len(lines) == 1 and "\n" not in lines[0].getMessage() and lines[0].exc_info is None
@@ -281,7 +260,7 @@ async def test_a_big_read_is_handed_to_h2_in_slices_and_every_call_answered() ->
             sid = 1 + 2 * i
             data += frame(1, 0x4, sid, block) + frame(0, 0x1, sid, grpc_message(b""))
             block = request_block(enc, "/t.S/Hit")
-        got = await exchange(s.port, bytes(data), read_s=1.0)
+        got = await raw(s.port, bytes(data), read_s=1.0)
         ended = {sid for t, f, sid, _ in frames(got) if t == 1 and f & 0x1}
         assert len(ended) == 1000 and s.runs == 1000
 

@@ -255,12 +255,13 @@ def frame(ftype: int, flags: int, sid: int, payload: bytes = b"") -> bytes:
     return len(payload).to_bytes(3, "big") + bytes((ftype, flags)) + sid.to_bytes(4, "big") + payload
 
 
-async def raw(port: int, data: bytes, read_s: float = 2.0) -> bytes:
+async def raw(port: int, data: bytes, until: bytes | None = None, read_s: float = 2.0) -> bytes:
+    """Send ``data`` raw, read until the connection closes, ``until`` is seen or ``read_s`` of quiet."""
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
     writer.write(data)
     got = b""
     try:
-        while True:
+        while until is None or until not in got:
             chunk = await asyncio.wait_for(reader.read(65536), read_s)
             if not chunk:
                 break
@@ -272,14 +273,14 @@ async def raw(port: int, data: bytes, read_s: float = 2.0) -> bytes:
 
 
 def goaway_code(data: bytes) -> int | None:
-    """The error code of the GOAWAY among ``data``'s frames (after the server's preface)."""
-    pos = 0
-    while pos + 9 <= len(data):
-        n = int.from_bytes(data[pos : pos + 3], "big")
-        if data[pos + 3] == 7:
-            return int.from_bytes(data[pos + 13 : pos + 17], "big")
-        pos += 9 + n
-    return None
+    """The error code of the first GOAWAY among ``data``'s frames (after the server's preface)."""
+    codes = goaways(data)
+    return codes[0] if codes else None
+
+
+def goaways(data: bytes) -> list[int]:
+    """The error codes of the GOAWAY frames among ``data``'s frames."""
+    return [int.from_bytes(p[4:8], "big") for t, _, _, p in frames(data) if t == 7]
 
 
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
