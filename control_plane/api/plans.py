@@ -60,8 +60,10 @@ def _answer(plans: Any, route: str, audit: Any) -> dict[str, Any]:
 async def get_plan(route: str, plans: PlansDep) -> dict[str, Any]:
     """The route's rollout plan: every step with its status and times, every check of the
     last analysis with its value, threshold and outcome, the last outcomes."""
-    if plans.rollout.adjustments.rule(route) is None:
-        raise _failed(UnknownRoute(route))
+    try:
+        plans.require_route(route)
+    except UnknownRoute as exc:
+        raise _failed(exc) from None
     detail = plan_detail(plans, route, plans.clock())
     if detail is None:
         raise _failed(NoPlan(route))

@@ -259,12 +259,16 @@ class Plans:
             self.memory.note_plan(route, record)
         return record
 
+    def require_route(self, route: str) -> None:
+        """Raises ``UnknownRoute`` unless the rules in force have the route."""
+        if self._rules().get(route) is None:
+            raise UnknownRoute(route)
+
     async def set(self, route: str, plan: Plan, *, reason: str, actor: str) -> tuple[PlanRecord, AuditEntry | None]:
         """Set (or replace) the route's plan from the API: it wins over the rules file's until
         deleted, and starts now (its first step in the route's mode, else its first step,
         applied). Raises ``UnknownRoute``, ``PlanConflict``, ``StoreUnavailable``."""
-        if self._rules().get(route) is None:
-            raise UnknownRoute(route)
+        self.require_route(route)
         prior = await self._stored(route)
         fresh = PlanRecord(plan_id=plan.id, source="api", status=PlanStatus.RUNNING, plan=plan)
         action = start_action(plan, self.route_state(route))
@@ -275,8 +279,7 @@ class Plans:
     async def delete(self, route: str, *, reason: str, actor: str) -> AuditEntry | None:
         """Remove the route's plan set by the API (the rules file's, if any, then starts);
         raises ``NoPlan`` when it has none."""
-        if self._rules().get(route) is None:
-            raise UnknownRoute(route)
+        self.require_route(route)
         prior = await self._stored(route)
         if prior is None or prior.source != "api" or prior.plan is None:
             raise NoPlan(route, " set through the API (a rules file's plan is removed from the file)")
@@ -301,8 +304,7 @@ class Plans:
         plan's first step). Raises ``UnknownRoute``, ``NoPlan``,
         :class:`~control_plane.model.plan_progress.OperatorRefused`, ``PlanConflict``,
         ``StoreUnavailable``."""
-        if self._rules().get(route) is None:
-            raise UnknownRoute(route)
+        self.require_route(route)
         eff = self.effective(route)
         if eff is None:
             raise NoPlan(route)

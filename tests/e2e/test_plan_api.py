@@ -139,6 +139,8 @@ def test_who_may_read_and_who_may_change_a_plan(redis_url, tmp_path):
             == 404
         )
         assert httpx.get(a.url + "/v1/routes/checkout/plan", headers=viewer).json()["error"] == "no_plan"
+        unknown = httpx.get(a.url + "/v1/routes/nope/plan", headers=viewer)
+        assert unknown.status_code == 404 and unknown.json()["error"] == "unknown_route", unknown.text
 
 
 def test_a_manual_mode_change_pauses_a_running_plan_in_the_same_write(redis_url, tmp_path):
