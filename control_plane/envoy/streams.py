@@ -10,19 +10,26 @@
 * a stream is forgotten once its answer has left (its request bytes given back to the
   connection's window; a client still sending is reset NO_ERROR, RFC 9113 8.1) or once it
   was reset (its method cancelled);
-* what one turn of the event loop produced leaves in one write (:meth:`Output.flush`).
+* what one turn of the event loop produced leaves in one write (:meth:`Output.flush`);
+* a unary answer that the windows take whole (nearly every answer behind Envoy) is written
+  beside h2, its state moved as h2 would move it (:meth:`Output.answer_whole`, held to h2's
+  own bytes and state by tests/unit/test_grpc_answer_whole.py): h2's three sends cost
+  about as much CPU as the rest of the call.
 """
 
 from __future__ import annotations
 
 import asyncio
+import struct
 from typing import Any
 
 import h2.config
 import h2.connection
 import h2.exceptions
+from h2.connection import ConnectionState
 from h2.errors import ErrorCodes
 from h2.settings import SettingCodes, Settings
+from h2.stream import StreamClosedBy, StreamState
 
 from .codec import KeptDecoder, StaticEncoder
 from .wire import RESPONSE_HEADERS, Call, Limits, MessageReader, Method, frame_message, status_trailers
@@ -34,6 +41,12 @@ _CONFIG = h2.config.H2Configuration(
     validate_inbound_headers=False, normalize_inbound_headers=False,  # read_head checks, once per head
     validate_outbound_headers=False, normalize_outbound_headers=False,  # the answers are constant
 )  # fmt: skip
+
+
+#: a frame's header (RFC 9113 4.1): length (24 bits) and type packed in one integer, flags, stream
+_FRAME = struct.Struct(">IBI")
+_DATA, _HEADERS = 0x0, 0x1
+_END_STREAM, _END_HEADERS = 0x1, 0x4
 
 
 class _H2(h2.connection.H2Connection):
@@ -126,11 +139,13 @@ class Output:
         was sent before; after the held answer bytes when a window holds some)."""
         if stream.done or self.closing:
             return
+        trailers = status_trailers(code, text)
+        if message is not None and not stream.started and stream.ended and self.answer_whole(stream, message, trailers):
+            return
         if message is not None:
             self.send_message(stream, message)
             if stream.done:
                 return
-        trailers = status_trailers(code, text)
         stream.done = True
         if not stream.started:
             stream.started = True
@@ -139,6 +154,56 @@ class Output:
             stream.trailers = trailers  # sent by _drain once the answer has left
         else:
             self.end_stream(stream, trailers)
+
+    def answer_whole(self, stream: Stream, message: bytes, trailers: tuple[tuple[bytes, bytes], ...]) -> bool:
+        """A unary call's whole answer (HEADERS, one DATA, trailers with END_STREAM) written
+        in one piece, h2's state moved as its ``send_headers``, ``send_data`` and
+        ``send_headers(end_stream=True)`` would move it (the stream closed and forgotten as
+        h2 forgets closed streams, both windows spent): the answer to nearly every call
+        behind Envoy, at a fraction of h2's cost. False, and nothing done, when the general
+        way must run: the peer has not half-closed the stream, something was sent on it,
+        the connection is ending, or the windows or the frame size do not take the message."""
+        conn = self.h2
+        sid = stream.sid
+        h2s = conn.streams.get(sid)
+        if h2s is None or conn.state_machine.state is not ConnectionState.SERVER_OPEN:
+            return False
+        machine = h2s.state_machine
+        if machine.state is not StreamState.HALF_CLOSED_REMOTE or machine.headers_sent:
+            return False
+        data = frame_message(message)
+        size = len(data)
+        head = conn.encoder.encode(RESPONSE_HEADERS)
+        tail = conn.encoder.encode(trailers)
+        biggest = conn.max_outbound_frame_size
+        if (
+            size > h2s.outbound_flow_control_window
+            or size > conn.outbound_flow_control_window
+            or max(size, len(head), len(tail)) > biggest
+        ):
+            return False
+        before = conn.data_to_send()  # what h2 holds goes first: the frames keep their order
+        if before:
+            self.out.append(before)
+        self.out.append(
+            b"".join((
+                _FRAME.pack(len(head) << 8 | _HEADERS, _END_HEADERS, sid), head,
+                _FRAME.pack(size << 8 | _DATA, 0, sid), data,
+                _FRAME.pack(len(tail) << 8 | _HEADERS, _END_HEADERS | _END_STREAM, sid), tail,
+            ))
+        )  # fmt: skip
+        machine.headers_sent = machine.trailers_sent = True
+        machine.state = StreamState.CLOSED
+        machine.stream_closed_by = StreamClosedBy.SEND_END_STREAM
+        h2s.outbound_flow_control_window -= size
+        conn.outbound_flow_control_window -= size
+        del conn.streams[sid]  # as h2's _open_streams forgets a closed stream
+        conn._closed_streams[sid] = StreamClosedBy.SEND_END_STREAM
+        stream.started = stream.done = True
+        self.finished_calls += 1
+        self.forget(stream)
+        self.flush_soon()
+        return True
 
     def http_error(self, stream: Stream, status: int) -> None:
         """Not a gRPC request: an HTTP status and nothing else."""
