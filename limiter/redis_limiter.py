@@ -58,22 +58,17 @@ def _drop(task: asyncio.Future[Any]) -> None:
         task.exception()
 
 
-async def within(aw: Any, timeout_s: float, waiting: set[asyncio.Future[Any]] | None = None) -> Any:
+async def within(aw: Any, timeout_s: float) -> Any:
     """``await aw`` if it is done within ``timeout_s``, else :class:`DeadlineExceeded`;
     ``aw`` is never cancelled (a pipelined reply may still be on its way: the connection
-    stays in step). A reply's future gets a timer (cheap: no task) and is kept in
-    ``waiting`` meanwhile (what :meth:`RedisLimiter.give_up_waiting` answers at once); a
-    coroutine or a task is run as a task and left to finish, its result dropped."""
+    stays in step). A reply's future gets a timer (cheap: no task); a coroutine or a task
+    is run as a task and left to finish, its result dropped."""
     if isinstance(aw, asyncio.Future) and not isinstance(aw, asyncio.Task):
         handle = aw.get_loop().call_later(timeout_s, _expire, aw, timeout_s)
-        if waiting is not None:
-            waiting.add(aw)
         try:
             return await aw
         finally:
             handle.cancel()
-            if waiting is not None:
-                waiting.discard(aw)
     task = asyncio.ensure_future(aw)
     try:
         await asyncio.wait((task,), timeout=timeout_s)
@@ -127,7 +122,6 @@ class RedisLimiter:
         self._peek_prepared: dict[Policy, _Prepared] = {}
         self.connection = connection  # what the backend was built from (None: a backend given directly)
         self._client: Any = None
-        self._waiting: set[asyncio.Future[Any]] = set()  # replies awaited with a deadline
 
     @classmethod
     def from_url(
@@ -235,7 +229,7 @@ class RedisLimiter:
         if timeout_s is None:
             reply = await (fut if fut is not None else self.backend.call(rkey, payload))
         else:
-            reply = await within(fut if fut is not None else self.backend.call(rkey, payload), timeout_s, self._waiting)
+            reply = await within(fut if fut is not None else self.backend.call(rkey, payload), timeout_s)
         if type(reply) is not list:
             reply = await self._recover(rkey, prep, rest, reply)
         return make_decision(reply[0] == 1, reply[1], reply[2], reply[3], reply[4])
@@ -324,7 +318,7 @@ class RedisLimiter:
                 if end is None:
                     replies = await fut
                 else:
-                    replies = await within(fut, max(0.0, end - asyncio.get_running_loop().time()), self._waiting)
+                    replies = await within(fut, max(0.0, end - asyncio.get_running_loop().time()))
             except BackendError as exc:
                 for j in idx:
                     out[meta[j][0]] = exc
@@ -471,18 +465,6 @@ class RedisLimiter:
         out: dict[str, Any] = self.connection.describe() if self.connection is not None else {}
         out.update(self.backend.topology())
         return out
-
-    def give_up_waiting(self, reason: str) -> int:
-        """Every reply awaited with a deadline (``timeout_s``) answered
-        :class:`DeadlineExceeded` now, as its deadline would (the reply, when it comes, is
-        dropped; the connection stays in step): once the circuit breaker has opened, the
-        calls already waiting on Redis get the failure policy's answer at once instead of
-        at their deadlines. How many were waiting."""
-        waiting = [fut for fut in self._waiting if not fut.done()]
-        self._waiting.clear()
-        for fut in waiting:
-            fut.set_exception(DeadlineExceeded(reason))
-        return len(waiting)
 
     async def aclose(self) -> None:
         await self.backend.aclose()

@@ -15,9 +15,7 @@ Recovery: once the breaker opens, a background probe PINGs Redis after
 1 s, 2 s, 4 s ... up to 30 s, each with 0..delay of random jitter; a successful probe
 moves the breaker to half-open, and the next real request that succeeds closes it.
 ``failClosed`` recovers too: waiting for an operator turns a Redis
-blip into a full outage. When the breaker opens, the requests still waiting on Redis with a
-deadline (``timeout_s``, a gRPC caller's) get the failure policy's answer at once, as the
-next ones do, instead of each at its own deadline.
+blip into a full outage.
 
 A cost of 0 is a peek (what a request of cost 1 would get, nothing spent) everywhere:
 in Redis by the peek scripts, in the fallback by :class:`LocalLimiter`'s peek. A
@@ -277,7 +275,8 @@ class ResilientLimiter:
                     self.breaker.abandon_trial()
                     raise
                 self.backend_errors += 1
-                self._failed(exc)
+                self.breaker.record_failure(exc)
+                self._ensure_prober()
                 late: Deadline | None = "redis_timeout" if isinstance(exc, DeadlineExceeded) else None
                 return self._degraded(
                     key, policy, cost, now_us, error=str(exc), failure_policy=failure_policy,
@@ -343,7 +342,8 @@ class ResilientLimiter:
                     else Outcome(_SKIPPED, "skipped", str(r), 429, late)
                 )
         if failed:
-            self._failed(next(r for r in results if not isinstance(r, Decision)))
+            self.breaker.record_failure(next(r for r in results if not isinstance(r, Decision)))
+            self._ensure_prober()
         else:
             self.breaker.record_success()
         return out
@@ -487,16 +487,6 @@ class ResilientLimiter:
         )  # fmt: skip
 
     # -- recovery ---------------------------------------------------------------------
-
-    def _failed(self, error: BaseException) -> None:
-        """Redis failed a request: the breaker learns it; when that opens the breaker, the
-        requests still waiting on Redis with a deadline are answered by the failure policy
-        at once (as the next ones will be) instead of each at its deadline."""
-        was_open = self.breaker.state is BreakerState.OPEN
-        self.breaker.record_failure(error)
-        if not was_open and self.breaker.state is BreakerState.OPEN:
-            self.redis.give_up_waiting(f"Redis did not answer before the circuit breaker opened ({error})")
-        self._ensure_prober()
 
     def _ensure_prober(self) -> None:
         if self.breaker.state is BreakerState.OPEN and (self._probe_task is None or self._probe_task.done()):

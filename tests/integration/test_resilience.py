@@ -4,7 +4,6 @@ failure policy, Redis back: the breaker closes and decisions are distributed aga
 from __future__ import annotations
 
 import asyncio
-import threading
 import time
 
 import pytest
@@ -184,32 +183,3 @@ async def test_a_replica_that_does_not_join_reads_the_fleet_without_counting(red
     assert await switched_off.beat() == 2 and switched_off.members == ["a", "b"]
     assert await members[0].beat() == 2  # not 3
     await rl.aclose()
-
-
-async def test_redis_asleep_once_the_breaker_opens_the_waiting_requests_are_answered_before_it_wakes():
-    server = EmbeddedRedis(extra_config={"enable-debug-command": "local"})
-    await asyncio.to_thread(server.start)
-    sleeper = server.client(socket_timeout=10)
-    rl = RedisLimiter.from_url(server.url, namespace="asleep", command_timeout=5.0)
-    limiter = ResilientLimiter(rl, failure_policy="inMemoryFallback", breaker=CircuitBreaker(failure_threshold=2))
-    try:
-        assert (await limiter.check("k", POLICY, timeout_s=1.0)).source == "distributed"
-        thread = threading.Thread(target=sleeper.execute_command, args=("DEBUG", "SLEEP", 3), daemon=True)
-        thread.start()
-        await asyncio.sleep(0.2)  # the server is now asleep
-        waiting = [asyncio.ensure_future(limiter.check(f"w{i}", POLICY, timeout_s=8.0)) for i in range(10)]
-        pair = [("a", POLICY, 1, None), ("b", POLICY, 1, None)]
-        batch = asyncio.ensure_future(limiter.check_many(pair, timeout_s=8.0))
-        for i in range(2):  # two requests with little time: their deadlines pass, the breaker opens
-            assert (await limiter.check(f"s{i}", POLICY, timeout_s=0.05)).deadline == "redis_timeout"
-        assert limiter.breaker.state is BreakerState.OPEN
-        done, _ = await asyncio.wait([*waiting, batch], timeout=8)
-        assert len(done) == 11 and thread.is_alive()  # answered while Redis still sleeps
-        for out in [*(t.result() for t in waiting), *batch.result()]:
-            assert (out.source, out.deadline) == ("fallback", "redis_timeout")
-        await asyncio.to_thread(thread.join, 10)
-    finally:
-        sleeper.close()
-        await limiter.aclose()
-        await rl.aclose()
-        await asyncio.to_thread(server.stop)

@@ -11,8 +11,8 @@ import pytest
 from limiter import LocalLimiter, Policy
 from limiter.errors import DeadlineExceeded
 from limiter.policy import make_decision
-from limiter.redis_limiter import RedisLimiter, within
-from limiter.resilience import MIN_TRY_S, BreakerState, CircuitBreaker, ResilientLimiter
+from limiter.redis_limiter import within
+from limiter.resilience import MIN_TRY_S, ResilientLimiter
 
 P = Policy(average=10, period=1, burst=10)
 
@@ -87,50 +87,3 @@ async def test_too_little_time_is_answered_at_once_without_asking_redis_or_blami
     assert redis.calls == 0 and rl.breaker.snapshot().consecutive_failures == 0
     ok = await rl.check("k", P, 1, timeout_s=1.0)
     assert (ok.source, ok.deadline) == ("distributed", None)
-
-
-class _Silent:
-    """A RESP backend whose Redis never answers: every request waits on its reply."""
-
-    def __init__(self) -> None:
-        self.sent = 0
-
-    def send_now(self, key: bytes, payload: bytes) -> asyncio.Future[object]:
-        self.sent += 1
-        return asyncio.get_running_loop().create_future()
-
-    def send_many(self, keys: list[bytes], payloads: list[bytes]) -> list[tuple[asyncio.Future[object], list[int]]]:
-        self.sent += len(keys)
-        return [(asyncio.get_running_loop().create_future(), list(range(len(keys))))]
-
-    async def aclose(self) -> None:
-        pass
-
-
-async def test_once_the_breaker_opens_the_requests_waiting_on_redis_are_answered_at_once() -> None:
-    backend = _Silent()
-    rl = ResilientLimiter(
-        RedisLimiter(backend),  # type: ignore[arg-type]
-        fallback=LocalLimiter(),
-        breaker=CircuitBreaker(failure_threshold=2),
-    )
-    waiting = [asyncio.ensure_future(rl.check(f"w{i}", P, 1, timeout_s=60.0)) for i in range(5)]
-    batch = asyncio.ensure_future(rl.check_many([("a", P, 1, None), ("b", P, 1, None)], timeout_s=60.0))
-    untimed = asyncio.ensure_future(rl.check("u", P, 1))  # no deadline: not given up on
-    await asyncio.sleep(0)
-    assert backend.sent == 8
-    first = await rl.check("s1", P, 1, timeout_s=0.01)  # one failure: the breaker stays closed
-    assert first.deadline == "redis_timeout" and rl.breaker.state is BreakerState.CLOSED
-    await asyncio.sleep(0)
-    assert not any(t.done() for t in [*waiting, batch])
-    second = await rl.check("s2", P, 1, timeout_s=0.01)  # the second opens it
-    assert second.deadline == "redis_timeout" and rl.breaker.state is BreakerState.OPEN
-    done, _ = await asyncio.wait([*waiting, batch], timeout=10)
-    assert len(done) == 6
-    for out in [*(t.result() for t in waiting), *batch.result()]:
-        assert (out.source, out.deadline, out.allowed) == ("fallback", "redis_timeout", True)
-        assert "before the circuit breaker opened" in (out.error or "")
-    assert not untimed.done()
-    untimed.cancel()
-    assert backend.sent == 10  # s1 and s2, and nothing more: the released ones were not asked again
-    await rl.aclose()  # the breaker's prober
