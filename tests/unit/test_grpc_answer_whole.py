@@ -16,6 +16,7 @@ import h2.settings
 import pytest
 from h2_client import grpc_message
 from hyperframe.frame import DataFrame, HeadersFrame, RstStreamFrame, WindowUpdateFrame
+from test_h2_transport import Owner
 
 from control_plane.envoy import streams
 from control_plane.envoy.transport import GrpcConnection
@@ -28,26 +29,6 @@ HEADERS = [
     (b":method", b"POST"), (b":scheme", b"http"), (b":path", PATH.encode()), (b":authority", b"t"),
     (b"content-type", b"application/grpc"), (b"te", b"trailers"),
 ]  # fmt: skip
-
-
-class Owner:
-    def __init__(self) -> None:
-        self.counts: dict[str, int] = {}
-
-    def admit(self, conn: Any) -> bool:
-        return True
-
-    def count(self, kind: str) -> None:
-        self.counts[kind] = self.counts.get(kind, 0) + 1
-
-    def authorize(self, call: Call) -> None:
-        pass
-
-    def slow(self) -> None:
-        pass
-
-    def closed(self, conn: Any) -> None:
-        pass
 
 
 class Wire:
