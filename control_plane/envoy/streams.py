@@ -31,7 +31,7 @@ from h2.errors import ErrorCodes
 from h2.settings import SettingCodes, Settings
 from h2.stream import StreamClosedBy, StreamState
 
-from .codec import KeptDecoder, StaticEncoder
+from .codec import KeptDecoder, StaticEncoder, encode_static
 from .wire import RESPONSE_HEADERS, Call, Limits, MessageReader, Method, frame_message, status_trailers
 
 __all__ = ["Output", "Stream"]
@@ -43,6 +43,8 @@ _CONFIG = h2.config.H2Configuration(
 )  # fmt: skip
 
 
+#: the response headers' block (static-table references and literals, as StaticEncoder encodes them)
+_HEAD = encode_static(list(RESPONSE_HEADERS))
 #: a frame's header (RFC 9113 4.1): length (24 bits) and type packed in one integer, flags, stream
 _FRAME = struct.Struct(">IBI")
 _DATA, _HEADERS = 0x0, 0x1
@@ -159,7 +161,7 @@ class Output:
         """A unary call's whole answer (HEADERS, one DATA, trailers with END_STREAM) written
         in one piece, h2's state moved as its ``send_headers``, ``send_data`` and
         ``send_headers(end_stream=True)`` would move it (the stream closed and forgotten as
-        h2 forgets closed streams, both windows spent): the answer to nearly every call
+        h2 forgets closed streams, the connection's window spent): the answer to nearly every call
         behind Envoy, at a fraction of h2's cost. False, and nothing done, when the general
         way must run: the peer has not half-closed the stream, something was sent on it,
         the connection is ending, or the windows or the frame size do not take the message."""
@@ -173,13 +175,11 @@ class Output:
             return False
         data = frame_message(message)
         size = len(data)
-        head = conn.encoder.encode(RESPONSE_HEADERS)
         tail = conn.encoder.encode(trailers)
-        biggest = conn.max_outbound_frame_size
         if (
             size > h2s.outbound_flow_control_window
             or size > conn.outbound_flow_control_window
-            or max(size, len(head), len(tail)) > biggest
+            or max(size, len(tail)) > conn.max_outbound_frame_size  # (the head's block is far smaller)
         ):
             return False
         before = conn.data_to_send()  # what h2 holds goes first: the frames keep their order
@@ -187,17 +187,15 @@ class Output:
             self.out.append(before)
         self.out.append(
             b"".join((
-                _FRAME.pack(len(head) << 8 | _HEADERS, _END_HEADERS, sid), head,
+                _FRAME.pack(len(_HEAD) << 8 | _HEADERS, _END_HEADERS, sid), _HEAD,
                 _FRAME.pack(size << 8 | _DATA, 0, sid), data,
                 _FRAME.pack(len(tail) << 8 | _HEADERS, _END_HEADERS | _END_STREAM, sid), tail,
             ))
         )  # fmt: skip
-        machine.headers_sent = machine.trailers_sent = True
-        machine.state = StreamState.CLOSED
-        machine.stream_closed_by = StreamClosedBy.SEND_END_STREAM
-        h2s.outbound_flow_control_window -= size
+        # h2's state: the connection's window spent, the stream closed by END_STREAM and
+        # forgotten as h2's _open_streams forgets a closed one (its own object is dropped)
         conn.outbound_flow_control_window -= size
-        del conn.streams[sid]  # as h2's _open_streams forgets a closed stream
+        del conn.streams[sid]
         conn._closed_streams[sid] = StreamClosedBy.SEND_END_STREAM
         stream.started = stream.done = True
         self.finished_calls += 1
