@@ -9,9 +9,11 @@ local check first, so its bucket has a birth to look at), are evaluated by
 ``engine.shadow.evaluate``, the shadow worker's own call; only that call is timed. Every
 round runs each case once, ``explain`` on and off in turn (which one first alternates), and
 the ratios are each round's, so the machine's drift between rounds cancels. Two workloads:
-``agree``, where the two limits agree (the common case: the reference is evaluated, nothing
-is divergent to explain) and ``diverge``, where every comparison is a new rejection that is
-then explained (the worst case: a cause worked out and counted for each).
+``agree``, where the two limits are the same (the common case: nothing is divergent to
+explain, and under a global limit no stricter than the local one no reference is evaluated)
+and ``diverge``, a global limit far stricter, where every comparison is a new rejection that
+is then explained (the worst case: the reference evaluated, a cause worked out and counted
+for each).
 
 Redis' CPU is the redis-server process's (user + system, from /proc, 10 ms ticks) over the
 run, per comparison.
@@ -159,12 +161,13 @@ def render(r: dict[str, Any]) -> str:
         "",
         "The shadow pipeline's own call (`ShadowPipeline.evaluate`) on batches of 256 items built as the decider "
         f"builds them, over {r['keys']:,} keys, on a route that explains its divergence (`explain: true`, the "
-        "default: the route's local policy evaluated fleet-wide in Redis beside the global one) and on the same "
+        "default: the route's local policy evaluated fleet-wide in Redis beside a stricter global one) and on the same "
         f"route with `explain: false`; {r['seconds_per_run']:g} s per run, median of {r['repeats']} rounds, each "
         "running both in turn (the ratio is the median of each round's). Redis CPU: the redis-server process's "
-        "CPU time per comparison; the benchmark's CPU: this process's during the call. `agree`: the limits agree "
-        "(nothing to explain, the reference is evaluated all the same); `diverge`: every comparison is a new "
-        f"rejection that gets a cause. Both processes share the 2 cores; measured {r['date']}.",
+        "CPU time per comparison; the benchmark's CPU: this process's during the call. `agree`: the same limits "
+        "(nothing to explain; a global limit no stricter than the local one needs no reference, so none is "
+        "evaluated); `diverge`: a far stricter global limit, every comparison a new rejection that gets a cause "
+        f"(the reference evaluated for each). Both processes share the 2 cores; measured {r['date']}.",
         "",
         "| workload | comparisons/s, explain | without | ratio | Redis CPU/comparison, explain | without | ratio "
         "| benchmark CPU/comparison, explain | without | ratio |",

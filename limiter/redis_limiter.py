@@ -118,7 +118,9 @@ class RedisLimiter:
         self._clock = clock
         self._prefix = f"rl:{namespace}:".encode()
         self._prepared: dict[Policy, _Prepared] = {}
-        self._by_id: dict[int, _Prepared] = {}
+        # id(policy) -> (that policy, its pieces): the policy kept with them, so an id is never
+        # another object's, and two equal policies (a route's local and distributed) both hit
+        self._by_id: dict[int, tuple[Policy, _Prepared]] = {}
         self._peek_prepared: dict[Policy, _Prepared] = {}
         self.connection = connection  # what the backend was built from (None: a backend given directly)
         self._client: Any = None
@@ -163,9 +165,9 @@ class RedisLimiter:
 
     def _prepare(self, policy: Policy) -> _Prepared:
         # looked up by identity first: hashing a dataclass on every check is not free
-        p = self._by_id.get(id(policy))
-        if p is not None and p.policy is policy:
-            return p
+        hit = self._by_id.get(id(policy))
+        if hit is not None and hit[0] is policy:
+            return hit[1]
         p = self._prepared.get(policy)
         if p is None:
             if len(self._prepared) > 4096:
@@ -173,7 +175,7 @@ class RedisLimiter:
             p = self._prepared[policy] = _Prepared(SCRIPTS[policy.algorithm], policy)
         if len(self._by_id) > 4096:
             self._by_id.clear()
-        self._by_id[id(policy)] = p
+        self._by_id[id(policy)] = (policy, p)
         return p
 
     def _prepare_peek(self, policy: Policy) -> _Prepared:

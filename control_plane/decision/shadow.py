@@ -218,10 +218,11 @@ class ShadowPipeline:
                 _, _, cost, now_us = item.request
                 cands[i] = len(requests)
                 requests.append((c.key, c.policy, cost, now_us))
-        if explain:
+        if self.explainer is not None:
+            needed = self.explainer.needs_reference
             for i, item in enumerate(batch):
                 lkey, _, cost, now_us = item.request
-                if item.ref is not None and lkey is not None:
+                if item.ref is not None and lkey is not None and needed(item):
                     refs[i] = len(requests)
                     requests.append((REFERENCE_PREFIX + lkey, item.ref, cost, now_us))
         full = self.explainer.first_requests(batch, main) if self.explainer is not None else None

@@ -36,9 +36,11 @@ A decision the local limiter rejects and the global one would admit
 6. ``uneven``: otherwise: this replica's bucket is empty while the fleet, counted as a whole,
    has room: the load is not balanced over the replicas.
 
-A forward divergence whose reference was not evaluated (the route's ``explain: false``, a
-failed or dropped evaluation) has no cause (:func:`cause_of` returns None): it is counted as
-unexplained.
+The reference is evaluated only where its answer matters (:func:`needs_reference`: a global
+limit stricter than the local one); under any other a new rejection is ``replicas`` as it
+stands. A forward divergence whose reference was needed and not evaluated (the route's
+``explain: false``, a failed or dropped evaluation) has no cause (:func:`cause_of` returns
+None): it is counted as unexplained.
 """
 
 from __future__ import annotations
@@ -65,6 +67,7 @@ __all__ = [
     "is_fresh",
     "main_cause",
     "more_generous",
+    "needs_reference",
     "no_stricter",
     "refill_us",
     "remembers",
@@ -144,7 +147,8 @@ class CauseFigures:
 
 def cause_of(f: CauseFigures) -> Cause | None:
     """The cause of a divergent decision (the module docstring's order); None for a new
-    rejection whose reference was not evaluated, and for a pair that agrees."""
+    rejection whose reference was needed (:func:`needs_reference`) and not evaluated, and for
+    a pair that agrees."""
     if f.local_allowed == f.global_allowed:
         return None
     if f.local_allowed:
@@ -152,11 +156,11 @@ def cause_of(f: CauseFigures) -> Cause | None:
             return Cause.CLOCK
         if f.remembered and f.fleet_before and f.birth is not None and is_fresh(f.birth, f.now_us, f.local_policy):
             return Cause.FRESH_LOCAL
+        if no_stricter(f.global_policy, f.local_policy):
+            return Cause.REPLICAS  # whatever the reference answers (it is not evaluated: needs_reference)
         if f.reference_allowed is None:
             return None
-        if f.reference_allowed and not no_stricter(f.global_policy, f.local_policy):
-            return Cause.TIGHTER
-        return Cause.REPLICAS
+        return Cause.TIGHTER if f.reference_allowed else Cause.REPLICAS
     return Cause.LOOSER if more_generous(f.global_policy, f.local_policy, f.fleet_size) else Cause.UNEVEN
 
 
@@ -212,6 +216,13 @@ def no_stricter(global_policy: Policy, local_policy: Policy) -> bool:
     g_rate = global_policy.average / global_policy.period
     l_rate = local_policy.average / local_policy.period
     return g_rate >= l_rate and global_policy.limit >= local_policy.limit
+
+
+def needs_reference(global_policy: Policy, local_policy: Policy) -> bool:
+    """Whether a new rejection's cause depends on the reference's answer: only under a global
+    limit stricter than the local one (:func:`no_stricter`); under any other it is ``replicas``
+    whatever the reference answers, so the reference is not evaluated."""
+    return not no_stricter(global_policy, local_policy)
 
 
 def main_cause(counts: Mapping[Cause, int]) -> Cause | None:

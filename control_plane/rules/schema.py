@@ -525,10 +525,12 @@ ROUTE = Block(
             schema={"type": "boolean"},
             default_doc="`true`",
             doc="Say why the route's local and global limits disagree (`replicas`, `tighter`, `fresh_local`, "
-            "`clock`; `uneven`, `looser`): its local policy is also evaluated fleet-wide in Redis, as a reference "
-            "beside the global one, which halves the shadow pipeline's comparisons per second and doubles Redis' CPU "
-            "per comparison ([measured](benchmarks.md#explaining-divergence-the-references-cost)); `false` leaves its "
-            "divergence unexplained ([runbook](rollout-runbook.md#why-they-disagree)).",
+            "`clock`; `uneven`, `looser`). Under a global limit stricter than the local one (in rate or burst), its "
+            "local policy is also evaluated fleet-wide in Redis, as a reference beside the global one, which halves "
+            "the shadow pipeline's comparisons per second and doubles Redis' CPU per comparison "
+            "([measured](benchmarks.md#explaining-divergence-the-references-cost)); under any other, a new rejection "
+            "is `replicas` whatever the reference would say, and none is evaluated. `false` leaves its divergence "
+            "unexplained ([runbook](rollout-runbook.md#why-they-disagree)).",
         ),
         Key(
             name="external",

@@ -131,6 +131,17 @@ class Fleet:
         url = (cp or self.replicas[0]).url
         return self.http.get(f"{url}/v1/divergence", params={"minutes": 10}).json()["routes"][route]  # type: ignore[no-any-return]
 
+    def redis_keys(self, route: str, key: str) -> dict[str, bool]:
+        """Whether the key's global bucket and its reference's are in Redis."""
+        client = redis_sync.Redis.from_url(self.redis_url)
+        try:
+            return {
+                "global": bool(client.exists(f"rl:{self.namespace}:{route}:{key}")),
+                "reference": bool(client.exists(f"rl:{self.namespace}:#ref:{route}:{key}")),
+            }
+        finally:
+            client.close()
+
     def cause_metric(self, route: str, cause: str) -> float:
         return sum(
             metric_value(self.http.get(f"{cp.url}/metrics").text, "rate_limit_divergence_cause_total", route=route,
@@ -172,6 +183,8 @@ def test_a_key_spread_over_three_replicas_under_equal_limits_is_the_leak(fleet: 
     assert causes["by_cause"]["replicas"] >= 0.9 * causes["total"], causes
     assert causes["summary"].split(" ", 1)[1].startswith("the fleet multiplied the old limit"), causes
     assert [(w["key"], w["cause"]) for w in d["would_be_blocked"]] == [("bob", "replicas")]
+    # under limits this equal the reference's answer changes no cause: it is not evaluated
+    assert fleet.redis_keys("spread", "bob") == {"global": True, "reference": False}
     # the same from any replica, and in Prometheus (each replica counts what it evaluated)
     assert _forward(fleet.divergence("spread", c)) == causes
     assert fleet.cause_metric("spread", "replicas") == causes["by_cause"]["replicas"]
@@ -203,6 +216,9 @@ def test_a_key_on_one_replica_under_a_stricter_global_limit_is_tighter(fleet: Fl
     _ahead_of_the_blocked_window_edge()
     a = fleet.replicas[0]
     fleet.paced(itertools.repeat(a), "tight", "carol", rate=9, n=54)
+    # the reference has keys of its own, beside the global limit's (both live a refill time, 1 s)
+    assert wait_until(lambda: fleet.redis_keys("tight", "carol")["global"], 1, 0.01, "the global bucket")
+    assert fleet.redis_keys("tight", "carol") == {"global": True, "reference": True}
     fleet.paced(itertools.repeat(a), "unexplained", "carol", rate=9, n=27)  # the same, explain: false
     fleet.settle()
     d = fleet.divergence("tight")
@@ -350,10 +366,3 @@ def test_a_replica_whose_clock_is_20s_behind_makes_clock_and_says_so(fleet: Flee
     finally:
         proc.terminate()
         proc.wait(15)
-    client = redis_sync.Redis.from_url(fleet.redis_url)
-    try:  # the reference has keys of its own, beside the global limit's
-        assert client.exists(f"rl:{fleet.namespace}:#ref:clocked:frank") and client.exists(
-            f"rl:{fleet.namespace}:clocked:frank"
-        )
-    finally:
-        client.close()

@@ -21,6 +21,7 @@ from control_plane.model.causes import (
     is_fresh,
     main_cause,
     more_generous,
+    needs_reference,
     no_stricter,
     refill_us,
     remembers,
@@ -59,8 +60,15 @@ def test_the_reference_tells_the_leak_from_a_tighter_limit():
     stricter = replace(BASE, global_policy=Policy(average=5, period=1.0, burst=5))
     assert cause_of(replace(stricter, reference_allowed=True)) is Cause.TIGHTER
     assert cause_of(stricter) is Cause.REPLICAS
-    # without the reference's answer a new rejection has no cause (counted unexplained)
-    assert cause_of(replace(BASE, reference_allowed=None)) is None
+    # only under a stricter global limit is the reference needed: without its answer a new
+    # rejection there has no cause (counted unexplained)
+    assert needs_reference(stricter.global_policy, LOCAL) and not needs_reference(LOCAL, LOCAL)
+    assert cause_of(replace(stricter, reference_allowed=None)) is None
+    # under one as generous it is the leak whatever the reference says, so it is not evaluated
+    assert cause_of(replace(BASE, reference_allowed=None)) is Cause.REPLICAS
+    assert cause_of(replace(BASE, reference_allowed=True)) is Cause.REPLICAS
+    looser = Policy(average=30, period=1.0, burst=30)
+    assert not needs_reference(looser, LOCAL) and not needs_reference(Policy(average=0, period=1.0), LOCAL)
 
 
 def test_a_fresh_local_bucket_comes_before_the_reference_and_needs_all_of_its_conditions():
