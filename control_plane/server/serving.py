@@ -133,6 +133,54 @@ def _slow_clients_counter(app: Any) -> Any:
     return None
 
 
+class _OneWrite:
+    """The transport as a response cycle of uvicorn's httptools protocol sees it: a response
+    head framed by its ``Content-Length`` is held and written with the body's first bytes, so
+    a whole answer leaves in one write (one syscall, one TCP segment) where uvicorn makes two.
+    Every other write goes at once. uvicorn writes such a body whenever the response ends
+    (``b""`` for an empty one; a ``HEAD`` answer, which has none, is not held), so a held
+    head waits at most for the app's next ``send``; when the cycle closes the connection
+    instead (the app failed after its head) the head goes first. The bytes are uvicorn's own,
+    in its order."""
+
+    __slots__ = ("_cycle", "_held", "_started", "_transport")
+
+    def __init__(self, transport: asyncio.Transport, cycle: Any) -> None:
+        self._transport = transport
+        self._cycle = cycle
+        self._held: bytes | None = None
+        self._started = False  # the response's head was written (or is held)
+
+    def write(self, data: bytes) -> None:
+        held = self._held
+        if held is not None:
+            self._held = None
+            self._transport.write(held + data)
+            return
+        cycle = self._cycle
+        # uvicorn sets response_started just before it writes the head (an earlier write is a
+        # "100 Continue"), and chunked_encoding False for a body framed by Content-Length
+        if not self._started and cycle.response_started:
+            self._started = True
+            if cycle.chunked_encoding is False and cycle.scope["method"] != "HEAD":
+                self._held = data
+                return
+        self._transport.write(data)
+
+    def close(self) -> None:
+        held = self._held
+        if held is not None:
+            self._held = None
+            self._transport.write(held)
+        self._transport.close()
+
+    def is_closing(self) -> bool:
+        return self._transport.is_closing()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._transport, name)
+
+
 class _HeadClock(asyncio.Protocol):
     """The time bound on request heads, before uvicorn's protocol in the MRO.
 
@@ -347,6 +395,9 @@ def _bounded_httptools() -> type[Any]:
         def on_headers_complete(self) -> None:
             self._head_ends()
             super().on_headers_complete()
+            cycle = self.cycle
+            if cycle is not None and cycle.transport is self.transport:
+                cycle.transport = _OneWrite(self.transport, cycle)
 
         def send_400_response(self, msg: str) -> None:
             status, self._refused_status = self._refused_status, 400
