@@ -80,6 +80,21 @@ def key_point(route: str, key: str) -> float:
     return int.from_bytes(h, "big") / 2**64
 
 
+class _Minute:
+    """One route's minute on this replica: requests decided (``seen``, since the last flush)
+    and recorded (``kept``, against the cap). The request path finds its route's current
+    minute in one lookup and counts in place."""
+
+    __slots__ = ("end_us", "kept", "seen", "slot", "start_us")
+
+    def __init__(self, route: str, minute: int) -> None:
+        self.slot = (route, minute)  # how flush groups the minute's events and counters
+        self.start_us = minute * 1_000_000
+        self.end_us = (minute + 60) * 1_000_000
+        self.seen = 0
+        self.kept = 0
+
+
 class Recorder:
     """This replica's recording (see the module docstring)."""
 
@@ -111,8 +126,8 @@ class Recorder:
         self._nprefix = f"rl:{namespace}:recn:"
         self._rates: dict[str, float] = {}  # route -> sampling rate (absent: 1)
         self._points: dict[tuple[str, str], float] = {}
-        self._seen: dict[tuple[str, int], int] = {}  # (route, minute) -> requests decided here, unflushed
-        self._kept: dict[tuple[str, int], int] = {}  # (route, minute) -> requests recorded here (the cap)
+        self._minutes: dict[tuple[str, int], _Minute] = {}  # (route, minute) -> its counts here
+        self._current: dict[str, _Minute] = {}  # route -> the minute of its last request
 
     def key(self, route: str, minute: int) -> str:
         return f"{self._prefix}{route}:{minute}"
@@ -123,8 +138,10 @@ class Recorder:
         """Note one decided request (sampled, bounded; never waits)."""
         if not self.enabled:
             return
-        slot = (route, ts_us // 60_000_000 * 60)
-        self._seen[slot] = self._seen.get(slot, 0) + 1
+        m = self._current.get(route)
+        if m is None or not m.start_us <= ts_us < m.end_us:
+            m = self._minute(route, ts_us)
+        m.seen += 1
         rate = self._rates.get(route)
         if rate is not None:
             pk = (route, key)
@@ -135,13 +152,21 @@ class Recorder:
                 point = self._points[pk] = key_point(route, key)
             if point >= rate:
                 return
-        kept = self._kept.get(slot, 0)
-        if len(self.queue) >= self.queue_size or kept >= self.cap:
+        if len(self.queue) >= self.queue_size or m.kept >= self.cap:
             self.dropped += 1
             return
-        self._kept[slot] = kept + 1
+        m.kept += 1
         # grouped as flush writes it: the stream (route, minute), the line (key, sampling weight), the event
-        self.queue.append((slot, (key, 1.0 if rate is None else 1.0 / rate), ts_us, cost, (mode, allowed)))
+        self.queue.append((m.slot, (key, 1.0 if rate is None else 1.0 / rate), ts_us, cost, (mode, allowed)))
+
+    def _minute(self, route: str, ts_us: int) -> _Minute:
+        """The route's minute that holds ``ts_us``, made current."""
+        minute = ts_us // 60_000_000 * 60
+        m = self._minutes.get((route, minute))
+        if m is None:
+            m = self._minutes[(route, minute)] = _Minute(route, minute)
+        self._current[route] = m
+        return m
 
     # -- the background work ---------------------------------------------------------------
 
@@ -151,10 +176,15 @@ class Recorder:
             return 0
         items = list(self.queue)
         self.queue.clear()
-        seen, self._seen = self._seen, {}
-        if len(self._kept) > 4 * len(seen) + 64:  # past minutes: their caps are done
+        seen: dict[tuple[str, int], int] = {}
+        for slot, m in self._minutes.items():
+            if m.seen:
+                seen[slot] = m.seen
+                m.seen = 0
+        if len(self._minutes) > 4 * len(seen) + 64:  # past minutes: their caps are done
             now_m = int(self.clock() // 60) * 60
-            self._kept = {k: v for k, v in self._kept.items() if k[1] >= now_m - 60}
+            self._minutes = {k: m for k, m in self._minutes.items() if k[1] >= now_m - 60}
+            self._current = {r: m for r, m in self._current.items() if m.slot in self._minutes}
         if not self.ready():  # Redis unreachable: do not spend the loop encoding what cannot be sent
             self.dropped += len(items)
             return 0

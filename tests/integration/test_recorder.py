@@ -54,3 +54,27 @@ async def test_sampling_starts_when_the_fleet_passes_the_budget(any_redis_url) -
     assert 200 + 60 < len(events) < 200 + 140  # about one key in four the second time
     assert 0.7 * 400 < sum(e[2] for e in sampled) < 1.3 * 400  # and scaled back to about the 400 sent
     await client.aclose()
+
+
+async def test_each_minute_of_a_route_has_its_own_cap_and_count(any_redis_url) -> None:
+    client = _client(any_redis_url)
+    rec = Recorder(client, "rec-c", budget=100, minutes=5, clock=lambda: NOW)
+    minute = int(NOW // 60) * 60
+    before, now = (minute - 60) * 1_000_000, minute * 1_000_000
+    for i in range(450):  # the minute before: 400 recorded (4x the budget, this replica's cap), 50 cut
+        rec.offer("r", f"k{i}", 1, before + i, "shadow", True)
+    for i in range(30):  # this minute: its own cap
+        rec.offer("r", f"k{i}", 1, now + i, "shadow", True)
+    for i in range(10):  # the minute before again (a caller's clock behind): still past its cap
+        rec.offer("r", "late", 1, before + 1_000 + i, "shadow", True)
+    assert rec.dropped == 60
+    assert await rec.flush() == 430
+    _, decided = await rec.read_raw("r", 2, NOW)
+    assert decided == 490  # every decided request is counted, recorded or not
+    by_key, share, minutes = await rec.read("r", 2, NOW)
+    assert minutes == 2 and sum(len(v) for v in by_key.values()) == 430 and share == 430 / 490
+    # the next flush counts only what came since (decided, whether sampling records it or not)
+    rec.offer("r", "k0", 1, now + 100, "shadow", True)
+    await rec.flush()
+    assert (await rec.read_raw("r", 1, NOW))[1] == 31
+    await client.aclose()
