@@ -22,7 +22,7 @@ import math
 import re
 import time
 from collections.abc import Callable, Collection, Sequence
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 from .algorithms import blocked_decision, decide
 from .connection import RedisConnection
@@ -277,6 +277,9 @@ class RedisLimiter:
         payloads: list[bytes] = []
         meta: list[tuple[int, bytes, _Prepared, bytes]] = []
         prefix = self._prefix
+        # a burst's items nearly all share a policy: its pieces are looked up once per run of it
+        last: Policy | None = None
+        prep = cast("_Prepared", None)  # set with last (the first item that needs it sets both)
         for i, (key, policy, cost, now_us) in enumerate(requests):
             verdict = verdicts and i not in full
             if type(cost) is not int or cost < 1 or cost > policy.limit:
@@ -288,7 +291,10 @@ class RedisLimiter:
             if policy.unlimited:
                 out[i] = True if verdict else make_decision(True, policy.limit, policy.limit, 0, 0)
                 continue
-            prep = self._prepare(policy) if cost else self._prepare_peek(policy)
+            if not cost:
+                prep, last = self._prepare_peek(policy), None
+            elif policy is not last:
+                prep, last = self._prepare(policy), policy
             rkey = prefix + key.encode()
             rest = self._rest(rkey, prep, now_us, cost)
             keys.append(rkey)
