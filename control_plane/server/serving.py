@@ -143,13 +143,12 @@ class _OneWrite:
     instead (the app failed after its head) the head goes first. The bytes are uvicorn's own,
     in its order."""
 
-    __slots__ = ("_cycle", "_held", "_started", "_transport")
+    __slots__ = ("_cycle", "_held", "_transport")
 
     def __init__(self, transport: asyncio.Transport, cycle: Any) -> None:
         self._transport = transport
-        self._cycle = cycle
+        self._cycle: Any = cycle  # until the response's head is written (or held)
         self._held: bytes | None = None
-        self._started = False  # the response's head was written (or is held)
 
     def write(self, data: bytes) -> None:
         held = self._held
@@ -160,8 +159,10 @@ class _OneWrite:
         cycle = self._cycle
         # uvicorn sets response_started just before it writes the head (an earlier write is a
         # "100 Continue"), and chunked_encoding False for a body framed by Content-Length
-        if not self._started and cycle.response_started:
-            self._started = True
+        if cycle is not None and cycle.response_started:
+            # the cycle is not needed past its head: let go of it (it holds this transport,
+            # and a reference cycle would leave every request's objects to the garbage collector)
+            self._cycle = None
             if cycle.chunked_encoding is False and cycle.scope["method"] != "HEAD":
                 self._held = data
                 return

@@ -9,6 +9,7 @@ empty, ``100 Continue``, pipelined, a body sent after an await, an app failing a
 from __future__ import annotations
 
 import asyncio
+import gc
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -168,3 +169,22 @@ async def test_a_whole_answer_is_one_write_where_uvicorn_makes_two() -> None:
     ours = await _drive(served, _whole(), [GET])
     assert len(theirs.writes) == 2 and ours.writes == [theirs.writes[0] + theirs.writes[1]]
     assert ours.writes[0].endswith(b'\r\n\r\n{"allowed":true}')
+
+
+async def test_requests_leave_no_more_for_the_garbage_collector_than_uvicorns() -> None:
+    """The held head's transport lets go of its cycle once the head is written: otherwise
+    the cycle and the transport hold each other, and every request's objects (its scope, its
+    headers, its task's) wait for the garbage collector instead of going when it ends."""
+    served = http_protocol(load_settings(redis_url="redis://127.0.0.1:1").request_limits, "httptools")
+
+    async def garbage(protocol_class: type[Any]) -> int:
+        gc.collect()
+        gc.disable()
+        try:
+            await _drive(protocol_class, _whole(), [GET * 20])
+            return gc.collect()
+        finally:
+            gc.enable()
+
+    theirs, ours = await garbage(HttpToolsProtocol), await garbage(served)
+    assert ours <= theirs + 10, (ours, theirs)
