@@ -314,7 +314,8 @@ def render(results: dict[str, Any]) -> str:
         f"({meta['connections']} connections, 1,000 keys, {meta['seconds_per_run']:g} s per run), median of "
         f"{meta['rounds']} interleaved rounds, {meta['cores']} cores shared by wrk, the server, Redis and the "
         "gRPC client. The ceiling is a bare ASGI app (read the body, `orjson.loads`, answer the bytes of a real "
-        "`/v1/decide` answer) under the same server (uvicorn, httptools, the same bounded protocol).",
+        "`/v1/decide` answer) under the same server (uvicorn, httptools, the same bounded protocol, which writes "
+        "a whole answer in one write: what the server gains, the ceiling gains too).",
         "",
         "| endpoint | requests/s | of the ceiling | server CPU/request |",
         "|---|--:|--:|--:|",
@@ -375,7 +376,7 @@ def _render_hotpath(h: dict[str, Any], cpu: dict[str, float]) -> list[str]:
         f"directly by {hotpath_profile.CALLERS} concurrent callers that yield to the event loop after each request; "
         "CPU per request of each stage added (the shadow worker's evaluation and the Redis client count in "
         "*decide*). The last rows put it next to the server: what a request costs under wrk beyond the ceiling "
-        "app's own cost (uvicorn's parsing, the ASGI task, the two writes) is this Python work as it runs in a "
+        "app's own cost (uvicorn's parsing, the ASGI task, the write) is this Python work as it runs in a "
         "loaded server, between network reads and writes.",
         "",
         "| CPU per request | off | shadow | enforce |",
