@@ -42,6 +42,12 @@ class BackendView:
     deadline_no_time: int = 0  # answered by the failure policy: too little time left to ask Redis
     over_limit_hits: int | None = None  # keys over their limit answered without Redis (None: cache off)
     over_limit_keys: int = 0
+    # this replica's clock against Redis' TIME (None: not measured yet, or an older control plane)
+    clock_offset_ms: float | None = None
+    clock_tolerance_ms: float = 250.0
+    clock_reported: bool = False  # the snapshot has a clock at all
+    clock_error: str | None = None
+    time_source: str = "local"  # whose clock the policies are decided on: local | redis
 
     @classmethod
     def parse(cls, d: Any) -> BackendView:
@@ -50,6 +56,8 @@ class BackendView:
         tls = topo.get("tls")
         late = as_dict(d.get("deadline_answers"))
         over = d.get("over_limit_cache")
+        clock = d.get("clock")
+        c = as_dict(clock)
         return cls(
             state=as_str(d.get("state"), "closed"),
             consecutive_failures=as_int(d.get("consecutive_failures")),
@@ -77,6 +85,11 @@ class BackendView:
             deadline_no_time=as_int(late.get("no_time")),
             over_limit_hits=as_int(as_dict(over).get("hits")) if isinstance(over, dict) else None,
             over_limit_keys=as_int(as_dict(over).get("keys")),
+            clock_offset_ms=opt_float(c.get("offset_ms")),
+            clock_tolerance_ms=opt_float(c.get("tolerance_ms")) or 250.0,
+            clock_reported=isinstance(clock, dict),
+            clock_error=opt_str(c.get("error")),
+            time_source=as_str(d.get("time_source"), "local"),
         )
 
 

@@ -332,7 +332,7 @@ class BackendPanel(Static):
         row("on failure", f"{b.failure_policy or '?'}" + (f" (answers {b.failure_code})" if closed else ""), "bold")
         row("instances", f"{b.live_instances} live: " + (", ".join(b.fleet) if b.fleet else b.instance_id))
         row("following", b.instance_id + (f" (1 of {len(replicas)} replicas)" if len(replicas) > 1 else ""))
-        row("redis", b.redis or "?", "dim")
+        row("redis", _redis_and_clock(b))
         if b.redis_kind:
             where = f" · master {b.redis_master}" if b.redis_master else " · master not known yet"
             row("topology", f"{b.redis_kind}{where} · TLS {b.redis_tls}", "" if b.redis_master else WARN)
@@ -359,6 +359,28 @@ class BackendPanel(Static):
         if external is not None and external.routes:
             _external_rows(row, external)
         return grid
+
+
+def _redis_and_clock(b: BackendView) -> Text:
+    """Where Redis is, and this replica's clock against its ``TIME``: past the tolerance it is
+    a warning when the policies are decided on this clock (``RATE_LIMIT_TIME_SOURCE=local``:
+    Redis then judges its requests at a wrong time, and its new rejections are put down to it)."""
+    t = Text(b.redis or "?", style="dim")
+    if not b.clock_reported:
+        return t  # an older control plane: no clock in its snapshot
+    t.append(" · clock ", style="dim")
+    if b.clock_offset_ms is None:
+        why = f" ({b.clock_error})" if b.clock_error else " yet"
+        t.append("not measured" + why, style=WARN if b.clock_error else "dim")
+        return t
+    off = b.clock_offset_ms
+    past = abs(off) > b.clock_tolerance_ms
+    text = f"{off / 1000:+.1f} s" if abs(off) >= 1000 else f"{off:+.1f} ms" if abs(off) >= 10 else f"{off:+.2f} ms"
+    t.append(text, style=(WARN_BOLD if b.time_source != "redis" else WARN) if past else "")
+    t.append(f" (±{b.clock_tolerance_ms:g} ms)", style="dim")
+    if past and b.time_source == "redis":
+        t.append(" · decided on Redis' clock", style="dim")
+    return t
 
 
 def _external_rows(row: Any, x: ExternalView) -> None:

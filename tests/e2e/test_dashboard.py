@@ -1196,6 +1196,44 @@ def test_backend_panel_shows_the_redis_topology() -> None:
     assert "topology" not in rendered(None)  # an older control plane: no line
 
 
+def test_backend_panel_shows_the_replica_s_clock_against_redis() -> None:
+    """/v1/backend's clock beside the Redis address: the offset and the tolerance, a warning
+    past it when the policies are decided on this clock, nothing from an older control plane."""
+    import io
+
+    from rich.console import Console
+
+    from dashboard.models import BackendView
+    from dashboard.theme import WARN_BOLD
+    from dashboard.widgets import BackendPanel
+    from dashboard.widgets import _redis_and_clock as line
+
+    def view(clock: dict[str, Any] | None, time_source: str = "local") -> BackendView:
+        data = {**fixed_snapshot()["backend"], "redis": "10.0.0.7:6379", "time_source": time_source}
+        if clock is not None:
+            data["clock"] = clock
+        return BackendView.parse(data)
+
+    def rendered(b: BackendView) -> str:
+        console = Console(width=120, file=io.StringIO(), color_system=None)
+        console.print(BackendPanel.render_backend(b, [], None))
+        return " ".join(console.file.getvalue().split())  # type: ignore[attr-defined]
+
+    fine = view({"offset_ms": -0.012, "round_trip_ms": 0.1, "tolerance_ms": 250.0, "past_tolerance": False})
+    assert "redis 10.0.0.7:6379 · clock -0.01 ms (±250 ms)" in rendered(fine)
+    assert not any(span.style == WARN_BOLD for span in line(fine).spans)
+    behind = view({"offset_ms": -20003.4, "tolerance_ms": 250.0, "past_tolerance": True})
+    assert "clock -20.0 s (±250 ms)" in rendered(behind)
+    assert any(span.style == WARN_BOLD for span in line(behind).spans)  # the new rejections are put down to it
+    on_redis = view({"offset_ms": 900.0, "tolerance_ms": 250.0, "past_tolerance": True}, time_source="redis")
+    assert "clock +900.0 ms (±250 ms) · decided on Redis' clock" in rendered(on_redis)
+    assert not any(span.style == WARN_BOLD for span in line(on_redis).spans)
+    assert "clock not measured yet" in rendered(view({"offset_ms": None, "tolerance_ms": 250.0}))
+    failed = view({"offset_ms": None, "tolerance_ms": 250.0, "error": "TIME failed"})
+    assert "clock not measured (TIME failed)" in rendered(failed)
+    assert "clock" not in rendered(view(None))  # an older control plane: nothing
+
+
 # -- what-if ----------------------------------------------------------------------------------
 
 
