@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from .coerce import as_dict, as_int, as_str, opt_float, opt_str
+from .coerce import as_dict, as_float, as_int, as_str, opt_float, opt_str
 
 __all__ = ["BackendView", "ExternalBreakerView", "ExternalView"]
 
@@ -45,6 +45,7 @@ class BackendView:
     # this replica's clock against Redis' TIME (None: not measured yet, or an older control plane)
     clock_offset_ms: float | None = None
     clock_tolerance_ms: float = 250.0
+    clock_past_tolerance: bool = False  # the control plane's own judgement of the offset
     clock_reported: bool = False  # the snapshot has a clock at all
     clock_error: str | None = None
     time_source: str = "local"  # whose clock the policies are decided on: local | redis
@@ -86,7 +87,8 @@ class BackendView:
             over_limit_hits=as_int(as_dict(over).get("hits")) if isinstance(over, dict) else None,
             over_limit_keys=as_int(as_dict(over).get("keys")),
             clock_offset_ms=opt_float(c.get("offset_ms")),
-            clock_tolerance_ms=opt_float(c.get("tolerance_ms")) or 250.0,
+            clock_tolerance_ms=as_float(c.get("tolerance_ms"), 250.0),
+            clock_past_tolerance=c.get("past_tolerance") is True,
             clock_reported=isinstance(clock, dict),
             clock_error=opt_str(c.get("error")),
             time_source=as_str(d.get("time_source"), "local"),

@@ -373,8 +373,7 @@ def _redis_and_clock(b: BackendView) -> Text:
         why = f" ({b.clock_error})" if b.clock_error else " yet"
         t.append("not measured" + why, style=WARN if b.clock_error else "dim")
         return t
-    off = b.clock_offset_ms
-    past = abs(off) > b.clock_tolerance_ms
+    off, past = b.clock_offset_ms, b.clock_past_tolerance
     text = f"{off / 1000:+.1f} s" if abs(off) >= 1000 else f"{off:+.1f} ms" if abs(off) >= 10 else f"{off:+.2f} ms"
     t.append(text, style=(WARN_BOLD if b.time_source != "redis" else WARN) if past else "")
     t.append(f" (±{b.clock_tolerance_ms:g} ms)", style="dim")

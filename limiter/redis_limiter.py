@@ -84,11 +84,10 @@ async def within(aw: Any, timeout_s: float) -> Any:
 class _Prepared:
     """Pre-encoded RESP pieces of one (script, policy) pair."""
 
-    __slots__ = ("script", "head", "eval_head", "mid", "policy")
+    __slots__ = ("script", "head", "eval_head", "mid")
 
     def __init__(self, script: Script, policy: Policy) -> None:
         a1, a2, a3 = policy_args(policy)
-        self.policy = policy
         self.script = script
         self.head = b"*9\r\n$7\r\nEVALSHA\r\n$40\r\n%s\r\n$1\r\n1\r\n" % script.sha.encode()
         src = script.source_bytes

@@ -5,10 +5,11 @@ The *reference* is the route's local policy evaluated fleet-wide in Redis beside
 one, under its own keys (:data:`REFERENCE_PREFIX` + the bucket's key; ``#`` is in no route
 name, so no bucket key starts with it), in the same burst as the shadow evaluation: it answers
 "would the old limit have stopped this client had the fleet been one replica?". Only a global
-limit stricter than the local one needs that answer (:meth:`Explainer.needs_reference`); under
-any other, the reference is not evaluated and a new rejection is ``replicas``. (So after a
-route's global limit becomes stricter, its reference buckets start unused: for one refill time
-some new rejections the old limit would have made are counted ``tighter``.)
+limit stricter than the local one needs that answer
+(:func:`~control_plane.model.causes.needs_reference`); under any other, the reference is not
+evaluated and a new rejection is ``replicas``. (So after a route's global limit becomes
+stricter, its reference buckets start unused: for one refill time some new rejections the old
+limit would have made are counted ``tighter``.)
 
 A replica's bucket that is young (``fresh_local``) needs one more figure: whether the global
 state remembered earlier use when the bucket was made. The bucket's first request (its
@@ -24,10 +25,10 @@ from collections import OrderedDict
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from limiter import Decision, LocalLimiter, Policy
+from limiter import Decision, LocalLimiter
 from limiter.algorithms import decide
 
-from ..model.causes import Birth, Cause, CauseFigures, cause_of, is_fresh, needs_reference, remembers
+from ..model.causes import Birth, Cause, CauseFigures, cause_of, is_fresh, remembers
 
 if TYPE_CHECKING:
     from ..observe.clock import ClockSkew
@@ -64,23 +65,6 @@ class Explainer:
         self.births_kept = births_kept
         #: bucket key -> (its created_us, the global state remembered earlier use then)
         self.births: OrderedDict[str, tuple[int, bool]] = OrderedDict()
-        # the last (global policy, local policy) pair asked about and its answer: a batch's
-        # items nearly all share their route's two policies
-        self._last: tuple[Policy | None, Policy | None, bool] = (None, None, False)
-
-    def needs_reference(self, item: ShadowItem) -> bool:
-        """Whether an explained request's reference must be evaluated in Redis: only under a
-        global limit stricter than its local one does a cause depend on the reference's answer
-        (:func:`~control_plane.model.causes.needs_reference`)."""
-        global_policy, local_policy = item.request[1], item.ref
-        last_global, last_local, needed = self._last
-        if global_policy is last_global and local_policy is last_local:
-            return needed
-        if global_policy is None or local_policy is None:
-            return False
-        needed = needs_reference(global_policy, local_policy)
-        self._last = (global_policy, local_policy, needed)
-        return needed
 
     def first_requests(self, batch: list[ShadowItem], main: dict[int, int]) -> set[int]:
         """The requests (indexes into the burst: ``main`` maps a batch index to its request's)

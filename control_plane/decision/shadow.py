@@ -24,7 +24,7 @@ from typing import Any, NamedTuple
 from limiter import Decision, Policy
 
 from ..model.candidate import blocked_view_name
-from ..model.causes import FORWARD, Cause
+from ..model.causes import FORWARD, Cause, needs_reference
 from .compare import Comparisons
 from .explain import REFERENCE_PREFIX, Explainer
 
@@ -207,7 +207,7 @@ class ShadowPipeline:
         main: dict[int, int] = {}  # batch index -> its request's index, for each of the three
         cands: dict[int, int] = {}
         refs: dict[int, int] = {}
-        explain = self.explainer is not None
+        explainer = self.explainer
         for i, item in enumerate(batch):
             if item.known is None and item.request[0] is not None:
                 main[i] = len(requests)
@@ -218,26 +218,26 @@ class ShadowPipeline:
                 _, _, cost, now_us = item.request
                 cands[i] = len(requests)
                 requests.append((c.key, c.policy, cost, now_us))
-        if self.explainer is not None:
-            needed = self.explainer.needs_reference
+        if explainer is not None:  # the reference, where its answer can change a cause
             for i, item in enumerate(batch):
-                lkey, _, cost, now_us = item.request
-                if item.ref is not None and lkey is not None and needed(item):
+                lkey, policy, cost, now_us = item.request
+                ref = item.ref
+                if ref is not None and lkey is not None and policy is not None and needs_reference(policy, ref):
                     refs[i] = len(requests)
-                    requests.append((REFERENCE_PREFIX + lkey, item.ref, cost, now_us))
-        full = self.explainer.first_requests(batch, main) if self.explainer is not None else None
+                    requests.append((REFERENCE_PREFIX + lkey, ref, cost, now_us))
+        full = explainer.first_requests(batch, main) if explainer is not None else None
         results = await self._ask(requests, timeout_s, full) if requests else []
         verdicts: list[bool | None] = [None] * len(batch)
         for i, j in main.items():
             r = results[j]
             if r.__class__ is Decision:
-                assert self.explainer is not None
-                self.explainer.learn(batch[i], r)
+                assert explainer is not None
+                explainer.learn(batch[i], r)
                 r = r.allowed
             verdicts[i] = r
         self._count([batch[i] for i in main], [verdicts[i] for i in main])
         self._count_candidates(batch, verdicts, {i: results[j] for i, j in cands.items()})
-        if explain:
+        if explainer is not None:
             self._count_causes(batch, verdicts, {i: results[j] for i, j in refs.items()})
         return verdicts
 

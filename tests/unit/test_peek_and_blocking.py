@@ -161,3 +161,27 @@ async def test_resilient_peek_under_the_other_failure_policies(policy_name, allo
     finally:
         await lim.aclose()
         await rl.aclose()
+
+
+@pytest.mark.parametrize("time_source", ["local", "redis"])
+def test_a_burst_encodes_each_request_as_it_would_be_encoded_alone(time_source):
+    """A burst looks a policy's script pieces up once per run of it: the bytes must still be
+    each request's own (a peek between two decisions under one policy, equal policies that are
+    distinct objects, an unlimited and a blocking one answered without Redis)."""
+    rl = RedisLimiter(NoBackend(), time_source=time_source, clock=lambda: NOW)  # type: ignore[arg-type]
+    window = Policy(average=5, period=60.0, algorithm="fixed_window")
+    same_as_tb = Policy(average=10, period=1.0, burst=5)
+    burst = [
+        ("a", TB, 1, NOW), ("b", TB, 0, NOW), ("c", TB, 2, None), ("d", same_as_tb, 1, NOW),
+        ("e", window, 3, NOW), ("f", Policy.unlimited_policy(), 1, NOW), ("g", window, 0, NOW),
+        ("h", BLOCKING, 1, NOW), ("i", TB, 1, NOW),
+    ]  # fmt: skip
+    out: list[object] = [None] * len(burst)
+    keys, payloads, _ = rl._payloads(burst, True, out, set())
+    alone = []
+    for req in burst:
+        one: list[object] = [None]
+        alone.extend(zip(*rl._payloads([req], True, one, set())[:2]))
+    assert list(zip(keys, payloads)) == alone and len(alone) == 7
+    sha = [p.split(b"\r\n")[4] for p in payloads]
+    assert sha[0] != sha[1] and sha[0] == sha[2] == sha[3] != sha[4]  # the peek's own script; the window's
