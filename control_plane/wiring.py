@@ -80,7 +80,7 @@ def check_redis(connection: RedisConnection, timeout_s: float = 2.0) -> str | No
     :class:`~limiter.errors.BackendAuthError` when Redis refuses the login (waiting will
     not help); any other failure to reach Redis now is returned as text (the service
     starts anyway: the failure policy answers until Redis is back). Building the client
-    reads the TLS files (:func:`~limiter.redis_limiter.make_backend`)."""
+    reads the TLS files (:func:`~limiter.connection.make_backend`)."""
 
     async def probe() -> None:
         quick = replace(connection, connect_timeout=timeout_s, command_timeout=timeout_s)

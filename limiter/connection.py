@@ -20,14 +20,15 @@ compares with what each client ended up with).
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from .redis_url import Endpoint, RedisTarget, parse_redis_url
+from .resp import ClusterBackend, SentinelBackend, StandaloneBackend
+from .resp.tls import tls_context
 
-if TYPE_CHECKING:
-    from .redis_limiter import Backend
+__all__ = ["Backend", "RedisConnection", "make_backend", "make_redis_py_client"]
 
-__all__ = ["RedisConnection"]
+Backend = StandaloneBackend | ClusterBackend | SentinelBackend
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -62,15 +63,11 @@ class RedisConnection:
         """The RESP client's backend: one server, a cluster's slot table, or the master a set
         of sentinels names. TLS files are read now (``ValueError`` naming the option when one
         cannot be used), not at the first connection."""
-        from .redis_limiter import make_backend
-
         return make_backend(self.target, connect_timeout=self.connect_timeout, command_timeout=self.command_timeout)
 
     def redis_py(self) -> Any:
         """A redis-py asyncio client (standalone, cluster, or Sentinel's master) on the same
         server(s), with the same login and TLS."""
-        from .redis_limiter import make_redis_py_client
-
         return make_redis_py_client(
             self.target, socket_timeout=self.socket_timeout, connect_timeout=self.connect_timeout
         )
@@ -91,3 +88,69 @@ class RedisConnection:
     def redacted(self) -> str:
         """The URL without its password."""
         return self.target.redacted()
+
+
+def make_backend(target: RedisTarget, *, connect_timeout: float = 1.0, command_timeout: float | None = 0.5) -> Backend:
+    """The RESP backend for a parsed URL: one server, a cluster's slot table, or the
+    master a set of sentinels names. TLS files are read now (``ValueError`` naming the
+    option when one cannot be used), not at the first connection."""
+    for e in (target.endpoint, *target.seeds):
+        if e.tls is not None:
+            tls_context(e.tls)
+    if target.sentinel:
+        return SentinelBackend(
+            target.seeds,
+            target.service_name or "",
+            target.endpoint,
+            connect_timeout=connect_timeout,
+            command_timeout=command_timeout,
+        )
+    if target.cluster:
+        return ClusterBackend(
+            target.seeds or (target.endpoint,), connect_timeout=connect_timeout, command_timeout=command_timeout
+        )
+    return StandaloneBackend(target.endpoint, connect_timeout=connect_timeout, command_timeout=command_timeout)
+
+
+def _redis_py_login(e: Endpoint) -> dict[str, Any]:
+    kw: dict[str, Any] = {"username": e.username, "password": e.password}
+    if e.tls is not None:
+        kw.update(e.tls.redis_py_kwargs())
+    return kw
+
+
+def make_redis_py_client(url: str | RedisTarget, *, socket_timeout: float = 1.0, connect_timeout: float = 1.0) -> Any:
+    """A redis-py asyncio client (standalone, cluster, or Sentinel's master) from one
+    of our URLs, with the same TLS and login."""
+    import redis.asyncio as aredis
+    from redis.asyncio.cluster import ClusterNode, RedisCluster
+    from redis.asyncio.retry import Retry
+    from redis.asyncio.sentinel import Sentinel
+    from redis.backoff import NoBackoff
+
+    # one quick retry, not redis-py's default of three with growing waits: callers
+    # (admin endpoints, the rollout store) must learn that Redis is down in about a second
+    retry = Retry(NoBackoff(), 1)
+    timeouts: dict[str, Any] = {"socket_timeout": socket_timeout, "socket_connect_timeout": connect_timeout}
+
+    target = parse_redis_url(url) if isinstance(url, str) else url
+    e = target.endpoint
+    if target.sentinel:
+        sentinels = [(s.host or "127.0.0.1", s.port or 26379) for s in target.seeds]
+        sentinel = Sentinel(  # type: ignore[no-untyped-call]
+            sentinels,
+            sentinel_kwargs={**_redis_py_login(target.seeds[0]), **timeouts, "retry": retry},
+            db=e.db,
+            retry=retry,
+            **_redis_py_login(e),
+            **timeouts,
+        )
+        return sentinel.master_for(target.service_name or "")
+    if target.cluster:
+        nodes = [ClusterNode(s.host or "127.0.0.1", s.port or 6379) for s in (target.seeds or (e,))]
+        return RedisCluster(startup_nodes=nodes, retry=retry, **_redis_py_login(e), **timeouts)
+    if e.unix_path:
+        return aredis.Redis(unix_socket_path=e.unix_path, db=e.db, retry=retry, **_redis_py_login(e), **timeouts)
+    return aredis.Redis(
+        host=e.host or "127.0.0.1", port=e.port or 6379, db=e.db, retry=retry, **_redis_py_login(e), **timeouts
+    )

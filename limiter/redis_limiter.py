@@ -21,78 +21,37 @@ import asyncio
 import math
 import re
 import time
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from typing import Any, Literal, cast
 
 from .algorithms import blocked_decision, decide
-from .connection import RedisConnection
-from .errors import BackendError, BackendReplyError, BackendUnavailable, DeadlineExceeded
+from .connection import Backend, RedisConnection, make_backend, make_redis_py_client
+from .errors import BackendError, BackendReplyError, BackendUnavailable
 from .policy import Algorithm, BucketView, Decision, Policy, make_decision, validate_cost
-from .redis_url import Endpoint, RedisTarget, parse_redis_url
-from .resp import ClusterBackend, ReplyError, SentinelBackend, StandaloneBackend, bulk, encode_command
-from .resp.tls import tls_context
-from .scripts import PEEK, PEEKS, SCRIPTS, STATE_FIELDS, Script, decode_state, policy_args
+from .redis_url import RedisTarget
+from .resp import ReplyError, encode_command
+from .script_calls import Prepared, Run, within
+from .scripts import MANY_MAX, PEEK, PEEKS, SCRIPTS, STATE_FIELDS, Script, decode_state, many, policy_args
 
 __all__ = ["RedisLimiter", "TimeSource", "make_backend", "make_redis_py_client"]
 
 TimeSource = Literal["local", "redis"]
-Backend = StandaloneBackend | ClusterBackend | SentinelBackend
 _NAMESPACE = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 
 
-#: every script a limiter runs: the decisions, the dashboards' view, the peeks
-_ALL_SCRIPTS = (*SCRIPTS.values(), PEEK, *PEEKS.values())
+#: every script a limiter runs: the decisions, the dashboards' view, the peeks, and the
+#: decisions and peeks of many requests in one call
+_ALL_SCRIPTS = (
+    *SCRIPTS.values(),
+    PEEK,
+    *PEEKS.values(),
+    *(many(s) for s in SCRIPTS.values()),
+    *(many(s) for s in PEEKS.values()),
+)
 
 
 def _now_us() -> int:
     return time.time_ns() // 1000
-
-
-def _expire(fut: asyncio.Future[Any], timeout_s: float) -> None:
-    if not fut.done():  # the reply, when it comes, finds its future done and is dropped
-        fut.set_exception(DeadlineExceeded(f"Redis did not answer within {timeout_s * 1000:.1f} ms"))
-
-
-def _drop(task: asyncio.Future[Any]) -> None:
-    if not task.cancelled():
-        task.exception()
-
-
-async def within(aw: Any, timeout_s: float) -> Any:
-    """``await aw`` if it is done within ``timeout_s``, else :class:`DeadlineExceeded`;
-    ``aw`` is never cancelled (a pipelined reply may still be on its way: the connection
-    stays in step). A reply's future gets a timer (cheap: no task); a coroutine or a task
-    is run as a task and left to finish, its result dropped."""
-    if isinstance(aw, asyncio.Future) and not isinstance(aw, asyncio.Task):
-        handle = aw.get_loop().call_later(timeout_s, _expire, aw, timeout_s)
-        try:
-            return await aw
-        finally:
-            handle.cancel()
-    task = asyncio.ensure_future(aw)
-    try:
-        await asyncio.wait((task,), timeout=timeout_s)
-    except BaseException:
-        task.add_done_callback(_drop)
-        raise
-    if task.done():
-        return task.result()
-    task.add_done_callback(_drop)
-    raise DeadlineExceeded(f"Redis did not answer within {timeout_s * 1000:.1f} ms")
-
-
-class _Prepared:
-    """Pre-encoded RESP pieces of one (script, policy) pair."""
-
-    __slots__ = ("script", "head", "eval_head", "mid")
-
-    def __init__(self, script: Script, policy: Policy) -> None:
-        a1, a2, a3 = policy_args(policy)
-        self.script = script
-        self.head = b"*9\r\n$7\r\nEVALSHA\r\n$40\r\n%s\r\n$1\r\n1\r\n" % script.sha.encode()
-        src = script.source_bytes
-        self.eval_head = b"*9\r\n$4\r\nEVAL\r\n" + bulk(src) + b"$1\r\n1\r\n"
-        self.mid = bulk(a1) + bulk(a2) + bulk(a3)
 
 
 class RedisLimiter:
@@ -116,11 +75,13 @@ class RedisLimiter:
         self.time_source: TimeSource = time_source
         self._clock = clock
         self._prefix = f"rl:{namespace}:".encode()
-        self._prepared: dict[Policy, _Prepared] = {}
+        self._prepared: dict[Policy, Prepared] = {}
         # id(policy) -> (that policy, its pieces): the policy kept with them, so an id is never
         # another object's, and two equal policies (a route's local and distributed) both hit
-        self._by_id: dict[int, tuple[Policy, _Prepared]] = {}
-        self._peek_prepared: dict[Policy, _Prepared] = {}
+        self._by_id: dict[int, tuple[Policy, Prepared]] = {}
+        self._peek_prepared: dict[Policy, Prepared] = {}
+        # every key on one server (not a cluster): a burst goes as a few calls for many keys
+        self._one_server = getattr(backend, "cluster", True) is False
         self.connection = connection  # what the backend was built from (None: a backend given directly)
         self._client: Any = None
 
@@ -162,7 +123,7 @@ class RedisLimiter:
 
     # -- the hot path -------------------------------------------------------------
 
-    def _prepare(self, policy: Policy) -> _Prepared:
+    def _prepare(self, policy: Policy) -> Prepared:
         # looked up by identity first: hashing a dataclass on every check is not free
         hit = self._by_id.get(id(policy))
         if hit is not None and hit[0] is policy:
@@ -171,19 +132,19 @@ class RedisLimiter:
         if p is None:
             if len(self._prepared) > 4096:
                 self._prepared.clear()
-            p = self._prepared[policy] = _Prepared(SCRIPTS[policy.algorithm], policy)
+            p = self._prepared[policy] = Prepared(SCRIPTS[policy.algorithm], policy)
         if len(self._by_id) > 4096:
             self._by_id.clear()
         self._by_id[id(policy)] = (policy, p)
         return p
 
-    def _prepare_peek(self, policy: Policy) -> _Prepared:
+    def _prepare_peek(self, policy: Policy) -> Prepared:
         """The peek script's head for the policy (the same ARGV as its decision script)."""
         p = self._peek_prepared.get(policy)
         if p is None:
             if len(self._peek_prepared) > 4096:
                 self._peek_prepared.clear()
-            p = self._peek_prepared[policy] = _Prepared(PEEKS[policy.algorithm], policy)
+            p = self._peek_prepared[policy] = Prepared(PEEKS[policy.algorithm], policy)
         return p
 
     def _off_path(self, policy: Policy, cost: object, now_us: int | None) -> Decision | int:
@@ -198,7 +159,7 @@ class RedisLimiter:
     def redis_key(self, key: str) -> bytes:
         return self._prefix + key.encode()
 
-    def _rest(self, rkey: bytes, prep: _Prepared, now_us: int | None, cost: int) -> bytes:
+    def _rest(self, rkey: bytes, prep: Prepared, now_us: int | None, cost: int) -> bytes:
         """Everything after the script reference: KEYS[1], ARGV[1..5], in one format."""
         if self.time_source == "redis":
             nb = b"r"
@@ -262,39 +223,50 @@ class RedisLimiter:
         which get their :class:`Decision` (a comparison that needs one answer in full)."""
         return await self._many(requests, True, timeout_s, decisions)
 
+    def _asked(
+        self,
+        requests: Sequence[tuple[str, Policy, int, int | None]],
+        verdicts: bool,
+        out: list[Any],
+        full: Collection[int],
+    ) -> Iterator[tuple[int, bytes, Prepared, int, int | None]]:
+        """The items Redis must decide, as (index, Redis key, script pieces, cost, time); the
+        others (unlimited and blocking policies) are answered in ``out`` (verdicts, or
+        decisions for the indexes in ``full``)."""
+        prefix = self._prefix
+        # a burst's items nearly all share a policy: its pieces are looked up once per run of it
+        last: Policy | None = None
+        prep = cast("Prepared", None)  # set with last (the first item that needs it sets both)
+        for i, (key, policy, cost, now_us) in enumerate(requests):
+            if type(cost) is not int or cost < 1 or cost > policy.limit:
+                c = self._off_path(policy, cost, now_us)
+                if isinstance(c, Decision):
+                    out[i] = c.allowed if verdicts and i not in full else c
+                    continue
+                cost = c
+            if policy.unlimited:
+                whole = not verdicts or i in full
+                out[i] = make_decision(True, policy.limit, policy.limit, 0, 0) if whole else True
+                continue
+            if not cost:
+                prep, last = self._prepare_peek(policy), None
+            elif policy is not last:
+                prep, last = self._prepare(policy), policy
+            yield i, prefix + key.encode(), prep, cost, now_us
+
     def _payloads(
         self,
         requests: Sequence[tuple[str, Policy, int, int | None]],
         verdicts: bool,
         out: list[Any],
         full: Collection[int] = (),
-    ) -> tuple[list[bytes], list[bytes], list[tuple[int, bytes, _Prepared, bytes]]]:
+    ) -> tuple[list[bytes], list[bytes], list[tuple[int, bytes, Prepared, bytes]]]:
         """The keys, commands and (index, key, script, arguments) of the items Redis must
-        decide; the others (unlimited and blocking policies) are answered in ``out``
-        (verdicts, or decisions for the indexes in ``full``)."""
+        decide, one command each (:meth:`_asked`)."""
         keys: list[bytes] = []
         payloads: list[bytes] = []
-        meta: list[tuple[int, bytes, _Prepared, bytes]] = []
-        prefix = self._prefix
-        # a burst's items nearly all share a policy: its pieces are looked up once per run of it
-        last: Policy | None = None
-        prep = cast("_Prepared", None)  # set with last (the first item that needs it sets both)
-        for i, (key, policy, cost, now_us) in enumerate(requests):
-            verdict = verdicts and i not in full
-            if type(cost) is not int or cost < 1 or cost > policy.limit:
-                c = self._off_path(policy, cost, now_us)
-                if isinstance(c, Decision):
-                    out[i] = c.allowed if verdict else c
-                    continue
-                cost = c
-            if policy.unlimited:
-                out[i] = True if verdict else make_decision(True, policy.limit, policy.limit, 0, 0)
-                continue
-            if not cost:
-                prep, last = self._prepare_peek(policy), None
-            elif policy is not last:
-                prep, last = self._prepare(policy), policy
-            rkey = prefix + key.encode()
+        meta: list[tuple[int, bytes, Prepared, bytes]] = []
+        for i, rkey, prep, cost, now_us in self._asked(requests, verdicts, out, full):
             rest = self._rest(rkey, prep, now_us, cost)
             keys.append(rkey)
             payloads.append(prep.head + rest)
@@ -309,50 +281,128 @@ class RedisLimiter:
         full: Collection[int] = (),
     ) -> list[Any]:
         out: list[Any] = [None] * len(requests)
+        if self._one_server and len(requests) > 1:
+            await self._runs(requests, verdicts, out, timeout_s, full)
+            return out
         keys, payloads, meta = self._payloads(requests, verdicts, out, full)
         if not payloads:
             return out
+        for (pos, rkey, prep, rest), reply in zip(meta, await self._send(keys, payloads, timeout_s)):
+            if type(reply) is not list:
+                if isinstance(reply, BackendError):
+                    out[pos] = reply
+                    continue
+                try:
+                    reply = await self._recover(rkey, prep, rest, reply)
+                except BackendError as exc:
+                    out[pos] = exc
+                    continue
+            if verdicts and (not full or pos not in full):
+                out[pos] = reply[0] == 1
+            else:
+                out[pos] = make_decision(reply[0] == 1, reply[1], reply[2], reply[3], reply[4])
+        return out
+
+    async def _send(self, keys: list[bytes], payloads: list[bytes], timeout_s: float | None) -> list[Any]:
+        """Each command's reply, in order, the commands pipelined (one write per connection):
+        the reply itself (an error reply included), or the :class:`BackendError` its call
+        failed with (the connection lost, the deadline passed)."""
+        replies: list[Any] = [None] * len(payloads)
         groups: list[tuple[Any, list[int]]] = []
         for fut, idx in self.backend.send_many(keys, payloads):
-            if fut is None:  # the connection must be (re)opened: one call per command
-                fut = asyncio.ensure_future(
-                    asyncio.gather(*(self.backend.call(keys[j], payloads[j]) for j in idx), return_exceptions=True)
-                )
+            if fut is None:  # the connection must be (re)opened: one call per command, in order
+                fut = asyncio.ensure_future(self._one_by_one(keys, payloads, idx))
             groups.append((fut, idx))
         end = None if timeout_s is None else asyncio.get_running_loop().time() + timeout_s
         for fut, idx in groups:
             try:
                 if end is None:
-                    replies = await fut
+                    got = await fut
                 else:
-                    replies = await within(fut, max(0.0, end - asyncio.get_running_loop().time()))
+                    got = await within(fut, max(0.0, end - asyncio.get_running_loop().time()))
             except BackendError as exc:
                 for j in idx:
-                    out[meta[j][0]] = exc
+                    replies[j] = exc
                 continue
-            for j, reply in zip(idx, replies):
-                pos = meta[j][0]
-                if type(reply) is not list:
-                    if isinstance(reply, BaseException) and not isinstance(
-                        reply, ReplyError
-                    ):  # from the one-by-one calls
-                        if not isinstance(reply, BackendError):
-                            raise reply
-                        out[pos] = reply
-                        continue
-                    _, rkey, prep, rest = meta[j]
-                    try:
-                        reply = await self._recover(rkey, prep, rest, reply)
-                    except BackendError as exc:
-                        out[pos] = exc
-                        continue
-                if verdicts and (not full or pos not in full):
-                    out[pos] = reply[0] == 1
-                else:
-                    out[pos] = make_decision(reply[0] == 1, reply[1], reply[2], reply[3], reply[4])
-        return out
+            for j, reply in zip(idx, got):
+                if isinstance(reply, BaseException) and not isinstance(reply, (ReplyError, BackendError)):
+                    raise reply  # from the one-by-one calls: not a backend failure
+                replies[j] = reply
+        return replies
 
-    async def _recover(self, rkey: bytes, prep: _Prepared, rest: bytes, reply: Any) -> list[Any]:
+    def _encode_runs(
+        self,
+        requests: Sequence[tuple[str, Policy, int, int | None]],
+        verdicts: bool,
+        out: list[Any],
+        full: Collection[int] = (),
+    ) -> list[Run]:
+        """The runs of consecutive requests under one script and policy (at most
+        :data:`~limiter.scripts.MANY_MAX` each) that Redis must decide (:meth:`_asked`)."""
+        runs: list[Run] = []
+        redis_time = self.time_source == "redis"
+        run = cast("Run", None)
+        for i, rkey, prep, cost, now_us in self._asked(requests, verdicts, out, full):
+            if run is None or run.prep is not prep or len(run.at) == MANY_MAX:
+                run = Run(prep, rkey, not verdicts)
+                runs.append(run)
+            if full and i in full:
+                run.full = True
+            nb = b"r" if redis_time else b"%d" % (self._clock() if now_us is None else now_us)
+            cb = b"%d" % cost
+            run.at.append(i)
+            run.keys.append(b"$%d\r\n%b\r\n" % (len(rkey), rkey))
+            run.args.append(b"$%d\r\n%b\r\n$%d\r\n%b\r\n" % (len(nb), nb, len(cb), cb))
+        return runs
+
+    async def _one_by_one(self, keys: list[bytes], payloads: list[bytes], idx: list[int]) -> list[Any]:
+        """The commands at ``idx`` one after another (each answered before the next is sent:
+        two commands on one key keep their order), each failure in its place."""
+        replies: list[Any] = []
+        for j in idx:
+            try:
+                replies.append(await self.backend.call(keys[j], payloads[j]))
+            except Exception as exc:  # noqa: BLE001 - in its place, as gather(return_exceptions=True) would
+                replies.append(exc)
+        return replies
+
+    async def _runs(
+        self,
+        requests: Sequence[tuple[str, Policy, int, int | None]],
+        verdicts: bool,
+        out: list[Any],
+        timeout_s: float | None,
+        full: Collection[int],
+    ) -> None:
+        """A burst on one server: each run of requests under one script and policy in one
+        call of its ``many`` script, every call in one pipelined write (so in order)."""
+        runs = self._encode_runs(requests, verdicts, out, full)
+        if not runs:
+            return
+        bodies = [r.body() for r in runs]
+        payloads = [b"*%d\r\n%b%b" % (7 + 3 * len(r.at), r.prep.many_head, b) for r, b in zip(runs, bodies)]
+        for run, body, reply in zip(runs, bodies, await self._send([r.first for r in runs], payloads, timeout_s)):
+            if isinstance(reply, ReplyError) and str(reply).startswith("NOSCRIPT"):
+                n = 7 + 3 * len(run.at)
+                try:
+                    reply = await self.backend.call(run.first, b"*%d\r\n%b%b" % (n, run.prep.many_eval_head, body))
+                except BackendError as exc:
+                    reply = exc
+            run.answer(reply, out, self._rejected, verdicts, full)
+
+    def _rejected(self, prep: Prepared, reply: Any) -> BackendError:
+        """What a request gets for a reply that is no decision (its script's error, or a
+        call Redis refused): a master turned replica is unavailable (and found again), the
+        rest a reply error."""
+        if isinstance(reply, ReplyError):
+            msg = str(reply)
+            if msg.startswith(("READONLY", "MASTERDOWN")):
+                self.backend.lost_master()
+                return BackendUnavailable(f"Redis is not a writable master now: {msg}")
+            return BackendReplyError(f"Redis rejected the {prep.script.name} script: {reply}")
+        return BackendReplyError(f"unexpected reply from the {prep.script.name} script: {reply!r}")
+
+    async def _recover(self, rkey: bytes, prep: Prepared, rest: bytes, reply: Any) -> list[Any]:
         """Handle a non-decision reply: NOSCRIPT reloads the script; cluster redirects
         (MOVED, ASK, TRYAGAIN, CLUSTERDOWN) go through the backend's redirect handling,
         which also corrects its slot table; anything else raises."""
@@ -481,69 +531,3 @@ class RedisLimiter:
             except Exception:  # noqa: BLE001 - closing a broken client must not raise
                 pass
             self._client = None
-
-
-def make_backend(target: RedisTarget, *, connect_timeout: float = 1.0, command_timeout: float | None = 0.5) -> Backend:
-    """The RESP backend for a parsed URL: one server, a cluster's slot table, or the
-    master a set of sentinels names. TLS files are read now (``ValueError`` naming the
-    option when one cannot be used), not at the first connection."""
-    for e in (target.endpoint, *target.seeds):
-        if e.tls is not None:
-            tls_context(e.tls)
-    if target.sentinel:
-        return SentinelBackend(
-            target.seeds,
-            target.service_name or "",
-            target.endpoint,
-            connect_timeout=connect_timeout,
-            command_timeout=command_timeout,
-        )
-    if target.cluster:
-        return ClusterBackend(
-            target.seeds or (target.endpoint,), connect_timeout=connect_timeout, command_timeout=command_timeout
-        )
-    return StandaloneBackend(target.endpoint, connect_timeout=connect_timeout, command_timeout=command_timeout)
-
-
-def _redis_py_login(e: Endpoint) -> dict[str, Any]:
-    kw: dict[str, Any] = {"username": e.username, "password": e.password}
-    if e.tls is not None:
-        kw.update(e.tls.redis_py_kwargs())
-    return kw
-
-
-def make_redis_py_client(url: str | RedisTarget, *, socket_timeout: float = 1.0, connect_timeout: float = 1.0) -> Any:
-    """A redis-py asyncio client (standalone, cluster, or Sentinel's master) from one
-    of our URLs, with the same TLS and login."""
-    import redis.asyncio as aredis
-    from redis.asyncio.cluster import ClusterNode, RedisCluster
-    from redis.asyncio.retry import Retry
-    from redis.asyncio.sentinel import Sentinel
-    from redis.backoff import NoBackoff
-
-    # one quick retry, not redis-py's default of three with growing waits: callers
-    # (admin endpoints, the rollout store) must learn that Redis is down in about a second
-    retry = Retry(NoBackoff(), 1)
-    timeouts: dict[str, Any] = {"socket_timeout": socket_timeout, "socket_connect_timeout": connect_timeout}
-
-    target = parse_redis_url(url) if isinstance(url, str) else url
-    e = target.endpoint
-    if target.sentinel:
-        sentinels = [(s.host or "127.0.0.1", s.port or 26379) for s in target.seeds]
-        sentinel = Sentinel(  # type: ignore[no-untyped-call]
-            sentinels,
-            sentinel_kwargs={**_redis_py_login(target.seeds[0]), **timeouts, "retry": retry},
-            db=e.db,
-            retry=retry,
-            **_redis_py_login(e),
-            **timeouts,
-        )
-        return sentinel.master_for(target.service_name or "")
-    if target.cluster:
-        nodes = [ClusterNode(s.host or "127.0.0.1", s.port or 6379) for s in (target.seeds or (e,))]
-        return RedisCluster(startup_nodes=nodes, retry=retry, **_redis_py_login(e), **timeouts)
-    if e.unix_path:
-        return aredis.Redis(unix_socket_path=e.unix_path, db=e.db, retry=retry, **_redis_py_login(e), **timeouts)
-    return aredis.Redis(
-        host=e.host or "127.0.0.1", port=e.port or 6379, db=e.db, retry=retry, **_redis_py_login(e), **timeouts
-    )

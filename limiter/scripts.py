@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cache, lru_cache
 from importlib import resources
 
 from .policy import Algorithm, Policy
 
 __all__ = [
+    "MANY_MAX",
     "PEEK",
     "PEEKS",
     "SCRIPTS",
@@ -24,6 +25,7 @@ __all__ = [
     "Script",
     "decode_state",
     "load_script",
+    "many",
     "policy_args",
     "script_for",
 ]
@@ -58,6 +60,26 @@ SCRIPTS: dict[Algorithm, Script] = {a: load_script(a.value) for a in Algorithm}
 PEEKS: dict[Algorithm, Script] = {a: load_script(f"peek_{a.value}") for a in Algorithm}
 #: the dashboards' token-bucket view (``lua/peek.lua``, :meth:`RedisLimiter.peek`)
 PEEK: Script = load_script("peek")
+
+
+#: the most requests one call of a ``many`` script decides: a call runs atomically, so it
+#: holds Redis about as long as the pipelined commands Redis reads in one go would
+MANY_MAX = 128
+
+
+@cache
+def many(script: Script) -> Script:
+    """``script`` for many requests under one policy in one call (``lua/many.lua``): the
+    script itself wrapped as a function, run once per key, in order, each error in its
+    place. Same answers and state as one call of ``script`` per request."""
+    source = (
+        _read("prelude.lua")
+        + "\nlocal function sl_one(KEYS, ARGV)\n"
+        + _read(f"{script.name}.lua")
+        + "\nend\n\n"
+        + _read("many.lua")
+    )
+    return Script(name=f"{script.name} (many)", source=source, sha=hashlib.sha1(source.encode()).hexdigest())
 
 
 def script_for(policy: Policy) -> Script:

@@ -28,7 +28,7 @@ see redis-py exceptions), :mod:`.rollouts` (:class:`RolloutStore`), :mod:`.diver
 
 Both stores take a redis-py asyncio client (``redis.asyncio.Redis`` or
 ``redis.asyncio.cluster.RedisCluster``, e.g. from
-:func:`limiter.redis_limiter.make_redis_py_client`); they do not own or close it. Both
+:func:`limiter.connection.make_redis_py_client`); they do not own or close it. Both
 take a ``clock`` (wall-clock seconds, ``time.time`` by default) read when a call is given
 no time::
 

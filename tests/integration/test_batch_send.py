@@ -136,8 +136,10 @@ async def test_a_connection_lost_mid_batch_keeps_the_replies_that_arrived():
 
 async def test_check_many_keeps_the_decisions_redis_made_before_the_connection_dropped():
     """Scripts Redis already ran consumed their tokens: those items are decisions, only
-    the unanswered ones are errors (so enforcement does not send them to the failure policy)."""
-    reply = b"*5\r\n:1\r\n:4\r\n:5\r\n:0\r\n:0\r\n"
+    the unanswered ones are errors (so enforcement does not send them to the failure policy).
+    Each request under its own policy: one call each (a run of one), the reply of a call
+    for many with one answer."""
+    reply = b"*1\r\n*5\r\n:1\r\n:4\r\n:5\r\n:0\r\n:0\r\n"
 
     async def two_then_close(writer, n):
         if n <= 2:
@@ -152,7 +154,8 @@ async def test_check_many_keeps_the_decisions_redis_made_before_the_connection_d
         rl = RedisLimiter(StandaloneBackend(ep, connections=1))
         try:
             await rl.backend.nodes[0].connection()
-            out = await asyncio.wait_for(rl.check_many([(f"k{i}", POLICY, 1, T0) for i in range(4)]), 5)
+            policies = [Policy(average=10, period=1.0, burst=5 + i) for i in range(4)]
+            out = await asyncio.wait_for(rl.check_many([(f"k{i}", policies[i], 1, T0) for i in range(4)]), 5)
             assert [type(x).__name__ for x in out] == [
                 "Decision",
                 "Decision",
@@ -250,9 +253,10 @@ async def test_allowed_many_answers_the_items_asked_for_in_full(any_redis_url):
         assert await mixed.allowed_many(unlimited, decisions={1}) == [True, Decision(False, 0, 0, 1_000_000, 1_000_000)]
 
 
-async def test_allowed_many_reports_a_failing_key_in_place(any_redis_url):
+@pytest.mark.parametrize("call", ["allowed_many", "check_many"])
+async def test_a_failing_key_gets_its_error_in_place_and_the_others_their_answers(any_redis_url, call):
     async with contextlib.AsyncExitStack() as stack:
-        rl = RedisLimiter.from_url(any_redis_url, namespace="bad")
+        rl = RedisLimiter.from_url(any_redis_url, namespace=f"bad-{call}")
         stack.push_async_callback(rl.aclose)
         client = (
             redis_sync.RedisCluster.from_url(any_redis_url.replace("redis+cluster", "redis"))
@@ -260,9 +264,55 @@ async def test_allowed_many_reports_a_failing_key_in_place(any_redis_url):
             else redis_sync.Redis.from_url(any_redis_url)
         )
         client.set(rl.redis_key("broken"), b"not a hash")
-        out = await rl.allowed_many([("a", POLICY, 1, T0), ("broken", POLICY, 1, T0), ("a", POLICY, 1, T0)])
-        assert out[0] is True and out[2] is True
-        assert isinstance(out[1], BackendError)
+        out = await getattr(rl, call)([("a", POLICY, 1, T0), ("broken", POLICY, 1, T0), ("a", POLICY, 2, T0)])
+        first, last = Decision(True, 4, 5, 0, 100_000), Decision(True, 2, 5, 0, 300_000)
+        assert [out[0], out[2]] == ([True, True] if call == "allowed_many" else [first, last])
+        assert isinstance(out[1], BackendError) and "WRONGTYPE" in str(out[1])
+
+
+def _evalsha_calls(client: redis_sync.Redis) -> int:
+    return int(client.info("commandstats").get("cmdstat_evalsha", {}).get("calls", 0))
+
+
+@pytest.mark.parametrize("time_source", ["local", "redis"])
+async def test_a_burst_on_one_server_is_a_call_per_run_of_one_policy(redis_url, time_source):
+    """300 requests under one policy: three calls of its script for many keys (MANY_MAX is
+    128), decided in order whichever clock: exactly the burst's 200 admitted, then denials."""
+    client = redis_sync.Redis.from_url(redis_url)
+    slow = Policy(average=1, period=3600.0, burst=200)
+    rl = RedisLimiter.from_url(redis_url, namespace=f"runs-{time_source}", time_source=time_source)
+    try:
+        await rl.load_scripts()
+        before = _evalsha_calls(client)
+        out = await rl.allowed_many([("one", slow, 1, T0 + i) for i in range(300)])
+        assert _evalsha_calls(client) - before == 3
+        assert out == [True] * 200 + [False] * 100
+    finally:
+        await rl.aclose()
+
+
+async def test_a_burst_after_script_flush_loads_its_scripts_again(redis_url):
+    """A script Redis does not know (after a restart, SCRIPT FLUSH) is sent whole once
+    (EVAL), then known again: the burst's answers are those of one check per request."""
+    client = redis_sync.Redis.from_url(redis_url)
+    window = Policy(average=3, period=60.0, algorithm="fixed_window")
+    requests = [(f"f{i % 2}", POLICY if i % 3 else window, 1 + i % 2, T0 + i) for i in range(12)]
+    requests.insert(5, ("f0", POLICY, 0, T0 + 5))  # a peek: its own script
+    one, rl = (
+        RedisLimiter.from_url(redis_url, namespace="flush-one"),
+        RedisLimiter.from_url(redis_url, namespace="flush"),
+    )
+    try:
+        expected = [await one.check(k, p, c, n) for k, p, c, n in requests]
+        client.script_flush()
+        assert await rl.check_many(requests) == expected
+        assert not await rl.scripts_loaded()  # the others (not used here) are still unknown
+        before = _evalsha_calls(client)
+        await rl.check_many([(f"g{i}", POLICY, 1, T0) for i in range(3)])
+        assert _evalsha_calls(client) - before == 1  # known again: EVALSHA, not EVAL
+    finally:
+        await one.aclose()
+        await rl.aclose()
 
 
 async def test_compare_many_feeds_the_breaker_and_never_degrades(redis_url):

@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from limiter import Algorithm, LocalLimiter, Policy, RedisLimiter
-from limiter.algorithms import decide
+from limiter.algorithms import decide, peek
 
 T0 = 1_700_000_000_000_000
 _ids = itertools.count()
@@ -89,3 +89,50 @@ def test_pure_local_and_lua_agree(every_redis_url, data):
         )
         # the stored state round-trips exactly (17 significant digits)
         assert rstate == state, f"step {i}: stored state {rstate!r} != pure {state!r}"
+
+
+def _run_redis_burst(url, policy, seq, keys):
+    """The sequence as one burst (``check_many``) over interleaved keys, then each key's state:
+    on one server, runs of requests in calls of the scripts made for many keys. The scripts
+    are loaded first, as the service does at start and on each readiness check: a script
+    Redis does not know is sent again after the burst, so its requests would run after the
+    ones behind them (after a restart or SCRIPT FLUSH, until the scripts are loaded again)."""
+
+    async def go():
+        rl = RedisLimiter.from_url(url, namespace="diff-many")
+        try:
+            await rl.load_scripts()
+            now, requests = T0, []
+            for i, (step, cost) in enumerate(seq):
+                now += step
+                requests.append((keys[i % len(keys)], policy, cost, now))
+            return await rl.check_many(requests), [await rl.raw_state(k, policy.algorithm) for k in keys]
+        finally:
+            await rl.aclose()
+
+    return asyncio.run(go())
+
+
+@settings(
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow]
+)
+@given(data=st.data())
+def test_a_burst_decides_as_the_pure_function_does_request_by_request(every_redis_url, data):
+    """A burst (the shadow worker's, a batch's) of decisions and peeks (cost 0) over a few
+    keys: each answer and each key's final state are the pure function's, request by request
+    in the burst's order."""
+    policy = data.draw(policies())
+    seq = [(step, 0 if data.draw(st.integers(0, 5)) == 0 else cost) for step, cost in data.draw(sequences(policy))]
+    keys = [f"m{next(_ids)}" for _ in range(data.draw(st.integers(1, 3)))]
+    got, states = _run_redis_burst(every_redis_url, policy, seq, keys)
+    state: dict[str, object] = dict.fromkeys(keys)
+    now = T0
+    for i, ((step, cost), rd) in enumerate(zip(seq, got)):
+        now += step
+        k = keys[i % len(keys)]
+        if cost == 0:
+            pd = peek(state[k], now, policy)
+        else:
+            pd, state[k] = decide(state[k], now, policy, cost)
+        assert pd == rd, f"request {i} (key {k}, cost {cost}): pure={pd} redis={rd} policy={policy}"
+    assert states == [state[k] for k in keys]

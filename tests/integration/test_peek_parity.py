@@ -21,7 +21,7 @@ from limiter import Algorithm, Decision, LocalLimiter, Policy, RedisLimiter
 from limiter.algorithms import PEEKS, decide, peek
 from limiter.resilience import ResilientLimiter
 from limiter.resp import ReplyError, encode_command
-from limiter.scripts import PEEK, SCRIPTS, load_script, policy_args
+from limiter.scripts import PEEK, SCRIPTS, load_script, many, policy_args
 from limiter.scripts import PEEKS as PEEK_SCRIPTS
 
 T0 = 1_700_000_000_000_000
@@ -186,9 +186,14 @@ async def test_peek_works_after_script_flush(any_redis_url):
         await rl.backend.call_all(encode_command("SCRIPT", "FLUSH"))
         out = await rl.check_many([(f"f-{alg}", POLICIES[alg], 0, T0 + 400_000) for alg in ALGS])
         assert out == [peek(states[alg], T0 + 400_000, POLICIES[alg]) for alg in ALGS]
-        # the peek scripts were cached again, under their own shas
+        # the peek scripts were cached again, under their own shas (the burst's: made for many
+        # keys on one server, each request's own on a cluster)
+        one_server = not rl.backend.cluster
         for replies in [
-            await rl.backend.call_all(encode_command("SCRIPT", "EXISTS", PEEK_SCRIPTS[a].sha)) for a in ALGS
+            await rl.backend.call_all(
+                encode_command("SCRIPT", "EXISTS", (many(PEEK_SCRIPTS[a]) if one_server else PEEK_SCRIPTS[a]).sha)
+            )
+            for a in ALGS
         ]:
             assert any(r == [1] for r in replies)
     finally:
@@ -201,8 +206,10 @@ async def test_load_scripts_includes_the_peek_scripts(redis_url):
         await rl.backend.call_all(encode_command("SCRIPT", "FLUSH"))
         assert await rl.scripts_loaded() is False
         shas = await rl.load_scripts()
-        assert set(shas) == {s.sha for s in [*SCRIPTS.values(), PEEK, *PEEK_SCRIPTS.values()]}
-        assert len(shas) == 11
+        singles = [*SCRIPTS.values(), PEEK, *PEEK_SCRIPTS.values()]
+        manys = [many(s) for s in [*SCRIPTS.values(), *PEEK_SCRIPTS.values()]]
+        assert set(shas) == {s.sha for s in singles + manys}
+        assert len(shas) == 21
         assert await rl.scripts_loaded() is True
         await rl.backend.call(None, encode_command("SCRIPT", "FLUSH"))
         await rl.backend.call(None, encode_command("SCRIPT", "LOAD", SCRIPTS[Algorithm.GCRA].source))

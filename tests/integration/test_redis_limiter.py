@@ -23,7 +23,7 @@ import limiter
 from limiter import Algorithm, BucketView, Decision, LocalLimiter, Policy, RedisLimiter
 from limiter.algorithms import token_bucket_tokens
 from limiter.embedded import EmbeddedRedis
-from limiter.scripts import PEEK, PEEKS, SCRIPTS
+from limiter.scripts import PEEK, PEEKS, SCRIPTS, many
 
 T0 = 1_700_000_000_000_000
 SEC = 1_000_000
@@ -46,7 +46,10 @@ TTL_POLICIES = {
     Algorithm.SLIDING_LOG: Policy(average=5, period=2.0, algorithm="sliding_log"),
 }
 
-ALL_SHAS = [s.sha for s in [*SCRIPTS.values(), PEEK, *PEEKS.values()]]
+# each request's scripts, then the same made for many requests in one call (decisions, peeks)
+ALL_SHAS = [s.sha for s in [*SCRIPTS.values(), PEEK, *PEEKS.values()]] + [
+    many(s).sha for s in [*SCRIPTS.values(), *PEEKS.values()]
+]
 
 
 # ---------------------------------------------------------------------------

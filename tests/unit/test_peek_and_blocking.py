@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import socket
 
+import hiredis
 import pytest
 
 from limiter import BackendError, Decision, LocalLimiter, Policy, RedisLimiter
 from limiter.algorithms import peek
 from limiter.resilience import BreakerState, CircuitBreaker, ResilientLimiter
+from limiter.scripts import MANY_MAX, many
 
 T0 = 1_700_000_000_000_000
 SEC = 1_000_000
@@ -27,7 +29,10 @@ TB = Policy(average=10, period=1.0, burst=5)
 
 
 class NoBackend:
-    """A backend that fails the test if anything at all is asked of it."""
+    """A backend that fails the test if anything at all is asked of it (but the kind of
+    server it talks to: one server, where a burst goes as calls for many keys)."""
+
+    cluster = False
 
     def __getattr__(self, name):
         raise AssertionError(f"the backend was used: {name}")
@@ -163,19 +168,25 @@ async def test_resilient_peek_under_the_other_failure_policies(policy_name, allo
         await rl.aclose()
 
 
+def _mixed_burst() -> list[tuple[str, Policy, int, int | None]]:
+    """A peek between two decisions under one policy, equal policies that are distinct
+    objects, another algorithm and its peek, an unlimited and a blocking policy."""
+    window = Policy(average=5, period=60.0, algorithm="fixed_window")
+    same_as_tb = Policy(average=10, period=1.0, burst=5)
+    return [
+        ("a", TB, 1, NOW), ("b", TB, 0, NOW), ("c", TB, 2, None), ("d", same_as_tb, 1, NOW),
+        ("e", window, 3, NOW), ("f", Policy.unlimited_policy(), 1, NOW), ("g", window, 0, NOW),
+        ("h", BLOCKING, 1, NOW), ("i", TB, 1, NOW),
+    ]  # fmt: skip
+
+
 @pytest.mark.parametrize("time_source", ["local", "redis"])
 def test_a_burst_encodes_each_request_as_it_would_be_encoded_alone(time_source):
     """A burst looks a policy's script pieces up once per run of it: the bytes must still be
     each request's own (a peek between two decisions under one policy, equal policies that are
     distinct objects, an unlimited and a blocking one answered without Redis)."""
     rl = RedisLimiter(NoBackend(), time_source=time_source, clock=lambda: NOW)  # type: ignore[arg-type]
-    window = Policy(average=5, period=60.0, algorithm="fixed_window")
-    same_as_tb = Policy(average=10, period=1.0, burst=5)
-    burst = [
-        ("a", TB, 1, NOW), ("b", TB, 0, NOW), ("c", TB, 2, None), ("d", same_as_tb, 1, NOW),
-        ("e", window, 3, NOW), ("f", Policy.unlimited_policy(), 1, NOW), ("g", window, 0, NOW),
-        ("h", BLOCKING, 1, NOW), ("i", TB, 1, NOW),
-    ]  # fmt: skip
+    burst = _mixed_burst()
     out: list[object] = [None] * len(burst)
     keys, payloads, _ = rl._payloads(burst, True, out, set())
     alone = []
@@ -185,3 +196,44 @@ def test_a_burst_encodes_each_request_as_it_would_be_encoded_alone(time_source):
     assert list(zip(keys, payloads)) == alone and len(alone) == 7
     sha = [p.split(b"\r\n")[4] for p in payloads]
     assert sha[0] != sha[1] and sha[0] == sha[2] == sha[3] != sha[4]  # the peek's own script; the window's
+
+
+def _command(payload: bytes) -> list[bytes]:
+    reader = hiredis.Reader()
+    reader.feed(payload)
+    return reader.gets()  # type: ignore[no-any-return]
+
+
+@pytest.mark.parametrize("time_source", ["local", "redis"])
+def test_a_burst_on_one_server_asks_for_each_request_what_its_own_call_would(time_source):
+    """On one server a burst goes as calls for many keys, one per run of requests under one
+    script and policy: each request's key, policy arguments, time and cost must be those of
+    its own call, in the burst's order, under that call's script made for many (a peek's
+    between two decisions, a new run past MANY_MAX requests)."""
+    rl = RedisLimiter(NoBackend(), time_source=time_source, clock=lambda: NOW)  # type: ignore[arg-type]
+    burst = _mixed_burst()
+    burst += [(f"m{i}", TB, 1, NOW + i) for i in range(MANY_MAX + 1)]
+    out: list[object] = [None] * len(burst)
+    runs = rl._encode_runs(burst, True, out, {4})
+    asked = []
+    for run in runs:
+        cmd = _command(b"*%d\r\n%b%b" % (7 + 3 * len(run.at), run.prep.many_head, run.body()))
+        n = int(cmd[2])
+        assert cmd[0] == b"EVALSHA" and n == len(run.at) and len(cmd) == 7 + 3 * n
+        assert cmd[3 + n] == (b"1" if 4 in run.at else b"0")  # in full where one is asked for
+        for j, pos in enumerate(run.at):
+            asked.append((pos, cmd[1], cmd[3 + j], *cmd[4 + n : 7 + n], *cmd[7 + n + 2 * j : 9 + n + 2 * j]))
+    alone = []
+    for pos, req in enumerate(burst):
+        one: list[object] = [None]
+        _, payloads, _ = rl._payloads([req], True, one, set())
+        if payloads:
+            cmd = _command(payloads[0])  # EVALSHA sha 1 key a1 a2 a3 now cost
+            script = next(
+                s for s in (rl._prepare(req[1]).script, rl._prepare_peek(req[1]).script) if s.sha.encode() == cmd[1]
+            )
+            alone.append((pos, many(script).sha.encode(), cmd[3], *cmd[4:9]))
+        else:
+            assert one[0] == out[pos]  # answered without Redis, alike
+    assert asked == alone and len(alone) == len(burst) - 2
+    assert [len(r.at) for r in runs] == [1, 1, 2, 1, 1, MANY_MAX, 2]  # "i" starts the last long run
