@@ -381,7 +381,8 @@ def render(data: dict[str, Any]) -> list[str]:
         f"decoding the reply into the same `Decision` (`bench.clients.RedisPyLimiter`). decisions/s: median of "
         f"{data['reps']} repetitions, interleaved pairwise (own, redis-py, then redis-py, own, ...). "
         "`own / redis-py` = ratio of the medians. CPU columns as in section 2. "
-        "The batch rows are one task sending 100 requests at a time: `check_many` vs 100 EVALSHA in one "
+        "The batch rows are one task sending 100 requests at a time: `check_many` (one call of the script "
+        "made for many keys, `lua/many.lua`, the same script run per key) vs 100 EVALSHA in one "
         "redis-py `pipeline(transaction=False)`.",
         "",
         *_table(data),

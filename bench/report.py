@@ -317,7 +317,9 @@ def _dist_section(results: dict[str, Any], concurrency: int) -> list[str]:
         out.append("")
     out += [
         "The `check_many` row is one task sending batches of 100 requests,"
-        " so its ratios are against the sequential baseline.",
+        " so its ratios are against the sequential baseline. On one Redis server a batch's requests under"
+        " one policy are one call of the script made for many keys (`lua/many.lua`: EVALSHA 0.01 per"
+        " decision), each request decided by the same script as its own call would be.",
         "",
     ]
     return out
