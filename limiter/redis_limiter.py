@@ -379,21 +379,19 @@ class RedisLimiter:
         runs = self._encode_runs(requests, verdicts, out, full)
         if not runs:
             return
-        bodies = [r.body() for r in runs]
-        payloads = [b"*%d\r\n%b%b" % (7 + 3 * len(r.at), r.prep.many_head, b) for r, b in zip(runs, bodies)]
-        for run, body, reply in zip(runs, bodies, await self._send([r.first for r in runs], payloads, timeout_s)):
+        payloads = [r.command(r.prep.many_head) for r in runs]
+        for run, reply in zip(runs, await self._send([r.first for r in runs], payloads, timeout_s)):
             if isinstance(reply, ReplyError) and str(reply).startswith("NOSCRIPT"):
-                n = 7 + 3 * len(run.at)
                 try:
-                    reply = await self.backend.call(run.first, b"*%d\r\n%b%b" % (n, run.prep.many_eval_head, body))
+                    reply = await self.backend.call(run.first, run.command(run.prep.many_eval_head))
                 except BackendError as exc:
                     reply = exc
             run.answer(reply, out, self._rejected, verdicts, full)
 
     def _rejected(self, prep: Prepared, reply: Any) -> BackendError:
         """What a request gets for a reply that is no decision (its script's error, or a
-        call Redis refused): a master turned replica is unavailable (and found again), the
-        rest a reply error."""
+        call Redis refused): a master turned replica (a failover) is unavailable, and the
+        backend finds the new one (the failure policy decides); the rest a reply error."""
         if isinstance(reply, ReplyError):
             msg = str(reply)
             if msg.startswith(("READONLY", "MASTERDOWN")):
@@ -414,18 +412,11 @@ class RedisLimiter:
                 reply = await self.backend.call(rkey, prep.eval_head + rest)
             elif msg.startswith(("MOVED ", "ASK ", "TRYAGAIN", "CLUSTERDOWN")):
                 reply = await self.backend.call(rkey, prep.head + rest)
-            elif msg.startswith(("READONLY", "MASTERDOWN")):
-                # a master that became a replica (failover): find the new one; this
-                # decision is the failure policy's
-                self.backend.lost_master()
-                raise BackendUnavailable(f"Redis is not a writable master now: {msg}")
             else:
                 break
         if type(reply) is list:
             return reply
-        if isinstance(reply, ReplyError):
-            raise BackendReplyError(f"Redis rejected the {prep.script.name} script: {reply}")
-        raise BackendReplyError(f"unexpected reply from the {prep.script.name} script: {reply!r}")
+        raise self._rejected(prep, reply)
 
     # -- reads and admin ------------------------------------------------------------
 

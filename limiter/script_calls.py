@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Collection
+from functools import cache
 from typing import Any
 
 from .errors import BackendError, DeadlineExceeded
@@ -52,20 +53,33 @@ async def within(aw: Any, timeout_s: float) -> Any:
 
 class Prepared:
     """Pre-encoded RESP pieces of one (script, policy) pair: one request's call, and the
-    command name and script of a call for many (:func:`~limiter.scripts.many`)."""
+    command name of a call for many (:func:`~limiter.scripts.many`). The whole sources sent
+    on ``NOSCRIPT`` are the script's, not the policy's: built once per script, when needed."""
 
-    __slots__ = ("script", "head", "eval_head", "mid", "many_head", "many_eval_head")
+    __slots__ = ("script", "head", "mid", "many_head")
 
     def __init__(self, script: Script, policy: Policy) -> None:
         a1, a2, a3 = policy_args(policy)
         self.script = script
         self.head = b"*9\r\n$7\r\nEVALSHA\r\n$40\r\n%s\r\n$1\r\n1\r\n" % script.sha.encode()
-        src = script.source_bytes
-        self.eval_head = b"*9\r\n$4\r\nEVAL\r\n" + bulk(src) + b"$1\r\n1\r\n"
         self.mid = bulk(a1) + bulk(a2) + bulk(a3)
-        m = many(script)
-        self.many_head = b"$7\r\nEVALSHA\r\n$40\r\n%s\r\n" % m.sha.encode()
-        self.many_eval_head = b"$4\r\nEVAL\r\n" + bulk(m.source_bytes)
+        self.many_head = b"$7\r\nEVALSHA\r\n$40\r\n%s\r\n" % many(script).sha.encode()
+
+    @property
+    def eval_head(self) -> bytes:
+        """:attr:`head` with the script's whole source (``EVAL``), for ``NOSCRIPT``."""
+        return b"*9\r\n" + _eval(self.script) + b"$1\r\n1\r\n"
+
+    @property
+    def many_eval_head(self) -> bytes:
+        """:attr:`many_head` with the whole source of the script for many, for ``NOSCRIPT``."""
+        return _eval(many(self.script))
+
+
+@cache
+def _eval(script: Script) -> bytes:
+    """``EVAL`` and the script's whole source, as RESP bulk strings."""
+    return b"$4\r\nEVAL\r\n" + bulk(script.source_bytes)
 
 
 class Run:
@@ -83,12 +97,15 @@ class Run:
         self.keys: list[bytes] = []
         self.args: list[bytes] = []
 
-    def body(self) -> bytes:
-        """Everything after the command name and script: numkeys, KEYS, ARGV."""
+    def command(self, head: bytes) -> bytes:
+        """The call: ``head`` (the command name and script: :attr:`Prepared.many_head`, or
+        :attr:`Prepared.many_eval_head`), numkeys, KEYS, ARGV."""
         n = len(self.at)
         nb = b"%d" % n
         return b"".join(
             (
+                b"*%d\r\n" % (7 + 3 * n),
+                head,
                 b"$%d\r\n%b\r\n" % (len(nb), nb),
                 *self.keys,
                 b"$1\r\n1\r\n" if self.full else b"$1\r\n0\r\n",
