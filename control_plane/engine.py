@@ -149,6 +149,7 @@ class Engine:
         final = [
             self.live_rules.settle(),
             self.external.aclose(),
+            self.decider.settle(),
             self.shadow.drain(),
             self.divergence.flush(),
             self.blocked.flush(self.client),

@@ -1,5 +1,6 @@
-"""The one decision path: :meth:`Decider.decide_many` decides a batch, :meth:`Decider.decide`
-is that path with one item.
+"""The one decision path: :meth:`Decider.decide_many` decides a batch; :meth:`Decider.decide`
+decides one request, gathered with the others asked in the same pass of the event loop into
+one batch (:mod:`.gather`).
 
 Every request goes through the same steps, with one timestamp from the injected clock:
 
@@ -39,6 +40,7 @@ from ..observe.metrics import Metrics
 from .batch import Batch, Pending
 from .compare import Comparisons
 from .enforce import Path, divergence_of, failure_verdict, path_for
+from .gather import MAX_GATHERED, Gathering
 from .headers import HeaderStyle
 from .plan import RoutePlan, check_cost
 from .shadow import ShadowItem, ShadowPipeline, candidate_item
@@ -106,16 +108,29 @@ class Decider:
         self._record = recorder.offer if recorder is not None and recorder.enabled else None
         self._plans: dict[str, RoutePlan] = {}
         self._latency: dict[str, Any] = {}  # mode -> its child of the latency histogram
+        self._gathering: list[Gathering | None] = [None, None]  # the one forming, per headers flag
+        self._tasks: set[asyncio.Task[Any]] = set()  # gatherings waiting for Redis (referenced while they run)
         self._seq = 0
 
     # -- the API -------------------------------------------------------------------------
 
     async def decide(self, inp: InputLike | PlainInput, *, headers: bool = True) -> DecideResult:
         """Decide one request (a :class:`DecideInput`, an object like it, or a
-        :data:`PlainInput` tuple): :meth:`decide_many` with one item (its error is raised),
-        its latency observed in its mode's child of the histogram (looked up once per mode)."""
+        :data:`PlainInput` tuple): gathered with the other single decisions asked in this
+        pass of the event loop and decided with them as one batch (:mod:`.gather`), in the
+        order asked; its error is raised; its latency observed in its mode's child of the
+        histogram (looked up once per mode)."""
         t0 = time.perf_counter()
-        res = (await self._run((inp,), headers))[0]
+        g = self._gathering[headers]
+        if g is None:  # the first of this pass: the gathering is decided by a task of its own
+            g = self._gathering[headers] = Gathering(headers)
+            task = asyncio.get_running_loop().create_task(self._decide_gathered(g))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+        waiter = g.join(inp)
+        if len(g.inputs) >= MAX_GATHERED:
+            self._gathering[headers] = None  # full: the next caller opens another
+        res = await waiter
         if isinstance(res, BaseException):
             raise res
         latency = self._latency.get(res.mode)
@@ -218,6 +233,27 @@ class Decider:
         elif b.pend:
             await self._distributed(b)
         return b.out
+
+    # -- single decisions, gathered (see .gather) ----------------------------------------
+
+    async def _decide_gathered(self, g: Gathering) -> None:
+        """The single decisions asked in the pass of the loop before this task's first step,
+        decided as one batch; each caller gets its answer."""
+        if self._gathering[g.headers] is g:
+            self._gathering[g.headers] = None  # who asks from now on opens another
+        try:
+            out = await self._run(g.inputs, g.headers)
+        except BaseException as exc:  # the batch itself failed (items' errors are in place)
+            g.fail(exc)
+            if not isinstance(exc, Exception):
+                raise  # cancelled: the task ends cancelled too
+            return
+        g.answer(out)
+
+    async def settle(self) -> None:
+        """Wait for the gatherings still being decided (their requests waiting for Redis)."""
+        if self._tasks:
+            await asyncio.wait(set(self._tasks))
 
     async def _shadow_inline(self, b: Batch) -> None:
         """The shadow evaluations of this call, now: the pipeline's own evaluation (same

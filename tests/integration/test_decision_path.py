@@ -1,9 +1,11 @@
 """One decision path: a batch gives exactly what deciding its items one by one gives.
 
-``Decider.decide`` is ``decide_many`` with one item, so these tests run the same items
-through one engine as one batch (answers as objects), through a second as one batch
-(answers as dicts) and through a third one item at a time, each engine with the same
-injected clock, and compare everything observable: the answers (and their JSON), the
+``Decider.decide`` decides one request (gathered with the others asked in the same pass of
+the event loop into one batch), so these tests run the same items through one engine as one
+batch (answers as objects), through a second as one batch (answers as dicts), through a
+third one item at a time and through a fourth all at once, each item its own ``decide``
+call (one gathering), each engine with the same injected clock, and compare everything
+observable: the answers (and their JSON), the
 metrics, the shadow queue, request ids, both limiters' state, the divergence deltas,
 the would-be-blocked keys and the activity views. The items mix every kind of route
 (lists, overrides, per-key and route adjustments, windowed algorithms, unlimited local
@@ -12,6 +14,7 @@ limits), every mode, bad items, odd costs, a full shadow queue and failed Redis 
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import itertools
 import json
@@ -225,8 +228,9 @@ def _fresh(inputs: list[DecideInput]) -> list[DecideInput]:
 
 
 async def run_all(engines: list[Engine], clock: Clock, inputs: list[DecideInput]) -> list[list[Any]]:
-    """The items one by one through ``decide`` (engines[0]), as one batch (engines[1]) and as
-    one batch that asks for no headers (engines[2]), same clock."""
+    """The items one by one through ``decide`` (engines[0]), as one batch (engines[1]), as
+    one batch that asks for no headers (engines[2]) and each through its own ``decide`` call,
+    all asked at once (engines[3]: gathered), same clock."""
     outs = []
     for n, e in enumerate(engines):
         clock.reset()
@@ -239,6 +243,9 @@ async def run_all(engines: list[Engine], clock: Clock, inputs: list[DecideInput]
                 except Exception as exc:  # noqa: BLE001 - compared with the batch's item in place
                     one.append(exc)
             outs.append(one)
+            continue
+        if n == 3:
+            outs.append(list(await asyncio.gather(*(e.decide(inp) for inp in fresh), return_exceptions=True)))
             continue
         # the batch also gets every other plain item as a PlainInput tuple
         given: list[Any] = [
@@ -254,21 +261,21 @@ async def run_all(engines: list[Engine], clock: Clock, inputs: list[DecideInput]
 
 
 def check_same(engines: list[Engine], outs: list[list[Any]], inputs: list[DecideInput]) -> None:
-    one, objs, dicts = outs
-    assert len(one) == len(objs) == len(dicts)
-    for i, (a, b, c) in enumerate(zip(one, objs, dicts)):
+    one, objs, dicts, gathered = outs
+    assert len(one) == len(objs) == len(dicts) == len(gathered)
+    for i, (a, b, c, d) in enumerate(zip(one, objs, dicts, gathered)):
         if isinstance(a, Exception):
-            assert norm_exc(a) == norm_exc(b) == norm_exc(c), i
+            assert norm_exc(a) == norm_exc(b) == norm_exc(c) == norm_exc(d), i
             continue
-        assert a == b, i
+        assert a == b == d, i
         assert c.headers == {} and dataclasses.replace(a, headers={}) == c, i  # the same answer, no headers
         assert orjson.dumps(a.to_dict()) == orjson.dumps(b.to_dict())
     keys = sorted({i.key for i in inputs if isinstance(i.key, str)})
     states = [engine_state(e, keys) for e in engines]
     for k in states[0]:
-        assert states[0][k] == states[1][k] == states[2][k], k
+        assert states[0][k] == states[1][k] == states[2][k] == states[3][k], k
     # the two batch engines agree on every sample (the latency's count included)
-    batch_metrics = [metrics_state(e.metrics, all_samples=True) for e in engines[1:]]
+    batch_metrics = [metrics_state(e.metrics, all_samples=True) for e in engines[1:3]]
     timed = ("_sum", "_bucket")  # wall time: how long each took differs
     assert [[x for x in b if not x[0].endswith(timed)] for b in batch_metrics][0] == [
         [x for x in b if not x[0].endswith(timed)] for b in batch_metrics
@@ -348,7 +355,7 @@ MODES = [
 
 @pytest.mark.parametrize("modes", MODES, ids=["off", "shadow", "canary", "enforce", "mixed"])
 async def test_a_batch_is_its_items_one_by_one(redis_url, clock, modes):
-    engines = [await make_engine(redis_url, clock) for _ in range(3)]
+    engines = [await make_engine(redis_url, clock) for _ in range(4)]
     try:
         set_modes(engines, modes)
         for seed in range(4):
@@ -361,7 +368,7 @@ async def test_a_batch_is_its_items_one_by_one(redis_url, clock, modes):
 
 
 async def test_a_full_shadow_queue_drops_the_same_evaluations(redis_url, clock):
-    engines = [await make_engine(redis_url, clock, queue=9) for _ in range(3)]
+    engines = [await make_engine(redis_url, clock, queue=9) for _ in range(4)]
     try:
         set_modes(engines, {n: (Mode.SHADOW, 0) for n in ROUTES})
         items = [DecideInput(route="plain", key=f"q{i % 4}") for i in range(6)]
@@ -377,7 +384,7 @@ async def test_a_full_shadow_queue_drops_the_same_evaluations(redis_url, clock):
 
 
 async def test_failed_redis_answers_go_through_the_failure_policy_alike(redis_url, clock):
-    engines = [await make_engine(redis_url, clock) for _ in range(3)]
+    engines = [await make_engine(redis_url, clock) for _ in range(4)]
     try:
         set_modes(engines, {n: (Mode.ENFORCE, 0) for n in ROUTES})
         for e in engines:
@@ -413,7 +420,7 @@ async def test_failed_redis_answers_go_through_the_failure_policy_alike(redis_ur
 
 
 async def test_plans_follow_mode_and_adjustment_changes(redis_url, clock):
-    engines = [await make_engine(redis_url, clock) for _ in range(3)]
+    engines = [await make_engine(redis_url, clock) for _ in range(4)]
     try:
         for modes in MODES:
             set_modes(engines, modes)
@@ -446,5 +453,101 @@ async def test_decide_is_the_batch_path_with_one_item(redis_url, clock):
             await e.decide(DecideInput(route="plain", key="x", cost=99))
         m = e.metrics.registry
         assert m.get_sample_value("rate_limit_decision_duration_seconds_count", {"mode": "enforce"}) == 1
+    finally:
+        await close(e)
+
+
+def _batch_sizes(e: Engine) -> list[int]:
+    """The size of every batch the engine's decider runs from now on."""
+    sizes: list[int] = []
+    run = e.decider._run
+
+    async def counted(inputs, *args, **kwargs):
+        sizes.append(len(inputs))
+        return await run(inputs, *args, **kwargs)
+
+    e.decider._run = counted  # type: ignore[method-assign]
+    return sizes
+
+
+def _evalsha_calls(redis_url: str) -> int:
+    import redis as redis_sync
+
+    stats = redis_sync.Redis.from_url(redis_url).info("commandstats")
+    return int(stats.get("cmdstat_evalsha", {}).get("calls", 0))
+
+
+async def test_single_decisions_asked_together_are_one_batch_and_one_redis_call(redis_url, clock):
+    """Ten callers in one pass of the loop: one batch, one call to Redis, each caller its own
+    answer, in the order asked; a caller asking later opens another gathering."""
+    e = await make_engine(redis_url, clock)
+    try:
+        set_modes([e], {"plain": (Mode.ENFORCE, 0)})
+        sizes = _batch_sizes(e)
+        before = _evalsha_calls(redis_url)
+        got = await asyncio.gather(*(e.decide(DecideInput(route="plain", key="g")) for _ in range(10)))
+        assert sizes == [10]
+        assert _evalsha_calls(redis_url) - before == 1  # the script made for many keys, once
+        # the route allows 5 a second: the first five asked are allowed, in order
+        assert [r.allowed for r in got] == [True] * 5 + [False] * 5
+        assert [r.distributed.remaining for r in got[:5]] == [4, 3, 2, 1, 0]
+        assert [int(r.request_id.rsplit("-", 1)[1]) for r in got] == list(range(1, 11))
+        await e.decide(DecideInput(route="plain", key="h"))
+        assert sizes == [10, 1]
+    finally:
+        await close(e)
+
+
+async def test_a_gathering_holds_at_most_its_bound_and_one_per_headers_flag(redis_url, clock):
+    from control_plane.decision.gather import MAX_GATHERED
+
+    e = await make_engine(redis_url, clock)
+    try:
+        set_modes([e], {"free": (Mode.OFF, 0)})
+        sizes = _batch_sizes(e)
+        n = MAX_GATHERED + 44
+        got = await asyncio.gather(*(e.decide(DecideInput(route="free", key=f"m{i}")) for i in range(n)))
+        assert sizes == [MAX_GATHERED, 44] and all(r.allowed for r in got)
+        sizes.clear()
+        plain, bare = await asyncio.gather(
+            e.decider.decide(DecideInput(route="plain", key="p")),
+            e.decider.decide(DecideInput(route="plain", key="p"), headers=False),
+        )
+        assert sorted(sizes) == [1, 1]  # one batch renders headers, the other does not
+        assert plain.headers and bare.headers == {}
+        assert plain.local.remaining == 4 and bare.local.remaining == 3  # asked in this order, decided in it
+    finally:
+        await close(e)
+
+
+async def test_a_caller_cancelled_while_it_waits_leaves_the_others_decided(redis_url, clock):
+    e = await make_engine(redis_url, clock)
+    try:
+        set_modes([e], {"plain": (Mode.ENFORCE, 0)})
+        tasks = [asyncio.create_task(e.decide(DecideInput(route="plain", key="c"))) for _ in range(5)]
+        await asyncio.sleep(0)  # every caller has asked; the gathering's own task has not run yet
+        tasks[2].cancel()
+        done = await asyncio.gather(*tasks, return_exceptions=True)
+        assert isinstance(done[2], asyncio.CancelledError)
+        others = [r for i, r in enumerate(done) if i != 2]
+        # the cancelled caller's request was decided all the same (it had been asked): it counted
+        assert [r.distributed.remaining for r in others] == [4, 3, 1, 0]
+    finally:
+        await close(e)
+
+
+async def test_a_failed_batch_fails_each_caller_with_its_error(redis_url, clock):
+    e = await make_engine(redis_url, clock)
+    try:
+
+        async def broken(*_args, **_kwargs):
+            raise RuntimeError("the batch broke")
+
+        e.decider._run = broken  # type: ignore[method-assign]
+        got = await asyncio.gather(
+            *(e.decide(DecideInput(route="plain", key="f")) for _ in range(3)), return_exceptions=True
+        )
+        assert [str(x) for x in got] == ["the batch broke"] * 3
+        assert not e.decider._tasks  # the gathering's task ended (its error went to the callers, not the loop)
     finally:
         await close(e)
