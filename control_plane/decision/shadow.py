@@ -203,30 +203,39 @@ class ShadowPipeline:
         """A batch with candidate or reference evaluations: the global answers not known yet,
         the candidates' and the references' in one burst; then each pair compared and
         counted, each candidate against its current answer, each divergence by its cause."""
-        requests: list[Any] = []
-        main: dict[int, int] = {}  # batch index -> its request's index, for each of the three
+        # one pass, three groups sent one after another (each in order: its runs under one
+        # policy stay whole): the global answers not known yet, the candidates', the references'
+        mains: list[Any] = []
+        cand_reqs: list[Any] = []
+        ref_reqs: list[Any] = []
+        main: dict[int, int] = {}  # batch index -> its request's index in its group
         cands: dict[int, int] = {}
         refs: dict[int, int] = {}
         explainer = self.explainer
+        last_policy = last_ref = None
+        need = False
         for i, item in enumerate(batch):
-            if item.known is None and item.request[0] is not None:
-                main[i] = len(requests)
-                requests.append(item.request)
-        for i, item in enumerate(batch):
+            request = item.request
+            lkey, policy, cost, now_us = request
+            if item.known is None and lkey is not None:
+                main[i] = len(mains)
+                mains.append(request)
             c = item.candidate
             if c is not None and c.policy is not None:
-                _, _, cost, now_us = item.request
-                cands[i] = len(requests)
-                requests.append((c.key, c.policy, cost, now_us))
-        if explainer is not None:  # the reference, where its answer can change a cause
-            for i, item in enumerate(batch):
-                lkey, policy, cost, now_us = item.request
-                ref = item.ref
-                if ref is not None and lkey is not None and policy is not None and needs_reference(policy, ref):
-                    refs[i] = len(requests)
-                    requests.append((REFERENCE_PREFIX + lkey, ref, cost, now_us))
+                cands[i] = len(cand_reqs)
+                cand_reqs.append((c.key, c.policy, cost, now_us))
+            ref = item.ref
+            # the reference, where its answer can change a cause (one question per pair of policies)
+            if ref is not None and explainer is not None and lkey is not None and policy is not None:
+                if policy is not last_policy or ref is not last_ref:
+                    last_policy, last_ref, need = policy, ref, needs_reference(policy, ref)
+                if need:
+                    refs[i] = len(ref_reqs)
+                    ref_reqs.append((REFERENCE_PREFIX + lkey, ref, cost, now_us))
         full = explainer.first_requests(batch, main) if explainer is not None else None
+        requests = mains + cand_reqs + ref_reqs
         results = await self._ask(requests, timeout_s, full) if requests else []
+        n_main, n_cand = len(mains), len(cand_reqs)
         verdicts: list[bool | None] = [None] * len(batch)
         for i, j in main.items():
             r = results[j]
@@ -236,9 +245,9 @@ class ShadowPipeline:
                 r = r.allowed
             verdicts[i] = r
         self._count([batch[i] for i in main], [verdicts[i] for i in main])
-        self._count_candidates(batch, verdicts, {i: results[j] for i, j in cands.items()})
+        self._count_candidates(batch, verdicts, {i: results[n_main + j] for i, j in cands.items()})
         if explainer is not None:
-            self._count_causes(batch, verdicts, {i: results[j] for i, j in refs.items()})
+            self._count_causes(batch, verdicts, {i: results[n_main + n_cand + j] for i, j in refs.items()})
         return verdicts
 
     def _count_causes(self, batch: list[ShadowItem], verdicts: list[bool | None], refs: dict[int, Any]) -> None:
