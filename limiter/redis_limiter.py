@@ -161,12 +161,13 @@ class RedisLimiter:
 
     def _rest(self, rkey: bytes, prep: Prepared, now_us: int | None, cost: int) -> bytes:
         """Everything after the script reference: KEYS[1], ARGV[1..5], in one format."""
-        if self.time_source == "redis":
-            nb = b"r"
-        else:
-            nb = b"%d" % (self._clock() if now_us is None else now_us)
+        return b"$%d\r\n%b\r\n%b%b" % (len(rkey), rkey, prep.mid, self._time_cost(now_us, cost))
+
+    def _time_cost(self, now_us: int | None, cost: int) -> bytes:
+        """A request's own arguments, its time (``r``: Redis's clock) and cost, as RESP bulk strings."""
+        nb = b"r" if self.time_source == "redis" else b"%d" % (self._clock() if now_us is None else now_us)
         cb = b"%d" % cost
-        return b"$%d\r\n%b\r\n%b$%d\r\n%b\r\n$%d\r\n%b\r\n" % (len(rkey), rkey, prep.mid, len(nb), nb, len(cb), cb)
+        return b"$%d\r\n%b\r\n$%d\r\n%b\r\n" % (len(nb), nb, len(cb), cb)
 
     async def check(
         self, key: str, policy: Policy, cost: int = 1, now_us: int | None = None, *, timeout_s: float | None = None
@@ -340,7 +341,7 @@ class RedisLimiter:
         """The runs of consecutive requests under one script and policy (at most
         :data:`~limiter.scripts.MANY_MAX` each) that Redis must decide (:meth:`_asked`)."""
         runs: list[Run] = []
-        redis_time = self.time_source == "redis"
+        time_cost = self._time_cost
         run = cast("Run", None)
         for i, rkey, prep, cost, now_us in self._asked(requests, verdicts, out, full):
             if run is None or run.prep is not prep or len(run.at) == MANY_MAX:
@@ -348,11 +349,9 @@ class RedisLimiter:
                 runs.append(run)
             if full and i in full:
                 run.full = True
-            nb = b"r" if redis_time else b"%d" % (self._clock() if now_us is None else now_us)
-            cb = b"%d" % cost
             run.at.append(i)
             run.keys.append(b"$%d\r\n%b\r\n" % (len(rkey), rkey))
-            run.args.append(b"$%d\r\n%b\r\n$%d\r\n%b\r\n" % (len(nb), nb, len(cb), cb))
+            run.args.append(time_cost(now_us, cost))
         return runs
 
     async def _one_by_one(self, keys: list[bytes], payloads: list[bytes], idx: list[int]) -> list[Any]:

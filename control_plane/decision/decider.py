@@ -109,7 +109,7 @@ class Decider:
         self._plans: dict[str, RoutePlan] = {}
         self._latency: dict[str, Any] = {}  # mode -> its child of the latency histogram
         self._gathering: list[Gathering | None] = [None, None]  # the one forming, per headers flag
-        self._tasks: set[asyncio.Task[Any]] = set()  # gatherings waiting for Redis (referenced while they run)
+        self._tasks: set[asyncio.Task[Any]] = set()  # the gatherings' tasks (referenced while they run)
         self._seq = 0
 
     # -- the API -------------------------------------------------------------------------

@@ -8,14 +8,14 @@ plan lookups) and, in enforce, a Redis call of its own; made together, they pay 
 pass, and the distributed answers of the whole pass go to Redis as one burst (one call of
 the script made for many keys on one server).
 
-The first caller of a pass opens a :class:`Gathering` and yields to the loop once; the
-callers that run meanwhile join it (up to :data:`MAX_GATHERED`) and wait. Then the gathering
-is decided as a batch, in the order the callers asked: each answer is what that caller
-alone would have got at that moment, exactly as with a batch request.
+The first caller of a pass opens a :class:`Gathering` and starts the decider's task for it;
+the callers that run before that task's first step join it (up to :data:`MAX_GATHERED`) and
+wait. The task decides the gathering as a batch, in the order the callers asked: each answer
+is what that caller alone would have got at that moment, exactly as with a batch request.
 
-The batch is the decider's, not a caller's: a caller cancelled while it waits (its client
-went away) leaves the others' decisions alone, and the part of a batch that waits for
-Redis runs as a task of its own.
+The batch is the decider's task, not a caller's: a caller cancelled while it waits (its client
+went away) leaves the others' decisions alone (its own request is decided and counted all
+the same).
 """
 
 from __future__ import annotations
