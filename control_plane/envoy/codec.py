@@ -68,6 +68,12 @@ class KeptDecoder:
     def max_allowed_table_size(self, value: int) -> None:
         self.hpack.max_allowed_table_size = value
 
+    def kept(self, data: bytes) -> list[Any] | None:
+        """The block's fields when it is kept and the table has not changed since (decoding
+        it again would change nothing), else None."""
+        kept = self.blocks.get(data)
+        return kept[1] if kept is not None and kept[0] == self.table_version else None
+
     def decode(self, data: bytes, raw: bool = False) -> list[Any]:
         """The block's fields as (name, value) bytes (``raw`` is always true here)."""
         data = bytes(data)

@@ -14,7 +14,13 @@
 * a unary answer that the windows take whole (nearly every answer behind Envoy) is written
   beside h2, its state moved as h2 would move it (:meth:`Output.answer_whole`, held to h2's
   own bytes and state by tests/unit/test_grpc_answer_whole.py): h2's three sends cost
-  about as much CPU as the rest of the call.
+  about as much CPU as the rest of the call;
+* a unary call read beside h2 (:mod:`.unary`) is *unread* by h2 until something needs h2's
+  stream: :meth:`Output.took_unary` moves the connection's state as h2's reading would
+  (the highest stream id, the connection's window), and :meth:`Output.tell_h2` makes the
+  stream h2 would have made, in the state h2 would have left it, before any h2 call on that
+  stream and before h2 reads anything more of the connection. A call answered whole never
+  needs it: its stream goes from unread to closed.
 """
 
 from __future__ import annotations
@@ -29,9 +35,10 @@ import h2.exceptions
 from h2.connection import ConnectionState
 from h2.errors import ErrorCodes
 from h2.settings import SettingCodes, Settings
-from h2.stream import StreamClosedBy, StreamState
+from h2.stream import H2Stream, StreamClosedBy, StreamState
 
 from .codec import KeptDecoder, StaticEncoder, encode_static
+from .unary import UnaryCall
 from .wire import RESPONSE_HEADERS, Call, Limits, MessageReader, Method, frame_message, status_trailers
 
 __all__ = ["Output", "Stream"]
@@ -99,6 +106,7 @@ class Output:
         self.closing = False
         self.finished_calls = 0
         self.last_drain = self.loop.time()
+        self.unread: dict[int, UnaryCall] = {}  # calls read beside h2 whose stream h2 has not made
 
     def start_h2(self) -> None:
         """The HTTP/2 state of an admitted connection, our SETTINGS and the connection's
@@ -127,6 +135,7 @@ class Output:
         """One response message (the response headers first, when it is the first)."""
         if stream.done or self.closing:
             return
+        self.tell_h2(stream.sid)
         try:
             if not stream.started:
                 stream.started = True
@@ -167,17 +176,24 @@ class Output:
         the connection is ending, or the windows or the frame size do not take the message."""
         conn = self.h2
         sid = stream.sid
-        h2s = conn.streams.get(sid)
-        if h2s is None or conn.state_machine.state is not ConnectionState.SERVER_OPEN:
+        if conn.state_machine.state is not ConnectionState.SERVER_OPEN:
             return False
-        machine = h2s.state_machine
-        if machine.state is not StreamState.HALF_CLOSED_REMOTE or machine.headers_sent:
-            return False
+        unread = sid in self.unread
+        if unread:  # half-closed by the peer, nothing sent: its window is still the initial one
+            window = conn.remote_settings.initial_window_size
+        else:
+            h2s = conn.streams.get(sid)
+            if h2s is None:
+                return False
+            machine = h2s.state_machine
+            if machine.state is not StreamState.HALF_CLOSED_REMOTE or machine.headers_sent:
+                return False
+            window = h2s.outbound_flow_control_window
         data = frame_message(message)
         size = len(data)
         tail = conn.encoder.encode(trailers)
         if (
-            size > h2s.outbound_flow_control_window
+            size > window
             or size > conn.outbound_flow_control_window
             or max(size, len(tail)) > conn.max_outbound_frame_size  # (the head's block is far smaller)
         ):
@@ -195,7 +211,10 @@ class Output:
         # h2's state: the connection's window spent, the stream closed by END_STREAM and
         # forgotten as h2's _open_streams forgets a closed one (its own object is dropped)
         conn.outbound_flow_control_window -= size
-        del conn.streams[sid]
+        if unread:
+            del self.unread[sid]
+        else:
+            del conn.streams[sid]
         conn._closed_streams[sid] = StreamClosedBy.SEND_END_STREAM
         stream.started = stream.done = True
         self.finished_calls += 1
@@ -211,12 +230,14 @@ class Output:
     def end_stream(self, stream: Stream, headers: tuple[tuple[bytes, bytes], ...]) -> None:
         """The stream's last header block (END_STREAM); the stream is forgotten: its request
         bytes given back, a client still sending reset (it need not send more, RFC 9113 8.1)."""
+        self.tell_h2(stream.sid)
         try:
             self.h2.send_headers(stream.sid, list(headers), end_stream=True)
             if not stream.ended:
                 self.h2.reset_stream(stream.sid, ErrorCodes.NO_ERROR)
         except h2.exceptions.ProtocolError:
             pass
+        self.closed_in_h2(stream.sid)
         self.finished_calls += 1
         self.forget(stream)
         self.flush_soon()
@@ -237,6 +258,7 @@ class Output:
             self.blocked[stream.sid] = stream
 
     def data_frames(self, sid: int, data: bytes | bytearray) -> int:
+        self.tell_h2(sid)
         room = min(self.h2.local_flow_control_window(sid), len(data))
         step = self.h2.max_outbound_frame_size
         for i in range(0, room, step):
@@ -273,13 +295,25 @@ class Output:
     # -- streams -------------------------------------------------------------------------
 
     def reset(self, sid: int, code: ErrorCodes, count: bool = True) -> None:
+        self.tell_h2(sid)
         try:
             self.h2.reset_stream(sid, code)
         except h2.exceptions.ProtocolError:
             return
+        self.closed_in_h2(sid)
         if count:
             self.owner.count("reset_sent")
         self.flush_soon()
+
+    def closed_in_h2(self, sid: int) -> None:
+        """A stream h2 has closed, forgotten by h2 at once (kept only as how it closed), as
+        h2 forgets closed streams when the next one opens and as a whole answer forgets its
+        stream: whatever the peer sends on it next is answered the same however it closed."""
+        conn = self.h2
+        stream = conn.streams.get(sid)
+        if stream is not None and stream.closed:
+            del conn.streams[sid]
+            conn._closed_streams[sid] = stream.closed_by
 
     def drop(self, stream: Stream) -> None:
         """A stream that ends without its answer (reset): its method cancelled."""
@@ -305,10 +339,56 @@ class Output:
     def give_back(self, sid: int, size: int) -> None:
         """Request bytes consumed: back to the connection's window (and the stream's)."""
         if size > 0 and not self.closing:
+            self.tell_h2(sid)
             try:
                 self.h2.acknowledge_received_data(size, sid)
             except h2.exceptions.ProtocolError:
                 pass
+
+    # -- calls read beside h2 ------------------------------------------------------------
+
+    def took_unary(self, calls: list[UnaryCall]) -> None:
+        """Calls read beside h2 (:mod:`.unary`): the connection's state moved as h2's reading of
+        their HEADERS and DATA frames moves it (the connection's window spent, the highest
+        stream id); their streams unread until :meth:`tell_h2`."""
+        conn = self.h2
+        if conn.streams:  # h2 forgets the closed ones at every new stream's HEADERS
+            _ = conn.open_inbound_streams
+        window = conn._inbound_flow_control_window_manager
+        for call in calls:
+            window.window_consumed(len(call.data))
+            self.unread[call.sid] = call
+        conn.highest_inbound_stream_id = calls[-1].sid
+
+    def tell_h2(self, sid: int) -> None:
+        """``sid``'s stream made in h2 as its reading would have made it, if it was read beside h2."""
+        call = self.unread.pop(sid, None)
+        if call is not None:
+            self._make_stream(call)
+
+    def tell_h2_all(self) -> None:
+        """Every unread stream made in h2, before h2 reads more of the connection."""
+        if self.unread:
+            calls = list(self.unread.values())
+            self.unread.clear()
+            for call in calls:
+                self._make_stream(call)
+
+    def _make_stream(self, call: UnaryCall) -> None:
+        """What h2's ``_receive_headers_frame`` and ``_receive_data_frame`` do to a new stream:
+        made with the connection's windows and frame size, then its HEADERS and its DATA
+        with END_STREAM received (half-closed by the peer)."""
+        conn = self.h2
+        stream = H2Stream(
+            call.sid,
+            config=conn.config,
+            inbound_window_size=conn.local_settings.initial_window_size,
+            outbound_window_size=conn.remote_settings.initial_window_size,
+        )
+        stream.max_outbound_frame_size = conn.max_outbound_frame_size
+        stream.receive_headers(call.headers, False, conn.config.header_encoding)
+        stream.receive_data(call.data, True, len(call.data))
+        conn.streams[call.sid] = stream
 
     def flush_soon(self) -> None:
         if not self.flushing:
@@ -334,6 +414,7 @@ class Output:
         to each other: without this, a closed connection waits for a full garbage collection,
         rare once the collector is tuned (control_plane/gctune.py), and 20,000 connections
         opened and closed grew the process by 90 MB instead of 40."""
+        self.unread.clear()
         h2 = getattr(self, "h2", None)
         if h2 is not None:
             h2.__dict__.clear()

@@ -14,14 +14,19 @@ its window is FLOW_CONTROL_ERROR), settings, PING, GOAWAY. What this module adds
   dynamic table) and each request's head checked and read once (:func:`.wire.read_head`): a
   malformed request (RFC 9113 8.1) is a stream error, logged on one line;
 * :mod:`.frames`' walk before h2 reads anything (idle-stream frames, floods);
+* Envoy's unary calls (HEADERS of a new stream with a header block HPACK has decoded before,
+  one DATA with END_STREAM) taken beside h2 (:mod:`.unary`): h2's state moved as its reading
+  would move it, the stream made in h2 only once something needs it there
+  (:meth:`.streams.Output.tell_h2`); every other frame read by h2, unchanged. A read is acted
+  on in its frames' order once h2 has read all of it, as before;
 * bounds: a read is handed to h2 in slices of :attr:`Limits.read_slice` bytes, one slice a
   turn of the loop; streams per connection (REFUSED_STREAM past ``max_streams``); request
   bytes held (the connection's window, given back as calls end); answers held by the
   peer's windows (past ``max_pending_output`` no new call starts; a streaming method waits
   for its previous answer to leave before it makes the next); a peer that does not read
   its socket is not read either;
-* calls: a method runs as a task, started once the reads of a turn are in (a call reset in
-  the same read never runs); a reset stream or a lost connection cancels it; a peer that
+* calls (:mod:`.calls`): a method runs as a task, started once the reads of a turn are in (a
+  call reset in the same read never runs); a reset stream or a lost connection cancels it; a peer that
   resets more calls than it lets finish (the Rapid Reset attack, CVE-2023-44487, counted as
   Envoy counts premature resets) gets GOAWAY ENHANCE_YOUR_CALM;
 * timers, kept by the server's sweep (:meth:`GrpcConnection.tick`): the preface, idle
@@ -34,19 +39,22 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Callable
 from typing import Any
 
 import h2.config
 import h2.connection
 import h2.events
 import h2.exceptions
+from h2.connection import ConnectionState
 from h2.errors import ErrorCodes
 from hyperframe.frame import GoAwayFrame
 
+from .calls import Calls, cancel_in_turns
 from .codec import HeaderBlockError
 from .frames import END_STREAM, RST_STREAM, FrameWalk, Refusal
-from .streams import Output, Stream
+from .streams import Stream
+from .unary import UnaryCall, h2_run_end, read_unary
 from .wire import (
     Call,
     Head,
@@ -70,10 +78,13 @@ RESET_WINDOW = 10_000
 _HEADS_KEPT = 256
 
 
-class GrpcConnection(Output, asyncio.Protocol):
+class GrpcConnection(Calls, asyncio.Protocol):
     """One client connection (see the module docstring). ``methods`` maps
     ``/pkg.Service/Method`` to a :class:`Method`; ``owner`` (the server) admits connections,
     counts protocol events (``owner.count(kind)``), authorizes calls and sweeps timers."""
+
+    #: Envoy's unary calls read beside h2 (:mod:`.unary`); False: h2 reads every frame
+    unary_reads = True
 
     def __init__(self, methods: dict[str, Method], limits: Limits, owner: Any) -> None:
         super().__init__(limits, owner)
@@ -81,7 +92,6 @@ class GrpcConnection(Output, asyncio.Protocol):
         now = self.loop.time()
         self.walk = FrameWalk(now)
         self.heads: dict[tuple[Any, ...], Head] = {}
-        self.ready: list[Stream] = []  # calls to start once this turn's reads are in
         self.backlog = b""  # read and not yet handed to h2 (a slice a turn)
         self.preface = False
         self.reading_paused = 0  # bits: 1 the peer does not read, 2 a backlog is being fed
@@ -110,7 +120,7 @@ class GrpcConnection(Output, asyncio.Protocol):
             stream.done = True
             if stream.task is not None:
                 tasks.append(stream.task)
-        _cancel_in_turns(self.loop, tasks)
+        cancel_in_turns(self.loop, tasks)
         self.streams.clear()
         self.blocked.clear()
         self.ready.clear()
@@ -158,32 +168,103 @@ class GrpcConnection(Output, asyncio.Protocol):
             for at in self.walk.patches:
                 patched[at] |= END_STREAM
             head = bytes(patched)
-        try:
-            events = self.h2.receive_data(head if upto == len(head) else head[:upto])
-        except h2.exceptions.ProtocolError as exc:
-            self._fail(Refusal(ErrorCodes(exc.error_code or ErrorCodes.PROTOCOL_ERROR), str(exc)), sent=True)
+        chunk = head if upto == len(head) else head[:upto]
+        plan = self._read(chunk)
+        if plan is None or not self._act(plan):  # the connection failed or ends
             return
-        except HeaderBlockError as exc:
-            self._fail(Refusal(exc.code, exc.reason))
-            return
-        self._count_resets(self.h2.data_to_send())
-        if not self.preface and events:
-            self.preface = True
-        for event in events:
-            handler = _HANDLERS.get(type(event))
-            if handler is not None:
-                handler(self, event)
-            if self.closing:
-                return
         if refusal is not None:
             self._fail(refusal)
             return
-        self._start_ready()
+        self.start_ready()
         self.flush_soon()
+
+    def _act(self, plan: list[tuple[list[UnaryCall], list[Any]]]) -> bool:
+        """What a read brought, acted on in the order of its frames (False: the connection ends)."""
+        for calls, events in plan:
+            if events and not self.preface:
+                self.preface = True
+            for call in calls:  # as h2's events of its HEADERS and its DATA with END_STREAM
+                self._request(call.sid, call.headers)
+                if not self.closing:
+                    self._data(call.sid, call.data, len(call.data))
+                if not self.closing:
+                    self._end(call.sid)
+                if self.closing:
+                    return False
+            for event in events:
+                handler = _HANDLERS.get(type(event))
+                if handler is not None:
+                    handler(self, event)
+                if self.closing:
+                    return False
+        return True
+
+    def _read(self, chunk: bytes) -> list[tuple[list[UnaryCall], list[Any]]] | None:
+        """``chunk`` read: runs of unary calls read beside h2 (:mod:`.unary`) and the events
+        of the frames h2 read between them, in the order of their frames (each part is calls or
+        events); h2's state moved as if it had read every frame, before any is acted on (as
+        h2 reads a whole read before its events are). None: the connection failed."""
+        plan: list[tuple[list[UnaryCall], list[Any]]] = []
+        conn = self.h2
+        pos, n = 0, len(chunk)
+        beside = self.unary_reads and self.preface
+        while pos < n:
+            frames = conn.incoming_buffer
+            if beside and not frames._data and not frames._headers_buffer:
+                calls, end = self._read_unary(chunk, pos)
+                if calls:
+                    plan.append((calls, []))
+                    pos = end
+                    continue
+            end = h2_run_end(chunk, pos, bytes(frames._data)) if beside else n
+            self.tell_h2_all()  # h2 reads on: the streams read beside it first
+            try:
+                events = conn.receive_data(chunk if pos == 0 and end == n else chunk[pos:end])
+            except h2.exceptions.ProtocolError as exc:
+                self._count_resets(conn.data_to_send())  # (its GOAWAY among them)
+                self._fail(Refusal(ErrorCodes(exc.error_code or ErrorCodes.PROTOCOL_ERROR), str(exc)), sent=True)
+                return None
+            except HeaderBlockError as exc:
+                self._count_resets(conn.data_to_send())
+                self._fail(Refusal(exc.code, exc.reason))
+                return None
+            self._count_resets(conn.data_to_send())
+            plan.append(([], events))
+            pos = end
+        return plan
+
+    def _read_unary(self, chunk: bytes, start: int) -> tuple[list[UnaryCall], int]:
+        """The unary calls at ``start`` read beside h2 (:mod:`.unary`), where h2 holds no part
+        of a frame and its connection is open; h2's state moved as its reading would move it."""
+        conn = self.h2
+        if conn.state_machine.state is not ConnectionState.SERVER_OPEN:
+            return [], start
+        calls, end = read_unary(
+            chunk,
+            start,
+            highest=conn.highest_inbound_stream_id,
+            max_frame=conn.max_inbound_frame_size,
+            connection_window=conn._inbound_flow_control_window_manager.current_window_size,
+            stream_window=conn.local_settings.initial_window_size,
+            headers_of=self._well_formed,
+        )
+        if calls:
+            self.took_unary(calls)
+        return calls, end
+
+    def _well_formed(self, block: bytes) -> list[Any] | None:
+        """A header block's fields where decoding it changes nothing and the request's head,
+        read before, is well formed (so h2 would take it as it takes any request)."""
+        headers = self.h2.decoder.kept(block)  # type: ignore[attr-defined]
+        if headers is None:
+            return None
+        head = self.heads.get(tuple(headers))
+        return headers if head is not None and head.problem is None else None
 
     def _count_resets(self, auto: bytes) -> None:
         """What h2 answered by itself while reading (ACKs, WINDOW_UPDATEs, and the RST_STREAMs
-        of its stream errors, counted here: h2 raises no event for some), kept for the write."""
+        of its stream errors, counted here: h2 raises no event for some), kept for the write;
+        also when the read then failed (those answers are written before the GOAWAY)."""
         if not auto:
             return
         self.out.append(auto)
@@ -206,8 +287,15 @@ class GrpcConnection(Output, asyncio.Protocol):
     # -- events --------------------------------------------------------------------------
 
     def _on_request(self, event: h2.events.RequestReceived) -> None:
-        sid = event.stream_id
-        headers = event.headers or []
+        self._request(event.stream_id, event.headers or [])
+
+    def _on_data(self, event: h2.events.DataReceived) -> None:
+        self._data(event.stream_id, event.data or b"", event.flow_controlled_length or 0)
+
+    def _on_end(self, event: h2.events.StreamEnded) -> None:
+        self._end(event.stream_id)
+
+    def _request(self, sid: int, headers: list[Any]) -> None:
         key = tuple(headers)
         head = self.heads.get(key)
         if head is None:
@@ -256,18 +344,16 @@ class GrpcConnection(Output, asyncio.Protocol):
         if method.kind == "each":  # reads its messages as they come
             self.ready.append(stream)
 
-    def _on_data(self, event: h2.events.DataReceived) -> None:
-        stream = self.streams.get(event.stream_id)
-        size = event.flow_controlled_length or 0
+    def _data(self, sid: int, data: bytes, size: int) -> None:
+        stream = self.streams.get(sid)
         if stream is None or stream.done:  # answered or refused already: the bytes are given back
-            self.give_back(event.stream_id, size)
+            self.give_back(sid, size)
             return
         stream.held += size
-        data = event.data or b""
         if stream.expected is not None:
             stream.expected -= len(data)
             if stream.expected < 0:
-                self._malformed(event.stream_id, stream, "DATA past the request's content-length")
+                self._malformed(sid, stream, "DATA past the request's content-length")
                 return
         try:
             stream.reader.feed(data)
@@ -277,13 +363,13 @@ class GrpcConnection(Output, asyncio.Protocol):
         if stream.wake is not None:
             stream.wake.set()
 
-    def _on_end(self, event: h2.events.StreamEnded) -> None:
-        stream = self.streams.get(event.stream_id)
+    def _end(self, sid: int) -> None:
+        stream = self.streams.get(sid)
         if stream is None:
             return
         stream.ended = True
         if stream.expected:
-            self._malformed(event.stream_id, stream, "DATA short of the request's content-length")
+            self._malformed(sid, stream, "DATA short of the request's content-length")
             return
         if stream.method is None:  # answered already
             return
@@ -333,88 +419,6 @@ class GrpcConnection(Output, asyncio.Protocol):
 
     def _on_ping_ack(self, event: h2.events.PingAckReceived) -> None:
         self.ping_sent = None
-
-    # -- calls ---------------------------------------------------------------------------
-
-    def _start_ready(self) -> None:
-        if not self.ready:
-            return
-        ready, self.ready = self.ready, []
-        for stream in ready:
-            if stream.done or stream.task is not None:
-                continue
-            method = stream.method
-            if method is None:
-                continue
-            if method.kind == "each":
-                coro: Awaitable[None] = self._each(stream, method.fn)
-            else:
-                try:
-                    message = stream.reader.only()
-                except RpcError as exc:
-                    self.finish(stream, None, exc.code, exc.message)
-                    continue
-                runner = self._unary if method.kind == "unary" else self._server_stream
-                coro = runner(stream, method.fn, message)
-            stream.task = self.loop.create_task(coro)  # type: ignore[arg-type]
-
-    async def _unary(self, stream: Stream, fn: Callable[[bytes, Call], Awaitable[bytes]], message: bytes) -> None:
-        try:
-            answer = await fn(message, stream.call)  # type: ignore[arg-type]
-        except RpcError as exc:
-            self.finish(stream, None, exc.code, exc.message)
-        except Exception:  # the method's bug: logged, the call ends INTERNAL
-            log.exception("gRPC method %s failed", stream.call.path if stream.call else "?")
-            self.finish(stream, None, StatusCode.INTERNAL, "internal error")
-        else:
-            self.finish(stream, answer, StatusCode.OK, "")
-
-    async def _server_stream(
-        self, stream: Stream, fn: Callable[[bytes, Call], AsyncIterator[bytes]], message: bytes
-    ) -> None:
-        await self._run_stream(stream, fn(message, stream.call))  # type: ignore[arg-type]
-
-    async def _each(self, stream: Stream, fn: Callable[[bytes, Call], bytes]) -> None:
-        await self._run_stream(stream, self._answers_each(stream, fn))
-
-    async def _answers_each(self, stream: Stream, fn: Callable[[bytes, Call], bytes]) -> AsyncIterator[bytes]:
-        """An answer per request message, each made once the last has left (the request's
-        bytes are given back as they are consumed)."""
-        reader = stream.reader
-        while True:
-            message = reader.next()
-            if message is None:
-                if stream.ended:
-                    if reader.buf:
-                        raise RpcError(StatusCode.INTERNAL, "the request ended inside a message")
-                    return
-                await self._wait(stream)
-                continue
-            self.give_back(stream.sid, reader.consumed)
-            stream.held -= reader.consumed
-            reader.consumed = 0
-            yield fn(message, stream.call)  # type: ignore[arg-type]
-
-    async def _run_stream(self, stream: Stream, answers: AsyncIterator[bytes]) -> None:
-        try:
-            async for answer in answers:
-                while (stream.pending or self.pending >= self.limits.max_pending_output) and not stream.done:
-                    await self._wait(stream)  # the last answer has not left yet: make no more
-                if stream.done:
-                    return
-                self.send_message(stream, answer)
-        except RpcError as exc:
-            self.finish(stream, None, exc.code, exc.message)
-        except Exception:
-            log.exception("gRPC method %s failed", stream.call.path if stream.call else "?")
-            self.finish(stream, None, StatusCode.INTERNAL, "internal error")
-        else:
-            self.finish(stream, None, StatusCode.OK, "")
-
-    async def _wait(self, stream: Stream) -> None:
-        stream.wake = asyncio.Event()
-        await stream.wake.wait()
-        stream.wake = None
 
     # -- the connection ------------------------------------------------------------------
 
@@ -490,19 +494,6 @@ class GrpcConnection(Output, asyncio.Protocol):
             self.owner.slow()
             self.closing = True
             self.transport.close()
-
-
-#: methods cancelled per turn of the event loop when their connection is lost
-CANCELS_PER_TURN = 32
-
-
-def _cancel_in_turns(loop: Any, tasks: list[asyncio.Task[None]]) -> None:
-    """Cancel ``tasks``, :data:`CANCELS_PER_TURN` a turn: a connection lost with a thousand
-    Watch calls open would otherwise have the next turn run a thousand cancellations."""
-    for task in tasks[:CANCELS_PER_TURN]:
-        task.cancel()
-    if len(tasks) > CANCELS_PER_TURN:
-        loop.call_soon(_cancel_in_turns, loop, tasks[CANCELS_PER_TURN:])
 
 
 class LogLines:

@@ -22,6 +22,12 @@ HEADERS answer; nothing within 2 s fails. A gRPC call stands for h2spec's GET (H
 Each message check (a malformed request: RFC 9113 8.1.1) runs once more with a stricter
 verdict: a RST_STREAM PROTOCOL_ERROR on that stream, the connection kept and the next call on
 it answered (:func:`test_a_malformed_request_is_a_stream_error_and_the_connection_goes_on`).
+
+Every case runs once more against a loopback port whose each connection is a pair
+(tests/grpc_twins.py): the transport as served (Envoy's unary calls read beside h2, whole
+answers written beside it) answering the socket, and one where h2 reads and writes every frame,
+fed the same reads; the two must write the same bytes, end alike and keep the same state
+(:func:`test_h2spec_served_and_by_h2_alone_alike`).
 """
 
 from __future__ import annotations
@@ -34,8 +40,13 @@ import h2spec_frames  # noqa: F401
 import h2spec_generic  # noqa: F401
 import h2spec_http2  # noqa: F401
 import pytest
+from grpc_twins import TwinServer
+from h2_raw import RLS_PATH
 from h2spec import CASES, Ctx
 from rls_served import RlsServed
+
+from control_plane.envoy.server import MAX_MESSAGE_BYTES
+from control_plane.envoy.wire import Call, Limits, Method
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -64,6 +75,15 @@ def _run(served: RlsServed, cid: str, *, strict: bool = False) -> None:
         assert "Traceback" not in served.stderr()[logged:], served.stderr()[logged:][-3000:]
 
 
+@pytest.fixture(scope="module")
+def twins() -> Iterator[TwinServer]:
+    async def ok(data: bytes, call: Call) -> bytes:
+        return b"\x08\x01"  # RateLimitResponse{overall_code: OK}
+
+    with TwinServer({RLS_PATH: Method("unary", ok)}, Limits(max_message_bytes=MAX_MESSAGE_BYTES)) as server:
+        yield server
+
+
 @pytest.mark.parametrize("cid", list(CASES))
 def test_h2spec(served: RlsServed, cid: str) -> None:
     """One case of h2spec's (or RFC 9113's), as its docstring says (``CASES[cid].doc``)."""
@@ -82,3 +102,21 @@ def test_the_cases_are_h2specs_all_of_them() -> None:
     by_spec = {spec: sum(cid.startswith(spec + "/") for cid in CASES) for spec in ("http2", "hpack", "generic")}
     assert by_spec == {"http2": 95, "hpack": 8, "generic": 44}, by_spec
     assert len(MESSAGE_CHECKS) >= 17 + 15
+
+
+@pytest.mark.parametrize("strict", [False, True], ids=["h2spec", "strict"])
+def test_h2spec_served_and_by_h2_alone_alike(twins: TwinServer, strict: bool) -> None:
+    """Each case (and each message check with the strict verdict) against the pairs: its
+    verdict holds, and every connection it opened was written and kept alike both ways."""
+    for cid, case in CASES.items():
+        if strict and not case.message_check:
+            continue
+        compared = twins.connections
+        ctx = Ctx(twins.port, strict=strict, timeout=case.timeout)
+        try:
+            case.run(ctx)
+        finally:
+            ctx.close()
+        assert twins.settled(), f"{cid}: a connection still open"
+        assert twins.connections > compared, cid
+        assert not twins.unequal, f"{cid}: " + "\n".join(twins.unequal[0])

@@ -2,24 +2,22 @@
 a unary answer written beside h2 must be what h2 itself writes, byte for byte, and must leave
 h2's state as h2's own ``send_headers``/``send_data`` would leave it, so that whatever the
 peer sends next is answered the same. Each case runs one client's bytes through two
-connections, one with the path and one without, and compares what each wrote and kept."""
+connections, one as served and one where h2 writes every answer (tests/grpc_twins.py), and
+compares what each wrote and kept."""
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Callable
 from typing import Any
 
+import grpc_twins as twins
 import h2.config
 import h2.connection
 import h2.settings
 import pytest
 from h2_client import grpc_message
 from hyperframe.frame import DataFrame, HeadersFrame, RstStreamFrame, WindowUpdateFrame
-from test_h2_transport import Owner
 
-from control_plane.envoy import streams
-from control_plane.envoy.transport import GrpcConnection
 from control_plane.envoy.wire import Call, Limits, Method, RpcError, StatusCode
 
 pytestmark = pytest.mark.timeout(60)
@@ -29,32 +27,6 @@ HEADERS = [
     (b":method", b"POST"), (b":scheme", b"http"), (b":path", PATH.encode()), (b":authority", b"t"),
     (b"content-type", b"application/grpc"), (b"te", b"trailers"),
 ]  # fmt: skip
-
-
-class Wire:
-    """The connection's transport: what it wrote, kept."""
-
-    def __init__(self) -> None:
-        self.data = bytearray()
-        self.closed = False
-
-    def write(self, data: bytes) -> None:
-        self.data += data
-
-    def is_closing(self) -> bool:
-        return self.closed
-
-    def close(self) -> None:
-        self.closed = True
-
-    def pause_reading(self) -> None:
-        pass
-
-    def resume_reading(self) -> None:
-        pass
-
-    def get_extra_info(self, *args: Any, **kwargs: Any) -> None:
-        return None
 
 
 async def echo(data: bytes, call: Call) -> bytes:
@@ -75,52 +47,11 @@ def frame(f: Any, **fields: Any) -> bytes:
     return bytes(f.serialize())
 
 
-class Pair:
-    """Two connections fed the same bytes, ``fast`` with the whole-answer path, ``slow`` without."""
+class Pair(twins.Pair):
+    """The served connection (whole answers and Envoy's calls read beside h2) and an h2-only one."""
 
-    def __init__(self, monkeypatch: pytest.MonkeyPatch, limits: Limits) -> None:
-        self.monkeypatch = monkeypatch
-        self.conns: dict[str, GrpcConnection] = {}
-        self.wires: dict[str, Wire] = {}
-        self.whole = 0
-        for name in ("fast", "slow"):
-            conn = GrpcConnection({PATH: Method("unary", echo)}, limits, Owner())
-            wire = Wire()
-            conn.connection_made(wire)
-            self.conns[name], self.wires[name] = conn, wire
-        real = streams.Output.answer_whole
-
-        def answer_whole(conn: Any, *args: Any) -> bool:
-            if conn is self.conns["slow"]:
-                return False
-            done = real(conn, *args)
-            self.whole += done
-            return done
-
-        monkeypatch.setattr(streams.Output, "answer_whole", answer_whole)
-
-    async def feed(self, data: bytes) -> None:
-        for conn in self.conns.values():
-            if not conn.closing:
-                conn.data_received(data)
-        for _ in range(6):
-            await asyncio.sleep(0)
-
-    def same(self) -> None:
-        fast, slow = self.conns["fast"], self.conns["slow"]
-        assert bytes(self.wires["fast"].data) == bytes(self.wires["slow"].data)
-        assert self.wires["fast"].closed == self.wires["slow"].closed
-        assert fast.closing == slow.closing and set(fast.streams) == set(slow.streams)
-        if fast.closing:
-            return
-        a, b = fast.h2, slow.h2
-        assert a.open_inbound_streams == b.open_inbound_streams  # (h2 forgets its closed streams as it counts)
-        assert a.outbound_flow_control_window == b.outbound_flow_control_window
-        assert set(a.streams) == set(b.streams)
-        for sid, stream in a.streams.items():
-            assert stream.state_machine.state == b.streams[sid].state_machine.state
-            assert stream.outbound_flow_control_window == b.streams[sid].outbound_flow_control_window
-        assert dict(a._closed_streams) == dict(b._closed_streams)
+    def __init__(self, limits: Limits) -> None:
+        super().__init__({PATH: Method("unary", echo)}, limits)
 
 
 def calls(c: h2.connection.H2Connection, bodies: list[bytes], end: bool = True) -> tuple[list[int], bytes]:
@@ -145,9 +76,9 @@ AFTER: dict[str, Callable[[int], bytes]] = {
 
 @pytest.mark.parametrize("after", list(AFTER))
 async def test_unary_answers_are_what_h2_writes_and_leave_h2_as_h2_would(
-    monkeypatch: pytest.MonkeyPatch, after: str
+    after: str,
 ) -> None:
-    pair = Pair(monkeypatch, LIMITS)
+    pair = Pair(LIMITS)
     c = client()
     await pair.feed(c.data_to_send())
     sids, data = calls(c, [b"abc", b"de", b"fail", b"", b"xyz" * 100])
@@ -159,15 +90,15 @@ async def test_unary_answers_are_what_h2_writes_and_leave_h2_as_h2_would(
         await pair.feed(extra)
         pair.same()
     # the connection goes on (when h2 let it): the next calls answered the same way
-    if not pair.conns["fast"].closing:
+    if not pair.served.closing:
         _, data = calls(c, [b"more", b"again"])
         await pair.feed(data)
         pair.same()
         assert pair.whole == 6
 
 
-async def test_answers_the_window_cannot_take_and_open_requests_go_through_h2(monkeypatch: pytest.MonkeyPatch) -> None:
-    pair = Pair(monkeypatch, LIMITS)
+async def test_answers_the_window_cannot_take_and_open_requests_go_through_h2() -> None:
+    pair = Pair(LIMITS)
     c = client()
     c.update_settings({h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: 64})
     await pair.feed(c.data_to_send())
@@ -182,8 +113,8 @@ async def test_answers_the_window_cannot_take_and_open_requests_go_through_h2(mo
     assert pair.whole == 0
 
 
-async def test_the_connection_window_spent_by_whole_answers_is_what_h2_spends(monkeypatch: pytest.MonkeyPatch) -> None:
-    pair = Pair(monkeypatch, Limits(max_message_bytes=65_536))
+async def test_the_connection_window_spent_by_whole_answers_is_what_h2_spends() -> None:
+    pair = Pair(Limits(max_message_bytes=65_536))
     c = client()
     await pair.feed(c.data_to_send())
     # an answer whole, then answers of 21,000 bytes (over a frame of 16,384: by h2, in
@@ -192,10 +123,10 @@ async def test_the_connection_window_spent_by_whole_answers_is_what_h2_spends(mo
     _, data = calls(c, [b"abc", b"big", b"big", b"big", b"big", b"abc"])
     await pair.feed(data)
     pair.same()
-    assert pair.whole == 1 and pair.conns["fast"].blocked
+    assert pair.whole == 1 and pair.served.blocked
     await pair.feed(frame(WindowUpdateFrame(0), window_increment=1_000_000))
     pair.same()
-    assert not pair.conns["fast"].blocked
+    assert not pair.served.blocked
     _, data = calls(c, [b"abc"])
     await pair.feed(data)
     pair.same()

@@ -14,6 +14,7 @@ from typing import Any, Self
 import h2.errors
 import h2.events
 import pytest
+from grpc_twins import Owner
 from h2_client import H2Client, grpc_message
 from hpack import Encoder
 
@@ -22,29 +23,6 @@ from control_plane.envoy.transport import GrpcConnection
 from control_plane.envoy.wire import Call, Limits, Method, RpcError, StatusCode, parse_timeout
 
 pytestmark = pytest.mark.timeout(60)
-
-
-class Owner:
-    def __init__(self) -> None:
-        self.connections: set[Any] = set()
-        self.slow_count = 0
-        self.counts: dict[str, int] = {}
-
-    def admit(self, conn: Any) -> bool:
-        self.connections.add(conn)
-        return True
-
-    def count(self, kind: str) -> None:
-        self.counts[kind] = self.counts.get(kind, 0) + 1
-
-    def authorize(self, call: Call) -> None:
-        pass
-
-    def slow(self) -> None:
-        self.slow_count += 1
-
-    def closed(self, conn: Any) -> None:
-        self.connections.discard(conn)
 
 
 class Loopback:

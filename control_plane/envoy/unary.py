@@ -1,0 +1,110 @@
+"""The unary calls Envoy sends, recognised in a read before h2 sees it: what lets the gRPC
+transport (:mod:`.transport`) take nearly every call behind Envoy without h2's per-frame
+work, which cost about as much CPU as the rest of the call.
+
+Behind Envoy a read is a run of calls, each a HEADERS frame (END_HEADERS and no other flag,
+a new stream) and one DATA frame (END_STREAM and no other flag) with its message, the header
+block the same for every call once HPACK's dynamic table holds Envoy's constant fields.
+:func:`read_unary` walks a read from its start and returns the calls of that exact shape,
+stopping at the first frame that is anything else. The transport hands h2 the frames from
+there to the next frame that may begin such a call (:func:`h2_run_end`), unchanged, and
+tries again after them: every other sequence (any other frame, flag, padding, priority, a
+CONTINUATION, a header block HPACK has not decoded before, a frame cut by the end of a read)
+goes through h2 as before.
+
+A call is taken here only where h2 would take it without an error and without a frame of its
+own: the connection open, the stream id odd and above every id seen, each frame within the
+frame size h2 allows, the DATA within both flow-control windows, and a header block that the
+kept decoder (:class:`.codec.KeptDecoder`) already holds, so reading it again leaves HPACK's
+table as it is. The transport then moves h2's state as h2 would have moved it
+(:meth:`.streams.Output.took_unary`), and the equivalence tests hold the two ways to the same
+bytes and state (tests/unit/test_grpc_unary_reads.py).
+
+Pure: bytes and the connection's numbers in, the calls out.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+__all__ = ["UnaryCall", "h2_run_end", "read_unary"]
+
+_DATA, _HEADERS = 0x0, 0x1
+_END_STREAM, _END_HEADERS = 0x1, 0x4
+
+
+class UnaryCall:
+    """One call read beside h2: its stream, its decoded header list and its DATA payload."""
+
+    __slots__ = ("sid", "headers", "data")
+
+    def __init__(self, *, sid: int, headers: list[Any], data: bytes) -> None:
+        self.sid = sid
+        self.headers = headers
+        self.data = data
+
+
+def read_unary(
+    data: bytes,
+    start: int,
+    *,
+    highest: int,
+    max_frame: int,
+    connection_window: int,
+    stream_window: int,
+    headers_of: Callable[[bytes], list[Any] | None],
+) -> tuple[list[UnaryCall], int]:
+    """The unary calls at ``start`` in ``data`` (a frame's start) and where they end.
+    ``highest``: the highest stream id the peer has opened;
+    ``max_frame``: the largest frame payload allowed; ``connection_window`` and
+    ``stream_window``: the inbound windows (the connection's left, a new stream's);
+    ``headers_of``: a header block's decoded list where decoding it again changes nothing and
+    the request is well formed, else None."""
+    calls: list[UnaryCall] = []
+    pos, n = start, len(data)
+    while pos + 18 <= n:
+        if data[pos + 3] != _HEADERS or data[pos + 4] != _END_HEADERS:
+            break
+        sid = int.from_bytes(data[pos + 5 : pos + 9], "big")  # the reserved bit set: above 2^31, refused below
+        size = int.from_bytes(data[pos : pos + 3], "big")
+        at = pos + 9 + size  # the DATA frame's start
+        if not sid & 1 or sid <= highest or sid >= 1 << 31 or size > max_frame or at + 9 > n:
+            break
+        length = int.from_bytes(data[at : at + 3], "big")
+        end = at + 9 + length
+        if (
+            data[at + 3] != _DATA
+            or data[at + 4] != _END_STREAM
+            or int.from_bytes(data[at + 5 : at + 9], "big") != sid
+            or length > max_frame
+            or length > connection_window
+            or length > stream_window
+            or end > n
+        ):
+            break
+        headers = headers_of(data[pos + 9 : at])
+        if headers is None:
+            break
+        calls.append(UnaryCall(sid=sid, headers=headers, data=data[at + 9 : end]))
+        connection_window -= length
+        highest = sid
+        pos = end
+    return calls, pos
+
+
+def h2_run_end(data: bytes, start: int, held: bytes) -> int:
+    """Where the bytes h2 must read from ``start`` end: past the frame in progress there
+    (``held``: its first bytes, which h2 holds already), then at the next frame that may
+    begin a unary call (HEADERS with END_HEADERS and no other flag), else at the end of
+    ``data``. Always past ``start`` when ``data`` goes on past it."""
+    n = len(data)
+    header = (held[:9] + data[start : start + 9])[:9]
+    if len(header) < 9:
+        return n
+    end = start + 9 + int.from_bytes(header[:3], "big") - len(held)
+    while end + 9 <= n:
+        if data[end + 3] == _HEADERS and data[end + 4] == _END_HEADERS:
+            return end
+        end += 9 + int.from_bytes(data[end : end + 3], "big")
+    return n
