@@ -1,8 +1,14 @@
 """A connection's calls run: each as a task of the event loop, started once a turn's reads
 are in (:meth:`Calls.start_ready`), its method's answers written by :class:`.streams.Output`;
-the kinds of :class:`.wire.Method`: ``unary`` (one request, one answer), ``stream`` (one
-request, answers from an async iterator: health's Watch) and ``each`` (an answer per request
-message: reflection). Read by :mod:`.transport`."""
+the kinds of :class:`.wire.Method`: ``unary`` (one request, one answer), ``gathered`` (unary,
+the calls of one turn's reads answered by one call of the method, in one task: Envoy's
+``ShouldRateLimit``, whose calls arrive by the dozen in one read and are decided together),
+``stream`` (one request, answers from an async iterator: health's Watch) and ``each`` (an
+answer per request message: reflection). Read by :mod:`.transport`.
+
+A call of a gathering that is reset while its method runs is answered no more (its stream is
+dropped); the method runs on for the others, as its work for that call is already done or
+being done. A connection lost cancels its gatherings as it cancels its calls."""
 
 from __future__ import annotations
 
@@ -12,7 +18,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 from .streams import Output, Stream
-from .wire import Call, Limits, RpcError, StatusCode
+from .wire import Call, Limits, Method, RpcError, StatusCode
 
 __all__ = ["CANCELS_PER_TURN", "Calls", "cancel_in_turns"]
 
@@ -26,12 +32,15 @@ class Calls(Output):
     def __init__(self, limits: Limits, owner: Any) -> None:
         super().__init__(limits, owner)
         self.ready: list[Stream] = []  # calls to start once this turn's reads are in
+        self.gatherings: set[asyncio.Task[None]] = set()  # the tasks of gathered methods running
 
     def start_ready(self) -> None:
-        """The calls whose requests this turn's reads completed, each started as a task."""
+        """The calls whose requests this turn's reads completed, each started as a task (those
+        of a ``gathered`` method in one task a method)."""
         if not self.ready:
             return
         ready, self.ready = self.ready, []
+        gathered: dict[int, tuple[Method, list[Stream], list[bytes]]] = {}
         for stream in ready:
             if stream.done or stream.task is not None:
                 continue
@@ -46,9 +55,33 @@ class Calls(Output):
                 except RpcError as exc:
                     self.finish(stream, None, exc.code, exc.message)
                     continue
+                if method.kind == "gathered":
+                    _, streams, messages = gathered.setdefault(id(method), (method, [], []))
+                    streams.append(stream)
+                    messages.append(message)
+                    continue
                 runner = self._unary if method.kind == "unary" else self._server_stream
                 coro = runner(stream, method.fn, message)
             stream.task = self.loop.create_task(coro)  # type: ignore[arg-type]
+        for method, streams, messages in gathered.values():
+            task = self.loop.create_task(self._gathered(streams, method.fn, messages))
+            self.gatherings.add(task)
+            task.add_done_callback(self.gatherings.discard)
+
+    async def _gathered(self, streams: list[Stream], fn: Callable[..., Any], messages: list[bytes]) -> None:
+        calls = [stream.call for stream in streams]
+        try:
+            answers = await fn(messages, calls)
+        except Exception:  # the method's bug: logged, its calls end INTERNAL
+            log.exception("gRPC method %s failed", calls[0].path if calls[0] else "?")
+            for stream in streams:
+                self.finish(stream, None, StatusCode.INTERNAL, "internal error")
+            return
+        for stream, answer in zip(streams, answers, strict=True):
+            if isinstance(answer, RpcError):
+                self.finish(stream, None, answer.code, answer.message)
+            else:
+                self.finish(stream, answer, StatusCode.OK, "")
 
     async def _unary(self, stream: Stream, fn: Callable[[bytes, Call], Awaitable[bytes]], message: bytes) -> None:
         try:

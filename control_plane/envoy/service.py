@@ -3,8 +3,11 @@ over gRPC: what ``envoy.filters.http.ratelimit`` (and Istio, Envoy Gateway, Cont
 
 A request's descriptors are looked up in the Envoy configuration
 (:mod:`control_plane.envoy.config`); every limited one is a route of the rollout and is
-decided through the one decision path (:class:`~control_plane.decision.Decider`), all of
-them in one pipelined burst to Redis. As envoyproxy/ratelimit answers:
+decided through the one decision path (:class:`~control_plane.decision.Decider`). The
+method is ``gathered`` (:mod:`.calls`): the calls whose requests one turn of the event loop
+read (Envoy sends them by the dozen in one write) are decided together, every limited
+descriptor of all of them in one pipelined burst to Redis, in the calls' order, within the
+earliest call's deadline; each call's answer is the one it would get alone. As envoyproxy/ratelimit answers:
 
 * each :class:`DescriptorStatus` carries ``current_limit`` (requests_per_unit, unit,
   name), ``limit_remaining`` and ``duration_until_reset``; a descriptor with no limit is
@@ -113,6 +116,19 @@ class _Verdict:
         self.would = False
 
 
+class _Asked:
+    """A call's request matched: each descriptor's match and cost, and the limited ones' indexes
+    and decision inputs."""
+
+    __slots__ = ("matches", "costs", "todo", "inputs")
+
+    def __init__(self, *, matches: list[Match | None], costs: list[int]) -> None:
+        self.matches = matches
+        self.costs = costs
+        self.todo: list[int] = []
+        self.inputs: list[PlainInput] = []
+
+
 class RateLimitService:
     """The servicer (see the module docstring)."""
 
@@ -127,61 +143,105 @@ class RateLimitService:
         self.in_flight = 0  # calls being answered (at most headers.max_calls)
         self._limits = {name: _Response.RateLimit.Unit.Value(name) for name in _Response.RateLimit.Unit.keys()}
 
-    async def should_rate_limit(self, data: bytes, call: Call) -> bytes:
-        """The gRPC method, from the request's bytes to the response's: a message that does
-        not parse is the client's mistake (INVALID_ARGUMENT, counted), not the server's;
-        past ``max_calls`` calls in progress, RESOURCE_EXHAUSTED at once (counted)."""
-        if self.in_flight >= self.headers.max_calls:
+    async def should_rate_limit(self, messages: list[bytes], calls: list[Call]) -> list[bytes | RpcError]:
+        """The gRPC method (``gathered``: the calls whose requests one turn of the event loop
+        read), from the requests' bytes to the responses' bytes: every limited descriptor of
+        every call decided in one :meth:`~control_plane.decision.Decider.decide_many` (one
+        burst to Redis, within the earliest call's budget), each response made from its call's
+        share. A call's own mistake is its own error: bytes that do not parse (INVALID_ARGUMENT,
+        counted, the client's mistake, not the server's), a bad descriptor, or ``max_calls``
+        calls in progress (RESOURCE_EXHAUSTED at once, counted)."""
+        out: list[bytes | RpcError] = []
+        asked: list[tuple[int, _Asked]] = []
+        budget: float | None = None
+        for data, call in zip(messages, calls, strict=True):
+            try:
+                ask = self._ask(data, self.in_flight + len(asked))
+            except RpcError as exc:
+                out.append(exc)
+                continue
+            remaining = call.time_remaining()  # Envoy's grpc-timeout, less what has passed (None: none sent)
+            if remaining is not None:  # kept for the way back: the margin, and a tenth (timers fire late under load)
+                mine = remaining * 0.9 - self.headers.deadline_margin_s
+                budget = mine if budget is None else min(budget, mine)
+            asked.append((len(out), ask))
+            out.append(b"")
+        if not asked:
+            return out
+        self.in_flight += len(asked)
+        try:
+            inputs = [item for _, ask in asked for item in ask.inputs]
+            results = await self._decide(inputs, budget) if inputs else []
+        except Exception as exc:  # noqa: BLE001 - a bug: logged under an incident id, never shown
+            failed = self._internal(exc)
+            for i, _ in asked:
+                self.metrics.envoy_requests.labels("error").inc()
+                out[i] = failed
+            return out
+        finally:
+            self.in_flight -= len(asked)
+        at = 0
+        for i, ask in asked:
+            try:
+                out[i] = self._response(ask, results[at : at + len(ask.inputs)])
+            except Exception as exc:  # noqa: BLE001 - as above, for this call alone
+                self.metrics.envoy_requests.labels("error").inc()
+                out[i] = self._internal(exc)
+            at += len(ask.inputs)
+        return out
+
+    @staticmethod
+    def _internal(exc: Exception) -> RpcError:
+        """A bug's answer: INTERNAL, naming the incident it is logged under."""
+        incident = incidents.report(exc, "ShouldRateLimit")
+        return RpcError(StatusCode.INTERNAL, f"{incidents.MESSAGE} (incident {incident})")
+
+    def _ask(self, data: bytes, in_flight: int) -> _Asked:
+        """One call's request parsed and its descriptors matched (raises :class:`RpcError`,
+        counted: past ``max_calls`` calls in progress, a message that is not a
+        RateLimitRequest, a request refused by :meth:`_matches`)."""
+        if in_flight >= self.headers.max_calls:
             self.metrics.envoy_requests.labels("overloaded").inc()
             raise RpcError(StatusCode.RESOURCE_EXHAUSTED, f"more than {self.headers.max_calls} calls in progress")
         try:
             request = _Request.FromString(data)
+            matches, costs = self._matches(request)
         except (DecodeError, ValueError, UnicodeDecodeError):
             self.metrics.envoy_requests.labels("invalid").inc()
             raise RpcError(
                 StatusCode.INVALID_ARGUMENT,
                 "the request is not a RateLimitRequest (not valid protobuf, or a string field that is not UTF-8)",
             ) from None
-        remaining = call.time_remaining()  # Envoy's grpc-timeout, less what has passed (None: none sent)
-        # kept for the answer's way back: the margin, and a tenth of the time (timers fire late under load)
-        budget = None if remaining is None else remaining * 0.9 - self.headers.deadline_margin_s
-        self.in_flight += 1
-        try:
-            response = await self.answer(request, budget)
         except _Invalid as exc:
             self.metrics.envoy_requests.labels("invalid").inc()
             raise RpcError(StatusCode.INVALID_ARGUMENT, str(exc)) from None
-        except Exception as exc:  # noqa: BLE001 - a bug: logged under an incident id, never shown
-            self.metrics.envoy_requests.labels("error").inc()
-            incident = incidents.report(exc, "ShouldRateLimit")
-            raise RpcError(StatusCode.INTERNAL, f"{incidents.MESSAGE} (incident {incident})") from None
-        finally:
-            self.in_flight -= 1
+        ask = _Asked(matches=matches, costs=costs)
+        for i, m in enumerate(matches):
+            if m is not None and m.limit.route is not None:  # limited (an unlimited one has no route)
+                ask.todo.append(i)
+                ask.inputs.append((m.limit.route, m.key, costs[i], None))
+        return ask
+
+    async def _decide(self, inputs: list[PlainInput], budget_s: float | None) -> list[Any]:
+        """The descriptors' decisions; Redis gets ``budget_s`` seconds, then the failure policy answers."""
+        return await self.decider.decide_many(
+            inputs,
+            headers=self.headers.response == "draft",  # the only style that sends the decision's own headers
+            inline_shadow=self.headers.would_limit is not None,
+            budget_s=budget_s,
+        )
+
+    def _response(self, ask: _Asked, results: list[Any]) -> bytes:
+        """A call's response from its descriptors' decisions, counted as Envoy will read it."""
+        response = self._respond(ask, results)
         self.metrics.envoy_requests.labels("over_limit" if response.overall_code == _OVER else "ok").inc()
         return response.SerializeToString()  # type: ignore[no-any-return]
 
-    async def answer(self, request: Any, budget_s: float | None = None) -> Any:
-        """The response to a ``RateLimitRequest`` (raises :class:`_Invalid`); Redis gets
-        ``budget_s`` seconds, then the failure policy answers."""
-        matches, costs = self._matches(request)
-        todo: list[int] = []
-        inputs: list[PlainInput] = []
-        for i, m in enumerate(matches):
-            if m is not None and m.limit.route is not None:  # limited (an unlimited one has no route)
-                todo.append(i)
-                inputs.append((m.limit.route, m.key, costs[i], None))
+    def _respond(self, ask: _Asked, results: list[Any]) -> Any:
+        """The ``RateLimitResponse`` of a call whose limited descriptors were decided as ``results``."""
+        matches, costs = ask.matches, ask.costs
+        by_index = dict(zip(ask.todo, results, strict=True))
         would_limit = self.headers.would_limit
-        results = (
-            await self.decider.decide_many(
-                inputs,
-                headers=self.headers.response == "draft",  # the only style that sends the decision's own headers
-                inline_shadow=would_limit is not None,
-                budget_s=budget_s,
-            )
-            if inputs
-            else []
-        )
-        by_index = dict(zip(todo, results))
         statuses: list[Any] = []
         over = quota = quota_over = 0
         shadow_over: list[str] = []
@@ -309,4 +369,4 @@ def methods(service: RateLimitService) -> dict[str, Method]:
     """Envoy's rate limit service's one method, taking the request's bytes, so that a
     message that does not parse is answered INVALID_ARGUMENT by
     :meth:`RateLimitService.should_rate_limit`."""
-    return {f"/{RLS_SERVICE}/ShouldRateLimit": Method("unary", service.should_rate_limit)}
+    return {f"/{RLS_SERVICE}/ShouldRateLimit": Method("gathered", service.should_rate_limit)}

@@ -115,7 +115,7 @@ class GrpcConnection(Calls, asyncio.Protocol):
         self.closing = True
         if self.preface_timer is not None:
             self.preface_timer.cancel()
-        tasks = []
+        tasks = list(self.gatherings)
         for stream in self.streams.values():
             stream.done = True
             if stream.task is not None:

@@ -77,11 +77,13 @@ class Call:
 @dataclass(frozen=True)
 class Method:
     """A method's kind and its function: ``unary`` ``async (bytes, Call) -> bytes``;
-    ``stream`` ``(bytes, Call) -> AsyncIterator[bytes]``; ``each`` ``(bytes, Call) -> bytes``
-    called for every request message of the stream. ``public``: callable without the
-    client token (health checking)."""
+    ``gathered`` a unary method called once for the calls whose requests one turn of the event
+    loop completed, ``async (list[bytes], list[Call]) -> list[bytes | RpcError]`` (an answer
+    or an error for each, in their order); ``stream`` ``(bytes, Call) -> AsyncIterator[bytes]``;
+    ``each`` ``(bytes, Call) -> bytes`` called for every request message of the stream.
+    ``public``: callable without the client token (health checking)."""
 
-    kind: Literal["unary", "stream", "each"]
+    kind: Literal["unary", "gathered", "stream", "each"]
     fn: Callable[..., Any]
     public: bool = False
 
