@@ -422,6 +422,7 @@ class EnvoyProxy:
     (``free=True``), then the routes. ``peer_metadata_filters`` adds the peer's set_header +
     header_to_metadata filters. ``customize`` may change the bootstrap dict before it is written.
     ``upstream``: share one :class:`Upstream` (else the proxy starts and stops its own).
+    ``concurrency``: Envoy's worker threads (``--concurrency``; 1 by default).
     ``workdir`` holds ``envoy.yaml``, ``envoy.log`` (Envoy's stderr) and ``admin-address``
     (default: a new tmp dir, removed when the ``with`` block ends without an error).
 
@@ -451,6 +452,7 @@ class EnvoyProxy:
         workdir: str | Path | None = None,
         envoy: str | None = None,
         log_level: str = "warn",
+        concurrency: int = 1,
         startup_timeout: float = 20.0,
         request_timeout: float = 10.0,
         die_with_parent: bool = True,
@@ -471,6 +473,7 @@ class EnvoyProxy:
         self.customize = customize
         self.envoy_binary = envoy
         self.log_level = log_level
+        self.concurrency = concurrency
         self.startup_timeout = startup_timeout
         self.request_timeout = request_timeout
         self.die_with_parent = die_with_parent
@@ -622,7 +625,7 @@ class EnvoyProxy:
             "--service-node",
             self.service_cluster,
             "--concurrency",
-            "1",
+            str(self.concurrency),
             "--disable-hot-restart",
             "--log-level",
             self.log_level,

@@ -179,8 +179,8 @@ class Output:
         if conn.state_machine.state is not ConnectionState.SERVER_OPEN:
             return False
         unread = sid in self.unread
-        if unread:  # half-closed by the peer, nothing sent: its window is still the initial one
-            window = conn.remote_settings.initial_window_size
+        if unread:  # half-closed by the peer, nothing sent: the initial window and what the peer added
+            window = conn.remote_settings.initial_window_size + self.unread[sid].credit
         else:
             h2s = conn.streams.get(sid)
             if h2s is None:
@@ -349,14 +349,15 @@ class Output:
 
     def took_unary(self, calls: list[UnaryCall]) -> None:
         """Calls read beside h2 (:mod:`.unary`): the connection's state moved as h2's reading of
-        their HEADERS and DATA frames moves it (the connection's window spent, the highest
-        stream id); their streams unread until :meth:`tell_h2`."""
+        their frames moves it (the connection's inbound window spent, its outbound window
+        credited, the highest stream id); their streams unread until :meth:`tell_h2`."""
         conn = self.h2
         if conn.streams:  # h2 forgets the closed ones at every new stream's HEADERS
             _ = conn.open_inbound_streams
         window = conn._inbound_flow_control_window_manager
         for call in calls:
             window.window_consumed(len(call.data))
+            conn.outbound_flow_control_window += call.connection_credit
             self.unread[call.sid] = call
         conn.highest_inbound_stream_id = calls[-1].sid
 
@@ -375,9 +376,10 @@ class Output:
                 self._make_stream(call)
 
     def _make_stream(self, call: UnaryCall) -> None:
-        """What h2's ``_receive_headers_frame`` and ``_receive_data_frame`` do to a new stream:
-        made with the connection's windows and frame size, then its HEADERS and its DATA
-        with END_STREAM received (half-closed by the peer)."""
+        """What h2's ``_receive_headers_frame``, ``_receive_window_update_frame`` and
+        ``_receive_data_frame`` do to a new stream: made with the connection's windows and frame
+        size, then its HEADERS, its WINDOW_UPDATEs and its DATA with END_STREAM received
+        (half-closed by the peer)."""
         conn = self.h2
         stream = H2Stream(
             call.sid,
@@ -387,6 +389,8 @@ class Output:
         )
         stream.max_outbound_frame_size = conn.max_outbound_frame_size
         stream.receive_headers(call.headers, False, conn.config.header_encoding)
+        if call.credit:
+            stream.receive_window_update(call.credit)
         stream.receive_data(call.data, True, len(call.data))
         conn.streams[call.sid] = stream
 

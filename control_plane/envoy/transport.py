@@ -183,12 +183,16 @@ class GrpcConnection(Calls, asyncio.Protocol):
         for calls, events in plan:
             if events and not self.preface:
                 self.preface = True
-            for call in calls:  # as h2's events of its HEADERS and its DATA with END_STREAM
+            for call in calls:  # as h2's events of its HEADERS, WINDOW_UPDATEs and DATA with END_STREAM
                 self._request(call.sid, call.headers)
+                for _ in range(call.windows):
+                    self._on_window(None)
                 if not self.closing:
                     self._data(call.sid, call.data, len(call.data))
                 if not self.closing:
                     self._end(call.sid)
+                for _ in range(call.connection_windows):
+                    self._on_window(None)
                 if self.closing:
                     return False
             for event in events:
@@ -246,6 +250,7 @@ class GrpcConnection(Calls, asyncio.Protocol):
             max_frame=conn.max_inbound_frame_size,
             connection_window=conn._inbound_flow_control_window_manager.current_window_size,
             stream_window=conn.local_settings.initial_window_size,
+            outbound=(conn.outbound_flow_control_window, conn.remote_settings.initial_window_size),
             headers_of=self._well_formed,
         )
         if calls:

@@ -169,12 +169,39 @@ async def test_envoys_own_reads_are_taken_beside_h2_and_answered_as_h2_answers()
     await pair.close()
 
 
+async def test_grpcio_clients_reads_with_their_window_updates_are_taken_and_answered_as_h2_answers() -> None:
+    """grpcio's client (1.85) sends each call as HEADERS, a WINDOW_UPDATE of its stream, the
+    DATA, then a WINDOW_UPDATE of the connection, and a PING now and then (its BDP probe)."""
+    held = Held()
+    pair, c = await started(held, Limits(max_message_bytes=4096))
+    stream = bytearray()
+    for i in range(300):
+        sid = c.new()
+        stream += frame(HEADERS, END_HEADERS, sid, c.head()) + frame(WINDOW_UPDATE, 0, sid, (5).to_bytes(4, "big"))
+        stream += frame(DATA, END_STREAM, sid, message(b"m%d" % i)) + frame(WINDOW_UPDATE, 0, 0, (7).to_bytes(4, "big"))
+        if i % 50 == 7:
+            stream += frame(PING, 0, 0, i.to_bytes(8, "big"))
+    rng = random.Random(11)
+    pos = 0
+    while pos < len(stream):
+        n = rng.choice((60, 300, 1200, rng.randrange(1, 2000)))
+        await pair.feed(bytes(stream[pos : pos + n]))
+        pair.same()
+        pos += n
+    pair.same(settle=True)
+    assert pair.taken >= 150 and pair.served.finished_calls == 303
+    await pair.close()
+
+
 def test_read_unary_stops_at_the_first_frame_of_another_shape() -> None:
     c = Client()
     block = c.head()
     calls_bytes = c.call(block=block) + c.call(block=block)
     kept = {block: [(b":path", b"/t.S/Echo")]}
-    common = {"max_frame": 16_384, "connection_window": 1 << 20, "stream_window": 65_535, "headers_of": kept.get}
+    common = {
+        "max_frame": 16_384, "connection_window": 1 << 20, "stream_window": 65_535, "outbound": (65_535, 65_535),
+        "headers_of": kept.get,
+    }  # fmt: skip
     calls, taken = read_unary(calls_bytes, 0, highest=0, **common)
     assert [x.sid for x in calls] == [1, 3] and taken == len(calls_bytes)
     assert calls[0].data == message(b"abc")
@@ -194,10 +221,25 @@ def test_read_unary_stops_at_the_first_frame_of_another_shape() -> None:
         frame(HEADERS, END_HEADERS, 5, block + b"\x82") + frame(DATA, END_STREAM, 5, message(b"x")),  # not kept
         frame(HEADERS, END_HEADERS, 5, block) + frame(DATA, END_STREAM, 5, bytes(16_385)),  # past the frame size
         frame(HEADERS, END_HEADERS, 5, block) + frame(DATA, END_STREAM, 5, message(b"x"))[:-1],  # not all in
-        frame(WINDOW_UPDATE, 0, 0, (1).to_bytes(4, "big")),
+        frame(PING, 0, 0, bytes(8)),
     ):
         calls, taken = read_unary(calls_bytes + tail, 0, highest=0, **common)
         assert [x.sid for x in calls] == [1, 3] and taken == len(calls_bytes), tail
+    # grpcio's window updates: on the stream between its HEADERS and DATA, on the connection after it
+    wu = lambda sid, n, flags=0: frame(WINDOW_UPDATE, flags, sid, n.to_bytes(4, "big"))  # noqa: E731
+    grpcio = (
+        frame(HEADERS, END_HEADERS, 1, block) + wu(1, 5) + wu(1, 7) + frame(DATA, END_STREAM, 1, message(b"a"))
+        + wu(0, 5) + frame(HEADERS, END_HEADERS, 3, block) + frame(DATA, END_STREAM, 3, message(b"b")) + wu(0, 9)
+    )  # fmt: skip
+    calls, taken = read_unary(grpcio, 0, highest=0, **common)
+    assert taken == len(grpcio) and [(x.sid, x.windows, x.credit) for x in calls] == [(1, 2, 12), (3, 0, 0)]
+    assert [(x.connection_windows, x.connection_credit) for x in calls] == [(1, 5), (1, 9)]
+    for bad in (wu(1, 0), wu(1, 5, flags=1), wu(3, 5), wu(1, 2**31 - 1), frame(WINDOW_UPDATE, 0, 1, bytes(5))):
+        odd = frame(HEADERS, END_HEADERS, 1, block) + bad + frame(DATA, END_STREAM, 1, message(b"a"))
+        assert read_unary(odd, 0, highest=0, **common) == ([], 0), bad  # h2's to read (an error, or not this shape)
+    after = frame(HEADERS, END_HEADERS, 1, block) + frame(DATA, END_STREAM, 1, message(b"a"))
+    calls, taken = read_unary(after + wu(0, 2**31 - 65_535) + wu(0, 1), 0, highest=0, **common)
+    assert taken == len(after) and calls[0].connection_windows == 0  # past 2^31-1: h2's to refuse
     # the windows: a DATA past either is h2's to refuse
     assert read_unary(calls_bytes, 0, highest=0, **{**common, "stream_window": 7})[1] == 0
     calls, taken = read_unary(calls_bytes, 0, highest=0, **{**common, "connection_window": 12})
@@ -349,6 +391,7 @@ STEP = st.one_of(
     st.tuples(st.just("shaped"), st.integers(0, 6), st.just("")),
     st.tuples(st.just("release"), st.just(0), st.just("")),
     st.tuples(st.just("unsent"), st.just(0), st.just("")),
+    st.tuples(st.just("grpcio"), st.integers(1, 4), st.sampled_from(["5", "2147418112", "2147483647"])),
 )
 
 
@@ -380,6 +423,14 @@ def _step(c: Client, step: tuple[str, int, str], opened: list[int]) -> bytes | N
             return frame(DATA, 0, recent, message(b"more"))
         flags = END_HEADERS | (END_STREAM if arg == "headers" else 0)
         return frame(HEADERS, flags, recent, c.head())
+    if kind == "grpcio":  # calls as grpcio sends them: window updates of the stream and the connection around
+        out = bytearray()
+        for _ in range(n):
+            sid = c.new()
+            inc = int(arg).to_bytes(4, "big")
+            out += frame(HEADERS, END_HEADERS, sid, c.head()) + frame(WINDOW_UPDATE, 0, sid, inc)
+            out += frame(DATA, END_STREAM, sid, message(b"g")) + frame(WINDOW_UPDATE, 0, 0, inc)
+        return bytes(out)
     if kind == "unsent":  # a block the client encodes and never sends: its HPACK table and the server's part
         c.head(extra=(("x-lost", "1"),))
         return b""
