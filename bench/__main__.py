@@ -3,7 +3,7 @@
 Starts a private embedded redis-server (loopback only) for the Redis sections and
 stops it at the end; writes ``bench/results/latest.json`` and the Markdown report.
 
-The ``service`` and ``envoy`` sections also keep their own results file
+The ``service``, ``envoy`` and ``envoy_workers`` sections also keep their own results file
 (``bench/results/<section>.json``). A run of only such sections (``--only envoy``) updates
 them in the existing ``latest.json`` (the other sections' figures stay as they were measured)
 and rewrites the report from it, instead of replacing the report with that section alone.
@@ -22,9 +22,11 @@ from typing import Any
 
 from .harness import CpuAccount, Settings, environment, log
 
-SECTIONS = ("local", "distributed", "memory", "profile", "clients", "whatif", "explain", "service", "envoy")
+SECTIONS = (
+    "local", "distributed", "memory", "profile", "clients", "whatif", "explain", "service", "envoy", "envoy_workers",
+)  # fmt: skip
 #: sections that keep their own results file; a run of only these updates latest.json
-STANDALONE = ("explain", "service", "envoy")
+STANDALONE = ("explain", "service", "envoy", "envoy_workers")
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -48,6 +50,7 @@ def _extra_sections() -> list[str]:
         _stream_section(ROOT / "bench" / "results" / "stream.json"),
         _grpc_section(),
         _envoy_section(),
+        _envoy_workers_section(),
     )
     return [s for s in sections if s]
 
@@ -58,6 +61,16 @@ def _envoy_section() -> str | None:
     if not path.exists():
         return None
     from .envoy import render
+
+    return render(json.loads(path.read_text(encoding="utf-8")))
+
+
+def _envoy_workers_section() -> str | None:
+    """The ``envoy_workers`` section's results (bench/results/envoy_workers.json, written by its last run)."""
+    path = ROOT / "bench" / "results" / "envoy_workers.json"
+    if not path.exists():
+        return None
+    from .envoy_workers import render
 
     return render(json.loads(path.read_text(encoding="utf-8")))
 
@@ -292,6 +305,12 @@ def main(argv: list[str] | None = None) -> int:
 
         results["envoy"] = _timed("envoy", cpu, env, lambda: measure_envoy(quick=settings.quick))
         _write_atomic(ROOT / "bench" / "results" / "envoy.json", json.dumps(results["envoy"], indent=1) + "\n")
+    if "envoy_workers" in sections:
+        from .envoy_workers import measure as measure_workers
+
+        results["envoy_workers"] = _timed("envoy_workers", cpu, env, lambda: measure_workers(quick=settings.quick))
+        path = ROOT / "bench" / "results" / "envoy_workers.json"
+        _write_atomic(path, json.dumps(results["envoy_workers"], indent=1) + "\n")
 
     env["loadavg_end"] = [round(x, 2) for x in os.getloadavg()]
     env["duration_s"] = round(time.perf_counter() - t_start, 1)

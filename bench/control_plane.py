@@ -207,12 +207,21 @@ def process_cpu_s(pid: int) -> float | None:
 
 
 def run_wrk(
-    wrk: str, url: str, script: Path, seconds: float, connections: int, server_pid: int | None = None
+    wrk: str,
+    url: str,
+    script: Path,
+    seconds: float,
+    connections: int,
+    server_pid: int | None = None,
+    *,
+    cpus: str | None = None,
 ) -> dict[str, Any]:
-    """One wrk run; with ``server_pid``, also the server's CPU time per request."""
+    """One wrk run; with ``server_pid``, also the server's CPU time per request; with ``cpus``,
+    wrk runs on those CPUs only (``taskset -c``)."""
     cpu0 = process_cpu_s(server_pid) if server_pid else None
+    pinned = ["taskset", "-c", cpus] if cpus else []
     out = subprocess.run(
-        [wrk, "-t1", f"-c{connections}", f"-d{max(1, round(seconds))}s", "--latency", "-s", str(script), url],
+        [*pinned, wrk, "-t1", f"-c{connections}", f"-d{max(1, round(seconds))}s", "--latency", "-s", str(script), url],
         capture_output=True,
         text=True,
         check=True,
