@@ -58,8 +58,11 @@ __all__ = [
     "peek_token_bucket",
     "sliding_log",
     "sliding_window",
+    "sliding_window_counts",
+    "sliding_window_retry",
     "token_bucket",
     "token_bucket_tokens",
+    "unlimited_answer",
 ]
 
 # Float remainders such as 19.999999999999996 tokens are shown as 20 whole tokens.
@@ -71,7 +74,8 @@ AlgorithmFn = Callable[[State, int, Policy, int], tuple[Decision, State]]
 PeekFn = Callable[[State, int, Policy], Decision]
 
 
-def _unlimited(state: State, policy: Policy) -> tuple[Decision, State]:
+def unlimited_answer(state: State, policy: Policy) -> tuple[Decision, State]:
+    """An unlimited policy's answer (allowed, the whole limit left) and the state unchanged."""
     return make_decision(True, policy.limit, policy.limit, 0, 0), state
 
 
@@ -80,7 +84,7 @@ def token_bucket(
 ) -> tuple[Decision, tuple[int, float] | None]:
     """The token bucket with a cost, and stored time that never moves back."""
     if policy.unlimited:
-        return _unlimited(state, policy)
+        return unlimited_answer(state, policy)
     burst = policy.burst_f
     rate = policy.rate_per_us
     if state is None:
@@ -113,7 +117,7 @@ def token_bucket_tokens(state: tuple[int, float] | None, now: int, policy: Polic
 def gcra(state: float | None, now: int, policy: Policy, cost: int = 1) -> tuple[Decision, float | None]:
     """Generic cell rate algorithm: the token bucket stored as one theoretical arrival time."""
     if policy.unlimited:
-        return _unlimited(state, policy)
+        return unlimited_answer(state, policy)
     t = policy.emission_us
     tau = t * policy.burst_f
     tat = now if state is None else state
@@ -133,7 +137,7 @@ def fixed_window(
 ) -> tuple[Decision, tuple[int, int] | None]:
     """A counter per window of ``period``; windows aligned to the epoch."""
     if policy.unlimited:
-        return _unlimited(state, policy)
+        return unlimited_answer(state, policy)
     w = policy.period_us
     limit = policy.limit
     if limit <= 0:  # Policy.blocking: no store is read, nothing is written
@@ -162,14 +166,10 @@ def blocked_decision(now: int, policy: Policy) -> Decision:
     return make_decision(False, 0, policy.limit, reset, reset)
 
 
-def sliding_window(
-    state: tuple[int, int, int] | None, now: int, policy: Policy, cost: int = 1
-) -> tuple[Decision, tuple[int, int, int] | None]:
-    """The two-counter sliding window: previous window weighted by its overlap."""
-    if policy.unlimited:
-        return _unlimited(state, policy)
-    w = policy.period_us
-    limit = policy.limit
+def sliding_window_counts(state: tuple[int, int, int] | None, now: int, w: int) -> tuple[int, int, int, int]:
+    """The sliding window's (window start, time it is evaluated at, current count, previous
+    count) at ``now``: the previous window's count when the stored one has just ended; an older
+    request evaluated at the stored window's start."""
     ws = now - now % w
     cur = 0
     prev = 0
@@ -183,15 +183,11 @@ def sliding_window(
                 now = sw
             cur = sc
             prev = sp
-    weight = (w - (now - ws)) / w
-    weighted = prev * weight + cur
-    if weighted + cost <= limit:
-        cur = cur + cost
-        used = prev * weight + cur
-        remaining = floor(limit - used + EPSILON)
-        if remaining < 0:
-            remaining = 0
-        return make_decision(True, remaining, limit, 0, ws + 2 * w - now), (ws, cur, prev)
+    return ws, now, cur, prev
+
+
+def sliding_window_retry(ws: int, now: int, w: int, limit: int, cur: int, prev: int, cost: int) -> int:
+    """How long a request of ``cost`` waits on a sliding window that refuses it now (at least 1 us)."""
     if prev > 0 and cur + cost <= limit:
         need = w * (1 - (limit - cost - cur) / prev)
         retry = ceil(ws + need - now)
@@ -202,8 +198,28 @@ def sliding_window(
             if need < 0:
                 need = 0.0
         retry = ceil(ws + w + need - now)
-    if retry < 1:
-        retry = 1
+    return 1 if retry < 1 else retry
+
+
+def sliding_window(
+    state: tuple[int, int, int] | None, now: int, policy: Policy, cost: int = 1
+) -> tuple[Decision, tuple[int, int, int] | None]:
+    """The two-counter sliding window: previous window weighted by its overlap."""
+    if policy.unlimited:
+        return unlimited_answer(state, policy)
+    w = policy.period_us
+    limit = policy.limit
+    ws, now, cur, prev = sliding_window_counts(state, now, w)
+    weight = (w - (now - ws)) / w
+    weighted = prev * weight + cur
+    if weighted + cost <= limit:
+        cur = cur + cost
+        used = prev * weight + cur
+        remaining = floor(limit - used + EPSILON)
+        if remaining < 0:
+            remaining = 0
+        return make_decision(True, remaining, limit, 0, ws + 2 * w - now), (ws, cur, prev)
+    retry = sliding_window_retry(ws, now, w, limit, cur, prev, cost)
     remaining = floor(limit - weighted + EPSILON)
     if remaining < 0:
         remaining = 0
@@ -221,7 +237,7 @@ def sliding_log(
 ) -> tuple[Decision, tuple[int, ...] | None]:
     """The sliding log: one entry per token in a sorted set, exact over any window."""
     if policy.unlimited:
-        return _unlimited(state, policy)
+        return unlimited_answer(state, policy)
     w = policy.period_us
     limit = policy.limit
     entries: tuple[int, ...] = state or ()
@@ -266,7 +282,7 @@ def decide(state: State, now: int, policy: Policy, cost: int = 1) -> tuple[Decis
 def peek_token_bucket(state: tuple[int, float] | None, now: int, policy: Policy) -> Decision:
     """:func:`token_bucket` for cost 1 without spending: the tokens after refill."""
     if policy.unlimited:
-        return _unlimited(state, policy)[0]
+        return unlimited_answer(state, policy)[0]
     burst = policy.burst_f
     rate = policy.rate_per_us
     if state is None:
@@ -285,7 +301,7 @@ def peek_token_bucket(state: tuple[int, float] | None, now: int, policy: Policy)
 def peek_gcra(state: float | None, now: int, policy: Policy) -> Decision:
     """:func:`gcra` for cost 1 without moving the TAT."""
     if policy.unlimited:
-        return _unlimited(state, policy)[0]
+        return unlimited_answer(state, policy)[0]
     t = policy.emission_us
     tau = t * policy.burst_f
     tat = now if state is None else state
@@ -304,7 +320,7 @@ def peek_fixed_window(state: tuple[int, int] | None, now: int, policy: Policy) -
     the window once anything is counted in it (or when denied, as the denied branch
     says), else 0: an empty window is already at its full allowance."""
     if policy.unlimited:
-        return _unlimited(state, policy)[0]
+        return unlimited_answer(state, policy)[0]
     w = policy.period_us
     limit = policy.limit
     if limit <= 0:
@@ -325,22 +341,10 @@ def peek_fixed_window(state: tuple[int, int] | None, now: int, policy: Policy) -
 def peek_sliding_window(state: tuple[int, int, int] | None, now: int, policy: Policy) -> Decision:
     """:func:`sliding_window` for cost 1 without counting."""
     if policy.unlimited:
-        return _unlimited(state, policy)[0]
+        return unlimited_answer(state, policy)[0]
     w = policy.period_us
     limit = policy.limit
-    ws = now - now % w
-    cur = 0
-    prev = 0
-    if state is not None:
-        sw, sc, sp = state
-        if ws > sw:
-            prev = sc if ws - sw == w else 0
-        else:
-            if ws < sw:
-                ws = sw
-                now = sw
-            cur = sc
-            prev = sp
+    ws, now, cur, prev = sliding_window_counts(state, now, w)
     weight = (w - (now - ws)) / w
     weighted = prev * weight + cur
     remaining = floor(limit - weighted + EPSILON)
@@ -354,25 +358,13 @@ def peek_sliding_window(state: tuple[int, int, int] | None, now: int, policy: Po
         reset = 0
     if weighted + 1 <= limit:
         return make_decision(True, remaining, limit, 0, reset)
-    if prev > 0 and cur + 1 <= limit:
-        need = w * (1 - (limit - 1 - cur) / prev)
-        retry = ceil(ws + need - now)
-    else:
-        need = 0.0
-        if cur > 0:
-            need = w * (1 - (limit - 1) / cur)
-            if need < 0:
-                need = 0.0
-        retry = ceil(ws + w + need - now)
-    if retry < 1:
-        retry = 1
-    return make_decision(False, remaining, limit, retry, reset)
+    return make_decision(False, remaining, limit, sliding_window_retry(ws, now, w, limit, cur, prev, 1), reset)
 
 
 def peek_sliding_log(state: tuple[int, ...] | None, now: int, policy: Policy) -> Decision:
     """:func:`sliding_log` for cost 1 without adding an entry (or pruning one)."""
     if policy.unlimited:
-        return _unlimited(state, policy)[0]
+        return unlimited_answer(state, policy)[0]
     w = policy.period_us
     limit = policy.limit
     entries: tuple[int, ...] = state or ()

@@ -26,7 +26,8 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from .algorithms import ALGORITHMS, PEEKS, blocked_decision, decide, token_bucket_tokens
-from .policy import Algorithm, BucketView, Decision, Policy, make_decision, validate_cost
+from .charges import CHARGES
+from .policy import Algorithm, BucketView, Charge, Decision, Policy, make_decision, validate_cost
 
 try:  # the C hot path (limiter/_speedups.c); optional, same answers
     from ._speedups import FastCheck as _FastCheck
@@ -129,8 +130,10 @@ class LocalLimiter:
     def check(self, key: str, policy: Policy, cost: int = 1, now_us: int | None = None) -> Decision:
         """Decide one request and record it.
 
-        ``cost=0`` (an int) is a peek: the answer a request of cost 1 would get now
-        (:func:`limiter.algorithms.peek` of the stored state), recording nothing. A
+        A :class:`~limiter.policy.Charge` cost is a charge: counted whatever is left, the
+        key's balance going into debt (:mod:`limiter.charges`). ``cost=0`` (an int) is a
+        peek: the answer a request of cost 1 would get now (:func:`limiter.algorithms.peek`
+        of the stored state), recording nothing. A
         :meth:`Policy.blocking` policy is denied without touching the key map.
 
         With the C extension built, instances replace this method by its C version,
@@ -140,10 +143,13 @@ class LocalLimiter:
         """
         if now_us is None:
             now_us = self._clock() if self._custom_clock else _time_ns() // 1000
+        table = ALGORITHMS
         if cost.__class__ is not int or cost < 1 or cost > policy.limit:
             if (cost.__class__ is int and cost == 0) or policy.blocked:
                 return self._peek_or_block(key, policy, cost, now_us)
             cost = validate_cost(policy, cost)
+            if cost.__class__ is Charge:  # counted whatever is left (limiter.charges)
+                table = CHARGES
         if policy.unlimited:
             return make_decision(True, policy.limit, policy.limit, 0, 0)
         alg = policy.algorithm
@@ -153,7 +159,7 @@ class LocalLimiter:
         try:
             entry = data.get(key)
             if entry is None:
-                fn = ALGORITHMS[alg]
+                fn = table[alg]
                 decision, state = fn(None, now_us, policy, cost)
                 if state is not None:
                     # idle keys are dropped as new ones arrive (and by sweep())
@@ -161,14 +167,15 @@ class LocalLimiter:
                     if len(data) >= self.max_keys:
                         self._evict(now_us)
                     expires = now_us + policy.ttl_us + decision.reset_after_us
-                    data[key] = [state, alg, now_us, expires, fn, (now_us, self.forgot_us)]
+                    data[key] = [state, alg, now_us, expires, ALGORITHMS[alg], (now_us, self.forgot_us)]
             else:
                 data.move_to_end(key)
                 if entry[1] is alg:
-                    decision, state = entry[4](entry[0], now_us, policy, cost)
+                    fn = entry[4] if table is ALGORITHMS else table[alg]
+                    decision, state = fn(entry[0], now_us, policy, cost)
                 else:  # the key's policy changed algorithm: its state starts afresh, a new bucket
-                    fn = entry[4] = ALGORITHMS[alg]
-                    decision, state = fn(None, now_us, policy, cost)
+                    entry[4] = ALGORITHMS[alg]
+                    decision, state = table[alg](None, now_us, policy, cost)
                     entry[1] = alg
                     entry[_BIRTH] = (now_us, now_us)
                 entry[0] = state

@@ -25,26 +25,41 @@ from .rates import parse_rate
 __all__ = [
     "Algorithm",
     "BucketView",
+    "Charge",
     "Decision",
     "MAX_AVERAGE",
     "MAX_BURST",
+    "MAX_COST",
+    "MAX_LOG_LIMIT",
     "MAX_PERIOD_S",
     "MAX_REFILL_S",
     "MIN_EMISSION_US",
     "MIN_PERIOD_S",
+    "NO_LOG_CHARGE",
     "Policy",
     "make_decision",
+    "validate_charge",
     "validate_cost",
 ]
 
 MIN_PERIOD_S = 0.001
 MAX_PERIOD_S = 366 * 86_400.0
-#: the largest bucket (``burst``)
-MAX_BURST = 1_000_000_000
-#: the most tokens (or requests) per period: the windowed limit and the default burst stay <= 10^9
-MAX_AVERAGE = 1_000_000_000
+#: the largest bucket (``burst``): budgets of up to 10^12 units (LLM tokens, bytes), every
+#: balance an exact whole number in a double (docs/algorithms.md#charges)
+MAX_BURST = 1_000_000_000_000
+#: the most tokens (or requests) per period: the windowed limit and the default burst stay <= 10^12
+MAX_AVERAGE = 1_000_000_000_000
+#: the sliding log holds one entry per request counted: at most 10^9 of them a window
+MAX_LOG_LIMIT = 1_000_000_000
 #: a full bucket must refill within 10 years of 365 days: burst * period / average <= this
 MAX_REFILL_S = 10 * 365 * 86_400
+#: the largest charge (a cost known after the answer, :class:`Charge`): 10^9 units a request
+MAX_COST = 1_000_000_000
+#: why the sliding log takes no charge (the rules check and the API say it)
+NO_LOG_CHARGE = (
+    "algorithm: sliding_log keeps one entry per unit, so a charge (a cost known after the answer, up to "
+    "10^9 units) would hold that many entries: use sliding_window for budgets"
+)
 #: GCRA adds one emission interval per token to a stored time of about 2^50 us, whose
 #: resolution is 0.25 us: a shorter interval would be rounded away, so it is refused
 MIN_EMISSION_US = 1.0
@@ -185,6 +200,11 @@ class Policy:
             )
         if avg > MAX_AVERAGE:
             raise ValueError(f"average: must be at most {MAX_AVERAGE} per period, got {avg:g}")
+        if alg is Algorithm.SLIDING_LOG and avg > MAX_LOG_LIMIT:
+            raise ValueError(
+                f"average: sliding_log keeps one entry per request, at most {MAX_LOG_LIMIT} a window, got {avg:g}: "
+                "use sliding_window for larger budgets"
+            )
         b = _burst(burst, avg, unlimited)
         s(self, "burst", b)
         s(self, "burst_f", float(b))
@@ -356,12 +376,42 @@ class BucketView:
         }
 
 
+class Charge(int):
+    """A cost known only after the answer (an LLM answer's tokens): a *charge*, counted
+    whatever is left, even when it takes the key into debt (:mod:`limiter.charges`), where a
+    plain ``int`` cost is a request, refused when what is left cannot cover it. Negative, it is
+    a refund (a settled reservation that cost less than its estimate). Pass it wherever a cost
+    goes: ``limiter.check(key, policy, Charge(1200))``.
+
+    >>> Charge(1200)
+    Charge(1200)
+    """
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return f"Charge({int(self)})"
+
+
+def validate_charge(policy: Policy, cost: Charge) -> Charge:
+    """Check a charge: a whole number of at most :data:`MAX_COST` units either way, on a
+    policy that takes charges (not the sliding log, :data:`NO_LOG_CHARGE`)."""
+    if abs(cost) > MAX_COST:
+        raise ValueError(f"cost: a charge is at most {MAX_COST} units, got {int(cost)}")
+    if policy.algorithm is Algorithm.SLIDING_LOG and not policy.unlimited and not policy.blocked:
+        raise ValueError(NO_LOG_CHARGE)
+    return cost
+
+
 def validate_cost(policy: Policy, cost: object) -> int:
     """Check a request's cost: a whole number from 1 to the policy's limit (any cost
-    from 1 for a :meth:`Policy.blocking` policy, whose answer is always a denial).
+    from 1 for a :meth:`Policy.blocking` policy, whose answer is always a denial); a
+    :class:`Charge` as :func:`validate_charge` says.
 
     A cost of 0 (a peek, which spends nothing) is refused here: the limiters' ``check``
     methods take an int 0 as a peek before they call this."""
+    if cost.__class__ is Charge:
+        return validate_charge(policy, cost)
     if type(cost) is not int:
         if isinstance(cost, bool) or not isinstance(cost, (int, float)) or not math.isfinite(cost) or cost != int(cost):
             raise ValueError(f"cost: must be a whole number >= 1, got {cost!r}")

@@ -27,11 +27,11 @@ from typing import Any, Literal, cast
 from .algorithms import blocked_decision, decide
 from .connection import Backend, RedisConnection, make_backend, make_redis_py_client
 from .errors import BackendError, BackendReplyError, BackendUnavailable
-from .policy import Algorithm, BucketView, Decision, Policy, make_decision, validate_cost
+from .policy import Algorithm, BucketView, Charge, Decision, Policy, make_decision, validate_cost
 from .redis_url import RedisTarget
 from .resp import ReplyError, encode_command
 from .script_calls import Prepared, Run, within
-from .scripts import MANY_MAX, PEEK, PEEKS, SCRIPTS, STATE_FIELDS, Script, decode_state, many, policy_args
+from .scripts import CHARGES, MANY_MAX, PEEK, PEEKS, SCRIPTS, STATE_FIELDS, Script, decode_state, many, policy_args
 
 __all__ = ["RedisLimiter", "TimeSource", "make_backend", "make_redis_py_client"]
 
@@ -39,14 +39,14 @@ TimeSource = Literal["local", "redis"]
 _NAMESPACE = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 
 
-#: every script a limiter runs: the decisions, the dashboards' view, the peeks, and the
-#: decisions and peeks of many requests in one call
+#: every script a limiter runs: the decisions, the dashboards' view, the peeks, the charges,
+#: and the decisions, peeks and charges of many requests in one call
 _ALL_SCRIPTS = (
     *SCRIPTS.values(),
     PEEK,
     *PEEKS.values(),
-    *(many(s) for s in SCRIPTS.values()),
-    *(many(s) for s in PEEKS.values()),
+    *CHARGES.values(),
+    *(many(s) for s in (*SCRIPTS.values(), *PEEKS.values(), *CHARGES.values())),
 )
 
 
@@ -80,6 +80,7 @@ class RedisLimiter:
         # another object's, and two equal policies (a route's local and distributed) both hit
         self._by_id: dict[int, tuple[Policy, Prepared]] = {}
         self._peek_prepared: dict[Policy, Prepared] = {}
+        self._charge_prepared: dict[Policy, Prepared] = {}
         # every key on one server (not a cluster): a burst goes as a few calls for many keys
         self._one_server = getattr(backend, "cluster", True) is False
         self.connection = connection  # what the backend was built from (None: a backend given directly)
@@ -147,6 +148,21 @@ class RedisLimiter:
             p = self._peek_prepared[policy] = Prepared(PEEKS[policy.algorithm], policy)
         return p
 
+    def _prepare_charge(self, policy: Policy) -> Prepared:
+        """The charge script's head for the policy (the same ARGV as its decision script)."""
+        p = self._charge_prepared.get(policy)
+        if p is None:
+            if len(self._charge_prepared) > 4096:
+                self._charge_prepared.clear()
+            p = self._charge_prepared[policy] = Prepared(CHARGES[policy.algorithm], policy)
+        return p
+
+    def _script_of(self, policy: Policy, cost: int) -> Prepared:
+        """The pieces of the script a cost asks for: a charge's, a peek's (0) or the decision's."""
+        if cost.__class__ is Charge:
+            return self._prepare_charge(policy)
+        return self._prepare(policy) if cost else self._prepare_peek(policy)
+
     def _off_path(self, policy: Policy, cost: object, now_us: int | None) -> Decision | int:
         """A cost the hot path does not take as it is: 0 (an int) for a peek, else the
         validated cost (``ValueError`` as :func:`validate_cost` says); or the Decision
@@ -175,7 +191,9 @@ class RedisLimiter:
         """Decide one request atomically in Redis. Raises :class:`BackendError` on failure,
         :class:`DeadlineExceeded` when Redis has not answered within ``timeout_s``.
 
-        ``cost=0`` is a peek: the answer a request of cost 1 would get now, nothing written
+        A :class:`~limiter.policy.Charge` cost is a charge, counted whatever is left
+        (``lua/charge_<algorithm>.lua``, :mod:`limiter.charges`). ``cost=0`` is a peek: the
+        answer a request of cost 1 would get now, nothing written
         (:func:`limiter.algorithms.peek`). A blocking policy is denied without Redis."""
         if type(cost) is not int or cost < 1 or cost > policy.limit:
             c = self._off_path(policy, cost, now_us)
@@ -184,7 +202,7 @@ class RedisLimiter:
             cost = c
         if policy.unlimited:
             return make_decision(True, policy.limit, policy.limit, 0, 0)
-        prep = self._prepare(policy) if cost else self._prepare_peek(policy)
+        prep = self._script_of(policy, cost)
         rkey = self._prefix + key.encode()
         rest = self._rest(rkey, prep, now_us, cost)
         payload = prep.head + rest
@@ -249,8 +267,8 @@ class RedisLimiter:
                 whole = not verdicts or i in full
                 out[i] = make_decision(True, policy.limit, policy.limit, 0, 0) if whole else True
                 continue
-            if not cost:
-                prep, last = self._prepare_peek(policy), None
+            if cost.__class__ is Charge or not cost:
+                prep, last = self._script_of(policy, cost), None
             elif policy is not last:
                 prep, last = self._prepare(policy), policy
             yield i, prefix + key.encode(), prep, cost, now_us

@@ -39,7 +39,7 @@ from typing import Literal, cast
 from .breaker import BreakerSnapshot, BreakerState, CircuitBreaker
 from .errors import BackendError, DeadlineExceeded
 from .local import LocalLimiter
-from .policy import Algorithm, Decision, Policy, make_decision, validate_cost
+from .policy import Algorithm, Charge, Decision, Policy, make_decision, validate_cost
 from .redis_limiter import RedisLimiter
 from .resp import encode_command
 
@@ -471,7 +471,7 @@ class ResilientLimiter:
             )
         self.fallback_decisions += 1
         share = self.shared_policy(policy)
-        if cost > share.limit and not share.unlimited:
+        if cost > share.limit and not share.unlimited and cost.__class__ is not Charge:
             d = make_decision(False, 0, share.limit, share.period_us, 0)
         else:
             d = self.fallback.check(key, share, cost, now_us)

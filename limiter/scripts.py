@@ -17,6 +17,7 @@ from importlib import resources
 from .policy import Algorithm, Policy
 
 __all__ = [
+    "CHARGES",
     "MANY_MAX",
     "PEEK",
     "PEEKS",
@@ -58,6 +59,11 @@ SCRIPTS: dict[Algorithm, Script] = {a: load_script(a.value) for a in Algorithm}
 #: the read-only twin of each decision script (``lua/peek_<algorithm>.lua``): the same
 #: KEYS and ARGV, the answer a request of cost 1 would get, nothing written
 PEEKS: dict[Algorithm, Script] = {a: load_script(f"peek_{a.value}") for a in Algorithm}
+#: the charge of each algorithm that takes one (``lua/charge_<algorithm>.lua``): the same KEYS
+#: and ARGV, the cost counted whatever is left (:mod:`limiter.charges`)
+CHARGES: dict[Algorithm, Script] = {
+    a: load_script(f"charge_{a.value}") for a in Algorithm if a is not Algorithm.SLIDING_LOG
+}
 #: the dashboards' token-bucket view (``lua/peek.lua``, :meth:`RedisLimiter.peek`)
 PEEK: Script = load_script("peek")
 

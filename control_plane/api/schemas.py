@@ -177,7 +177,7 @@ class CandidateSet(StrictBody):
         description='The candidate limit as text: "20/second", "100/minute", "1000 per hour" (burst defaults to'
         " the quantity).",
     )
-    burst: int | None = Field(None, ge=1, le=1_000_000_000)
+    burst: int | None = Field(None, ge=1, le=1_000_000_000_000)
     algorithm: Literal["token_bucket", "gcra", "fixed_window", "sliding_window", "sliding_log"] | None = Field(
         None, description="Default: the route's current algorithm."
     )
@@ -233,12 +233,12 @@ class ConfigAdjust(StrictBody):
         '"100/5 minutes" (burst defaults to the quantity).',
     )
     average: float | None = Field(
-        None, ge=0, le=1e9, description="Tokens per period; 0 = unlimited. Required unless limit (or clear) is given."
+        None, ge=0, le=1e12, description="Tokens per period; 0 = unlimited. Required unless limit (or clear) is given."
     )
     period: float | None = Field(
         None, ge=0.001, le=ADJUST_MAX_PERIOD_S, description="Seconds, with average (default 1.0)."
     )
-    burst: int | None = Field(None, ge=1, le=1_000_000_000)
+    burst: int | None = Field(None, ge=1, le=1_000_000_000_000)
     algorithm: Literal["token_bucket", "gcra", "fixed_window", "sliding_window", "sliding_log"] | None = None
     reason: str = Field("adjusted via API", min_length=1, max_length=500)
     clear: bool = Field(False, description="Remove the adjustment instead.")

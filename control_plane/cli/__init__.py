@@ -275,7 +275,7 @@ def cmd_completion(args: argparse.Namespace) -> int:
 #: the bounds of numeric options that are the control plane's own bounds
 MAX_WORKERS = 64  # SHADOWLIMIT_WORKERS
 MAX_DEMO_REPLICAS = 16
-MAX_BURST = 1_000_000_000
+MAX_BURST = 1_000_000_000_000
 MAX_MINUTES = 24 * 60  # POST /v1/whatif
 
 

@@ -410,7 +410,7 @@ class Decider:
         known over its global limit, in enforce) answered from the over-limit cache."""
         over = self.over_limit
         lkey, dp, cost, now_us = pending.request
-        if over is not None and cost <= 1 and pending.plan.mode_value == "enforce":
+        if over is not None and 0 <= cost <= 1 and pending.plan.mode_value == "enforce":
             refusal = over.get(lkey, dp, now_us)
             if refusal is not None:
                 b.cached.append((pending, refusal))

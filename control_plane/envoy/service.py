@@ -15,8 +15,12 @@ earliest call's deadline; each call's answer is the one it would get alone. As e
   limit named in another matched limit's ``replaces`` is not checked;
   ``requests_per_unit: 0`` is over for every request (no Redis call);
 * ``hits_addend`` is the cost (the descriptor's own, else the request's, whose 0 means
-  1); a descriptor's own ``hits_addend`` of 0 looks at the limit without spending: OVER
-  when no quota is left (a request of one hit would be refused), else OK with what remains;
+  1), and every hit is counted, refused or not (a :class:`~limiter.policy.Charge`, into
+  debt on a bucket), as envoyproxy/ratelimit's counter counts it: Envoy's stream-done call
+  (``apply_on_stream_done``, its ``hits_addend`` read from the response) lands whatever is
+  left, and the next check sees it. A descriptor's own ``hits_addend`` of 0 looks at the
+  limit without spending: OVER when no quota is left (a request of one hit would be
+  refused), else OK with what remains;
 * the overall code is OVER_LIMIT when any descriptor whose answer counts is over, or when
   every ``quota_mode`` descriptor is;
 * a descriptor of a route in **shadow** (or a key outside a canary's share) answers OK:
@@ -52,6 +56,8 @@ from envoy.config.core.v3.base_pb2 import HeaderValue
 from envoy.service.ratelimit.v3 import rls_pb2
 from google.protobuf.duration_pb2 import Duration
 from google.protobuf.message import DecodeError
+
+from limiter.policy import Charge
 
 from ..decision import DecideResult, InvalidCost, Path, PlainInput
 from ..observe import incidents
@@ -312,8 +318,10 @@ class RateLimitService:
                 raise _Invalid(f"descriptors[{i}].entries: at most {MAX_ENTRIES}, got {len(d.entries)}")
             if d.HasField("limit"):
                 raise _Invalid(f"descriptors[{i}].limit: per-request limit overrides are not supported")
-            # the descriptor's own hits_addend, 0 included (a look without spending)
-            costs.append(d.hits_addend.value if d.HasField("hits_addend") else default_cost)
+            # the descriptor's own hits_addend, 0 included (a look without spending); every other
+            # hit is a charge, counted refused or not, as envoyproxy/ratelimit counts it
+            cost = d.hits_addend.value if d.HasField("hits_addend") else default_cost
+            costs.append(Charge(cost) if cost else 0)
             entries = [(e.key, e.value) for e in d.entries]
             matches.append(config.lookup(request.domain, entries) if config is not None and entries else None)
         replaced = {name for m in matches if m is not None for name in m.limit.replaces}
@@ -341,7 +349,7 @@ class RateLimitService:
         # the limit's verdict for this request: the global one where it was asked
         verdict = res.allowed if counted else res.local.allowed if res.shadow_allowed is None else res.shadow_allowed
         over = not verdict
-        used = d.limit - d.remaining - (cost if d.allowed else 0)
+        used = d.limit - d.remaining - cost  # a hit is counted refused or not (a charge)
         v = _Verdict(status, counted, over, d.limit, used, res.headers)
         v.would = not counted and res.shadow_allowed is False
         return v

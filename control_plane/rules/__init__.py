@@ -3,7 +3,7 @@
 The file is parsed strictly: unknown keys, duplicate keys, wrong types and values the
 limiter would refuse are all errors, and every error is a :class:`RulesError` naming
 the file, the line and the field (``rules.yaml:14: routes[1].local.burst: must be
-between 1 and 1000000000, got 0``). A bad file never half-applies: :class:`RulesWatcher`
+between 1 and 1000000000000, got 0``). A bad file never half-applies: :class:`RulesWatcher`
 keeps serving the last good rules and reports the error.
 
 Schema (see ``examples/rules.yaml`` for a commented example)::

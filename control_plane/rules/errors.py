@@ -4,7 +4,7 @@ Every problem in a rules file, from a YAML syntax error to a policy the limiter 
 :class:`RulesError` naming the file, the line and the field::
 
     ValueError
-     └── RulesError        rules.yaml:14: routes[1].local.burst: must be between 1 and 1000000000, got 0
+     └── RulesError        rules.yaml:14: routes[1].local.burst: must be between 1 and 1000000000000, got 0
 
 A field's path is a tuple of mapping keys and list indexes (:data:`FieldPath`), shown dotted by
 :func:`field_name` (``("routes", 1, "local", "burst")`` is ``routes[1].local.burst``). Raw API keys

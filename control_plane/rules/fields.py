@@ -405,7 +405,7 @@ POLICY = Block(
             name="burst",
             schema=whole(1, MAX_BURST),
             default_doc="`ceil(average)`",
-            doc="Bucket size, a whole number from 1 to 10^9 (never inherited). Windowed algorithms use it only for "
+            doc="Bucket size, a whole number from 1 to 10^12 (never inherited). Windowed algorithms use it only for "
             "the key TTL.",
         ),
         Key(

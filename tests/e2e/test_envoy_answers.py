@@ -269,3 +269,21 @@ def test_a_banned_value_is_always_over_without_redis_and_counted_in_shadow(serve
     assert metric_value(text, "rate_limit_envoy_hits_total", route=BANNED, stat="over_limit") == 4
     assert metric_value(text, "rate_limit_envoy_hits_total", route=BANNED, stat="shadow_mode") == 1
     wait_until(lambda: compared(cp, BANNED) == 4, timeout=15, what="the 3 enforced and 1 shadow decisions compared")
+
+
+def test_every_hit_is_counted_refused_or_not_as_envoyproxy_ratelimit_counts_it(served) -> None:
+    """A fixed window of 5 a minute: a hit of 3 (OK), one of 4 (OVER, and counted: 7), then a
+    hit of 1 is OVER where a window that counted only what it admitted (3) would take it; a
+    charge past the limit (a stream-done call's ``hits_addend``) lands whatever is left, and the
+    look that follows (``hits_addend`` 0) is OVER_LIMIT."""
+    _, rls = served
+    clear_of_minute_edge()
+    budget = ("budget", "every-hit")
+    assert rls.codes(descriptor(budget), hits=3)[0] == OK
+    assert rls.codes(descriptor(budget), hits=4)[0] == OVER
+    assert rls.codes(descriptor(budget))[0] == OVER  # 7 + 1 > 5: the refused hit was counted
+    other = ("budget", "streamed")
+    assert rls.codes(descriptor(other, hits=0))[0] == OK  # the request-time look: nothing spent yet
+    r = rls.ask(descriptor(other, hits=900))  # the stream-done charge: 900 of 5, counted
+    assert r.overall_code == OVER and r.statuses[0].limit_remaining == 0
+    assert rls.codes(descriptor(other, hits=0))[0] == OVER  # the next look sees the charge

@@ -12,24 +12,13 @@ import itertools
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from policy_strategies import policies
 
-from limiter import Algorithm, LocalLimiter, Policy, RedisLimiter
+from limiter import LocalLimiter, RedisLimiter
 from limiter.algorithms import decide, peek
 
 T0 = 1_700_000_000_000_000
 _ids = itertools.count()
-
-
-@st.composite
-def policies(draw):
-    alg = draw(st.sampled_from(list(Algorithm)))
-    if alg.windowed:
-        average = draw(st.sampled_from([1, 2, 3, 7, 10, 50, 12.5]))
-    else:
-        average = draw(st.sampled_from([0.5, 1, 3, 7.7, 10, 100, 1000, 33.333]))
-    period = draw(st.sampled_from([0.001, 0.01, 0.25, 1.0, 3.0, 60.0]))
-    burst = draw(st.integers(1, 40))
-    return Policy(average=average, period=period, burst=burst, algorithm=alg)
 
 
 @st.composite

@@ -16,12 +16,13 @@ from importlib import resources
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from policy_strategies import policies
 
 from limiter import Algorithm, Decision, LocalLimiter, Policy, RedisLimiter
 from limiter.algorithms import PEEKS, decide, peek
 from limiter.resilience import ResilientLimiter
 from limiter.resp import ReplyError, encode_command
-from limiter.scripts import PEEK, SCRIPTS, load_script, many, policy_args
+from limiter.scripts import CHARGES, PEEK, SCRIPTS, load_script, many, policy_args
 from limiter.scripts import PEEKS as PEEK_SCRIPTS
 
 T0 = 1_700_000_000_000_000
@@ -37,18 +38,6 @@ POLICIES = {
     Algorithm.SLIDING_WINDOW: Policy(average=5, period=1.0, algorithm="sliding_window"),
     Algorithm.SLIDING_LOG: Policy(average=5, period=1.0, algorithm="sliding_log"),
 }
-
-
-@st.composite
-def policies(draw):
-    alg = draw(st.sampled_from(ALGS))
-    if alg.windowed:
-        average = draw(st.sampled_from([1, 2, 3, 7, 10, 50, 12.5]))
-    else:
-        average = draw(st.sampled_from([0.5, 1, 3, 7.7, 10, 100, 1000, 33.333]))
-    period = draw(st.sampled_from([0.001, 0.01, 0.25, 1.0, 3.0, 60.0]))
-    burst = draw(st.integers(1, 40))
-    return Policy(average=average, period=period, burst=burst, algorithm=alg)
 
 
 @st.composite
@@ -206,10 +195,10 @@ async def test_load_scripts_includes_the_peek_scripts(redis_url):
         await rl.backend.call_all(encode_command("SCRIPT", "FLUSH"))
         assert await rl.scripts_loaded() is False
         shas = await rl.load_scripts()
-        singles = [*SCRIPTS.values(), PEEK, *PEEK_SCRIPTS.values()]
-        manys = [many(s) for s in [*SCRIPTS.values(), *PEEK_SCRIPTS.values()]]
+        singles = [*SCRIPTS.values(), PEEK, *PEEK_SCRIPTS.values(), *CHARGES.values()]
+        manys = [many(s) for s in [*SCRIPTS.values(), *PEEK_SCRIPTS.values(), *CHARGES.values()]]
         assert set(shas) == {s.sha for s in singles + manys}
-        assert len(shas) == 21
+        assert len(shas) == 29
         assert await rl.scripts_loaded() is True
         await rl.backend.call(None, encode_command("SCRIPT", "FLUSH"))
         await rl.backend.call(None, encode_command("SCRIPT", "LOAD", SCRIPTS[Algorithm.GCRA].source))

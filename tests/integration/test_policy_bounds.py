@@ -167,8 +167,9 @@ def test_largest_values_decide_or_are_refused_by_name(redis_url, kwargs, alg):
         },  # TTL beyond EXPIRE's range
         {"average": 1, "period": MAX_PERIOD_S, "burst": 10**9, "algorithm": "sliding_log"},
         {"average": 1e9, "period": 0.001, "algorithm": "gcra"},  # 1e-6 us per token: TAT never moves
-        {"average": 1e10},  # a default burst past 10^9
-        {"average": 2e9, "period": 60, "algorithm": "fixed_window"},  # a window limit past 10^9
+        {"average": 1e13},  # a default burst past 10^12
+        {"average": 2e12, "period": 60, "algorithm": "fixed_window"},  # a window limit past 10^12
+        {"average": 2e9, "period": 60, "algorithm": "sliding_log"},  # a log of more than 10^9 entries
         {"average": 10**400},  # float() overflows
     ],
 )

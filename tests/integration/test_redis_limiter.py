@@ -23,7 +23,7 @@ import limiter
 from limiter import Algorithm, BucketView, Decision, LocalLimiter, Policy, RedisLimiter
 from limiter.algorithms import token_bucket_tokens
 from limiter.embedded import EmbeddedRedis
-from limiter.scripts import PEEK, PEEKS, SCRIPTS, many
+from limiter.scripts import CHARGES, PEEK, PEEKS, SCRIPTS, many
 
 T0 = 1_700_000_000_000_000
 SEC = 1_000_000
@@ -47,8 +47,8 @@ TTL_POLICIES = {
 }
 
 # each request's scripts, then the same made for many requests in one call (decisions, peeks)
-ALL_SHAS = [s.sha for s in [*SCRIPTS.values(), PEEK, *PEEKS.values()]] + [
-    many(s).sha for s in [*SCRIPTS.values(), *PEEKS.values()]
+ALL_SHAS = [s.sha for s in [*SCRIPTS.values(), PEEK, *PEEKS.values(), *CHARGES.values()]] + [
+    many(s).sha for s in [*SCRIPTS.values(), *PEEKS.values(), *CHARGES.values()]
 ]
 
 

@@ -166,9 +166,9 @@ def test_a_directory_reads_its_yaml_files_in_order(tmp_path: Path) -> None:
             "config.yaml:4: descriptors[0].rate_limit.unit: should not specify a unit when unlimited",
         ),
         (
-            "domain: d\ndescriptors:\n  - key: a\n    rate_limit: {unit: second, requests_per_unit: 1000000001}\n",
-            "config.yaml:4: descriptors[0].rate_limit.requests_per_unit: must be between 0 and 1000000000, "
-            "got 1000000001",
+            "domain: d\ndescriptors:\n  - key: a\n    rate_limit: {unit: second, requests_per_unit: 1000000000001}\n",
+            "config.yaml:4: descriptors[0].rate_limit.requests_per_unit: must be between 0 and 1000000000000, "
+            "got 1000000000001",
         ),
         (
             "domain: d\ndescriptors:\n  - key: a\n    rate_limit: {unit: second, requests_per_unit: five}\n",
