@@ -186,7 +186,7 @@ def sliding_window_counts(state: tuple[int, int, int] | None, now: int, w: int) 
     return ws, now, cur, prev
 
 
-def sliding_window_retry(ws: int, now: int, w: int, limit: int, cur: int, prev: int, cost: int) -> int:
+def sliding_window_retry(ws: int, now: int, w: int, *, limit: int, cur: int, prev: int, cost: int) -> int:
     """How long a request of ``cost`` waits on a sliding window that refuses it now (at least 1 us)."""
     if prev > 0 and cur + cost <= limit:
         need = w * (1 - (limit - cost - cur) / prev)
@@ -219,7 +219,7 @@ def sliding_window(
         if remaining < 0:
             remaining = 0
         return make_decision(True, remaining, limit, 0, ws + 2 * w - now), (ws, cur, prev)
-    retry = sliding_window_retry(ws, now, w, limit, cur, prev, cost)
+    retry = sliding_window_retry(ws, now, w, limit=limit, cur=cur, prev=prev, cost=cost)
     remaining = floor(limit - weighted + EPSILON)
     if remaining < 0:
         remaining = 0
@@ -358,7 +358,9 @@ def peek_sliding_window(state: tuple[int, int, int] | None, now: int, policy: Po
         reset = 0
     if weighted + 1 <= limit:
         return make_decision(True, remaining, limit, 0, reset)
-    return make_decision(False, remaining, limit, sliding_window_retry(ws, now, w, limit, cur, prev, 1), reset)
+    return make_decision(
+        False, remaining, limit, sliding_window_retry(ws, now, w, limit=limit, cur=cur, prev=prev, cost=1), reset
+    )
 
 
 def peek_sliding_log(state: tuple[int, ...] | None, now: int, policy: Policy) -> Decision:

@@ -165,7 +165,7 @@ def charge_sliding_window(
         reset = ws + w - now
     else:
         reset = 0
-    retry = 0 if weighted + 1 <= limit else sliding_window_retry(ws, now, w, limit, cur, prev, 1)
+    retry = 0 if weighted + 1 <= limit else sliding_window_retry(ws, now, w, limit=limit, cur=cur, prev=prev, cost=1)
     return make_decision(fits, balance, limit, retry, reset), (ws, cur, prev)
 
 
