@@ -108,6 +108,8 @@ register_url_convertor("key", KeyConvertor())
 ACCESS: dict[tuple[str, str], Access] = {
     ("POST", "/v1/decide"): Access.DATA,
     ("POST", "/v1/decide/batch"): Access.DATA,
+    ("POST", "/v1/charge"): Access.DATA,
+    ("POST", "/v1/charge/batch"): Access.DATA,
     **{(m, "/v1/authz"): Access.DATA for m in ("GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS")},
     ("GET", "/v1/routes"): Access.READ,
     ("POST", "/v1/whatif"): Access.READ,  # a replay changes nothing

@@ -392,6 +392,9 @@ class Charge(int):
     def __repr__(self) -> str:
         return f"Charge({int(self)})"
 
+    def __str__(self) -> str:  # the number, as an int's: written to Redis, logs, JSON
+        return int.__repr__(self)
+
 
 def validate_charge(policy: Policy, cost: Charge) -> Charge:
     """Check a charge: a whole number of at most :data:`MAX_COST` units either way, on a

@@ -12,6 +12,7 @@ Every wait here is bounded; a server that does not come up raises with the reaso
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import socket
@@ -20,7 +21,7 @@ import threading
 import time
 import traceback
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, NamedTuple, TypeVar
 
@@ -306,3 +307,18 @@ class ControlPlaneServer:
     def client(self, **kwargs: Any) -> httpx.Client:
         kwargs.setdefault("timeout", 10.0)
         return httpx.Client(base_url=self.url, **kwargs)
+
+
+@contextlib.contextmanager
+def started(*servers: ControlPlaneServer) -> Iterator[tuple[ControlPlaneServer, ...]]:
+    """The servers started in order (those started stopped again when one fails to start),
+    then stopped in reverse order."""
+    up: list[ControlPlaneServer] = []
+    try:
+        for server in servers:
+            server.start()
+            up.append(server)
+        yield servers
+    finally:
+        for server in reversed(up):
+            server.stop()

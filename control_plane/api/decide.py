@@ -51,6 +51,8 @@ __all__ = [
     "decide_answer",
     "error_answer",
     "invalid_answer",
+    "item_error",
+    "json_answer",
     "plain_request",
     "raw_headers",
     "read_batch",
@@ -349,9 +351,15 @@ async def answer_batch(decider: Decider, requests: Sequence[InputLike | PlainInp
             body = res.to_dict()  # body_of(res), without a call per item
             append(body if res.enforced.allowed else rejected(body))
             continue
-        e = translate(res)
-        err = {"error": e.error, "message": e.message, "index": i, "field": e.details.get("field"), "status": e.status}
-        if "incident" in e.details:
-            err["incident"] = e.details["incident"]
-        append(err)
+        append(item_error(i, res))
     return json_answer(200, orjson.dumps({"decisions": out}))
+
+
+def item_error(i: int, exc: Exception) -> dict[str, Any]:
+    """A batch item the engine refused (or whose decision failed), in its place: the error,
+    the item's index, the field and the status it would have got alone."""
+    e = translate(exc)
+    err = {"error": e.error, "message": e.message, "index": i, "field": e.details.get("field"), "status": e.status}
+    if "incident" in e.details:
+        err["incident"] = e.details["incident"]
+    return err

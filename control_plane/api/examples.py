@@ -125,6 +125,32 @@ BATCH: dict[str, Any] = {
         {"error": "unknown_route", "message": "no route named 'nope'", "index": 1, "field": "route", "status": 404},
     ]
 }
+CHARGE_REQUEST: dict[str, Any] = {"route": "search", "key": "alice", "cost": 25}
+CHARGE: dict[str, Any] = {
+    "route": "search",
+    "key": "alice",
+    "cost": 25,
+    "over": True,
+    "remaining": -16,
+    "limit": 10,
+    "retry_after_us": 1700000,
+    "reset_after_us": 2600000,
+    "mode": "shadow",
+    "enforced_by": "local",
+    "request_id": "2fce927b8478-14",
+    "local": {"allowed": False, "remaining": -16, "limit": 10, "retry_after_us": 1700000, "reset_after_us": 2600000},
+    "distributed": None,
+    "backend_error": None,
+}
+CHARGE_BATCH_REQUEST: dict[str, Any] = {
+    "charges": [{"route": "search", "key": "alice", "cost": 25}, {"route": "nope", "key": "bob", "cost": 3}]
+}
+CHARGE_BATCH: dict[str, Any] = {
+    "charges": [
+        CHARGE,
+        {"error": "unknown_route", "message": "no route named 'nope'", "index": 1, "field": "route", "status": 404},
+    ]
+}
 
 _POLICY_5 = {"algorithm": "token_bucket", "average": 5.0, "period": 1.0, "burst": 5}
 _LIMIT_10 = {

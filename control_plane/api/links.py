@@ -52,6 +52,18 @@ def _route_links(route: str) -> list[Link]:
             "Decide requests on the route.",
             body={"requests": [{**body, "key": "198.51.100.7"}]},
         ),
+        _link(
+            "charge",
+            "POST /v1/charge",
+            "Charge a cost known after the answer on the route.",
+            body={**body, "key": "198.51.100.7", "cost": 40},
+        ),
+        _link(
+            "chargeBatch",
+            "POST /v1/charge/batch",
+            "Charge costs known after the answer on the route.",
+            body={"charges": [{**body, "key": "198.51.100.7", "cost": 40}]},
+        ),
         _link("audit", "GET /v1/rollout/audit", "The route's audit trail.", query),
         _link("buckets", "GET /v1/buckets", "The route's busiest keys.", query),
         _link("clients", "GET /ratelimit/clients", "The route's active clients.", query),
@@ -119,6 +131,7 @@ LINKS: dict[tuple[str, str], tuple[tuple[str, ...], list[Link]]] = {
         _route_links(_ROUTE) + _reads("divergence", "backend", "metrics") + _authz(),
     ),
     ("POST", "/v1/decide"): (("200", "429"), _decision_links()),
+    ("POST", "/v1/charge"): (("200",), _decision_links()),
     ("PUT", "/v1/routes/{route}/mode"): (
         ("200",),
         [_audit_of("$response.body#/route"), *_reads("routes", "stats")],

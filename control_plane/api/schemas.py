@@ -11,7 +11,7 @@ from the JSON without a model object per request, their one parser and their Ope
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, Required
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, with_config
 from pydantic_core import PydanticCustomError
@@ -43,6 +43,8 @@ CLIENT_IP_LEN = (0, 64)
 REQUEST_ID_LEN = (0, 128)
 MAX_HEADERS = 100
 COST_RANGE = (1, 1_000_000)
+#: a charge's cost (``POST /v1/charge``): 0 to limiter.policy.MAX_COST
+CHARGE_RANGE = (0, 1_000_000_000)
 #: the longest period of a runtime adjustment (``PUT /ratelimit/config``), seconds
 ADJUST_MAX_PERIOD_S = 86_400
 
@@ -55,38 +57,48 @@ STRICT = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
 _NONE = {"default": None}
 
 
+#: a decision's or a charge's fields, one definition each (the two request bodies share them)
+_Route = Annotated[
+    str | None,
+    Field(
+        min_length=ROUTE_LEN[0],
+        max_length=ROUTE_LEN[1],
+        description="Route name; or give method + path.",
+        json_schema_extra=_NONE,
+    ),
+]
+_Method = Annotated[
+    str | None,
+    Field(min_length=METHOD_LEN[0], max_length=METHOD_LEN[1], pattern=r"^[A-Za-z]+$", json_schema_extra=_NONE),
+]
+_Path = Annotated[
+    str | None, Field(min_length=PATH_LEN[0], max_length=PATH_LEN[1], pattern=r"^/", json_schema_extra=_NONE)
+]
+_Key = Annotated[
+    str | None,
+    Field(
+        min_length=KEY_LEN[0],
+        max_length=KEY_LEN[1],
+        description="Rate-limit key; or give client_ip + headers.",
+        json_schema_extra=_NONE,
+    ),
+]
+_ClientIp = Annotated[str | None, Field(max_length=CLIENT_IP_LEN[1], json_schema_extra=_NONE)]
+_Headers = Annotated[dict[str, str], Field(max_length=MAX_HEADERS)]
+_RequestId = Annotated[str | None, Field(max_length=REQUEST_ID_LEN[1], json_schema_extra=_NONE)]
+
+
 @with_config(STRICT)
 class DecideRequest(TypedDict, total=False):
     # no docstring: it would become the schema's description (the document describes the endpoint)
-    route: Annotated[
-        str | None,
-        Field(
-            min_length=ROUTE_LEN[0],
-            max_length=ROUTE_LEN[1],
-            description="Route name; or give method + path.",
-            json_schema_extra=_NONE,
-        ),
-    ]
-    method: Annotated[
-        str | None,
-        Field(min_length=METHOD_LEN[0], max_length=METHOD_LEN[1], pattern=r"^[A-Za-z]+$", json_schema_extra=_NONE),
-    ]
-    path: Annotated[
-        str | None, Field(min_length=PATH_LEN[0], max_length=PATH_LEN[1], pattern=r"^/", json_schema_extra=_NONE)
-    ]
-    key: Annotated[
-        str | None,
-        Field(
-            min_length=KEY_LEN[0],
-            max_length=KEY_LEN[1],
-            description="Rate-limit key; or give client_ip + headers.",
-            json_schema_extra=_NONE,
-        ),
-    ]
-    client_ip: Annotated[str | None, Field(max_length=CLIENT_IP_LEN[1], json_schema_extra=_NONE)]
-    headers: Annotated[dict[str, str], Field(max_length=MAX_HEADERS)]
+    route: _Route
+    method: _Method
+    path: _Path
+    key: _Key
+    client_ip: _ClientIp
+    headers: _Headers
     cost: Annotated[int, Field(ge=COST_RANGE[0], le=COST_RANGE[1], json_schema_extra={"default": 1})]
-    request_id: Annotated[str | None, Field(max_length=REQUEST_ID_LEN[1], json_schema_extra=_NONE)]  # fmt: skip
+    request_id: _RequestId
 
 
 class DecisionModel(BaseModel):
@@ -142,6 +154,50 @@ class BatchRequest(TypedDict):
     requests: Annotated[list[DecideRequest], BeforeValidator(_not_too_many), Field(min_length=1, max_length=MAX_BATCH)]
 
 
+@with_config(STRICT)
+class ChargeRequest(TypedDict, total=False):
+    route: _Route
+    method: _Method
+    path: _Path
+    key: _Key
+    client_ip: _ClientIp
+    headers: _Headers
+    cost: Required[
+        Annotated[
+            int,
+            Field(
+                ge=CHARGE_RANGE[0], le=CHARGE_RANGE[1],
+                description="What the request cost, known after its answer (tokens, bytes): counted whatever is left.",
+            ),
+        ]
+    ]  # fmt: skip
+    request_id: _RequestId
+
+
+@with_config(STRICT)
+class ChargeBatchRequest(TypedDict):
+    charges: Annotated[list[ChargeRequest], BeforeValidator(_not_too_many), Field(min_length=1, max_length=MAX_BATCH)]
+
+
+class ChargeResponse(BaseModel):
+    route: str
+    key: str
+    cost: int
+    over: bool = Field(
+        description="The charge took the key past its budget (a request of that cost would have been refused)."
+    )
+    remaining: int = Field(description="What is left after the charge, in the route's units: negative in debt.")
+    limit: int
+    retry_after_us: int = Field(description="The wait until a request of one unit would be allowed (0: now).")
+    reset_after_us: int
+    mode: Literal["off", "shadow", "canary", "enforce"]
+    enforced_by: Literal["local", "distributed", "failure_policy"]
+    request_id: str
+    local: DecisionModel
+    distributed: DecisionModel | None
+    backend_error: str | None = None
+
+
 class BatchItemError(BaseModel):
     error: str
     message: str
@@ -157,6 +213,10 @@ class BatchItemError(BaseModel):
 
 class BatchResponse(BaseModel):
     decisions: list[DecideResponse | BatchItemError]
+
+
+class ChargeBatchResponse(BaseModel):
+    charges: list[ChargeResponse | BatchItemError]
 
 
 class ModeChange(StrictBody):

@@ -16,7 +16,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from ..api import admin, authz, candidates, decide, external, health, observe, plans, routes, stream, whatif
+from ..api import admin, authz, candidates, charge, decide, external, health, observe, plans, routes, stream, whatif
 from ..api.deps import ApiError
 from ..api.docs_ui import install_docs
 from ..api.openapi import document
@@ -37,6 +37,7 @@ log = logging.getLogger("shadowlimit.app")
 #: every API router, in the order of the OpenAPI document
 ROUTERS = (
     decide.router,
+    charge.router,
     authz.router,
     routes.router,
     candidates.router,

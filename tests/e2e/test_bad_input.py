@@ -92,7 +92,7 @@ def test_rules_file_with_a_tiny_average_is_refused_with_file_and_line(http, rule
     ("env", "overrides"),
     [
         ("RATE_LIMIT_GLOBAL_REFILL_PER_SEC", {"global_refill_per_sec": 1e-12}),
-        ("RATE_LIMIT_GLOBAL_CAPACITY", {"global_capacity": 2_000_000_000}),
+        ("RATE_LIMIT_GLOBAL_CAPACITY", {"global_capacity": 2_000_000_000_000}),
     ],
 )
 def test_a_default_route_that_cannot_be_represented_is_a_settings_error(env, overrides):

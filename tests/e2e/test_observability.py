@@ -21,7 +21,7 @@ from typing import Any
 
 import httpx
 import pytest
-from cp_server import ControlPlaneServer, admin_headers, free_port, unique_namespace, write_rules
+from cp_server import ControlPlaneServer, admin_headers, free_port, started, unique_namespace, write_rules
 from envoy_proxy import EnvoyProxy, rate_limit, request_headers
 from envoy_proxy import route as envoy_route
 from prom_server import prometheus
@@ -79,15 +79,8 @@ def fleet(redis_url, tmp_path):
     ns = unique_namespace("obs")
     a = ControlPlaneServer(redis_url=redis_url, rules_path=rules, namespace=ns, instance_id="obs-a")
     b = ControlPlaneServer(redis_url=redis_url, rules_path=rules, namespace=ns, instance_id="obs-b")
-    a.start()
-    try:
-        b.start()
-    except BaseException:
-        a.stop()
-        raise
-    yield a, b, rules
-    b.stop()
-    a.stop()
+    with started(a, b):
+        yield a, b, rules
 
 
 def test_fresh_replicas_export_every_known_series_at_0(fleet):
