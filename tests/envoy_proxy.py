@@ -67,6 +67,7 @@ import yaml
 __all__ = [
     "ENVOY_INSTALL_HINT",
     "RATELIMIT_COUNTERS",
+    "USAGE_LUA",
     "EnvoyError",
     "EnvoyProxy",
     "Upstream",
@@ -77,6 +78,7 @@ __all__ = [
     "rate_limit",
     "request_headers",
     "route",
+    "usage_filter",
 ]
 
 ENVOY_INSTALL_HINT = (
@@ -227,13 +229,17 @@ def generic_key(value: str, descriptor_key: str | None = None) -> dict[str, Any]
 
 
 def rate_limit(
-    *actions: Mapping[str, Any], hits_addend: int | None = None, apply_on_stream_done: bool = False, stage: int = 0
-) -> dict[str, Any]:
-    """One entry of a route's ``rate_limits``: a descriptor made of ``actions``."""
+    *actions: Mapping[str, Any], hits_addend: int | str | None = None, apply_on_stream_done: bool = False,
+    stage: int = 0,
+) -> dict[str, Any]:  # fmt: skip
+    """One entry of a route's ``rate_limits``: a descriptor made of ``actions``; ``hits_addend``
+    a number, or a format string read when the descriptor is made (``"%RESP(x-usage-tokens)%"``)."""
     out: dict[str, Any] = {"actions": [dict(a) for a in actions]}
     if stage:
         out["stage"] = stage
-    if hits_addend is not None:
+    if isinstance(hits_addend, str):
+        out["hits_addend"] = {"format": hits_addend}
+    elif hits_addend is not None:
         out["hits_addend"] = {"number": hits_addend}
     if apply_on_stream_done:
         out["apply_on_stream_done"] = True
@@ -262,6 +268,35 @@ def route(
             }
         }
     return out
+
+
+#: a Lua filter that reads an OpenAI-style ``usage`` from the last Server-Sent Event of a streamed
+#: answer into dynamic metadata (``shadowlimit.usage``, key ``tokens``), for a stream-done
+#: descriptor's ``hits_addend: {format: "%DYNAMIC_METADATA(shadowlimit.usage:tokens)%"}``; the
+#: body is read as it streams, never buffered (docs/gateways.md shows it)
+USAGE_LUA = """\
+function envoy_on_response(handle)
+  local tokens = nil
+  for chunk in handle:bodyChunks() do
+    local n = string.match(chunk:getBytes(0, chunk:length()), '"total_tokens":%s*(%d+)')
+    if n then tokens = n end
+  end
+  if tokens then
+    handle:streamInfo():dynamicMetadata():set("shadowlimit.usage", "tokens", tokens)
+  end
+end
+"""
+
+
+def usage_filter() -> dict[str, Any]:
+    """The HTTP filter running :data:`USAGE_LUA` (before the router)."""
+    return {
+        "name": "envoy.filters.http.lua",
+        "typed_config": {
+            "@type": "type.googleapis.com/envoy.extensions.filters.http.lua.v3.Lua",
+            "default_source_code": {"inline_string": USAGE_LUA},
+        },
+    }
 
 
 def free_route(prefix: str = "/free") -> dict[str, Any]:
@@ -420,7 +455,8 @@ class EnvoyProxy:
     (``initial_metadata``, e.g. ``{"authorization": "Bearer ..."}``). ``routes`` replaces
     :func:`peer_routes`; ``extra_routes`` come first (first match wins), then ``/free``
     (``free=True``), then the routes. ``peer_metadata_filters`` adds the peer's set_header +
-    header_to_metadata filters. ``customize`` may change the bootstrap dict before it is written.
+    header_to_metadata filters; ``extra_filters``, more HTTP filters before the router
+    (:func:`usage_filter`). ``customize`` may change the bootstrap dict before it is written.
     ``upstream``: share one :class:`Upstream` (else the proxy starts and stops its own).
     ``concurrency``: Envoy's worker threads (``--concurrency``; 1 by default).
     ``workdir`` holds ``envoy.yaml``, ``envoy.log`` (Envoy's stderr) and ``admin-address``
@@ -446,6 +482,7 @@ class EnvoyProxy:
         extra_routes: Sequence[Mapping[str, Any]] = (),
         free: bool = True,
         peer_metadata_filters: bool = False,
+        extra_filters: Sequence[Mapping[str, Any]] = (),
         service_cluster: str = "proxy",
         upstream: Upstream | None = None,
         customize: Callable[[dict[str, Any]], None] | None = None,
@@ -469,6 +506,7 @@ class EnvoyProxy:
         self.extra_routes = [copy.deepcopy(dict(r)) for r in extra_routes]
         self.free = free
         self.peer_metadata_filters = peer_metadata_filters
+        self.extra_filters = [dict(f) for f in extra_filters]
         self.service_cluster = service_cluster
         self.customize = customize
         self.envoy_binary = envoy
@@ -520,6 +558,7 @@ class EnvoyProxy:
         filters = [
             self.ratelimit_filter(),
             *(copy.deepcopy(PEER_METADATA_FILTERS) if self.peer_metadata_filters else []),
+            *copy.deepcopy(self.extra_filters),
             {
                 "name": "envoy.filters.http.router",
                 "typed_config": {"@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"},
