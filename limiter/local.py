@@ -25,9 +25,11 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from . import reservations
 from .algorithms import ALGORITHMS, PEEKS, blocked_decision, decide, token_bucket_tokens
 from .charges import CHARGES
-from .policy import Algorithm, BucketView, Charge, Decision, Policy, make_decision, validate_cost
+from .policy import Algorithm, BucketView, Charge, Decision, Policy, make_decision, validate_charge, validate_cost
+from .reservations import Book, Reserved, Settled, Terms
 
 try:  # the C hot path (limiter/_speedups.c); optional, same answers
     from ._speedups import FastCheck as _FastCheck
@@ -104,6 +106,9 @@ class LocalLimiter:
         # Six items, not seven: a list of six takes the memory of a list of five (the C path
         # measured 1% slower with seven)
         self._data: OrderedDict[str, list[Any]] = OrderedDict()
+        # key -> its book of reservations (limiter.reservations), kept as long as its entry
+        # (an unlimited policy's keys, which have no entry, at most max_keys of them)
+        self._books: dict[str, Book] = {}
         self._lock = threading.Lock()
         self.evicted = 0
         self.expired = 0
@@ -201,6 +206,70 @@ class LocalLimiter:
             state = entry[0] if entry is not None and entry[1] is policy.algorithm else None
         return PEEKS[policy.algorithm](state, now_us, policy)
 
+    # -- reservations (limiter.reservations: the same model as lua/reserve.lua, lua/settle.lua)
+
+    def reserve(
+        self, key: str, policy: Policy, estimate: int, *, rid: str, terms: Terms, now_us: int | None = None
+    ) -> Reserved:
+        """Reserve ``estimate`` under ``rid`` (:func:`limiter.reservations.reserve`)."""
+        now = self._clock() if now_us is None else now_us
+        if policy.blocked:
+            return Reserved(decision=blocked_decision(now, policy), reserved=False)
+        validate_charge(policy, Charge(estimate))
+        with self._lock:
+            state, book = self._booked(key, policy)
+            out, state, book = reservations.reserve(state, book, now, policy, estimate=estimate, rid=rid, terms=terms)
+            self._keep(key, policy, state, book, now, out.decision.reset_after_us)
+        return out
+
+    def settle(
+        self, key: str, policy: Policy, actual: int, *, rid: str, terms: Terms, now_us: int | None = None
+    ) -> Settled:
+        """Settle ``rid`` at ``actual`` (:func:`limiter.reservations.settle`)."""
+        now = self._clock() if now_us is None else now_us
+        validate_charge(policy, Charge(actual))
+        with self._lock:
+            state, book = self._booked(key, policy)
+            out, state, book = reservations.settle(state, book, now, policy, rid=rid, actual=actual, terms=terms)
+            self._keep(key, policy, state, book, now, 0 if out.decision is None else out.decision.reset_after_us)
+        return out
+
+    def book(self, key: str) -> Book:
+        """The reservations booked for ``key``."""
+        with self._lock:
+            return self._books.get(key) or Book.empty()
+
+    def _booked(self, key: str, policy: Policy) -> tuple[Any, Book]:
+        entry = self._data.get(key)
+        state = entry[0] if entry is not None and entry[1] is policy.algorithm else None
+        return state, self._books.get(key) or Book.empty()
+
+    def _keep(self, key: str, policy: Policy, state: Any, book: Book, now_us: int, reset_us: int) -> None:
+        """A reservation's state and book stored (caller holds the lock), kept at least as long
+        as the book remembers anything."""
+        until = max((h.until_us for h in book.held.values()), default=0)
+        if state is not None:
+            alg = policy.algorithm
+            expires = max(now_us + policy.ttl_us + reset_us, until)
+            entry = self._data.get(key)
+            if entry is None:
+                self._sweep_front(now_us)
+                if len(self._data) >= self.max_keys:
+                    self._evict(now_us)
+                self._data[key] = [state, alg, now_us, expires, ALGORITHMS[alg], (now_us, self.forgot_us)]
+            else:
+                self._data.move_to_end(key)
+                if entry[1] is not alg:  # the key's policy changed algorithm: a new bucket
+                    entry[1], entry[4], entry[_BIRTH] = alg, ALGORITHMS[alg], (now_us, now_us)
+                entry[0], entry[2] = state, now_us
+                entry[3] = max(entry[3], expires)
+        if not book.held:
+            self._books.pop(key, None)
+            return
+        if key not in self._books and len(self._books) >= self.max_keys:
+            self._books.pop(next(iter(self._books)))
+        self._books[key] = book
+
     def peek(self, key: str, policy: Policy, now_us: int | None = None) -> BucketView:
         """The key's allowance now, without consuming or recording anything."""
         if now_us is None:
@@ -242,12 +311,14 @@ class LocalLimiter:
     def reset(self, key: str) -> bool:
         """Forget ``key``; True when it was known."""
         with self._lock:
+            self._books.pop(key, None)
             return self._data.pop(key, None) is not None
 
     def clear(self, now_us: int | None = None) -> None:
         """Forget every key (the store forgot its buckets at ``now_us``, the clock's by default)."""
         with self._lock:
             self._data.clear()
+            self._books.clear()
             self.forgot_us = self._clock() if now_us is None else now_us
 
     def keys(self) -> list[str]:
@@ -276,6 +347,7 @@ class LocalLimiter:
             dead = [k for k, v in self._data.items() if v[3] <= now_us]
             for k in dead:
                 del self._data[k]
+                self._books.pop(k, None)
             self.expired += len(dead)
             return len(dead)
 
@@ -289,6 +361,7 @@ class LocalLimiter:
             if v[3] > now_us:
                 return
             del data[k]
+            self._books.pop(k, None)
             self.expired += 1
 
     def _evict(self, now_us: int) -> None:
@@ -297,7 +370,8 @@ class LocalLimiter:
         n = min(max(1, self.max_keys // 10), len(self._data))
         data = self._data
         for _ in range(n):
-            data.popitem(last=False)
+            k, _ = data.popitem(last=False)
+            self._books.pop(k, None)
         self.evicted += n
         self.forgot_us = now_us
 

@@ -25,13 +25,26 @@ from collections.abc import Callable, Collection, Iterator, Sequence
 from typing import Any, Literal, cast
 
 from .algorithms import blocked_decision, decide
+from .booked import BookedCalls
 from .connection import Backend, RedisConnection, make_backend, make_redis_py_client
 from .errors import BackendError, BackendReplyError, BackendUnavailable
 from .policy import Algorithm, BucketView, Charge, Decision, Policy, make_decision, validate_cost
 from .redis_url import RedisTarget
 from .resp import ReplyError, encode_command
 from .script_calls import Prepared, Run, within
-from .scripts import CHARGES, MANY_MAX, PEEK, PEEKS, SCRIPTS, STATE_FIELDS, Script, decode_state, many, policy_args
+from .scripts import (
+    BOOKED,
+    CHARGES,
+    MANY_MAX,
+    PEEK,
+    PEEKS,
+    SCRIPTS,
+    STATE_FIELDS,
+    Script,
+    decode_state,
+    many,
+    policy_args,
+)
 
 __all__ = ["RedisLimiter", "TimeSource", "make_backend", "make_redis_py_client"]
 
@@ -47,6 +60,7 @@ _ALL_SCRIPTS = (
     *PEEKS.values(),
     *CHARGES.values(),
     *(many(s) for s in (*SCRIPTS.values(), *PEEKS.values(), *CHARGES.values())),
+    *BOOKED.values(),
 )
 
 
@@ -54,7 +68,7 @@ def _now_us() -> int:
     return time.time_ns() // 1000
 
 
-class RedisLimiter:
+class RedisLimiter(BookedCalls):
     """Async distributed limiter over standalone Redis or Redis Cluster."""
 
     def __init__(

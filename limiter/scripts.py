@@ -17,6 +17,7 @@ from importlib import resources
 from .policy import Algorithm, Policy
 
 __all__ = [
+    "BOOKED",
     "CHARGES",
     "MANY_MAX",
     "PEEK",
@@ -63,6 +64,26 @@ PEEKS: dict[Algorithm, Script] = {a: load_script(f"peek_{a.value}") for a in Alg
 #: and ARGV, the cost counted whatever is left (:mod:`limiter.charges`)
 CHARGES: dict[Algorithm, Script] = {
     a: load_script(f"charge_{a.value}") for a in Algorithm if a is not Algorithm.SLIDING_LOG
+}
+
+
+def _booked(kind: str, algorithm: Algorithm) -> Script:
+    """``lua/<kind>.lua`` (reserve or settle) for ``algorithm``: its decision, peek and charge
+    scripts wrapped as functions, then ``lua/reservations.lua`` (one key's book, mirroring
+    :mod:`limiter.reservations`), then the script itself."""
+    name = algorithm.value
+    parts = [_read("prelude.lua")]
+    for fn, script in (("sl_decide", name), ("sl_peek", f"peek_{name}"), ("sl_charge", f"charge_{name}")):
+        parts.append(f"local function {fn}(KEYS, ARGV)\n{_read(f'{script}.lua')}\nend\n")
+    parts.append(f"local sl_windowed = {'true' if algorithm.windowed else 'false'}\n")
+    parts += [_read("reservations.lua"), _read(f"{kind}.lua")]
+    source = "\n".join(parts)
+    return Script(name=f"{kind} ({name})", source=source, sha=hashlib.sha1(source.encode()).hexdigest())
+
+
+#: reserve and settle (``lua/reserve.lua``, ``lua/settle.lua``) for each algorithm that takes charges
+BOOKED: dict[tuple[str, Algorithm], Script] = {
+    (kind, a): _booked(kind, a) for kind in ("reserve", "settle") for a in Algorithm if a is not Algorithm.SLIDING_LOG
 }
 #: the dashboards' token-bucket view (``lua/peek.lua``, :meth:`RedisLimiter.peek`)
 PEEK: Script = load_script("peek")

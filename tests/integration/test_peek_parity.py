@@ -22,7 +22,7 @@ from limiter import Algorithm, Decision, LocalLimiter, Policy, RedisLimiter
 from limiter.algorithms import PEEKS, decide, peek
 from limiter.resilience import ResilientLimiter
 from limiter.resp import ReplyError, encode_command
-from limiter.scripts import CHARGES, PEEK, SCRIPTS, load_script, many, policy_args
+from limiter.scripts import BOOKED, CHARGES, PEEK, SCRIPTS, load_script, many, policy_args
 from limiter.scripts import PEEKS as PEEK_SCRIPTS
 
 T0 = 1_700_000_000_000_000
@@ -197,8 +197,8 @@ async def test_load_scripts_includes_the_peek_scripts(redis_url):
         shas = await rl.load_scripts()
         singles = [*SCRIPTS.values(), PEEK, *PEEK_SCRIPTS.values(), *CHARGES.values()]
         manys = [many(s) for s in [*SCRIPTS.values(), *PEEK_SCRIPTS.values(), *CHARGES.values()]]
-        assert set(shas) == {s.sha for s in singles + manys}
-        assert len(shas) == 29
+        assert set(shas) == {s.sha for s in singles + manys + list(BOOKED.values())}
+        assert len(shas) == 37
         assert await rl.scripts_loaded() is True
         await rl.backend.call(None, encode_command("SCRIPT", "FLUSH"))
         await rl.backend.call(None, encode_command("SCRIPT", "LOAD", SCRIPTS[Algorithm.GCRA].source))

@@ -23,7 +23,7 @@ import limiter
 from limiter import Algorithm, BucketView, Decision, LocalLimiter, Policy, RedisLimiter
 from limiter.algorithms import token_bucket_tokens
 from limiter.embedded import EmbeddedRedis
-from limiter.scripts import CHARGES, PEEK, PEEKS, SCRIPTS, many
+from limiter.scripts import BOOKED, CHARGES, PEEK, PEEKS, SCRIPTS, many
 
 T0 = 1_700_000_000_000_000
 SEC = 1_000_000
@@ -46,9 +46,12 @@ TTL_POLICIES = {
     Algorithm.SLIDING_LOG: Policy(average=5, period=2.0, algorithm="sliding_log"),
 }
 
-# each request's scripts, then the same made for many requests in one call (decisions, peeks)
-ALL_SHAS = [s.sha for s in [*SCRIPTS.values(), PEEK, *PEEKS.values(), *CHARGES.values()]] + [
-    many(s).sha for s in [*SCRIPTS.values(), *PEEKS.values(), *CHARGES.values()]
+# each request's scripts, then the same made for many requests in one call (decisions, peeks,
+# charges), then reserve and settle
+ALL_SHAS = [
+    *(s.sha for s in [*SCRIPTS.values(), PEEK, *PEEKS.values(), *CHARGES.values()]),
+    *(many(s).sha for s in [*SCRIPTS.values(), *PEEKS.values(), *CHARGES.values()]),
+    *(s.sha for s in BOOKED.values()),
 ]
 
 

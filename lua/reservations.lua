@@ -1,0 +1,106 @@
+-- reservations.lua: a key's book of reservations, in its own hash beside its state; mirrors
+-- limiter.reservations (sweep and the window rule). Not loaded alone: it follows the
+-- algorithm's decision, peek and charge scripts wrapped as sl_decide, sl_peek, sl_charge, and
+-- sl_windowed (whether the algorithm counts per window), and precedes reserve.lua or settle.lua.
+-- Fields: 'r:<id>' a record, 'rx' the earliest time one is due (us), 'rn' how many there are.
+-- A record: '<state> <estimate> <made_us> <until_us>' and, settled, ' <actual> <allowed> <remaining>
+-- <limit> <retry_after_us> <reset_after_us>'; state o (outstanding), s (settled), c (expired,
+-- kept at its estimate), r (expired, refunded).
+
+local function sl_record(text)
+  local f = {}
+  for word in string.gmatch(text, '%S+') do
+    f[#f + 1] = word
+  end
+  local r = {state = f[1], estimate = tonumber(f[2]), made = tonumber(f[3]), till = tonumber(f[4])}
+  if f[1] == 's' then
+    r.actual = tonumber(f[5])
+    r.answer = {tonumber(f[6]), tonumber(f[7]), tonumber(f[8]), tonumber(f[9]), tonumber(f[10])}
+  end
+  return r
+end
+
+local function sl_write(key, rid, r)
+  local text = r.state .. ' ' .. sl_num(r.estimate) .. ' ' .. sl_num(r.made) .. ' ' .. sl_num(r.till)
+  if r.state == 's' then
+    local a = r.answer
+    text = text .. ' ' .. sl_num(r.actual) .. ' ' .. a[1] .. ' ' .. sl_num(a[2]) .. ' ' .. sl_num(a[3]) .. ' ' ..
+      sl_num(a[4]) .. ' ' .. sl_num(a[5])
+  end
+  redis.call('hset', key, 'r:' .. rid, text)
+end
+
+-- a refund of what was counted at 'made' applies now: always on a bucket, on a window only
+-- while the window it was counted in is the current one
+local function sl_refundable(w, made, now)
+  if not sl_windowed then
+    return true
+  end
+  return made - made % w == now - now % w
+end
+
+-- the earliest 'till' of the key's records (0: none), written to 'rx'
+local function sl_due(key)
+  local all = redis.call('hgetall', key)
+  local due = 0
+  for i = 1, #all, 2 do
+    if string.sub(all[i], 1, 2) == 'r:' then
+      local till = sl_record(all[i + 1]).till
+      if due == 0 or till < due then
+        due = till
+      end
+    end
+  end
+  if due == 0 then
+    redis.call('hdel', key, 'rx')
+  else
+    redis.call('hset', key, 'rx', sl_num(due))
+  end
+  return due
+end
+
+-- the records due at 'now': outstanding ones expired (refunded together when 'release'),
+-- ended ones forgotten
+local function sl_sweep(key, args, now, release, keep)
+  local due = tonumber(redis.call('hget', key, 'rx'))
+  if due == nil or due == 0 or now < due then
+    return
+  end
+  local all = redis.call('hgetall', key)
+  local ids = {}
+  local texts = {}
+  for i = 1, #all, 2 do
+    if string.sub(all[i], 1, 2) == 'r:' then
+      local rid = string.sub(all[i], 3)
+      ids[#ids + 1] = rid
+      texts[rid] = all[i + 1]
+    end
+  end
+  table.sort(ids)
+  local refund = 0
+  local w = tonumber(args[1])
+  for _, rid in ipairs(ids) do
+    local r = sl_record(texts[rid])
+    if r.till <= now then
+      if r.state ~= 'o' then
+        redis.call('hdel', key, 'r:' .. rid)
+        redis.call('hincrby', key, 'rn', -1)
+      else
+        if release and sl_refundable(w, r.made, now) then
+          refund = refund + r.estimate
+        end
+        if release then
+          r.state = 'r'
+        else
+          r.state = 'c'
+        end
+        r.till = now + keep
+        sl_write(key, rid, r)
+      end
+    end
+  end
+  if refund > 0 then
+    sl_charge({key}, {args[1], args[2], args[3], now, -refund})
+  end
+  sl_due(key)
+end

@@ -1,0 +1,148 @@
+"""The reservation model (limiter/reservations.py) case by case: what a reserve admits (cover or
+positive), what a settle charges or refunds, a repeated or unknown settle, expiry kept or
+refunded, a window's refund rule, how long an ended record is remembered and the bound on a key's
+records. The parity test holds Lua and LocalLimiter to this model; these hold the model to what
+the module says."""
+
+from __future__ import annotations
+
+import pytest
+
+from limiter import Algorithm, LocalLimiter, Policy
+from limiter.algorithms import peek
+from limiter.reservations import Book, Terms, reserve, settle, sweep
+
+T0 = 1_700_000_000_000_000
+HOUR = 3_600_000_000
+# 1,000 a day: the refill adds under 42 units in an hour, nothing in a microsecond
+BUDGET = Policy(average=1000, period=86_400, burst=1000)
+WINDOW = Policy(average=10, period=1.0, burst=10, algorithm=Algorithm.FIXED_WINDOW)
+TERMS = Terms(ttl_us=HOUR, keep_us=HOUR)
+
+
+def left(state, now=T0, policy=BUDGET):
+    return peek(state, now, policy).remaining
+
+
+def test_cover_admits_only_what_is_left():
+    out, state, book = reserve(None, Book.empty(), T0, BUDGET, estimate=600, rid="a", terms=TERMS)
+    assert out.reserved and out.decision.allowed and out.decision.remaining == 400
+    out, state2, book2 = reserve(state, book, T0, BUDGET, estimate=500, rid="b", terms=TERMS)
+    assert not out.reserved and not out.full and not out.decision.allowed
+    assert out.decision.retry_after_us > 0
+    assert (state2, book2) == (state, book) and list(book.held) == ["a"]
+
+
+def test_positive_admits_while_anything_is_left_then_charges_whatever_is_left():
+    t = Terms(ttl_us=HOUR, keep_us=HOUR, positive=True)
+    _, state, book = reserve(None, Book.empty(), T0, BUDGET, estimate=600, rid="a", terms=t)
+    out, state, book = reserve(state, book, T0, BUDGET, estimate=600, rid="b", terms=t)
+    assert out.reserved and out.decision.allowed and out.decision.remaining == -200
+    out, state, book = reserve(state, book, T0, BUDGET, estimate=1, rid="c", terms=t)
+    assert not out.reserved and left(state) == -200 and sorted(book.held) == ["a", "b"]
+
+
+def test_settle_below_the_estimate_refunds_and_above_it_charges():
+    _, state, book = reserve(None, Book.empty(), T0, BUDGET, estimate=600, rid="a", terms=TERMS)
+    _, state, book = reserve(state, book, T0, BUDGET, estimate=300, rid="b", terms=TERMS)
+    assert left(state) == 100
+    out, state, book = settle(state, book, T0, BUDGET, rid="a", actual=100, terms=TERMS)
+    assert out.status == "settled" and (out.estimate, out.actual) == (600, 100)
+    assert out.decision.allowed and out.decision.remaining == 600 == left(state)
+    out, state, book = settle(state, book, T0, BUDGET, rid="b", actual=1000, terms=TERMS)
+    assert out.status == "settled" and not out.decision.allowed and out.decision.remaining == -100 == left(state)
+
+
+def test_a_repeated_settle_gives_the_first_answer_and_charges_nothing():
+    _, state, book = reserve(None, Book.empty(), T0, BUDGET, estimate=600, rid="a", terms=TERMS)
+    first, state, book = settle(state, book, T0, BUDGET, rid="a", actual=50, terms=TERMS)
+    again, state2, book2 = settle(state, book, T0 + 5, BUDGET, rid="a", actual=999, terms=TERMS)
+    assert again.status == "again" and again.decision == first.decision and again.actual == 50
+    assert (state2, book2) == (state, book)
+
+
+def test_an_unknown_id_changes_nothing():
+    _, state, book = reserve(None, Book.empty(), T0, BUDGET, estimate=600, rid="a", terms=TERMS)
+    out, state2, book2 = settle(state, book, T0, BUDGET, rid="zz", actual=0, terms=TERMS)
+    assert out.status == "unknown" and out.decision is None and (state2, book2) == (state, book)
+
+
+@pytest.mark.parametrize("release", [False, True])
+def test_an_expired_reservation_is_kept_or_refunded(release):
+    t = Terms(ttl_us=1_000_000, keep_us=HOUR, release=release)
+    _, state, book = reserve(None, Book.empty(), T0, BUDGET, estimate=600, rid="a", terms=t)
+    _, state, book = reserve(state, book, T0, BUDGET, estimate=300, rid="b", terms=t)
+    # one microsecond before its TTL the reservation stands; at its TTL it has expired
+    out, state, book = settle(state, book, T0 + 999_999, BUDGET, rid="b", actual=300, terms=t)
+    assert out.status == "settled"
+    at = T0 + 1_000_000
+    out, state, book = settle(state, book, at, BUDGET, rid="a", actual=0, terms=t)
+    assert out.status == ("released" if release else "charged") and out.estimate == 600
+    assert left(state, at) == (700 if release else 100)
+    assert book.held["a"].state == out.status and book.held["a"].until_us == at + HOUR
+
+
+def test_expiries_of_one_sweep_are_refunded_together():
+    t = Terms(ttl_us=10, keep_us=HOUR, release=True)
+    state, book = None, Book.empty()
+    for i, est in enumerate([100, 200, 300]):
+        _, state, book = reserve(state, book, T0 + i, BUDGET, estimate=est, rid=f"r{i}", terms=t)
+    assert left(state, T0 + 2) == 400
+    state, book = sweep(state, book, T0 + 12, BUDGET, t)
+    assert left(state, T0 + 12) == 1000
+    assert {h.state for h in book.held.values()} == {"released"} and book.due_us == T0 + 12 + HOUR
+
+
+def test_a_window_refunds_only_while_its_window_is_the_current_one():
+    t = Terms(ttl_us=HOUR, keep_us=HOUR)
+    start = T0 - T0 % 1_000_000
+    _, state, book = reserve(None, Book.empty(), start, WINDOW, estimate=6, rid="a", terms=t)
+    _, state, book = reserve(state, book, start, WINDOW, estimate=4, rid="b", terms=t)
+    out, state, book = settle(state, book, start + 999_999, WINDOW, rid="a", actual=1, terms=t)
+    assert out.decision.remaining == 5  # 6 reserved, 1 used: 5 back in the same window
+    nxt = start + 1_000_000
+    out, state, book = settle(state, book, nxt, WINDOW, rid="b", actual=0, terms=t)
+    assert out.status == "settled" and out.decision.remaining == 10  # a new window: nothing to refund
+    assert left(state, nxt, WINDOW) == 10
+    # more than estimated is charged in the window it is settled in
+    _, state, book = reserve(state, book, nxt, WINDOW, estimate=2, rid="c", terms=t)
+    later = nxt + 1_000_000
+    out, state, book = settle(state, book, later, WINDOW, rid="c", actual=5, terms=t)
+    assert out.decision.remaining == 7
+
+
+def test_an_ended_record_is_remembered_for_keep_then_forgotten():
+    t = Terms(ttl_us=HOUR, keep_us=1_000)
+    _, state, book = reserve(None, Book.empty(), T0, BUDGET, estimate=10, rid="a", terms=t)
+    _, state, book = settle(state, book, T0, BUDGET, rid="a", actual=10, terms=t)
+    out, state, book = settle(state, book, T0 + 999, BUDGET, rid="a", actual=10, terms=t)
+    assert out.status == "again"
+    out, state, book = settle(state, book, T0 + 1_000, BUDGET, rid="a", actual=10, terms=t)
+    assert out.status == "unknown" and book.held == {} and book.due_us == 0
+
+
+def test_a_key_holds_at_most_max_held_records_and_says_when_one_is_due():
+    t = Terms(ttl_us=HOUR, keep_us=HOUR, max_held=2)
+    _, state, book = reserve(None, Book.empty(), T0, BUDGET, estimate=1, rid="a", terms=t)
+    _, state, book = reserve(state, book, T0 + 10, BUDGET, estimate=1, rid="b", terms=t)
+    out, state2, book2 = reserve(state, book, T0 + 20, BUDGET, estimate=1, rid="c", terms=t)
+    assert not out.reserved and out.full and not out.decision.allowed
+    assert out.decision.retry_after_us == HOUR - 20 and out.decision.remaining == 998
+    assert (state2, book2) == (state, book)
+    # an id already booked is refused the same way, whatever room there is
+    out, *_ = reserve(state, Book(held={"a": book.held["a"]}, due_us=book.due_us), T0, BUDGET, estimate=1,
+                      rid="a", terms=t)  # fmt: skip
+    assert out.full and not out.reserved
+
+
+def test_local_limiter_keeps_a_book_while_it_remembers_anything():
+    lim = LocalLimiter()
+    t = Terms(ttl_us=1_000, keep_us=1_000)
+    assert lim.reserve("k", BUDGET, 10, rid="a", terms=t, now_us=T0).reserved
+    assert list(lim.book("k").held) == ["a"]
+    assert lim.settle("k", BUDGET, 3, rid="a", terms=t, now_us=T0 + 1).status == "settled"
+    assert lim.settle("k", BUDGET, 3, rid="a", terms=t, now_us=T0 + 500).status == "again"
+    assert lim.settle("k", BUDGET, 3, rid="a", terms=t, now_us=T0 + 1_001).status == "unknown"
+    assert lim.book("k") == Book.empty()
+    assert lim.reserve("k", BUDGET, 10, rid="b", terms=t, now_us=T0 + 2_000).reserved
+    assert lim.reset("k") and lim.book("k") == Book.empty()
