@@ -71,7 +71,7 @@ def test_rules_check_invalid_file_exits_2_with_file_line_field(capsys, tmp_path)
     code, out, err = run(capsys, "rules", "check", str(bad))
     assert code == 2
     assert out == ""
-    assert err == f"{bad}:6: routes[0].local.burst: must be between 1 and 1000000000, got 0\n"
+    assert err == f"{bad}:6: routes[0].local.burst: must be between 1 and 1000000000000, got 0\n"
     text = write_rules(tmp_path, BAD_TEXT, name="text.yaml")
     code, _, err = run(capsys, "rules", "check", str(text))
     assert code == 2
@@ -84,7 +84,7 @@ def test_rules_check_json(capsys, tmp_path):
     bad = write_rules(tmp_path, BAD_BURST, name="bad.yaml")
     code, out, err = run(capsys, "rules", "check", "--json", str(good), str(bad))
     assert code == 2  # one invalid file is enough
-    assert err == f"{bad}:6: routes[0].local.burst: must be between 1 and 1000000000, got 0\n"
+    assert err == f"{bad}:6: routes[0].local.burst: must be between 1 and 1000000000000, got 0\n"
     result = json.loads(out)  # stdout is the JSON alone
     assert result["ok"] is False
     first, second = result["files"]
@@ -98,8 +98,8 @@ def test_rules_check_json(capsys, tmp_path):
             "path": str(bad),
             "line": 6,
             "field": "routes[0].local.burst",
-            "message": "must be between 1 and 1000000000, got 0",
-            "error": f"{bad}:6: routes[0].local.burst: must be between 1 and 1000000000, got 0",
+            "message": "must be between 1 and 1000000000000, got 0",
+            "error": f"{bad}:6: routes[0].local.burst: must be between 1 and 1000000000000, got 0",
         },
     }
     code, out, _ = run(capsys, "rules", "check", str(good), "--json")
@@ -144,7 +144,7 @@ def test_adjust_limit_usage_errors_exit_2_before_any_request(capsys):
         (["--limit", "10/month"], "--limit: months and years have no fixed length"),
         (["--limit", "5/s", "--rate", "5"], "give --limit or --rate/--period, not both"),
         (["--limit", "5/s", "--period", "2"], "give --limit or --rate/--period, not both"),
-        (["--limit", "5/s", "--burst", "0"], "--burst: expected a whole number from 1 to 1,000,000,000, got '0'"),
+        (["--limit", "5/s", "--burst", "0"], "--burst: expected a whole number from 1 to 1,000,000,000,000, got '0'"),
         (["--limit", "2000000/s", "--algorithm", "gcra"], "--limit: gcra needs at least 1 us per token"),
         ([], 'adjust needs --limit (like "100/minute") or --rate (or --clear)'),
     ]
