@@ -63,17 +63,20 @@ class BookedCalls:
         return Reserved(decision=_decision(reply[1]), reserved=reply[0] == 1, full=reply[0] == -1)
 
     async def settle(
-        self, key: str, policy: Policy, actual: int, *, rid: str, terms: Terms, now_us: int | None = None
-    ) -> Settled:
+        self, key: str, policy: Policy, actual: int, *, rid: str, terms: Terms, now_us: int | None = None,
+        unbooked: bool = False,
+    ) -> Settled:  # fmt: skip
         """Settle ``rid`` at ``actual`` atomically in Redis (``lua/settle.lua``,
         :func:`limiter.reservations.settle`): the first settle charges the difference, a repeated
-        one gives the first answer and charges nothing."""
+        one gives the first answer and charges nothing; ``unbooked``: a reservation never booked
+        here is charged in full."""
         validate_charge(policy, Charge(actual))
         rkey = self.redis_key(key)
         a1, a2, a3 = policy_args(policy)
         reply = await self._eval(
             BOOKED["settle", policy.algorithm], rkey, a1, a2, a3, self._now_arg(now_us), b"%d" % actual,
-            rid.encode(), b"r" if terms.release else b"c", b"%d" % terms.keep_us,
+            rid.encode(), b"r" if terms.release else b"c", b"%d" % terms.keep_us, b"u" if unbooked else b"b",
+            b"%d" % terms.max_held,
         )  # fmt: skip
         status = _SETTLED[reply[0]]
         if status in ("settled", "again"):

@@ -223,14 +223,17 @@ class LocalLimiter:
         return out
 
     def settle(
-        self, key: str, policy: Policy, actual: int, *, rid: str, terms: Terms, now_us: int | None = None
-    ) -> Settled:
+        self, key: str, policy: Policy, actual: int, *, rid: str, terms: Terms, now_us: int | None = None,
+        unbooked: bool = False,
+    ) -> Settled:  # fmt: skip
         """Settle ``rid`` at ``actual`` (:func:`limiter.reservations.settle`)."""
         now = self._clock() if now_us is None else now_us
         validate_charge(policy, Charge(actual))
         with self._lock:
             state, book = self._booked(key, policy)
-            out, state, book = reservations.settle(state, book, now, policy, rid=rid, actual=actual, terms=terms)
+            out, state, book = reservations.settle(
+                state, book, now, policy, rid=rid, actual=actual, terms=terms, unbooked=unbooked
+            )
             self._keep(key, policy, state, book, now, 0 if out.decision is None else out.decision.reset_after_us)
         return out
 

@@ -162,13 +162,24 @@ def reserve(
 
 
 def settle(
-    state: Any, book: Book, now: int, policy: Policy, *, rid: str, actual: int, terms: Terms
+    state: Any, book: Book, now: int, policy: Policy, *, rid: str, actual: int, terms: Terms, unbooked: bool = False
 ) -> tuple[Settled, Any, Book]:
-    """Settle ``rid`` at ``actual`` (see the module docstring)."""
+    """Settle ``rid`` at ``actual`` (see the module docstring). ``unbooked``: the reservation
+    was never booked here (made while this store was not asked, or could not answer), so an
+    unknown ``rid`` is charged ``actual`` in full and remembered as settled from an estimate of
+    0 (a repeated settle charges nothing), unless the key holds ``max_held`` records already
+    (charged all the same, not remembered)."""
     state, book = sweep(state, book, now, policy, terms)
     h = book.held.get(rid)
     if h is None:
-        return Settled(status="unknown"), state, book
+        if not unbooked:
+            return Settled(status="unknown"), state, book
+        d, state = charge(state, now, policy, Charge(actual))
+        if len(book.held) < terms.max_held:
+            h = Held(estimate=0, made_us=now, until_us=now + terms.keep_us, state="settled", actual=actual, answer=d)
+            held = {**book.held, rid: h}
+            book = Book(held=held, due_us=_due(held))
+        return Settled(status="settled", decision=d, estimate=0, actual=actual), state, book
     if h.state == "settled":
         return Settled(status="again", decision=h.answer, estimate=h.estimate, actual=h.actual), state, book
     if h.state != "outstanding":

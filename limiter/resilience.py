@@ -41,6 +41,7 @@ from .errors import BackendError, DeadlineExceeded
 from .local import LocalLimiter
 from .policy import Algorithm, Charge, Decision, Policy, make_decision, validate_cost
 from .redis_limiter import RedisLimiter
+from .resilient_booked import ResilientBooked
 from .resp import encode_command
 
 __all__ = [
@@ -201,7 +202,7 @@ class FleetMembership:
         await self.leave()
 
 
-class ResilientLimiter:
+class ResilientLimiter(ResilientBooked):
     """A :class:`RedisLimiter` behind a circuit breaker, with a failure policy."""
 
     def __init__(

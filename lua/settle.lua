@@ -7,6 +7,10 @@
 -- ARGV[6]  the reservation's id
 -- ARGV[7]  'c' an expired reservation is kept at its estimate, 'r' refunded
 -- ARGV[8]  how long an ended record is remembered (us)
+-- ARGV[9]  'u' the reservation was never booked here: an unknown id is charged the actual cost in
+--          full and remembered as settled (from an estimate of 0) while the key holds fewer than
+--          ARGV[10] records; 'b' an unknown id is unknown
+-- ARGV[10] the most records the key holds
 -- returns  {status 1 settled | 2 settled before (its first answer) | 0 unknown | 3 expired, kept |
 --          4 expired, refunded, {allowed, remaining, limit, retry_after_us, reset_after_us} (empty
 --          unless settled), estimate, actual}
@@ -20,7 +24,17 @@ local keep = tonumber(ARGV[8])
 sl_sweep(key, args, now, ARGV[7] == 'r', keep)
 local text = redis.call('hget', key, 'r:' .. rid)
 if not text then
-  return {0, {}, 0, 0}
+  if ARGV[9] ~= 'u' then
+    return {0, {}, 0, 0}
+  end
+  local d = sl_charge({key}, {args[1], args[2], args[3], now, actual})
+  if (tonumber(redis.call('hget', key, 'rn')) or 0) < tonumber(ARGV[10]) then
+    sl_write(key, rid, {state = 's', estimate = 0, made = now, till = now + keep, actual = actual, answer = d})
+    redis.call('hincrby', key, 'rn', 1)
+    sl_due(key)
+  end
+  sl_touch(key, tonumber(args[3]), keep)
+  return {1, d, 0, actual}
 end
 local r = sl_record(text)
 if r.state == 's' then

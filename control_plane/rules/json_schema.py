@@ -27,6 +27,7 @@ from limiter.rates import LIMIT_PATTERN
 from limiter.resilience import FailurePolicy
 
 from ..durations import DURATION_PATTERN
+from .budget import BUDGET
 from .document import DOCUMENT
 from .fields import FAILURE_CODES, KEY, POLICY
 from .plan import PROMETHEUS_CHECK, ROLLOUT
@@ -43,6 +44,7 @@ TABLES: dict[str, Block] = {
     "document": DOCUMENT,
     "route": ROUTE,
     "external": EXTERNAL,
+    "budget": BUDGET,
     "rollout": ROLLOUT,
     "prometheus_check": PROMETHEUS_CHECK,
     "key": KEY,

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from limiter.keys import KeyExtractor, KeyStrategy
 from limiter.policy import Policy
+from limiter.reservations import Terms
 from limiter.resilience import FailurePolicy
 
 from ..external import ExternalConfig
@@ -114,6 +115,7 @@ class RouteRule:
     external: ExternalConfig | None = None
     http: bool = True
     origin: Mapping[str, Any] | None = None
+    budget: Terms | None = None  # reservations: how they live (None: the route takes none)
     _segments: tuple[Segment, ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -224,7 +226,18 @@ class RouteRule:
             "external": self.external.to_dict() if self.external is not None else None,
             "http": self.http,
             "origin": dict(self.origin) if self.origin is not None else None,
+            "budget": None if self.budget is None else budget_dict(self.budget),
         }
+
+
+def budget_dict(terms: Terms) -> dict[str, Any]:
+    """A route's ``budget`` as the API shows it (the rules file's words)."""
+    return {
+        "reservation_ttl_s": terms.ttl_us / 1_000_000,
+        "on_expiry": "release" if terms.release else "charge",
+        "admit": "positive" if terms.positive else "cover",
+        "max_reservations": terms.max_held,
+    }
 
 
 def _route_from_fields(values: dict[str, Any]) -> RouteRule:

@@ -27,6 +27,7 @@ from ..external import (
     is_sensitive_header,
 )
 from ..model.rollout import Mode
+from .budget import BUDGET
 from .errors import API_KEY_ID, FieldPath
 from .fields import FieldReader, bare, type_name
 from .lists import ListMatcher
@@ -539,6 +540,14 @@ ROUTE = Block(
             own_table=True,
             doc="Take each key's limits from a limits service over HTTP; the route's policies become the fallback "
             "([below](#external-limits-external)).",
+        ),
+        Key(
+            name="budget",
+            block=BUDGET,
+            into="budget",
+            own_table=True,
+            doc="How the route's reservations live: a reserved estimate, settled with the actual cost "
+            "([below](#budgets-budget)).",
         ),
     ),
     build=_build_route,

@@ -1,6 +1,6 @@
 """Reserve and settle (limiter/reservations.py) agree bit for bit across the pure functions, both
 ``LocalLimiter`` paths and ``lua/reserve.lua`` / ``lua/settle.lua`` on real Redis (standalone and
-a 3-master cluster): hypothesis mixes reservations, settles (first and repeated, unknown ids),
+a 3-master cluster): hypothesis mixes reservations, settles (first and repeated, unknown ids, ones never booked),
 decisions and charges on one key at random times, past reservations' TTLs and the time an ended
 one is remembered, under every way a route may keep them (cover or positive, charged or released
 on expiry, a bound on the records); each answer, the key's state and its whole book are compared
@@ -42,11 +42,11 @@ def terms(draw, period_us):
 
 @st.composite
 def operations(draw, policy, t):
-    """("reserve", step, estimate, id) | ("settle", step, actual, id) | ("decide", step, cost, "")
-    | ("charge", step, cost, ""). Most settles name a reservation made before (at, below or above
-    its estimate, or nothing), a few an unknown id; most reservations a new id, a few a used one;
-    steps land on either side of a TTL, of the time an ended record is remembered and of a window's
-    end."""
+    """Steps, each ``(kind, step, amount, id)``: "reserve" an estimate, "settle" at an actual cost,
+    "unbooked" (a settle of a reservation never booked), "decide" or "charge" a cost (no id).
+    Most settles name a reservation made before (at, below or above its estimate, or nothing), a
+    few an unknown id; most reservations a new id, a few a used one; steps land on either side of
+    a TTL, of the time an ended record is remembered and of a window's end."""
     w = policy.period_us
     top = 6 if policy.unlimited else min(policy.limit, 6)
     out = []
@@ -61,9 +61,17 @@ def operations(draw, policy, t):
                 st.sampled_from([t.ttl_us - 1, t.ttl_us, t.keep_us, w - 1, w]),
             )
         )
-        kind = draw(st.sampled_from(["reserve", "reserve", "settle", "settle", "settle", "decide", "charge"]))
+        kind = draw(
+            st.sampled_from(["reserve", "reserve", "settle", "settle", "settle", "unbooked", "decide", "charge"])
+        )
         if kind == "settle" and not made:
             kind = "reserve"
+        if kind == "unbooked":  # a settle of a reservation never booked here: mostly a new id
+            used = list(made)
+            rid = draw(st.sampled_from(used)) if used and draw(st.integers(0, 3)) == 0 else f"u{len(made)}"
+            made.setdefault(rid, 0)
+            out.append((kind, step, draw(st.integers(0, 2 * top)), rid))
+            continue
         if kind == "reserve":
             used = list(made)
             rid = draw(st.sampled_from(used)) if used and draw(st.integers(0, 9)) == 0 else f"r{len(made)}"
@@ -90,8 +98,10 @@ def pure(state, book, now, policy, op, t):
     kind, _, amount, rid = op
     if kind == "reserve":
         out, state, book = reserve(state, book, now, policy, estimate=amount, rid=rid, terms=t)
-    elif kind == "settle":
-        out, state, book = settle(state, book, now, policy, rid=rid, actual=amount, terms=t)
+    elif kind in ("settle", "unbooked"):
+        out, state, book = settle(
+            state, book, now, policy, rid=rid, actual=amount, terms=t, unbooked=kind == "unbooked"
+        )
     elif kind == "decide":
         out, state = decide(state, now, policy, amount)
     else:
@@ -103,8 +113,8 @@ async def on_limiter(lim, key, policy, op, now, t):
     kind, _, amount, rid = op
     if kind == "reserve":
         r = lim.reserve(key, policy, amount, rid=rid, terms=t, now_us=now)
-    elif kind == "settle":
-        r = lim.settle(key, policy, amount, rid=rid, terms=t, now_us=now)
+    elif kind in ("settle", "unbooked"):
+        r = lim.settle(key, policy, amount, rid=rid, terms=t, now_us=now, unbooked=kind == "unbooked")
     else:
         r = lim.check(key, policy, amount if kind == "decide" else Charge(amount), now)
     return await r if asyncio.iscoroutine(r) else r

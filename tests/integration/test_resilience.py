@@ -183,3 +183,36 @@ async def test_a_replica_that_does_not_join_reads_the_fleet_without_counting(red
     assert await switched_off.beat() == 2 and switched_off.members == ["a", "b"]
     assert await members[0].beat() == 2  # not 3
     await rl.aclose()
+
+
+async def test_reservations_with_redis_down_and_back(private_redis):
+    """A reserve with Redis killed is answered by the failure policy and booked nowhere; its
+    settle is an error, nothing settled; Redis back, a settle of one never booked charges it in
+    full, once."""
+    from limiter.reservations import Terms
+
+    terms = Terms(ttl_us=60_000_000, keep_us=60_000_000)
+    budget = Policy(average=1000, period=60.0, burst=1000)
+    rl = RedisLimiter.from_url(private_redis.url, namespace="resdown", connect_timeout=0.3, command_timeout=0.3)
+    limiter = ResilientLimiter(rl, failure_policy="passThrough", breaker=fast_breaker())
+    out, booked = await limiter.reserve("t", budget, 300, rid="a", terms=terms)
+    assert out.source == "distributed" and booked is not None and booked.reserved
+    assert (await limiter.settle("t", budget, 100, rid="a", terms=terms)).decision.remaining == 900
+
+    private_redis.kill()
+    out, booked = await limiter.reserve("t", budget, 300, rid="b", terms=terms)
+    assert out.source == "pass_through" and out.allowed and booked is None and out.error
+    failed = [await limiter.settle("t", budget, 200, rid="b", terms=terms, unbooked=True) for _ in range(3)]
+    assert all(isinstance(f, str) and f for f in failed) and limiter.breaker.state is BreakerState.OPEN
+
+    private_redis.start()
+    assert await _until(lambda: _settles(limiter, budget, terms))
+    again = await limiter.settle("t", budget, 200, rid="b", terms=terms, unbooked=True)
+    # the restarted Redis started empty: 1000 - 200, charged once
+    assert again.status == "again" and again.decision.remaining == 800
+    await rl.aclose()
+
+
+async def _settles(limiter, budget, terms):
+    out = await limiter.settle("t", budget, 200, rid="b", terms=terms, unbooked=True)
+    return not isinstance(out, str)

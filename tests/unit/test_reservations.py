@@ -146,3 +146,15 @@ def test_local_limiter_keeps_a_book_while_it_remembers_anything():
     assert lim.book("k") == Book.empty()
     assert lim.reserve("k", BUDGET, 10, rid="b", terms=t, now_us=T0 + 2_000).reserved
     assert lim.reset("k") and lim.book("k") == Book.empty()
+
+
+def test_a_reservation_never_booked_here_is_charged_in_full_once():
+    t = Terms(ttl_us=HOUR, keep_us=HOUR, max_held=2)
+    out, state, book = settle(None, Book.empty(), T0, BUDGET, rid="x", actual=300, terms=t, unbooked=True)
+    assert out.status == "settled" and out.estimate == 0 and out.decision.remaining == 700 == left(state)
+    again, state, book = settle(state, book, T0 + 1, BUDGET, rid="x", actual=300, terms=t, unbooked=True)
+    assert again.status == "again" and again.decision == out.decision and left(state, T0 + 1) == 700
+    # a full book: still charged, no longer remembered
+    _, state, book = settle(state, book, T0 + 2, BUDGET, rid="y", actual=100, terms=t, unbooked=True)
+    out, state, book = settle(state, book, T0 + 3, BUDGET, rid="z", actual=100, terms=t, unbooked=True)
+    assert out.status == "settled" and left(state, T0 + 3) == 500 and sorted(book.held) == ["x", "y"]

@@ -1247,3 +1247,60 @@ def test_limit_text_errors_name_file_line_and_field(settings, policy, line, fiel
     assert (err.line, err.field) == (line, field), str(err)
     assert message in err.message
     assert str(err).startswith(f"rules.yaml:{line}: {field}: ")
+
+
+# -- budget: reservations ---------------------------------------------------------------
+
+
+_BUDGET_ROUTE = """
+    routes:
+      - name: chat
+        match: {path: /chat}
+        key: {strategy: header, header: X-Tenant}
+        local: {average: 1000, period: 1m, burst: 1000%s}
+%s"""
+
+
+def test_a_budget_block_sets_the_routes_reservation_terms(settings):
+    from limiter.reservations import Terms
+
+    plain = parse(_BUDGET_ROUTE % ("", ""), settings).get("chat")
+    assert plain.budget is None and plain.to_dict()["budget"] is None
+    defaults = parse(_BUDGET_ROUTE % ("", "        budget: {}"), settings).get("chat")
+    assert defaults.budget == Terms(
+        ttl_us=300_000_000, keep_us=300_000_000, positive=False, release=False, max_held=1000
+    )
+    text = "        budget: {reservation_ttl: 90s, on_expiry: release, admit: positive, max_reservations: 7}"
+    rule = parse(_BUDGET_ROUTE % (", algorithm: fixed_window", text), settings).get("chat")
+    assert rule.budget == Terms(ttl_us=90_000_000, keep_us=90_000_000, positive=True, release=True, max_held=7)
+    assert rule.to_dict()["budget"] == {
+        "reservation_ttl_s": 90.0, "on_expiry": "release", "admit": "positive", "max_reservations": 7,
+    }  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("policy", "budget", "message"),
+    [
+        ("", "budget: {admit: maybe}", "routes[0].budget.admit: must be cover or positive, got 'maybe'"),
+        ("", "budget: {on_expiry: refund}", "routes[0].budget.on_expiry: must be charge or release, got 'refund'"),
+        ("", "budget: {max_reservations: 0}", "routes[0].budget.max_reservations: must be from 1 to 100000, got 0"),
+        ("", "budget: {max_reservations: 100001}", "routes[0].budget.max_reservations: must be from 1 to 100000"),
+        ("", "budget: {reservation_ttl: 0}", "routes[0].budget.reservation_ttl: must be more than 0s up to 86400s"),
+        ("", "budget: {reservation_ttl: 2d}", "routes[0].budget.reservation_ttl: must be more than 0s up to 86400s"),
+        ("", "budget: {ttl: 5m}", "routes[0].budget.ttl: unknown key 'ttl'"),
+        (", algorithm: sliding_log", "budget: {}", "routes[0].budget: the local policy is a sliding_log"),
+        (
+            "",
+            "distributed: {average: 1000, period: 1m, algorithm: sliding_log}\n        budget: {}",
+            "the distributed policy is a sliding_log",
+        ),
+        (
+            "",
+            "external: {url: 'http://127.0.0.1:9/limits'}\n        budget: {}",
+            "with external limits takes no reservations",
+        ),
+    ],
+)
+def test_a_budget_the_route_cannot_keep_is_refused_naming_the_field(settings, policy, budget, message):
+    err = error(_BUDGET_ROUTE % (policy, "        " + budget), settings)
+    assert message in str(err) and "rules.yaml:" in str(err)
