@@ -110,6 +110,9 @@ ACCESS: dict[tuple[str, str], Access] = {
     ("POST", "/v1/decide/batch"): Access.DATA,
     ("POST", "/v1/charge"): Access.DATA,
     ("POST", "/v1/charge/batch"): Access.DATA,
+    ("POST", "/v1/settle"): Access.DATA,
+    ("POST", "/v1/settle/batch"): Access.DATA,
+    ("GET", "/v1/reservations"): Access.READ,
     **{(m, "/v1/authz"): Access.DATA for m in ("GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS")},
     ("GET", "/v1/routes"): Access.READ,
     ("POST", "/v1/whatif"): Access.READ,  # a replay changes nothing

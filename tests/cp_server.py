@@ -152,6 +152,10 @@ def _stack_of(thread: threading.Thread | None) -> str:
     return "".join(traceback.format_stack(frame)) if frame is not None else "(not running)"
 
 
+class _Unbound(RuntimeError):
+    """The server could not listen on its port (uvicorn exits when its bind fails)."""
+
+
 class ControlPlaneServer:
     """``create_app(settings)`` served by uvicorn in a daemon thread on loopback.
 
@@ -183,6 +187,7 @@ class ControlPlaneServer:
         self.overrides = defaults
         self.settings: Settings = load_settings(**defaults)
         self.port = port or free_port()
+        self._port_chosen = port is None  # a port this harness picked may be picked again (see start)
         self.host = "127.0.0.1"
         self.startup_timeout = startup_timeout
         self.http = http  # uvicorn's HTTP implementation (auto, httptools, h11), bounded as `serve` bounds it
@@ -220,6 +225,19 @@ class ControlPlaneServer:
             self._error = exc
 
     def start(self) -> ControlPlaneServer:
+        """Serve, and wait until ``/healthz`` answers. A port this harness picked that another
+        process took between the pick and the bind (tests run in parallel) is picked again,
+        up to three times; a port the caller gave is not."""
+        for attempt in range(3):
+            try:
+                return self._start()
+            except _Unbound:
+                if not self._port_chosen or attempt == 2:
+                    raise
+                self.port = free_port()
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _start(self) -> ControlPlaneServer:
         if self.running:
             return self
         self._error = None
@@ -242,6 +260,8 @@ class ControlPlaneServer:
         last: Any = None
         while time.monotonic() < deadline:
             if not self.thread.is_alive():
+                if not self.server.started and isinstance(self._error, SystemExit):  # uvicorn could not bind
+                    raise _Unbound(f"control plane on port {self.port} could not listen: {self._error!r}")
                 raise RuntimeError(f"control plane on port {self.port} exited during startup: {self._error!r}")
             if self.server.started:
                 try:

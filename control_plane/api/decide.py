@@ -10,6 +10,7 @@ the routes declared here for FastAPI and the OpenAPI document both call them.
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
@@ -21,7 +22,18 @@ from fastapi.responses import Response
 
 from limiter.keys import InvalidKeyError
 
-from ..decision import DecideError, DecideInput, Decider, DecideResult, InputLike, PlainInput, UnknownRoute
+from ..decision import (
+    DecideError,
+    DecideInput,
+    Decider,
+    DecideResult,
+    ExpiredReservation,
+    InputLike,
+    PlainInput,
+    UnknownReservation,
+    UnknownRoute,
+)
+from ..decision.reservations import BackendUnavailable
 from ..observe import incidents
 from . import examples
 from .deps import ApiError
@@ -42,6 +54,7 @@ __all__ = [
     "DECIDE_ERRORS",
     "DECISION_RESPONSES",
     "REJECTION",
+    "SETTLE_ERRORS",
     "Answer",
     "answer_batch",
     "as_input",
@@ -68,6 +81,8 @@ _read_batch = reader(BatchRequest)
 
 #: what the decider refuses a request with (each a 4xx naming the field)
 DECIDE_ERRORS = (UnknownRoute, InvalidKeyError, DecideError)
+#: what a settle is refused with besides (404, 409, 503: each naming the reservation)
+SETTLE_ERRORS = (*DECIDE_ERRORS, UnknownReservation, ExpiredReservation, BackendUnavailable)
 
 
 class Answer(NamedTuple):
@@ -174,6 +189,22 @@ def translate(exc: Exception) -> ApiError:
         return ApiError(422, "invalid_key", str(exc), field=exc.field)
     if isinstance(exc, DecideError):
         return ApiError(422, "invalid_request", str(exc), field=exc.field)
+    if isinstance(exc, UnknownReservation):
+        return ApiError(
+            404, "unknown_reservation", "no reservation by that id here or in the distributed store (never made, or "
+            "ended and forgotten)", field="reservation",
+        )  # fmt: skip
+    if isinstance(exc, ExpiredReservation):
+        kept = "kept spent" if exc.fate == "charged" else "given back"
+        return ApiError(
+            409, "reservation_expired", f"the reservation expired before it was settled: its estimate of "
+            f"{exc.estimate} was {kept} ({exc.fate})", field="reservation", expired=exc.fate, estimate=exc.estimate,
+        )  # fmt: skip
+    if isinstance(exc, BackendUnavailable):
+        return ApiError(
+            503, "backend_unavailable", "the distributed store could not settle it (the route enforces its answer): "
+            "nothing was settled there; retry, a settle is idempotent", field="reservation", backend_error=exc.error,
+        )  # fmt: skip
     return ApiError(500, "internal_error", incidents.MESSAGE, incident=incidents.report(exc, "a /v1/decide/batch item"))
 
 
@@ -254,7 +285,10 @@ async def decide_answer(decider: Decider, body: bytes) -> Answer:
     except RequestValidationError as exc:
         return invalid_answer(exc)
     try:
-        result = await decider.decide(req)
+        if req.__class__ is DecideInput and req.estimate is not None:
+            result = await decider.reserve(req)
+        else:
+            result = await decider.decide(req)
     except DECIDE_ERRORS as exc:
         return error_answer(translate(exc))
     return result_answer(result, result.status_code)
@@ -342,8 +376,13 @@ def as_input(req: DecideRequest) -> InputLike | PlainInput:
 
 
 async def answer_batch(decider: Decider, requests: Sequence[InputLike | PlainInput]) -> Answer:
-    """A validated batch's answer: each item's decision, or its error in place."""
-    results = await decider.decide_many(requests)
+    """A validated batch's answer: each item's decision, or its error in place (the items with
+    an estimate reserved beside the others, concurrently)."""
+    reserving = [i for i, r in enumerate(requests) if r.__class__ is DecideInput and r.estimate is not None]
+    if reserving:
+        results = await _with_reservations(decider, requests, reserving)
+    else:
+        results = await decider.decide_many(requests)
     out: list[dict[str, Any]] = []
     append = out.append
     for i, res in enumerate(results):
@@ -353,6 +392,26 @@ async def answer_batch(decider: Decider, requests: Sequence[InputLike | PlainInp
             continue
         append(item_error(i, res))
     return json_answer(200, orjson.dumps({"decisions": out}))
+
+
+async def _with_reservations(
+    decider: Decider, requests: Sequence[InputLike | PlainInput], reserving: list[int]
+) -> list[Any]:
+    """Each item's answer in place: the reservations' and the decisions' of the others."""
+    chosen = set(reserving)
+    others = [i for i in range(len(requests)) if i not in chosen]
+    decided, reserved = await asyncio.gather(
+        decider.decide_many([requests[i] for i in others]),
+        asyncio.gather(*(decider.reserve(requests[i]) for i in reserving), return_exceptions=True),  # type: ignore[arg-type]
+    )
+    out: list[Any] = [None] * len(requests)
+    for i, res in zip(others, decided, strict=True):
+        out[i] = res
+    for i, res in zip(reserving, reserved, strict=True):
+        if isinstance(res, BaseException) and not isinstance(res, Exception):
+            raise res
+        out[i] = res
+    return out
 
 
 def item_error(i: int, exc: Exception) -> dict[str, Any]:

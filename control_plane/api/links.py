@@ -64,10 +64,32 @@ def _route_links(route: str) -> list[Link]:
             "Charge costs known after the answer on the route.",
             body={"charges": [{**body, "key": "198.51.100.7", "cost": 40}]},
         ),
+        _link(
+            "settleBatch",
+            "POST /v1/settle/batch",
+            "Settle reservations made on the route (ids from decisions with an estimate).",
+            body={
+                "settles": [
+                    {"reservation": "rsv1.c2hhZG93bGltaXQKY2hhdAphY21lCmIKa1gzdlFtMGNXbjZ5cTFwMGJNMmFKdw", "cost": 30}
+                ]
+            },
+        ),
+        _link(
+            "reserve",
+            "POST /v1/decide",
+            "Reserve an estimate on the route (one with a budget), settled later at the actual cost.",
+            body={**body, "key": "198.51.100.7", "estimate": 40},
+        ),
         _link("audit", "GET /v1/rollout/audit", "The route's audit trail.", query),
         _link("buckets", "GET /v1/buckets", "The route's busiest keys.", query),
         _link("clients", "GET /ratelimit/clients", "The route's active clients.", query),
         _link("external", "GET /v1/external", "The route's external limits.", query),
+        _link(
+            "reservations",
+            "GET /v1/reservations",
+            "A key's reservations on the route.",
+            {**query, "query.key": "198.51.100.7"},
+        ),
         _link("adjust", "PUT /ratelimit/config", "Adjust the route's limit.", body=body),
         _link("whatif", "POST /v1/whatif", "Replay the route's traffic against a candidate limit.", body=body),
         _link("suggest", "POST /v1/whatif/suggest", "The smallest limit within a rejection share.", body=body),
@@ -96,6 +118,28 @@ def _authz() -> list[Link]:
     return [
         _link(f"authz{m.capitalize()}", f"{m} /v1/authz", "Forward-auth: a gateway asks about a request.")
         for m in _AUTHZ_METHODS
+    ]
+
+
+def _reservation_links() -> list[Link]:
+    """What takes a decision's reservation, and the key's reservations."""
+    route, key, rid = "$response.body#/route", "$response.body#/key", "$response.body#/reservation"
+    return [
+        _link(
+            "settle",
+            "POST /v1/settle",
+            "Settle the reservation at its actual cost.",
+            body={"reservation": rid, "cost": 30},
+        ),
+        _link(
+            "settleBatch",
+            "POST /v1/settle/batch",
+            "Settle reservations at their actual costs.",
+            body={"settles": [{"reservation": rid, "cost": 30}]},
+        ),
+        _link(
+            "reservations", "GET /v1/reservations", "The key's reservations.", {"query.route": route, "query.key": key}
+        ),
     ]
 
 
@@ -130,7 +174,8 @@ LINKS: dict[tuple[str, str], tuple[tuple[str, ...], list[Link]]] = {
         ("200",),
         _route_links(_ROUTE) + _reads("divergence", "backend", "metrics") + _authz(),
     ),
-    ("POST", "/v1/decide"): (("200", "429"), _decision_links()),
+    ("POST", "/v1/decide"): (("200", "429"), _decision_links() + _reservation_links()),
+    ("POST", "/v1/settle"): (("200",), _reservation_links()[2:] + _reads("metrics")),
     ("POST", "/v1/charge"): (("200",), _decision_links()),
     ("PUT", "/v1/routes/{route}/mode"): (
         ("200",),

@@ -17,6 +17,8 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, with_config
 from pydantic_core import PydanticCustomError
 from typing_extensions import TypedDict
 
+from ..model.reservation import MAX_RESERVATION_LENGTH
+
 
 class ErrorBody(BaseModel):
     """Every error answer: a code, a text, and details such as ``field`` (the bad field),
@@ -43,8 +45,12 @@ CLIENT_IP_LEN = (0, 64)
 REQUEST_ID_LEN = (0, 128)
 MAX_HEADERS = 100
 COST_RANGE = (1, 1_000_000)
-#: a charge's cost (``POST /v1/charge``): 0 to limiter.policy.MAX_COST
+#: a charge's cost (``POST /v1/charge``, a settle's): 0 to limiter.policy.MAX_COST
 CHARGE_RANGE = (0, 1_000_000_000)
+#: a reservation's estimate (a decision's ``estimate``): 1 to limiter.policy.MAX_COST
+ESTIMATE_RANGE = (1, 1_000_000_000)
+#: the most settles in one ``POST /v1/settle/batch``
+MAX_SETTLES = 1_000
 #: the longest period of a runtime adjustment (``PUT /ratelimit/config``), seconds
 ADJUST_MAX_PERIOD_S = 86_400
 
@@ -99,6 +105,15 @@ class DecideRequest(TypedDict, total=False):
     headers: _Headers
     cost: Annotated[int, Field(ge=COST_RANGE[0], le=COST_RANGE[1], json_schema_extra={"default": 1})]
     request_id: _RequestId
+    estimate: Annotated[
+        int,
+        Field(
+            ge=ESTIMATE_RANGE[0], le=ESTIMATE_RANGE[1],
+            description="Reserve this many units (the input tokens plus max_tokens, say) on a route with a budget "
+            "block, instead of spending a cost: the answer's reservation is then settled with the actual cost "
+            "(POST /v1/settle).",
+        ),
+    ]  # fmt: skip
 
 
 class DecisionModel(BaseModel):
@@ -130,6 +145,12 @@ class DecideResponse(BaseModel):
         None, description="A backend URL the limits service named for this key (allow-listed hosts only)."
     )
     headers: dict[str, str]
+    estimate: int | None = Field(None, description="A reservation's (the request gave an estimate): its estimate.")
+    reservation: str | None = Field(
+        None,
+        description="A reservation's id, to settle it with (POST /v1/settle); null when nothing was reserved "
+        "(refused, or an allow-listed client: nothing to settle). Present only when the request gave an estimate.",
+    )
     error: str | None = None
     message: str | None = None
     identifier: str | None = None
@@ -217,6 +238,97 @@ class BatchResponse(BaseModel):
 
 class ChargeBatchResponse(BaseModel):
     charges: list[ChargeResponse | BatchItemError]
+
+
+@with_config(STRICT)
+class SettleRequest(TypedDict):
+    reservation: Annotated[
+        str,
+        Field(
+            min_length=1, max_length=MAX_RESERVATION_LENGTH,
+            description="The id a decision with an estimate answered with.",
+        ),
+    ]  # fmt: skip
+    cost: Annotated[
+        int,
+        Field(
+            ge=CHARGE_RANGE[0], le=CHARGE_RANGE[1],
+            description="What the request really cost: the difference from the estimate is refunded or charged.",
+        ),
+    ]  # fmt: skip
+
+
+def _not_too_many_settles(value: Any) -> Any:
+    if isinstance(value, list) and len(value) > MAX_SETTLES:
+        raise PydanticCustomError(
+            "too_long", "at most {most} settles per batch, got {n}", {"most": MAX_SETTLES, "n": len(value)}
+        )
+    return value
+
+
+@with_config(STRICT)
+class SettleBatchRequest(TypedDict):
+    settles: Annotated[
+        list[SettleRequest], BeforeValidator(_not_too_many_settles), Field(min_length=1, max_length=MAX_SETTLES)
+    ]
+
+
+class SettledSide(BaseModel):
+    status: Literal["settled", "again", "unknown", "charged", "released"] = Field(
+        description="What this side said: settled now, settled before (again), unknown here, or expired first "
+        "(its estimate charged or released)."
+    )
+    decision: DecisionModel | None
+
+
+class SettleResponse(BaseModel):
+    reservation: str
+    route: str
+    key: str
+    status: Literal["settled", "again"] = Field(
+        description="settled: now; again: settled before, and this is the first answer (nothing charged now)."
+    )
+    estimate: int
+    cost: int = Field(description="The actual cost the reservation was settled at (the first settle's).")
+    over: bool = Field(description="The key is past its budget after the settle (in debt, or past a window's limit).")
+    remaining: int = Field(description="What is left after the settle, in the route's units: negative in debt.")
+    limit: int
+    retry_after_us: int = Field(description="The wait until a request of one unit would be allowed (0: now).")
+    reset_after_us: int
+    mode: Literal["off", "shadow", "canary", "enforce"]
+    enforced_by: Literal["local", "distributed"] = Field(description="The side whose answer this is.")
+    local: SettledSide
+    distributed: SettledSide | None = Field(description="null: the distributed store was not asked.")
+    backend_error: str | None = None
+
+
+class SettleBatchResponse(BaseModel):
+    settles: list[SettleResponse | BatchItemError]
+
+
+class BookRecord(BaseModel):
+    state: Literal["outstanding", "settled", "charged", "released"]
+    estimate: int
+    actual: int | None
+    age_us: int
+    due_in_us: int = Field(description="Until an outstanding one expires, or an ended one is forgotten.")
+
+
+class BookModel(BaseModel):
+    outstanding: int
+    settled: int
+    charged: int
+    released: int
+    records: list[BookRecord]
+
+
+class ReservationsResponse(BaseModel):
+    route: str
+    key: str
+    local: BookModel = Field(description="As this replica's local limiter holds them.")
+    distributed: BookModel | None = Field(description="As Redis holds them (null: it could not answer).")
+    backend_error: str | None = None
+    max_reservations: int | None = Field(description="The route's bound per key (null: the route has no budget).")
 
 
 class ModeChange(StrictBody):

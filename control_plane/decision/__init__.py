@@ -13,10 +13,12 @@ from .types import (
     DecideError,
     DecideInput,
     DecideResult,
+    ExpiredReservation,
     InputLike,
     InvalidCost,
     MissingTarget,
     PlainInput,
+    UnknownReservation,
     UnknownRoute,
 )
 
@@ -27,6 +29,7 @@ __all__ = [
     "DecideInput",
     "DecideResult",
     "Decider",
+    "ExpiredReservation",
     "InputLike",
     "InvalidCost",
     "MissingTarget",
@@ -34,6 +37,7 @@ __all__ = [
     "PlainInput",
     "RoutePlan",
     "ShadowItem",
+    "UnknownReservation",
     "UnknownRoute",
     "check_cost",
     "failure_verdict",

@@ -43,6 +43,7 @@ from .enforce import Path, divergence_of, failure_verdict, path_for
 from .gather import MAX_GATHERED, Gathering
 from .headers import HeaderStyle
 from .plan import RoutePlan, check_cost
+from .reservations import ReservationCalls
 from .shadow import ShadowItem, ShadowPipeline, candidate_item
 from .types import DecideResult, InputLike, InvalidCost, MissingTarget, PlainInput, UnknownRoute
 
@@ -66,7 +67,7 @@ def wall_clock_us() -> int:
     return time.time_ns() // 1000
 
 
-class Decider:
+class Decider(ReservationCalls):
     """Decides requests under their routes' modes (see the module docstring)."""
 
     def __init__(
@@ -172,6 +173,10 @@ class Decider:
     def next_id(self) -> str:
         self._seq += 1
         return f"{self.instance_id}-{self._seq}"
+
+    def now_us(self) -> int:
+        """The decisions' clock, in microseconds."""
+        return _time_ns() // 1000 if self._wall_clock else self.clock_us()
 
     def resolve(self, inp: InputLike) -> tuple[RouteRule, str]:
         """Route and key for a request (raises MissingTarget / UnknownRoute / InvalidKeyError)."""

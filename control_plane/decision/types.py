@@ -4,7 +4,9 @@ errors a request can be refused with, as types.
 Errors (each names the ``field`` that is wrong; the HTTP API answers 4xx with it)::
 
     LookupError
-     └── UnknownRoute       no route by that name (404)
+     ├── UnknownRoute       no route by that name (404)
+     ├── UnknownReservation a settle of a reservation nobody holds (404)
+     └── ExpiredReservation a settle of one that expired first (409)
     ValueError
      ├── InvalidKeyError    (limiter.keys) a key that cannot be a bucket's (422 invalid_key)
      └── DecideError        a request the decider refuses (422 invalid_request)
@@ -28,10 +30,12 @@ __all__ = [
     "DecideError",
     "DecideInput",
     "DecideResult",
+    "ExpiredReservation",
     "InputLike",
     "InvalidCost",
     "MissingTarget",
     "PlainInput",
+    "UnknownReservation",
     "UnknownRoute",
 ]
 
@@ -44,6 +48,25 @@ class UnknownRoute(LookupError):
     def __init__(self, route: str) -> None:
         super().__init__(route)
         self.route = route
+
+
+class UnknownReservation(LookupError):
+    """A settle of a reservation neither this replica nor the distributed store holds (never
+    made, or ended and forgotten)."""
+
+    field = "reservation"
+
+
+class ExpiredReservation(LookupError):
+    """A settle of a reservation that expired first: ``fate`` says what became of its estimate
+    (``charged``: kept spent, ``released``: given back)."""
+
+    field = "reservation"
+
+    def __init__(self, fate: str, estimate: int) -> None:
+        super().__init__(fate)
+        self.fate = fate
+        self.estimate = estimate
 
 
 class DecideError(ValueError):
@@ -97,6 +120,8 @@ class InputLike(Protocol):
     def cost(self) -> int: ...
     @property
     def request_id(self) -> str | None: ...
+    @property
+    def estimate(self) -> int | None: ...
 
 
 @dataclass(slots=True, kw_only=True)
@@ -112,6 +137,7 @@ class DecideInput:
     headers: Mapping[str, str] = field(default_factory=dict)
     cost: int = 1
     request_id: str | None = None
+    estimate: int | None = None  # a reservation of this many units (the route's budget block), not a cost
 
 
 #: A request as a tuple ``(route, key, cost, request_id)``: what
@@ -155,6 +181,8 @@ class DecideResult:
     limits_source: str | None = None  # external | cache | stale | static, on routes with external limits
     backend_url: str | None = None  # from the limits service, allow-listed hosts only
     shadow_allowed: bool | None = None
+    estimate: int | None = None  # a reservation's: its estimate, and its id when it was admitted
+    reservation: str | None = None
 
     @property
     def allowed(self) -> bool:
@@ -168,8 +196,8 @@ class DecideResult:
         return self.path is Path.SHADOW
 
     def to_dict(self) -> dict[str, Any]:
-        """The decision as the HTTP API sends it."""
-        return {
+        """The decision as the HTTP API sends it (a reservation's with its estimate and id)."""
+        out = {
             "allowed": self.enforced.allowed,
             "route": self.route,
             "mode": self.mode,
@@ -187,3 +215,7 @@ class DecideResult:
             "backend_url": self.backend_url,
             "headers": self.headers,
         }
+        if self.estimate is not None:
+            out["estimate"] = self.estimate
+            out["reservation"] = self.reservation
+        return out

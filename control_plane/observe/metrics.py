@@ -191,6 +191,7 @@ class Metrics:
         self._routes: dict[str, bool] = {}  # the routes whose series exist: name -> has external limits
         # created in this order, which is the order /metrics lists them in
         self._add_decision_metrics(r)
+        self._add_budget_metrics(r)
         self._add_control_metrics(r)
         self._add_external_and_stream_metrics(r)
         self._add_process_metrics(r)
@@ -281,6 +282,23 @@ class Metrics:
             "Keys over their global limit (enforce): refusals answered from this replica's cache without Redis"
             " (hit), refusals remembered (stored).",
             ["result"],
+            registry=r,
+        )
+
+    def _add_budget_metrics(self, r: CollectorRegistry) -> None:
+        """Reservations and their settles (control_plane/decision/reservations.py)."""
+        self.reservations = FastCounter(
+            "rate_limit_reservations_total",
+            "Decisions with an estimate by route and result: reserved, refused (the budget) or full (the key holds"
+            " max_reservations).",
+            ["route", "result"],
+            registry=r,
+        )
+        self.settles = FastCounter(
+            "rate_limit_settles_total",
+            "Settles by route and result: settled, again (settled before: the first answer), expired, unknown,"
+            " failed (Redis could not settle it in enforce).",
+            ["route", "result"],
             registry=r,
         )
 

@@ -234,6 +234,8 @@ class RolloutManager:
                 log.debug("rollout resync failed: %s", exc)
             except (StoreError, BackendError) as exc:
                 log.warning("rollout resync failed: %s", exc)
+            except Exception as exc:  # noqa: BLE001 - anything else (a client closed under it): the loop lives on
+                log.warning("rollout resync failed: %s: %s", type(exc).__name__, exc)
 
     async def subscribe_loop(self) -> None:
         """Follow the other replicas' events (and republish them to this replica's stream)."""

@@ -546,8 +546,8 @@ ROUTE = Block(
             block=BUDGET,
             into="budget",
             own_table=True,
-            doc="How the route's reservations live: a reserved estimate, settled with the actual cost "
-            "([below](#budgets-budget)).",
+            doc="How the route's reservations live: an estimate reserved by a decision, settled with the actual "
+            "cost ([below](#budgets-budget); [API](api.md#reserve-and-settle)).",
         ),
     ),
     build=_build_route,

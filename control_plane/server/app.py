@@ -16,7 +16,21 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from ..api import admin, authz, candidates, charge, decide, external, health, observe, plans, routes, stream, whatif
+from ..api import (
+    admin,
+    authz,
+    candidates,
+    charge,
+    decide,
+    external,
+    health,
+    observe,
+    plans,
+    routes,
+    settle,
+    stream,
+    whatif,
+)
 from ..api.deps import ApiError
 from ..api.docs_ui import install_docs
 from ..api.openapi import document
@@ -38,6 +52,7 @@ log = logging.getLogger("shadowlimit.app")
 ROUTERS = (
     decide.router,
     charge.router,
+    settle.router,
     authz.router,
     routes.router,
     candidates.router,

@@ -18,7 +18,7 @@ import httpx
 import jsonschema_rs
 import pytest
 import schemathesis
-from cp_server import ControlPlaneServer, admin_headers, write_rules
+from cp_server import RULES_YAML, ControlPlaneServer, admin_headers, write_rules
 from hypothesis import HealthCheck, settings
 from schemathesis.checks import not_a_server_error
 from schemathesis.specs.openapi.checks import (
@@ -67,10 +67,24 @@ def test_api_conforms_to_its_schema(case, live_cp):
     case.call_and_validate(base_url=live_cp.url, headers=admin_headers(), checks=CHECKS, timeout=10)
 
 
+#: the usual rules and a route with a budget, whose reservations the sequences settle
+BUDGET_RULES = (
+    RULES_YAML
+    + """  - name: chat
+    match: {methods: [POST], path: /api/chat}
+    key: {strategy: header, header: X-Client-Id}
+    local: {average: 100000, period: 60s, burst: 100000}
+    budget: {reservation_ttl: 60s}
+"""
+)
+
+
 @pytest.fixture
 def stateful_cp(redis_server, tmp_path):
-    """A control plane of its own: the sequences enforce routes, adjust limits, reset keys."""
-    server = ControlPlaneServer(redis_url=redis_server.url, rules_path=write_rules(tmp_path), gate_min_samples=0)
+    """A control plane of its own: the sequences enforce routes, adjust limits, reset keys,
+    reserve and settle."""
+    rules = write_rules(tmp_path, BUDGET_RULES)
+    server = ControlPlaneServer(redis_url=redis_server.url, rules_path=rules, gate_min_samples=0)
     server.start()
     yield server
     server.stop()

@@ -1,0 +1,67 @@
+"""A reservation's id, pure: what a settle needs to find the reservation on any replica,
+written into the id the reserve answered with, so no replica has to remember it.
+
+``rsv1.<base64url of the fields, one per line>``: the namespace of the service that made it
+(a settle on another namespace is refused), the route, the bucket key, where the distributed
+store stood (``booked``: the reservation is in Redis; ``refused``: Redis refused it, there is
+nothing to settle there; ``unasked``: Redis was not asked, the route was ``off``, or it could not
+answer, so a settle charges the actual cost there in full, once), and a random nonce (128 bits),
+the reservation's id in the key's book. The nonce is what makes an id unguessable: knowing a
+route and key is not enough to settle (or learn anything of) someone else's reservation.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import secrets
+from dataclasses import dataclass
+from typing import Literal
+
+__all__ = ["MAX_RESERVATION_LENGTH", "ReservationId", "Store", "new_nonce"]
+
+Store = Literal["booked", "refused", "unasked"]
+
+_PREFIX = "rsv1."
+_STORES: dict[str, Store] = {"b": "booked", "r": "refused", "u": "unasked"}
+_CODES = {v: k for k, v in _STORES.items()}
+#: the longest id: a key of 65,536 characters (the longest a route may allow), a route and a
+#: namespace of 64 each, the nonce, in base64
+MAX_RESERVATION_LENGTH = 90_000
+
+
+def new_nonce() -> str:
+    """A reservation's nonce: 128 random bits, 22 characters of base64url."""
+    return secrets.token_urlsafe(16)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ReservationId:
+    """A reservation's id, decoded (see the module docstring)."""
+
+    namespace: str
+    route: str
+    key: str
+    store: Store
+    nonce: str
+
+    def encode(self) -> str:
+        fields = "\n".join((self.namespace, self.route, self.key, _CODES[self.store], self.nonce))
+        return _PREFIX + base64.urlsafe_b64encode(fields.encode()).decode().rstrip("=")
+
+    @classmethod
+    def decode(cls, text: str) -> ReservationId:
+        """The id's fields; ValueError saying why it is no reservation id of this service's
+        making (never echoing it)."""
+        if not text.startswith(_PREFIX) or len(text) > MAX_RESERVATION_LENGTH:
+            raise ValueError("not a reservation id (a decision with an estimate answers with one)")
+        body = text[len(_PREFIX) :]
+        try:
+            raw = base64.b64decode(body + "=" * (-len(body) % 4), altchars=b"-_", validate=True).decode()
+        except (binascii.Error, UnicodeDecodeError, ValueError):
+            raise ValueError("not a reservation id: its body is not base64url text") from None
+        parts = raw.split("\n")
+        if len(parts) != 5 or parts[3] not in _STORES or not all(parts):
+            raise ValueError("not a reservation id: its fields are not a namespace, route, key, store and nonce")
+        namespace, route, key, code, nonce = parts
+        return cls(namespace=namespace, route=route, key=key, store=_STORES[code], nonce=nonce)
