@@ -294,6 +294,14 @@ class Metrics:
             ["route", "result"],
             registry=r,
         )
+        self.metered = FastCounter(
+            "rate_limit_metered_responses_total",
+            "Answers on budget routes of the ASGI middleware by how their cost was found: metered (read from the"
+            " answer), early (it ended early: what was produced), unmetered (no cost found: the estimate kept, or"
+            " nothing charged).",
+            ["route", "result"],
+            registry=r,
+        )
         self.settles = FastCounter(
             "rate_limit_settles_total",
             "Settles by route and result: settled, again (settled before: the first answer), expired, unknown,"

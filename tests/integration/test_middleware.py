@@ -2,20 +2,18 @@
 
 from __future__ import annotations
 
-import asyncio
 import textwrap
 import time
 import uuid
 
 import httpx
+from asgi_harness import lifespan, middleware_of, set_mode
 from cp_server import metric_value
 from fastapi import FastAPI
 
 from control_plane.middleware import ShadowLimitMiddleware
-from control_plane.model.rollout import AuditEntry, Mode, RouteState
+from control_plane.model.rollout import Mode
 from control_plane.settings import load_settings
-from control_plane.store import RolloutStore
-from limiter.redis_limiter import make_redis_py_client
 
 RULES = textwrap.dedent(
     """
@@ -46,38 +44,12 @@ def make_app(redis_url, tmp_path, ns, **middleware):
     return app
 
 
-async def _lifespan(app):
-    """Drive the ASGI lifespan by hand (httpx's ASGITransport does not)."""
-    queue: asyncio.Queue = asyncio.Queue()
-    sent: asyncio.Queue = asyncio.Queue()
-    await queue.put({"type": "lifespan.startup"})
-
-    async def receive():
-        return await queue.get()
-
-    async def send(msg):
-        await sent.put(msg)
-
-    task = asyncio.create_task(app({"type": "lifespan", "asgi": {"version": "3.0"}}, receive, send))
-    assert (await asyncio.wait_for(sent.get(), 10))["type"] == "lifespan.startup.complete"
-
-    async def stop():
-        await queue.put({"type": "lifespan.shutdown"})
-        await asyncio.wait_for(sent.get(), 10)
-        await task
-
-    return stop
-
-
 async def test_middleware_enforces_local_in_shadow_and_distributed_in_enforce(redis_url, tmp_path):
     ns = "mw" + uuid.uuid4().hex[:8]
     app = make_app(redis_url, tmp_path, ns)
-    stop = await _lifespan(app)
+    stop = await lifespan(app)
     try:
-        mw = app.middleware_stack
-        while not isinstance(mw, ShadowLimitMiddleware):
-            mw = mw.app
-        engine = mw.engine
+        engine = middleware_of(app).engine
         transport = httpx.ASGITransport(app=app, client=("127.0.0.1", 5000))
         async with httpx.AsyncClient(transport=transport, base_url="http://app") as http:
             codes = [(await http.get("/items/1", headers={"X-Client-Id": "alice"})).status_code for _ in range(4)]
@@ -94,26 +66,8 @@ async def test_middleware_enforces_local_in_shadow_and_distributed_in_enforce(re
             assert bad.status_code == 400 and bad.json()["field"] == "header:X-Client-Id"
 
             # a control plane elsewhere flips the route to enforce in Redis; the app follows within 1 s
-            client = make_redis_py_client(redis_url)
-            store = RolloutStore(client, ns)
-            new = RouteState(mode=Mode.ENFORCE, updated_by="elsewhere", reason="test", version=1)
-            await store.change(
-                "items",
-                new,
-                AuditEntry(
-                    route="items",
-                    actor="elsewhere",
-                    from_mode="shadow",
-                    to_mode="enforce",
-                    reason="test",
-                    at=time.time(),
-                ),
-                expected_version=None,
-            )
-            await client.aclose()
             t0 = time.monotonic()
-            while engine.rollout.state_for("items").mode is not Mode.ENFORCE and time.monotonic() - t0 < 2:
-                await asyncio.sleep(0.02)
+            await set_mode(redis_url, ns, "items", Mode.ENFORCE, follower=engine)
             assert time.monotonic() - t0 < 1.0
             codes = [(await http.get("/items/2", headers={"X-Client-Id": "carol"})).status_code for _ in range(3)]
             # the distributed policy (burst 2) now rules
@@ -126,7 +80,7 @@ async def test_metrics_path_serves_the_engines_metrics(redis_url, tmp_path):
     """metrics_path: the engine's own metrics on the app, never rate-limited; off by default."""
     ns = "mw" + uuid.uuid4().hex[:8]
     app = make_app(redis_url, tmp_path, ns, metrics_path="/shadowlimit/metrics")
-    stop = await _lifespan(app)
+    stop = await lifespan(app)
     try:
         transport = httpx.ASGITransport(app=app, client=("127.0.0.1", 5000))
         async with httpx.AsyncClient(transport=transport, base_url="http://app") as http:
@@ -157,7 +111,7 @@ async def test_metrics_path_serves_the_engines_metrics(redis_url, tmp_path):
 
     # without metrics_path the app's own routes answer (here: none, 404)
     plain = make_app(redis_url, tmp_path, "mw" + uuid.uuid4().hex[:8])
-    stop = await _lifespan(plain)
+    stop = await lifespan(plain)
     try:
         transport = httpx.ASGITransport(app=plain, client=("127.0.0.1", 5000))
         async with httpx.AsyncClient(transport=transport, base_url="http://app") as http:
