@@ -273,29 +273,50 @@ def route(
 #: a Lua filter that reads an OpenAI-style ``usage`` from the last Server-Sent Event of a streamed
 #: answer into dynamic metadata (``shadowlimit.usage``, key ``tokens``), for a stream-done
 #: descriptor's ``hits_addend: {format: "%DYNAMIC_METADATA(shadowlimit.usage:tokens)%"}``; the
-#: body is read as it streams, never buffered (docs/gateways.md shows it)
+#: body is read as it streams, never buffered. A 2xx answer without a usage, or with one that is
+#: not a number, gets ``tokens`` = ``FALLBACK`` and ``status`` = ``missing`` or ``not_a_number``,
+#: which the :func:`usage_entry` action adds to the descriptor (docs/gateways.md shows it); any
+#: other answer (a refusal, an error) without a usage gets nothing, so no stream-done call
 USAGE_LUA = """\
 function envoy_on_response(handle)
-  local tokens = nil
+  local tokens, seen = nil, nil
   for chunk in handle:bodyChunks() do
-    local n = string.match(chunk:getBytes(0, chunk:length()), '"total_tokens":%s*(%d+)')
-    if n then tokens = n end
+    local v = string.match(chunk:getBytes(0, chunk:length()), '"total_tokens":%s*([^,}%s]+)')
+    if v then seen, tokens = v, string.match(v, '^%d+$') end
   end
+  local meta = handle:streamInfo():dynamicMetadata()
   if tokens then
-    handle:streamInfo():dynamicMetadata():set("shadowlimit.usage", "tokens", tokens)
+    meta:set("shadowlimit.usage", "tokens", tokens)
+  elseif string.sub(handle:headers():get(":status") or "", 1, 1) == "2" then  -- an answer, not a refusal
+    meta:set("shadowlimit.usage", "tokens", "FALLBACK")
+    meta:set("shadowlimit.usage", "status", seen and "not_a_number" or "missing")
   end
 end
 """
 
 
-def usage_filter() -> dict[str, Any]:
-    """The HTTP filter running :data:`USAGE_LUA` (before the router)."""
+def usage_filter(fallback: int = 0) -> dict[str, Any]:
+    """The HTTP filter running :data:`USAGE_LUA` (before the router); an answer without a usage
+    is charged ``fallback``."""
     return {
         "name": "envoy.filters.http.lua",
         "typed_config": {
             "@type": "type.googleapis.com/envoy.extensions.filters.http.lua.v3.Lua",
-            "default_source_code": {"inline_string": USAGE_LUA},
+            "default_source_code": {"inline_string": USAGE_LUA.replace("FALLBACK", str(int(fallback)))},
         },
+    }
+
+
+def usage_entry() -> dict[str, Any]:
+    """The ``metadata`` action adding the usage's status to a stream-done descriptor as its last
+    entry, ``shadowlimit_usage``: ``reported``, else what :data:`USAGE_LUA` said."""
+    return {
+        "metadata": {
+            "descriptor_key": "shadowlimit_usage",
+            "metadata_key": {"key": "shadowlimit.usage", "path": [{"key": "status"}]},
+            "default_value": "reported",
+            "source": "DYNAMIC",
+        }
     }
 
 

@@ -3,7 +3,8 @@ HTTP/1.1 chunked encoding, a few delta events then a last one with an OpenAI-sty
 object (``{"usage": {"prompt_tokens", "completion_tokens", "total_tokens"}}``), as an LLM API
 streams. The request says how many tokens its answer uses (``x-tokens``, default 100);
 ``x-usage-header: 1`` also sends that number up front as ``x-usage-tokens`` (an upstream that
-knows its cost before it streams). Every usage it reported is kept (:attr:`reported`).
+knows its cost before it streams); ``x-usage: none`` leaves the usage out, ``x-usage: null`` sends
+it with ``null`` numbers. Every usage it was asked for is kept (:attr:`reported`).
 
 Usage::
 
@@ -115,7 +116,10 @@ class StreamingUpstream:
             self._event(conn, {"choices": [{"delta": {"content": f"part {i} "}}]})
         prompt = min(tokens, 10)
         usage: dict[str, Any] = {"prompt_tokens": prompt, "completion_tokens": tokens - prompt, "total_tokens": tokens}
-        self._event(conn, {"choices": [], "usage": usage})
+        if headers.get("x-usage") == "null":  # an answer whose usage is not a number
+            usage = {"prompt_tokens": None, "completion_tokens": None, "total_tokens": None}
+        if headers.get("x-usage") != "none":  # none: an answer without its usage
+            self._event(conn, {"choices": [], "usage": usage})
         conn.sendall(b"0\r\n\r\n")
 
     @staticmethod

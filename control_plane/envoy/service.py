@@ -57,7 +57,7 @@ from envoy.service.ratelimit.v3 import rls_pb2
 from google.protobuf.duration_pb2 import Duration
 from google.protobuf.message import DecodeError
 
-from limiter.policy import Charge
+from limiter.policy import MAX_COST, Charge
 
 from ..decision import DecideResult, InvalidCost, Path, PlainInput
 from ..observe import incidents
@@ -79,6 +79,14 @@ log = logging.getLogger("shadowlimit.envoy")
 MAX_DESCRIPTORS = 64
 #: the most entries in one descriptor
 MAX_ENTRIES = 32
+
+#: a descriptor's last entry under this key says whether the answer reported its usage
+#: (``reported``) or not (``missing``, ``not_a_number``): put there by the Lua filter of
+#: docs/gateways.md, taken off before the descriptor is looked up
+USAGE_ENTRY = "shadowlimit_usage"
+_UNMETERED = frozenset({"missing", "not_a_number"})
+#: the most descriptor shapes whose bad cost is logged (each once)
+_BAD_LOGGED = 1000
 
 #: the full name of Envoy's rate limit service
 RLS_SERVICE = rls_pb2.DESCRIPTOR.services_by_name["RateLimitService"].full_name
@@ -146,6 +154,7 @@ class RateLimitService:
         self.metrics = metrics
         self.headers = headers
         self.hits = HitStats(metrics, headers.near_limit_ratio)
+        self._bad_logged: set[tuple[str, ...]] = set()  # descriptor shapes whose bad cost was logged
         self.in_flight = 0  # calls being answered (at most headers.max_calls)
         self._limits = {name: _Response.RateLimit.Unit.Value(name) for name in _Response.RateLimit.Unit.keys()}
 
@@ -323,11 +332,37 @@ class RateLimitService:
             cost = d.hits_addend.value if d.HasField("hits_addend") else default_cost
             costs.append(Charge(cost) if cost else 0)
             entries = [(e.key, e.value) for e in d.entries]
-            matches.append(config.lookup(request.domain, entries) if config is not None and entries else None)
+            reason = None
+            if entries and entries[-1][0] == USAGE_ENTRY:  # the usage's own report (docs/gateways.md), not a key
+                reason = entries.pop()[1]
+                reason = None if reason == "reported" else reason if reason in _UNMETERED else "other"
+            match = config.lookup(request.domain, entries) if config is not None and entries else None
+            if reason is not None or cost > MAX_COST:
+                self._bad_cost(request.domain, entries, match, reason or "too_large", cost)
+            matches.append(match)
         replaced = {name for m in matches if m is not None for name in m.limit.replaces}
         if replaced:  # an unlimited one is never checked, so never replaced
             matches = [None if m and not m.limit.unlimited and m.limit.name in replaced else m for m in matches]
         return matches, costs
+
+    def _bad_cost(
+        self, domain: str, entries: list[tuple[str, str]], match: Match | None, reason: str, cost: int
+    ) -> None:
+        """A descriptor whose cost the answer did not say (or said past the bound): counted in
+        ``rate_limit_envoy_bad_costs_total`` and logged once per descriptor (its domain and
+        entries' keys); what it is charged: docs/gateways.md."""
+        route = match.limit.route if match is not None and match.limit.route else "-"  # a bounded label
+        m = self.metrics
+        m.child(m.envoy_bad_costs, route, reason).inc()
+        shape = (domain, *(k for k, _ in entries))
+        if shape in self._bad_logged or len(self._bad_logged) >= _BAD_LOGGED:
+            return
+        self._bad_logged.add(shape)
+        charged = "answered OVER_LIMIT, nothing charged" if reason == "too_large" else f"charged its hits_addend {cost}"
+        log.warning(
+            "Envoy descriptor %s (domain %s): its cost is %s (%s); counted in rate_limit_envoy_bad_costs_total, "
+            "logged once", "/".join(shape[1:]) or "-", domain, reason.replace("_", " "), charged,
+        )  # fmt: skip
 
     def _status(self, m: Match | None, res: Any, cost: int) -> _Verdict:
         """A descriptor's answer (see :class:`_Verdict`)."""

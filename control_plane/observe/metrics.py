@@ -75,6 +75,7 @@ rate_limit_candidate_divergence_total     counter  route, direction: agree, newl
 rate_limit_envoy_hits_total               counter  route, stat: total_hits, over_limit, near_limit,
                                                    within_limit, shadow_mode (envoyproxy/ratelimit's
                                                    per-descriptor stats; control_plane/envoy/stats.py)
+rate_limit_envoy_bad_costs_total          counter  route, reason (a descriptor's cost; gateways.md)
 rate_limit_grpc_connections               gauge    - (gRPC connections open)
 rate_limit_grpc_protocol_errors_total     counter  kind: GRPC_PROTOCOL_KINDS (docs/metrics.md)
 shadowlimit_build_info                    gauge    version (always 1)
@@ -293,6 +294,12 @@ class Metrics:
             " max_reservations).",
             ["route", "result"],
             registry=r,
+        )
+        self.envoy_bad_costs = FastCounter(
+            "rate_limit_envoy_bad_costs_total",
+            "Envoy descriptors whose cost was not said (missing, not_a_number, other) or past 10^9 (too_large).",
+            ["route", "reason"],
+            r,
         )
         self.metered = FastCounter(
             "rate_limit_metered_responses_total",

@@ -125,7 +125,7 @@ def test_every_descriptor_is_checked_and_one_over_limit_is_enough(served) -> Non
 
 
 def test_hits_addend_is_the_cost(served) -> None:
-    _, rls = served
+    cp, rls = served
     clear_of_minute_edge()
     r = rls.ask(descriptor(("budget", "h")), hits=2)
     assert (r.overall_code, r.statuses[0].limit_remaining) == (OK, 3)
@@ -138,6 +138,13 @@ def test_hits_addend_is_the_cost(served) -> None:
     # the request's own hits_addend of 0 means 1 (as the proto says)
     r = rls.ask(descriptor(("budget", "r")), hits=0)
     assert (r.overall_code, r.statuses[0].limit_remaining) == (OK, 4)
+    # past the exact bound (10^9 a call): over, nothing charged, counted as a bad cost
+    for _ in range(2):
+        assert rls.codes(descriptor(("budget", "big"), hits=10**9 + 1))[0] == OVER
+    r = rls.ask(descriptor(("budget", "big"), hits=1))
+    assert (r.overall_code, r.statuses[0].limit_remaining) == (OK, 4)
+    text = httpx.get(cp.url + "/metrics", timeout=10).text
+    assert metric_value(text, "rate_limit_envoy_bad_costs_total", reason="too_large") == 2
 
 
 def test_shadow_answers_ok_and_is_compared_then_enforce_rejects(served) -> None:

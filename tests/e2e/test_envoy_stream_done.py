@@ -16,6 +16,7 @@ serve --grpc-port`` on real Redis, with envoyproxy/ratelimit's configuration for
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,7 +24,7 @@ from pathlib import Path
 import httpx
 import pytest
 from cp_server import metric_value, wait_until
-from envoy_proxy import EnvoyProxy, rate_limit, request_headers, route, usage_filter
+from envoy_proxy import EnvoyProxy, rate_limit, request_headers, route, usage_entry, usage_filter
 from rls_client import clear_of_minute_edge, serve
 from streaming_upstream import StreamingUpstream
 
@@ -54,7 +55,23 @@ def budget_routes() -> list[dict]:
         route("/v1/chat", per_filter=both("x-tenant", "tenant", STREAMED)),
         route("/v1/completions", per_filter=both("x-tenant", "tenant", HEADER)),
         route("/v1/trial", per_filter=both("x-tenant", "trial", STREAMED)),
+        route(
+            "/v1/metered",
+            per_filter=[
+                rate_limit(request_headers("x-tenant", "tenant"), hits_addend=0),
+                rate_limit(
+                    request_headers("x-tenant", "tenant"),
+                    usage_entry(),
+                    hits_addend=STREAMED,
+                    apply_on_stream_done=True,
+                ),  # fmt: skip
+            ],
+        ),
     ]
+
+
+#: what the Lua filter charges an answer that did not say its usage
+FALLBACK = 50
 
 
 @pytest.fixture
@@ -65,7 +82,7 @@ def gateway(redis_url, tmp_path: Path) -> Iterator[tuple[object, EnvoyProxy, Str
     upstream = StreamingUpstream().start()
     envoy = EnvoyProxy(
         cp.settings.grpc_port, domain="llm", routes=budget_routes(), upstream=upstream,  # type: ignore[arg-type]
-        extra_filters=[usage_filter()], x_ratelimit_headers=None,
+        extra_filters=[usage_filter(FALLBACK)], x_ratelimit_headers=None,
     )  # fmt: skip
     try:
         envoy.start()
@@ -130,3 +147,40 @@ def test_an_answer_without_its_usage_is_not_charged_envoy_makes_no_call(gateway)
     after = metric_value(httpx.get(f"{cp.url}/metrics", timeout=10).text, "rate_limit_envoy_requests_total", code="ok")
     assert after - calls == 1 and hits(cp, "llm/tenant") == 0  # the look only, 0 hits
     assert "Invalid hits_addend" in envoy.log_tail(50)
+
+
+class _Records(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(record.getMessage())
+
+
+def test_an_answer_that_does_not_say_its_usage_is_counted_logged_once_and_charged_the_fallback(gateway) -> None:
+    """The Lua filter of docs/gateways.md gives such an answer the fallback's tokens and says why in
+    the descriptor's ``shadowlimit_usage`` entry: shadowlimit takes the entry off (the peer's config
+    is looked up unchanged), charges the fallback, counts the reason and logs it once."""
+    cp, envoy, _ = gateway
+    records = _Records()
+    logger = logging.getLogger("shadowlimit.envoy")
+    logger.addHandler(records)
+    try:
+        clear_of_minute_edge(20)
+        assert ask(envoy, "/v1/metered", "wayne", 30) == 200  # reported: its 30
+        wait_until(lambda: hits(cp, "llm/tenant") == 30, 10.0, 0.05, "the reported usage charged")
+        for usage in ("none", "none", "null"):
+            r = envoy.get("/v1/metered", headers={"x-tenant": "wayne", "x-tokens": "30", "x-usage": usage})
+            assert r.status_code == 200
+        wait_until(lambda: hits(cp, "llm/tenant") == 30 + 3 * FALLBACK, 10.0, 0.05, "the fallback charged thrice")
+        text = httpx.get(f"{cp.url}/metrics", timeout=10).text
+        bad = {
+            reason: metric_value(text, "rate_limit_envoy_bad_costs_total", route="llm/tenant", reason=reason)
+            for reason in ("missing", "not_a_number")
+        }
+        assert bad == {"missing": 2, "not_a_number": 1}
+        logged = [line for line in records.lines if "rate_limit_envoy_bad_costs_total" in line]
+        assert len(logged) == 1 and "tenant" in logged[0] and f"charged its hits_addend {FALLBACK}" in logged[0]
+    finally:
+        logger.removeHandler(records)
