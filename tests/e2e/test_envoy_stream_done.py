@@ -106,18 +106,29 @@ def ask(envoy: EnvoyProxy, path: str, tenant: str, tokens: int, **headers: str) 
 
 
 def test_stream_done_charges_add_up_to_the_reported_usage_and_the_check_refuses_once_spent(gateway) -> None:
+    """The budget is a fixed window aligned on the minute: a busy machine that takes the scenario
+    across a minute's end starts it again with another tenant (at most twice), as the window does."""
     cp, envoy, upstream = gateway
-    clear_of_minute_edge(20)
-    usages = [300, 250, 400, 100]  # 1,050 of a budget of 1,000 a minute
-    for n in usages:  # each request-time look finds budget left; the fourth crosses the budget, and completes
-        assert ask(envoy, "/v1/chat", "acme", n) == 200
-    wait_until(lambda: hits(cp, "llm/tenant") == sum(usages), 10.0, 0.05, "every stream-done charge landed")
-    assert ask(envoy, "/v1/chat", "acme", 5) == 429  # spent: the request-time check refuses
-    assert ask(envoy, "/v1/chat", "globex", 5) == 200  # another tenant's budget is its own
-    time.sleep(0.5)  # (a refused request is never streamed, so no stream-done call follows it)
-    reported = sum(n for tenant, n in upstream.reported if tenant == "acme")
-    assert reported == sum(usages) and hits(cp, "llm/tenant") == reported + 5  # acme's and globex's, exactly
-    assert hits(cp, "llm/tenant", "over_limit") >= 50  # the 50 past the budget are over (the peer's split)
+    for attempt in range(3):
+        acme, globex = f"acme{attempt}", f"globex{attempt}"
+        clear_of_minute_edge(20)
+        minute, before = int(time.time() // 60), hits(cp, "llm/tenant")
+        usages = (300, 250, 400, 100)  # 1,050 of a budget of 1,000 a minute
+        for n in usages:  # each request-time look finds budget left; the fourth crosses the budget, and completes
+            assert ask(envoy, "/v1/chat", acme, n) == 200
+        want = before + sum(usages)
+        wait_until(lambda want=want: hits(cp, "llm/tenant") == want, 10.0, 0.05, "every stream-done charge landed")
+        spent = ask(envoy, "/v1/chat", acme, 5)  # spent: the request-time check refuses
+        if int(time.time() // 60) != minute:
+            continue  # the window ended meanwhile (its count started afresh): again, in the next minute
+        assert spent == 429
+        assert ask(envoy, "/v1/chat", globex, 5) == 200  # another tenant's budget is its own
+        time.sleep(0.5)  # (a refused request is never streamed, so no stream-done call follows it)
+        reported = sum(n for tenant, n in upstream.reported if tenant == acme)
+        assert reported == sum(usages) and hits(cp, "llm/tenant") == before + reported + 5  # acme's and globex's
+        assert hits(cp, "llm/tenant", "over_limit") >= 50  # the 50 past the budget are over (the peer's split)
+        return
+    raise AssertionError("three attempts each crossed a minute's end")
 
 
 def test_a_usage_in_a_response_header_is_charged_as_envoyproxy_ratelimit_configures_it(gateway) -> None:
