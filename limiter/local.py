@@ -219,7 +219,7 @@ class LocalLimiter:
         with self._lock:
             state, book = self._booked(key, policy)
             out, state, book = reservations.reserve(state, book, now, policy, estimate=estimate, rid=rid, terms=terms)
-            self._keep(key, policy, state, book, now, out.decision.reset_after_us)
+            self._keep(key, policy, state, book, now, reset_us=out.decision.reset_after_us, terms=terms)
         return out
 
     def settle(
@@ -234,7 +234,8 @@ class LocalLimiter:
             out, state, book = reservations.settle(
                 state, book, now, policy, rid=rid, actual=actual, terms=terms, unbooked=unbooked
             )
-            self._keep(key, policy, state, book, now, 0 if out.decision is None else out.decision.reset_after_us)
+            reset_us = 0 if out.decision is None else out.decision.reset_after_us
+            self._keep(key, policy, state, book, now, reset_us=reset_us, terms=terms)
         return out
 
     def book(self, key: str) -> Book:
@@ -247,10 +248,13 @@ class LocalLimiter:
         state = entry[0] if entry is not None and entry[1] is policy.algorithm else None
         return state, self._books.get(key) or Book.empty()
 
-    def _keep(self, key: str, policy: Policy, state: Any, book: Book, now_us: int, reset_us: int) -> None:
+    def _keep(
+        self, key: str, policy: Policy, state: Any, book: Book, now_us: int, *, reset_us: int, terms: Terms
+    ) -> None:
         """A reservation's state and book stored (caller holds the lock), kept at least as long
-        as the book remembers anything."""
-        until = max((h.until_us for h in book.held.values()), default=0)
+        as the book remembers anything it was written now (a reservation's TTL and then as long
+        again: the bound lua/reserve.lua keeps the key by)."""
+        until = now_us + terms.ttl_us + terms.keep_us if book.held else 0
         if state is not None:
             alg = policy.algorithm
             expires = max(now_us + policy.ttl_us + reset_us, until)

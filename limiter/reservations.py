@@ -116,6 +116,11 @@ def _due(held: dict[str, Held]) -> int:
     return min((h.until_us for h in held.values()), default=0)
 
 
+def _lower(due: int, until: int) -> int:
+    """The book's earliest ``until_us`` once a record with ``until`` is written (no other changed)."""
+    return until if not due or until < due else due
+
+
 def sweep(state: Any, book: Book, now: int, policy: Policy, terms: Terms) -> tuple[Any, Book]:
     """The records due at ``now`` handled (see the module docstring): outstanding ones expired
     (refunded together when ``release``), ended ones forgotten."""
@@ -158,7 +163,7 @@ def reserve(
         if not d.allowed:
             return Reserved(decision=d, reserved=False), state, book
     held = {**book.held, rid: Held(estimate=estimate, made_us=now, until_us=now + terms.ttl_us)}
-    return Reserved(decision=d, reserved=True), state, Book(held=held, due_us=_due(held))
+    return Reserved(decision=d, reserved=True), state, Book(held=held, due_us=_lower(book.due_us, now + terms.ttl_us))
 
 
 def settle(
@@ -178,7 +183,7 @@ def settle(
         if len(book.held) < terms.max_held:
             h = Held(estimate=0, made_us=now, until_us=now + terms.keep_us, state="settled", actual=actual, answer=d)
             held = {**book.held, rid: h}
-            book = Book(held=held, due_us=_due(held))
+            book = Book(held=held, due_us=_lower(book.due_us, h.until_us))
         return Settled(status="settled", decision=d, estimate=0, actual=actual), state, book
     if h.state == "settled":
         return Settled(status="again", decision=h.answer, estimate=h.estimate, actual=h.actual), state, book
@@ -188,12 +193,10 @@ def settle(
     if delta < 0 and not _refundable(policy, h.made_us, now):
         delta = 0
     d, state = charge(state, now, policy, Charge(delta))
-    held = {**book.held, rid: replace(h, state="settled", actual=actual, answer=d, until_us=now + terms.keep_us)}
-    return (
-        Settled(status="settled", decision=d, estimate=h.estimate, actual=actual),
-        state,
-        Book(held=held, due_us=_due(held)),
-    )
+    until = now + terms.keep_us
+    held = {**book.held, rid: replace(h, state="settled", actual=actual, answer=d, until_us=until)}
+    due = _due(held) if h.until_us == book.due_us else _lower(book.due_us, until)  # read all only for the earliest
+    return Settled(status="settled", decision=d, estimate=h.estimate, actual=actual), state, Book(held=held, due_us=due)
 
 
 _STATES = {"o": "outstanding", "s": "settled", "c": "charged", "r": "released"}

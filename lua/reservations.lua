@@ -39,6 +39,14 @@ local function sl_refundable(w, made, now)
   return made - made % w == now - now % w
 end
 
+-- 'rx' lowered to 'till' when that is earlier (a record written with it): still the earliest
+local function sl_lower(key, till)
+  local due = tonumber(redis.call('hget', key, 'rx'))
+  if due == nil or due == 0 or till < due then
+    redis.call('hset', key, 'rx', sl_num(till))
+  end
+end
+
 -- the earliest 'till' of the key's records (0: none), written to 'rx'
 local function sl_due(key)
   local all = redis.call('hgetall', key)
@@ -79,12 +87,14 @@ local function sl_sweep(key, args, now, release, keep)
   table.sort(ids)
   local refund = 0
   local w = tonumber(args[1])
+  local left = 0 -- the earliest 'till' of the records that stay
   for _, rid in ipairs(ids) do
     local r = sl_record(texts[rid])
     if r.till <= now then
       if r.state ~= 'o' then
         redis.call('hdel', key, 'r:' .. rid)
         redis.call('hincrby', key, 'rn', -1)
+        r = nil
       else
         if release and sl_refundable(w, r.made, now) then
           refund = refund + r.estimate
@@ -98,9 +108,16 @@ local function sl_sweep(key, args, now, release, keep)
         sl_write(key, rid, r)
       end
     end
+    if r and (left == 0 or r.till < left) then
+      left = r.till
+    end
   end
   if refund > 0 then
     sl_charge({key}, {args[1], args[2], args[3], now, -refund})
   end
-  sl_due(key)
+  if left == 0 then
+    redis.call('hdel', key, 'rx')
+  else
+    redis.call('hset', key, 'rx', sl_num(left))
+  end
 end

@@ -49,6 +49,6 @@ else
 end
 sl_write(key, rid, {state = 'o', estimate = estimate, made = now, till = now + ttl_us})
 redis.call('hincrby', key, 'rn', 1)
-sl_due(key)
+sl_lower(key, now + ttl_us)
 sl_touch(key, tonumber(args[3]), ttl_us + keep)
 return {1, d}

@@ -31,7 +31,7 @@ if not text then
   if (tonumber(redis.call('hget', key, 'rn')) or 0) < tonumber(ARGV[10]) then
     sl_write(key, rid, {state = 's', estimate = 0, made = now, till = now + keep, actual = actual, answer = d})
     redis.call('hincrby', key, 'rn', 1)
-    sl_due(key)
+    sl_lower(key, now + keep)
   end
   sl_touch(key, tonumber(args[3]), keep)
   return {1, d, 0, actual}
@@ -50,11 +50,16 @@ if delta < 0 and not sl_refundable(tonumber(args[1]), r.made, now) then
   delta = 0
 end
 local d = sl_charge({key}, {args[1], args[2], args[3], now, delta})
+local was = r.till
 r.state = 's'
 r.actual = actual
 r.answer = d
 r.till = now + keep
 sl_write(key, rid, r)
-sl_due(key)
+if was == tonumber(redis.call('hget', key, 'rx')) then
+  sl_due(key) -- it was the earliest: read the rest
+else
+  sl_lower(key, r.till)
+end
 sl_touch(key, tonumber(args[3]), keep)
 return {1, d, r.estimate, actual}

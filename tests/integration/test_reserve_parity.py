@@ -145,7 +145,9 @@ def test_reservations_agree_in_python_both_local_paths_and_lua(any_redis_url, da
                 assert local.state(key) == local_py.state(key) == state or state is None, f"step {i}: local state"
                 assert await rl.raw_book(key) == book == local.book(key) == local_py.book(key), f"step {i} {op}: book"
                 h = book.held.get(op[3])
-                if h is not None and h.until_us > now:  # Redis keeps the key as long as the record it wrote
+                wrote = want.reserved if op[0] == "reserve" else op[0] != "decide" and op[0] != "charge" and (
+                    getattr(want, "status", None) == "settled")  # fmt: skip
+                if wrote and h is not None and h.until_us > now:  # Redis keeps the key as long as the record it wrote
                     rkey = rl.redis_key(key)
                     pttl_ms = await rl.backend.call(rkey, encode_command("PTTL", rkey))
                     waited_ms = (time.monotonic() - began) * 1000
