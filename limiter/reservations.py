@@ -16,17 +16,24 @@ holds them together.
   The record is then remembered for ``keep_us`` with the answer, so settling again gives the
   first answer and charges nothing (idempotent, whichever replica asks). An unknown id, or one
   that expired, changes nothing.
-* Expiry (swept lazily by every reserve and settle of the key, in the same call): a reservation
-  left unsettled past its TTL is either kept at its estimate (``charge``) or refunded
-  (``release``), and remembered for ``keep_us`` as expired.
+* Expiry: a reservation left unsettled past its TTL is either kept at its estimate (``charge``)
+  or refunded (``release``), and remembered for ``keep_us`` as expired; a remembered record past
+  its time is forgotten. A reserve or settle of the key handles the record it names at once, as
+  if swept then (a settle of an expired reservation says what became of it; of a forgotten one,
+  that it is unknown). The others are swept together, by a reserve or settle of the key, once
+  the book's ``due_us`` has come: the earliest record's time, but never sooner than a sixteenth of
+  ``keep_us`` after the last sweep, so a key with a steady flow of records reads its whole book
+  about once per ``keep_us / 16``, not at every call (a release of a reservation nobody settles
+  is refunded that much later, at most). A key holding ``max_held`` records is swept at once.
 
 Refunds on a window (a settle below the estimate, a release) apply only while the window the
 estimate was counted in is the current one: a window that has ended keeps what it counted, as
 any count (the sliding window's previous window included). The refunds of one sweep are summed
 (whole numbers, in any order the same) and refunded once.
 
-The book: ``{id: Held}`` and the earliest time one of its records is due (``due_us``), so a
-sweep reads the records only when one is due.
+The book: ``{id: Held}`` and when the next sweep is due (``due_us``: 0 with no records), kept as
+records are written (lowered to a new record's time), so no call reads the whole book unless it
+sweeps.
 """
 
 from __future__ import annotations
@@ -70,7 +77,8 @@ class Held:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Book:
-    """A key's reservations by id, and the earliest ``until_us`` among them (0: none)."""
+    """A key's reservations by id, and when the next sweep is due (0: no records; see the module
+    docstring)."""
 
     held: dict[str, Held]
     due_us: int = 0
@@ -121,10 +129,25 @@ def _lower(due: int, until: int) -> int:
     return until if not due or until < due else due
 
 
-def sweep(state: Any, book: Book, now: int, policy: Policy, terms: Terms) -> tuple[Any, Book]:
+def _expire(state: Any, h: Held, now: int, policy: Policy, terms: Terms) -> tuple[Any, Held, int]:
+    """An outstanding record past its TTL, expired: kept at its estimate or released; the
+    refund it is owed (0 unless released while its window lasts)."""
+    refund = h.estimate if terms.release and _refundable(policy, h.made_us, now) else 0
+    return state, replace(h, state="released" if terms.release else "charged", until_us=now + terms.keep_us), refund
+
+
+def _grace(terms: Terms) -> int:
+    """How long after a sweep the next one waits at least: a sixteenth of how long an ended
+    record is remembered (the records in between are swept together)."""
+    return terms.keep_us // 16
+
+
+def sweep(state: Any, book: Book, now: int, policy: Policy, terms: Terms, *, force: bool = False) -> tuple[Any, Book]:
     """The records due at ``now`` handled (see the module docstring): outstanding ones expired
-    (refunded together when ``release``), ended ones forgotten."""
-    if not book.due_us or now < book.due_us:
+    (refunded together when ``release``), ended ones forgotten; then the next sweep is due at
+    the earliest record's time but not before :func:`_grace` from now. ``force``: whether due
+    or not (a key that holds ``max_held`` records)."""
+    if not force and (not book.due_us or now < book.due_us):
         return state, book
     held = dict(book.held)
     refund = 0
@@ -135,12 +158,29 @@ def sweep(state: Any, book: Book, now: int, policy: Policy, terms: Terms) -> tup
         if h.state != "outstanding":
             del held[rid]
             continue
-        if terms.release and _refundable(policy, h.made_us, now):
-            refund += h.estimate
-        held[rid] = replace(h, state="released" if terms.release else "charged", until_us=now + terms.keep_us)
+        state, held[rid], owed = _expire(state, h, now, policy, terms)
+        refund += owed
     if refund:
         _, state = charge(state, now, policy, Charge(-refund))
-    return state, Book(held=held, due_us=_due(held))
+    earliest = _due(held)
+    return state, Book(held=held, due_us=max(earliest, now + _grace(terms)) if earliest else 0)
+
+
+def _at(state: Any, book: Book, now: int, policy: Policy, terms: Terms, rid: str) -> tuple[Any, Book, Held | None]:
+    """``rid``'s record as a sweep at ``now`` would leave it: an outstanding one past its TTL
+    expired now, an ended one past its time forgotten (None)."""
+    h = book.held.get(rid)
+    if h is None or h.until_us > now:
+        return state, book, h
+    held = dict(book.held)
+    if h.state != "outstanding":
+        del held[rid]
+        return state, Book(held=held, due_us=book.due_us if held else 0), None
+    state, h, owed = _expire(state, h, now, policy, terms)
+    if owed:
+        _, state = charge(state, now, policy, Charge(-owed))
+    held[rid] = h
+    return state, Book(held=held, due_us=_lower(book.due_us, h.until_us)), h
 
 
 def reserve(
@@ -148,9 +188,13 @@ def reserve(
 ) -> tuple[Reserved, Any, Book]:
     """Reserve ``estimate`` under ``rid`` (see the module docstring)."""
     state, book = sweep(state, book, now, policy, terms)
-    if len(book.held) >= terms.max_held or rid in book.held:
+    state, book, mine = _at(state, book, now, policy, terms, rid)
+    if len(book.held) >= terms.max_held:  # the records past their time may be what fills it
+        state, book = sweep(state, book, now, policy, terms, force=True)
+    if len(book.held) >= terms.max_held or mine is not None:
         d = peek(state, now, policy)
-        wait = max(1, book.due_us - now) if book.due_us else 1
+        earliest = _due(book.held)  # when a record can go (the sweep a full key forces takes it then)
+        wait = max(1, earliest - now) if earliest else 1
         return Reserved(decision=make_decision(False, d.remaining, d.limit, wait, d.reset_after_us), reserved=False,
                         full=True), state, book  # fmt: skip
     if terms.positive:
@@ -175,7 +219,7 @@ def settle(
     0 (a repeated settle charges nothing), unless the key holds ``max_held`` records already
     (charged all the same, not remembered)."""
     state, book = sweep(state, book, now, policy, terms)
-    h = book.held.get(rid)
+    state, book, h = _at(state, book, now, policy, terms, rid)
     if h is None:
         if not unbooked:
             return Settled(status="unknown"), state, book
@@ -195,7 +239,7 @@ def settle(
     d, state = charge(state, now, policy, Charge(delta))
     until = now + terms.keep_us
     held = {**book.held, rid: replace(h, state="settled", actual=actual, answer=d, until_us=until)}
-    due = _due(held) if h.until_us == book.due_us else _lower(book.due_us, until)  # read all only for the earliest
+    due = _lower(book.due_us, until)
     return Settled(status="settled", decision=d, estimate=h.estimate, actual=actual), state, Book(held=held, due_us=due)
 
 
@@ -215,4 +259,4 @@ def book_from_fields(fields: dict[str, str]) -> Book:
         if ended:  # settled: the actual cost and the answer
             actual, allowed, *answer = ended
             held[name[2:]] = replace(held[name[2:]], actual=actual, answer=make_decision(allowed == 1, *answer))
-    return Book(held=held, due_us=_due(held))
+    return Book(held=held, due_us=int(float(fields.get("rx", 0))))

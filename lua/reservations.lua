@@ -47,8 +47,8 @@ local function sl_lower(key, till)
   end
 end
 
--- the earliest 'till' of the key's records (0: none), written to 'rx'
-local function sl_due(key)
+-- the earliest 'till' of the key's records (0: none)
+local function sl_earliest(key)
   local all = redis.call('hgetall', key)
   local due = 0
   for i = 1, #all, 2 do
@@ -59,19 +59,31 @@ local function sl_due(key)
       end
     end
   end
-  if due == 0 then
-    redis.call('hdel', key, 'rx')
-  else
-    redis.call('hset', key, 'rx', sl_num(due))
-  end
   return due
 end
 
--- the records due at 'now': outstanding ones expired (refunded together when 'release'),
--- ended ones forgotten
-local function sl_sweep(key, args, now, release, keep)
+-- an outstanding record past its TTL expired now: kept at its estimate or released; the refund
+-- it is owed (0 unless released while its window lasts)
+local function sl_expire(r, w, now, release, keep)
+  local owed = 0
+  if release and sl_refundable(w, r.made, now) then
+    owed = r.estimate
+  end
+  if release then
+    r.state = 'r'
+  else
+    r.state = 'c'
+  end
+  r.till = now + keep
+  return owed
+end
+
+-- the records due at 'now' (or all past their time, with 'force'): outstanding ones expired
+-- (refunded together when 'release'), ended ones forgotten; the next sweep is due at the
+-- earliest record's time but not before a sixteenth of 'keep' from now
+local function sl_sweep(key, args, now, release, keep, force)
   local due = tonumber(redis.call('hget', key, 'rx'))
-  if due == nil or due == 0 or now < due then
+  if not force and (due == nil or due == 0 or now < due) then
     return
   end
   local all = redis.call('hgetall', key)
@@ -96,15 +108,7 @@ local function sl_sweep(key, args, now, release, keep)
         redis.call('hincrby', key, 'rn', -1)
         r = nil
       else
-        if release and sl_refundable(w, r.made, now) then
-          refund = refund + r.estimate
-        end
-        if release then
-          r.state = 'r'
-        else
-          r.state = 'c'
-        end
-        r.till = now + keep
+        refund = refund + sl_expire(r, w, now, release, keep)
         sl_write(key, rid, r)
       end
     end
@@ -118,6 +122,33 @@ local function sl_sweep(key, args, now, release, keep)
   if left == 0 then
     redis.call('hdel', key, 'rx')
   else
-    redis.call('hset', key, 'rx', sl_num(left))
+    redis.call('hset', key, 'rx', sl_num(math.max(left, now + math.floor(keep / 16))))
   end
+end
+
+-- 'rid''s record as a sweep at 'now' would leave it: an outstanding one past its TTL expired now,
+-- an ended one past its time forgotten (nil)
+local function sl_at(key, args, now, release, keep, rid)
+  local text = redis.call('hget', key, 'r:' .. rid)
+  if not text then
+    return nil
+  end
+  local r = sl_record(text)
+  if r.till > now then
+    return r
+  end
+  if r.state ~= 'o' then
+    redis.call('hdel', key, 'r:' .. rid)
+    if redis.call('hincrby', key, 'rn', -1) == 0 then
+      redis.call('hdel', key, 'rx')
+    end
+    return nil
+  end
+  local owed = sl_expire(r, tonumber(args[1]), now, release, keep)
+  if owed > 0 then
+    sl_charge({key}, {args[1], args[2], args[3], now, -owed})
+  end
+  sl_write(key, rid, r)
+  sl_lower(key, r.till)
+  return r
 end

@@ -22,13 +22,17 @@ local ttl_us = tonumber(ARGV[7])
 local release = ARGV[10] == 'r'
 local keep = tonumber(ARGV[11])
 
-sl_sweep(key, args, now, release, keep)
-local held = tonumber(redis.call('hget', key, 'rn')) or 0
-if held >= tonumber(ARGV[9]) or redis.call('hexists', key, 'r:' .. rid) == 1 then
+sl_sweep(key, args, now, release, keep, false)
+local mine = sl_at(key, args, now, release, keep, rid)
+local most = tonumber(ARGV[9])
+if (tonumber(redis.call('hget', key, 'rn')) or 0) >= most then -- the records past their time may be what fills it
+  sl_sweep(key, args, now, release, keep, true)
+end
+if (tonumber(redis.call('hget', key, 'rn')) or 0) >= most or mine then
   local p = sl_peek({key}, {args[1], args[2], args[3], now, 1})
-  local due = tonumber(redis.call('hget', key, 'rx'))
+  local due = sl_earliest(key) -- when a record can go (the sweep a full key forces takes it then)
   local wait = 1
-  if due ~= nil and due ~= 0 then
+  if due ~= 0 then
     wait = math.max(1, due - now)
   end
   return {-1, {0, p[2], p[3], wait, p[5]}}

@@ -21,9 +21,9 @@ local actual = tonumber(ARGV[5])
 local rid = ARGV[6]
 local keep = tonumber(ARGV[8])
 
-sl_sweep(key, args, now, ARGV[7] == 'r', keep)
-local text = redis.call('hget', key, 'r:' .. rid)
-if not text then
+sl_sweep(key, args, now, ARGV[7] == 'r', keep, false)
+local r = sl_at(key, args, now, ARGV[7] == 'r', keep, rid)
+if not r then
   if ARGV[9] ~= 'u' then
     return {0, {}, 0, 0}
   end
@@ -36,7 +36,6 @@ if not text then
   sl_touch(key, tonumber(args[3]), keep)
   return {1, d, 0, actual}
 end
-local r = sl_record(text)
 if r.state == 's' then
   local a = r.answer
   return {2, r.answer, r.estimate, r.actual}
@@ -50,16 +49,11 @@ if delta < 0 and not sl_refundable(tonumber(args[1]), r.made, now) then
   delta = 0
 end
 local d = sl_charge({key}, {args[1], args[2], args[3], now, delta})
-local was = r.till
 r.state = 's'
 r.actual = actual
 r.answer = d
 r.till = now + keep
 sl_write(key, rid, r)
-if was == tonumber(redis.call('hget', key, 'rx')) then
-  sl_due(key) -- it was the earliest: read the rest
-else
-  sl_lower(key, r.till)
-end
+sl_lower(key, r.till)
 sl_touch(key, tonumber(args[3]), keep)
 return {1, d, r.estimate, actual}

@@ -92,7 +92,8 @@ BUDGET = Block(
             schema={"enum": ["charge", "release"]},
             default_doc="`charge`",
             doc="What becomes of a reservation left unsettled past its TTL: `charge` keeps its estimate spent, "
-            "`release` gives it back (on a window, only while the window it was counted in lasts).",
+            "`release` gives it back (on a window, only while the window it was counted in lasts), when the key's "
+            "records are next swept: at most a sixteenth of `reservation_ttl` later, or at once for its own settle.",
         ),
         Key(
             name="admit",

@@ -18,6 +18,8 @@ HOUR = 3_600_000_000
 BUDGET = Policy(average=1000, period=86_400, burst=1000)
 WINDOW = Policy(average=10, period=1.0, burst=10, algorithm=Algorithm.FIXED_WINDOW)
 TERMS = Terms(ttl_us=HOUR, keep_us=HOUR)
+# 1,000 a month: the refill adds under 2 units a day
+SLOW = Policy(average=1000, period=31 * 86_400, burst=1000)
 
 
 def left(state, now=T0, policy=BUDGET):
@@ -158,3 +160,66 @@ def test_a_reservation_never_booked_here_is_charged_in_full_once():
     _, state, book = settle(state, book, T0 + 2, BUDGET, rid="y", actual=100, terms=t, unbooked=True)
     out, state, book = settle(state, book, T0 + 3, BUDGET, rid="z", actual=100, terms=t, unbooked=True)
     assert out.status == "settled" and left(state, T0 + 3) == 500 and sorted(book.held) == ["x", "y"]
+
+
+def test_records_past_their_time_are_swept_together_at_most_once_a_sixteenth_of_keep():
+    """A steady flow of reservations: the book is read whole at a sweep, and the next sweep waits
+    for the earliest record's time but at least keep / 16; the records due meanwhile wait for it."""
+    t = Terms(ttl_us=HOUR, keep_us=HOUR, release=True)
+    grace = HOUR // 16
+    state, book = None, Book.empty()
+    for i in range(4):  # a reservation a minute, none settled
+        _, state, book = reserve(state, book, T0 + i * 60_000_000, SLOW, estimate=10, rid=f"r{i}", terms=t)
+    _, state, book = reserve(state, book, T0 + 1_800_000_000, SLOW, estimate=500, rid="z", terms=t)  # held on
+    assert book.due_us == T0 + HOUR  # the earliest record's time
+    swept_at = T0 + HOUR
+    before = left(state, swept_at, SLOW)
+    state, book = sweep(state, book, swept_at, SLOW, t)
+    assert left(state, swept_at, SLOW) - before == 10  # r0's release
+    assert book.held["r0"].state == "released" and book.held["r1"].state == "outstanding"
+    assert book.due_us == swept_at + grace  # r1 falls due a minute later, but waits for the next sweep
+    later = swept_at + 2 * 60_000_000  # r1 and r2 are past their time, not yet swept
+    state2, book2 = sweep(state, book, later, SLOW, t)
+    assert (state2, book2) == (state, book)
+    assert (
+        left(state, later, SLOW) - left(state, swept_at, SLOW) < 10
+    )  # their releases wait too (a unit of refill at most)
+    before = left(state, swept_at + grace, SLOW)
+    state, book = sweep(state, book, swept_at + grace, SLOW, t)
+    assert [book.held[f"r{i}"].state for i in range(4)] == ["released"] * 4  # r3 too: 3 min < grace
+    assert left(state, swept_at + grace, SLOW) - before == 30  # r1, r2, r3 released together
+
+
+def test_a_settle_of_a_record_past_its_time_is_answered_as_if_swept_then():
+    t = Terms(ttl_us=HOUR, keep_us=HOUR, release=True)
+    grace = HOUR // 16
+    _, state, book = reserve(None, Book.empty(), T0, SLOW, estimate=100, rid="a", terms=t)
+    _, state, book = reserve(state, book, T0 + 60_000_000, SLOW, estimate=100, rid="b", terms=t)
+    _, state, book = reserve(state, book, T0 + 1_800_000_000, SLOW, estimate=500, rid="c", terms=t)  # held on
+    before = left(state, T0 + HOUR, SLOW)
+    state, book = sweep(state, book, T0 + HOUR, SLOW, t)  # a released; the next sweep a sixteenth on
+    assert left(state, T0 + HOUR, SLOW) - before == 100 and book.due_us == T0 + HOUR + grace
+    late = T0 + HOUR + 2 * 60_000_000  # b past its TTL, not yet swept
+    before = left(state, late, SLOW)
+    out, state, book = settle(state, book, late, SLOW, rid="b", actual=30, terms=t)
+    assert out.status == "released" and left(state, late, SLOW) - before == 100  # its own release, at once
+    assert book.held["b"].until_us == late + HOUR and book.due_us == T0 + HOUR + grace
+    out, _, _ = settle(state, book, late + HOUR, SLOW, rid="b", actual=30, terms=t)
+    assert out.status == "unknown"  # remembered for keep, then forgotten, whether swept or not
+
+
+def test_a_full_book_is_swept_at_once_before_a_reservation_is_refused():
+    t = Terms(ttl_us=HOUR, keep_us=HOUR, max_held=2)
+    _, state, book = reserve(None, Book.empty(), T0, SLOW, estimate=10, rid="a", terms=t)
+    _, state, book = settle(state, book, T0, SLOW, rid="a", actual=10, terms=t)
+    state, book = sweep(state, book, T0 + HOUR + 1, SLOW, t, force=True)  # nothing past its time but a
+    _, state, book = reserve(state, book, T0 + HOUR + 2, SLOW, estimate=10, rid="b", terms=t)
+    _, state, book = reserve(state, book, T0 + HOUR + 3, SLOW, estimate=10, rid="c", terms=t)
+    assert sorted(book.held) == ["b", "c"]
+    full, state, book = reserve(state, book, T0 + HOUR + 4, SLOW, estimate=10, rid="d", terms=t)
+    assert full.full and full.decision.retry_after_us == HOUR + 2 - 4  # until b's time
+    out, state, book = settle(state, book, T0 + HOUR + 5, SLOW, rid="b", actual=10, terms=t)
+    # at 2h+6 the sweep is due (b's TTL at 2h+2 set it): b, settled, remembered until 2h+5, is forgotten;
+    # c, past its TTL at 2h+3, is expired (kept at its estimate) and held another hour: room for e
+    again, state, book = reserve(state, book, T0 + 2 * HOUR + 6, SLOW, estimate=10, rid="e", terms=t)
+    assert again.reserved and sorted(book.held) == ["c", "e"] and book.held["c"].state == "charged"
