@@ -43,6 +43,7 @@ def _extra_sections() -> list[str]:
     cp = report.control_plane_section(ROOT / "bench" / "results" / "control_plane.json")
     sections = (
         _service_section(),
+        _budgets_section(),
         _ab_section(),
         _whatif_section(),
         _explain_section(),
@@ -101,6 +102,16 @@ def _service_section() -> str | None:
     if not path.exists():
         return None
     from .service import render
+
+    return render(json.loads(path.read_text(encoding="utf-8")))
+
+
+def _budgets_section() -> str | None:
+    """``python -m bench.budgets``'s last results (bench/results/budgets.json), measured separately."""
+    path = ROOT / "bench" / "results" / "budgets.json"
+    if not path.exists():
+        return None
+    from .budgets import render
 
     return render(json.loads(path.read_text(encoding="utf-8")))
 
