@@ -82,8 +82,13 @@ descriptors:
     rate_limit: {unit: second, requests_per_unit: 1000000}
   - key: hot_key
     rate_limit: {unit: minute, requests_per_unit: 1}
+  - key: tokens
+    rate_limit: {unit: second, requests_per_unit: 1000000000}
 """
-ROUTES = ("bench/remote_address", "bench/hot_key")  # shadowlimit's routes of ENVOY_CONFIG
+ROUTES = ("bench/remote_address", "bench/hot_key", "bench/tokens")  # shadowlimit's routes of ENVOY_CONFIG
+#: what the upstream says each answer cost (its ``x-usage-tokens`` header), read by the budget
+#: routes' stream-done descriptors
+USAGE_TOKENS = 40
 KEYS = 1000
 HOT_KEYS = 100
 HOT_EVERY = 10  # one request in 10 on /hot
@@ -92,6 +97,8 @@ _DONE = WRK_LUA[WRK_LUA.index("done = function") :]  # bench.control_plane's JSO
 SCRIPTS = {
     "free": 'return wrk.format("GET", "/free", {["x-key"] = "k" .. (counter % KEYS)})',
     "rl": 'return wrk.format("GET", "/rl", {["x-key"] = "k" .. (counter % KEYS)})',
+    "done": 'return wrk.format("GET", "/done", {["x-key"] = "k" .. (counter % KEYS)})',
+    "budget": 'return wrk.format("GET", "/budget", {["x-key"] = "k" .. (counter % KEYS)})',
     "hot": """if counter % HOT_EVERY == 0 then
     return wrk.format("GET", "/hot", {["x-key"] = "h" .. (math.floor(counter / HOT_EVERY) % HOT_KEYS)})
   end
@@ -140,6 +147,21 @@ ROWS = (
     Row("bare_h2", "bare shadowlimit transport (`control_plane/envoy/transport.py`, OK at once)", "bare_h2", mode=None),
     Row("enforce", "shadowlimit, enforce", "serve"),
     Row("shadow", "shadowlimit, shadow", "serve", mode="shadow"),
+    Row(
+        "stream_done",
+        "shadowlimit, enforce, a budget charged when the answer ends (`apply_on_stream_done`, `hits_addend` "
+        f"`%RESP(x-usage-tokens)%` = {USAGE_TOKENS}), no request-time call",
+        "serve",
+        "done",
+        baseline=None,
+    ),
+    Row(
+        "budget",
+        "shadowlimit, enforce, a budget: the look at request time (`hits_addend: 0`) and the stream-done charge",
+        "serve",
+        "budget",
+        baseline=None,
+    ),
     Row("workers2", "shadowlimit `--workers 2`, enforce", "workers"),
     Row(
         "workers2_streams",
@@ -192,6 +214,8 @@ TARGET_ROWS = (
 #: saturated rows with Redis in trouble: their failed calls are targets (< 0.1%), not their requests/s
 FAULT_ROWS = ("stall", "kill")
 PACED_ROWS = ("bare_paced", "enforce_paced", "stall_paced", "kill_paced")
+#: the budget rows: Envoy's stream-done calls, compared per call with the plain ``enforce`` row
+BUDGET_ROWS = ("stream_done", "budget")
 RATIO_TARGET = 0.8
 ERROR_TARGET = 0.001
 
@@ -316,7 +340,11 @@ def _upstream_bootstrap(bootstrap: dict[str, Any]) -> None:
     hcm = bootstrap["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"]
     hcm["http_filters"] = [f for f in hcm["http_filters"] if f["name"] == "envoy.filters.http.router"]
     hcm["route_config"]["virtual_hosts"][0]["routes"] = [
-        {"match": {"prefix": "/"}, "direct_response": {"status": 200, "body": {"inline_string": "ok"}}}
+        {
+            "match": {"prefix": "/"},
+            "direct_response": {"status": 200, "body": {"inline_string": "ok"}},
+            "response_headers_to_add": [{"header": {"key": "x-usage-tokens", "value": str(USAGE_TOKENS)}}],
+        }
     ]
 
 
@@ -353,9 +381,13 @@ def _front(
 def front_routes() -> list[dict[str, Any]]:
     from envoy_proxy import rate_limit, request_headers, route
 
+    tokens = request_headers("x-key", "tokens")
+    charge = rate_limit(tokens, hits_addend="%RESP(x-usage-tokens)%", apply_on_stream_done=True)
     return [
         route("/rl", rate_limit(request_headers("x-key", "remote_address"))),
         route("/hot", rate_limit(request_headers("x-key", "hot_key"))),
+        route("/done", per_filter=[charge]),
+        route("/budget", per_filter=[rate_limit(tokens, hits_addend=0), charge]),
     ]
 
 
@@ -595,6 +627,10 @@ class Bench(Started):
             "service": {k: sl1[k] - sl0[k] for k in sl1} if sl0 and sl1 else None,
             **extra,
         }
+        service_calls = out["service"]["envoy_calls"] if out["service"] else 0
+        # per call as the service counted them (Envoy's cluster stats leave out its stream-done calls)
+        out["service_calls_per_request"] = service_calls / n if n else None
+        out["service_cpu_us_per_service_call"] = out["service_cpu_s"] / service_calls * 1e6 if service_calls else None
         if out["service"] and calls:
             out["fallback_share"] = out["service"]["fallback_decisions"] / calls
             out["deadline_share"] = out["service"]["deadline_answers"] / calls
@@ -755,6 +791,8 @@ def summarize(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
                     "p99_us",
                     "error_share",
                     "service_cpu_us_per_call",
+                    "service_cpu_us_per_service_call",
+                    "service_calls_per_request",
                     "envoy_cpu_us_per_request",
                     "redis_cpu_us_per_request",
                     "evalsha_per_request",
@@ -884,7 +922,7 @@ def _main_table(rows: dict[str, Any]) -> list[str]:
         "|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|",
     ]
     for name, r in rows.items():
-        if r.get("pace_ms") or name.startswith("cache_") or name in ("reload", *FAULT_ROWS):
+        if r.get("pace_ms") or name.startswith("cache_") or name in ("reload", *FAULT_ROWS, *BUDGET_ROWS):
             continue  # their own tables
         evalsha = "-" if r["evalsha_per_request"] is None else f"{r['evalsha_per_request']:.2f}"
         lines.append(
@@ -893,6 +931,48 @@ def _main_table(rows: dict[str, Any]) -> list[str]:
             f"{_ms(r['p99_us'])} | {_failed(r)} | {_pct(r['fallback_share'])} | "
             f"{_us(r['service_cpu_us_per_call'])} | {evalsha} | {r['other_cores'] or 0:.2f} cores |"
         )
+    return lines
+
+
+def stream_done_ratio(rows: dict[str, Any]) -> float | None:
+    """The stream-done charge's service CPU per call over a plain call's: the median of the
+    rounds' ratios (each round runs both rows back to back)."""
+    paired = [
+        a["service_cpu_us_per_service_call"] / b["service_cpu_us_per_service_call"]
+        for a, b in zip(rows["stream_done"]["runs"], rows["enforce"]["runs"])
+        if a.get("service_cpu_us_per_service_call") and b.get("service_cpu_us_per_service_call")
+    ]
+    return statistics.median(paired) if paired else None
+
+
+def _budget_lines(rows: dict[str, Any]) -> list[str]:
+    if not all(name in rows for name in BUDGET_ROWS):
+        return []
+    lines = [
+        "",
+        "Budgets charged when the answer ends: a route whose descriptor has `apply_on_stream_done: true` and "
+        f'`hits_addend: {{format: "%RESP(x-usage-tokens)%"}}` (the upstream answers `x-usage-tokens: '
+        f"{USAGE_TOKENS}`), in its `RateLimitPerRoute`, the descriptor `tokens` limited to 10^9 a second; alone "
+        "(one call a request, after the answer), and after a look at request time (`hits_addend: 0`: two calls a "
+        "request). Calls and CPU per call as the service counted them (`rate_limit_envoy_requests_total`: Envoy's "
+        "cluster stats leave its stream-done calls out); every charge lands in Redis.",
+        "",
+        "| Envoy's filter asks | requests/s | calls per request | service CPU per call | failed calls (worst round) |",
+        "|---|--:|--:|--:|--:|",
+    ]
+    for name in ("enforce", *BUDGET_ROWS):
+        r = rows[name]
+        per = r.get("service_calls_per_request")
+        lines.append(
+            f"| {r['label']} | {r['rps']:,.0f} | {'-' if per is None else f'{per:.2f}'} | "
+            f"{_us(r.get('service_cpu_us_per_service_call'))} | {_failed(r)} |"
+        )
+    ratio = stream_done_ratio(rows)
+    if ratio is not None:
+        lines += [
+            "",
+            f"A stream-done charge against a plain call, service CPU per call: {ratio:.2f}x (median of the rounds).",
+        ]
     return lines
 
 
@@ -1037,7 +1117,19 @@ def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
                 and r["error_share"] <= bare["error_share"],
             }
         )
-    for name in ("enforce", *FAULT_ROWS, "enforce_paced", "stall_paced", "kill_paced", "reload"):
+    ratio = stream_done_ratio(rows) if all(n in rows for n in BUDGET_ROWS) else None
+    if ratio is not None:
+        r, plain = rows["stream_done"], rows["enforce"]
+        out.append(
+            {
+                "target": "Envoy: a stream-done charge (`apply_on_stream_done`, `hits_addend` from the response) "
+                "costs no more service CPU than a plain call",
+                "measured": f"{ratio:.2f}x ({_us(r['service_cpu_us_per_service_call'])} against "
+                f"{_us(plain['service_cpu_us_per_service_call'])} per call)",
+                "met": ratio <= 1.0,
+            }
+        )
+    for name in ("enforce", *FAULT_ROWS, "enforce_paced", "stall_paced", "kill_paced", "reload", "budget"):
         r = rows[name]
         how = f"paced, {PACE_MS} ms pauses" if r.get("pace_ms") else "saturated"
         out.append(
@@ -1103,6 +1195,7 @@ def render(results: dict[str, Any]) -> str:
         "the ceiling of a Python gRPC service here; the 128-connection row compares with it at 128.",
         "",
         *_main_table(rows),
+        *_budget_lines(rows),
         *_cache_lines(rows, meta),
         *_paced_lines(rows, meta),
         *_reload_lines(rows),
