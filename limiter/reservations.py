@@ -238,7 +238,8 @@ def settle(
         delta = 0
     d, state = charge(state, now, policy, Charge(delta))
     until = now + terms.keep_us
-    held = {**book.held, rid: replace(h, state="settled", actual=actual, answer=d, until_us=until)}
+    settled = Held(estimate=h.estimate, made_us=h.made_us, until_us=until, state="settled", actual=actual, answer=d)
+    held = {**book.held, rid: settled}
     due = _lower(book.due_us, until)
     return Settled(status="settled", decision=d, estimate=h.estimate, actual=actual), state, Book(held=held, due_us=due)
 

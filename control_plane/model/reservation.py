@@ -25,6 +25,7 @@ Store = Literal["booked", "refused", "unasked"]
 _PREFIX = "rsv1."
 _STORES: dict[str, Store] = {"b": "booked", "r": "refused", "u": "unasked"}
 _CODES = {v: k for k, v in _STORES.items()}
+_URLSAFE = str.maketrans("-_", "+/")
 #: the longest id: a key of 65,536 characters (the longest a route may allow), a route and a
 #: namespace of 64 each, the nonce, in base64
 MAX_RESERVATION_LENGTH = 90_000
@@ -56,8 +57,11 @@ class ReservationId:
         if not text.startswith(_PREFIX) or len(text) > MAX_RESERVATION_LENGTH:
             raise ValueError("not a reservation id (a decision with an estimate answers with one)")
         body = text[len(_PREFIX) :]
+        if "+" in body or "/" in body:  # base64url only (strict decoding below takes the standard alphabet)
+            raise ValueError("not a reservation id: its body is not base64url text")
         try:
-            raw = base64.b64decode(body + "=" * (-len(body) % 4), altchars=b"-_", validate=True).decode()
+            padded = body.translate(_URLSAFE) + "=" * (-len(body) % 4)
+            raw = binascii.a2b_base64(padded, strict_mode=True).decode()
         except (binascii.Error, UnicodeDecodeError, ValueError):
             raise ValueError("not a reservation id: its body is not base64url text") from None
         parts = raw.split("\n")
