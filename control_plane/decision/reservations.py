@@ -275,6 +275,9 @@ class ReservationCalls:
             self._count("settle", p.name, "expired")
             raise ExpiredReservation(s.status, s.estimate)
         self._count("settle", p.name, s.status)
+        if s.status == "settled" and s.estimate > 0:  # the first settle: how far off the estimate was
+            m = self.metrics
+            m.child(m.cost_ratio, p.name).observe(cost / s.estimate)
         return SettleResult(
             reservation=reservation, route=p.name, key=key, mode=p.mode_value, status=s.status, estimate=s.estimate,
             cost=cost if s.actual is None else s.actual, enforced=s.decision, enforced_by=by, local=local,

@@ -116,6 +116,8 @@ GRPC_PROTOCOL_KINDS = (
 
 
 #: from 5 us (an in-process decision takes 10-20 us) to 1 s (a slow Redis round trip)
+#: actual cost / estimate: systematically under 1, estimates too high (budget held idle); over 1, too low
+_RATIO_BUCKETS = (0.25, 0.5, 0.67, 0.8, 0.9, 1.0, 1.1, 1.25, 1.5, 2.0, 4.0)
 _LATENCY_BUCKETS = (
     0.000005, 0.00001, 0.000015, 0.00002, 0.00003, 0.00005, 0.000075, 0.0001, 0.00025, 0.0005,
     0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0,
@@ -288,34 +290,32 @@ class Metrics:
 
     def _add_budget_metrics(self, r: CollectorRegistry) -> None:
         """Reservations and their settles (control_plane/decision/reservations.py)."""
+        route_result = ["route", "result"]
         self.reservations = FastCounter(
             "rate_limit_reservations_total",
-            "Decisions with an estimate by route and result: reserved, refused (the budget) or full (the key holds"
-            " max_reservations).",
-            ["route", "result"],
-            registry=r,
-        )
+            "Decisions with an estimate by route and result: reserved, refused (the budget), full (max_reservations).",
+            route_result, r,
+        )  # fmt: skip
         self.envoy_bad_costs = FastCounter(
             "rate_limit_envoy_bad_costs_total",
             "Envoy descriptors whose cost was not said (missing, not_a_number, other) or past 10^9 (too_large).",
-            ["route", "reason"],
-            r,
-        )
+            ["route", "reason"], r,
+        )  # fmt: skip
         self.metered = FastCounter(
             "rate_limit_metered_responses_total",
-            "Answers on budget routes of the ASGI middleware by how their cost was found: metered (read from the"
-            " answer), early (it ended early: what was produced), unmetered (no cost found: the estimate kept, or"
-            " nothing charged).",
-            ["route", "result"],
-            registry=r,
-        )
+            "Middleware answers on budget routes by how their cost was found: metered, early (what was produced),"
+            " unmetered (none found).", route_result, r,
+        )  # fmt: skip
         self.settles = FastCounter(
             "rate_limit_settles_total",
-            "Settles by route and result: settled, again (settled before: the first answer), expired, unknown,"
-            " failed (Redis could not settle it in enforce).",
-            ["route", "result"],
-            registry=r,
-        )
+            "Settles by route and result: settled, again (the first answer), expired, unknown, failed (Redis down).",
+            route_result, r,
+        )  # fmt: skip
+        self.cost_ratio = FastHistogram(
+            "rate_limit_settle_cost_ratio",
+            "Each reservation's actual cost over its estimate, at its first settle (1: the estimate was right).",
+            ["route"], registry=r, buckets=_RATIO_BUCKETS,
+        )  # fmt: skip
 
     def _add_control_metrics(self, r: CollectorRegistry) -> None:
         """Route modes, the Redis circuit breaker, failure policy, rules, restorations, mode changes."""

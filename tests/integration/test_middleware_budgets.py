@@ -208,6 +208,14 @@ async def test_an_estimate_is_reserved_and_settled_at_the_actual_cost(redis_url,
             r = await _chat(http, "acme", {"max_tokens": 40, "nothing": True})
             assert r.status_code == 200 and await _left(app, "acme") == 901
         assert _metered(app, "chat", "unmetered") == 1 and _metered(app, "chat", "metered") == 2
+        # how far off each estimate was: 50 of 510, then 40 of 40 (nothing learnt: the estimate kept)
+        text = engine.metrics.render().decode()
+        ratio = {
+            le: metric_value(text, "rate_limit_settle_cost_ratio_bucket", route="chat", le=le)
+            for le in ("0.25", "0.9", "1.0")
+        }
+        assert ratio == {"0.25": 1, "0.9": 1, "1.0": 2}
+        assert metric_value(text, "rate_limit_settle_cost_ratio_count", route="strict") == 2  # 900 of 900, 1 of 100
     finally:
         await stop()
 
