@@ -311,11 +311,8 @@ class Metrics:
             "Settles by route and result: settled, again (the first answer), expired, unknown, failed (Redis down).",
             route_result, r,
         )  # fmt: skip
-        self.cost_ratio = FastHistogram(
-            "rate_limit_settle_cost_ratio",
-            "Each reservation's actual cost over its estimate, at its first settle (1: the estimate was right).",
-            ["route"], registry=r, buckets=_RATIO_BUCKETS,
-        )  # fmt: skip
+        ratio = "Each reservation's actual cost over its estimate at its first settle."
+        self.cost_ratio = FastHistogram("rate_limit_settle_cost_ratio", ratio, ["route"], r, _RATIO_BUCKETS)
 
     def _add_control_metrics(self, r: CollectorRegistry) -> None:
         """Route modes, the Redis circuit breaker, failure policy, rules, restorations, mode changes."""
@@ -471,15 +468,15 @@ class Metrics:
             c = self._children[k] = metric.labels(*labels)
         return c
 
-    def add_route(self, route: str, *, external: bool = False, envoy: bool = False) -> None:
-        """Create ``route``'s labelled counters at 0 (decisions by mode, enforcer and
-        result; divergence by direction, and by cause; shadow drops; mode changes by target and
-        ``automatic``; with ``external``, decisions by limits source; with ``envoy``, the
-        descriptor's hits by stat), so the first event
-        on any replica is an increase from 0 that ``increase()`` and ``rate()`` see, not a
-        series that appears already at 1. Called for every route of the rules in force,
-        at startup and after each reload; cheap when nothing is new. Past :attr:`max_routes`
-        routes, a route counts under :data:`OTHER_ROUTES` (whose series exist at 0 then)."""
+    def add_route(self, route: str, *, external: bool = False, envoy: bool = False, budget: bool = False) -> None:
+        """Create ``route``'s labelled counters at 0 (decisions by mode, enforcer and result;
+        divergence by direction, and by cause; shadow drops; mode changes by target and
+        ``automatic``; with ``external``, decisions by limits source; with ``envoy``, the hits by
+        stat; with ``budget``, the cost ratio), so the first event on any replica is an increase
+        from 0 that ``increase()`` and ``rate()`` see, not a series that appears already at 1.
+        Called for every route of the rules in force, at startup and after each reload; cheap
+        when nothing is new. Past :attr:`max_routes` routes, a route counts under
+        :data:`OTHER_ROUTES` (whose series exist at 0 then)."""
         known = self._routes.get(route)
         if known is not None and (known or not external):
             return
@@ -491,6 +488,8 @@ class Metrics:
             return
         self._routes[route] = external
         self._create(route, external=external, envoy=envoy)
+        if budget:
+            self.cost_ratio.labels(route)
 
     def _create(self, route: str, *, external: bool, envoy: bool) -> None:
         if envoy:

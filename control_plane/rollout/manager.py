@@ -132,6 +132,7 @@ class RolloutManager:
             name,
             external=rule is not None and rule.external is not None,
             envoy=rule is not None and (rule.origin or {}).get("kind") == "envoy",
+            budget=rule is not None and rule.budget is not None,
         )
         self.metrics.set_mode(name, self.effective_mode(name)[0].value)
 

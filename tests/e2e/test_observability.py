@@ -21,7 +21,7 @@ from typing import Any
 
 import httpx
 import pytest
-from cp_server import ControlPlaneServer, admin_headers, free_port, started, unique_namespace, write_rules
+from cp_server import RULES_YAML, ControlPlaneServer, admin_headers, free_port, started, unique_namespace, write_rules
 from envoy_proxy import EnvoyProxy, rate_limit, request_headers
 from envoy_proxy import route as envoy_route
 from prom_server import prometheus
@@ -132,11 +132,22 @@ _EXTRA_ROUTE = """\
 """
 
 
+#: a budget route: its estimates' histogram exists at 0 from the start
+BUDGET_ROUTE = """\
+  - name: chat
+    match: {methods: [POST], path: /v1/chat/**}
+    key: {strategy: header, header: X-Tenant}
+    local: {average: 1000, period: 1m, burst: 1000}
+    budget: {reservation_ttl: 1m}
+"""
+
+
 def test_dashboard_and_rules_name_only_exported_metrics(redis_url, tmp_path):
     envoy = tmp_path / "envoy.yaml"  # Envoy's series exist for the routes of an Envoy config
     envoy.write_text("domain: edge\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 5}\n")
+    rules = write_rules(tmp_path, RULES_YAML + BUDGET_ROUTE)
     with ControlPlaneServer(
-        redis_url=redis_url, rules_path=write_rules(tmp_path), envoy_config=str(envoy), grpc_port=free_port()
+        redis_url=redis_url, rules_path=rules, envoy_config=str(envoy), grpc_port=free_port()
     ) as cp:
         exported = exported_names(metrics_of(cp))  # a fresh replica: nothing decided yet
         envoy_exported = envoy_metric_names(cp.settings.grpc_port, tmp_path)
