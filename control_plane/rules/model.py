@@ -116,6 +116,7 @@ class RouteRule:
     http: bool = True
     origin: Mapping[str, Any] | None = None
     budget: Terms | None = None  # reservations: how they live (None: the route takes none)
+    cost_unit: str | None = None  # what the budget counts (tokens): only with a budget
     _segments: tuple[Segment, ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -227,6 +228,7 @@ class RouteRule:
             "http": self.http,
             "origin": dict(self.origin) if self.origin is not None else None,
             "budget": None if self.budget is None else budget_dict(self.budget),
+            "cost_unit": self.cost_unit,
         }
 
 

@@ -12,6 +12,7 @@ tables of docs/configuration.md follow (``python -m control_plane.rules.json_sch
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -34,7 +35,7 @@ from .lists import ListMatcher
 from .model import DEFAULT_ROUTE, HTTP_TOKEN, RESERVED_ROUTE_NAMES, ROUTE_NAME, RouteRule
 from .paths import ANY, MAX_PATTERN_LENGTH, compile_path_pattern
 from .plan import ROLLOUT
-from .spec import Block, Got, Key, anchored, duration_schema, header_name, ref, whole
+from .spec import MISSING, Block, Got, Key, anchored, duration_schema, header_name, ref, whole
 
 if TYPE_CHECKING:
     from .document import RouteDefaults
@@ -184,6 +185,18 @@ def _canary_percent(r: FieldReader, value: Any, path: FieldPath, got: Got) -> in
     if got["mode"] is not Mode.CANARY:
         raise r.error(path, "only meaningful with mode: canary")
     return percent
+
+
+#: a budget's unit: a lower-case word
+COST_UNIT_PATTERN = "^[a-z][a-z0-9_]{0,31}$"
+
+
+def _cost_unit(r: FieldReader, value: Any, path: FieldPath, got: Got) -> str:
+    if not isinstance(value, str) or re.fullmatch(COST_UNIT_PATTERN, value) is None:
+        raise r.error(path, "must be a lower-case word of at most 32 characters (tokens, credits, seconds)")
+    if got.get("budget", MISSING) is MISSING:
+        raise r.error(path, "this route's limits count requests: give it a budget block to count a cost in units")
+    return value
 
 
 def _build_route(r: FieldReader, got: Got, path: FieldPath) -> RouteRule:
@@ -548,6 +561,15 @@ ROUTE = Block(
             own_table=True,
             doc="How the route's reservations live: an estimate reserved by a decision, settled with the actual "
             "cost ([below](#budgets-budget); [API](api.md#reserve-and-settle)).",
+        ),
+        Key(
+            name="cost_unit",
+            read=_cost_unit,
+            into="cost_unit",
+            schema={"type": "string", "pattern": COST_UNIT_PATTERN},
+            doc="What the route's budget counts (`tokens`, `credits`, `seconds`: a lower-case word of at most 32 "
+            "characters), shown with its figures; only on a route with a `budget` block (a route without one "
+            "counts requests). Not `unit`, which is a time unit in envoyproxy/ratelimit's files.",
         ),
     ),
     build=_build_route,

@@ -1276,6 +1276,9 @@ def test_a_budget_block_sets_the_routes_reservation_terms(settings):
     assert rule.to_dict()["budget"] == {
         "reservation_ttl_s": 90.0, "on_expiry": "release", "admit": "positive", "max_reservations": 7,
     }  # fmt: skip
+    assert rule.cost_unit is None and rule.to_dict()["cost_unit"] is None
+    tokens = parse(_BUDGET_ROUTE % ("", "        budget: {}\n        cost_unit: tokens"), settings).get("chat")
+    assert tokens.cost_unit == "tokens" and tokens.to_dict()["cost_unit"] == "tokens"
 
 
 @pytest.mark.parametrize(
@@ -1299,6 +1302,10 @@ def test_a_budget_block_sets_the_routes_reservation_terms(settings):
             "external: {url: 'http://127.0.0.1:9/limits'}\n        budget: {}",
             "with external limits takes no reservations",
         ),
+        ("", "cost_unit: tokens", "routes[0].cost_unit: this route's limits count requests: give it a budget block"),
+        ("", "budget: {}\n        cost_unit: Tokens", "routes[0].cost_unit: must be a lower-case word of at most 32"),
+        ("", "budget: {}\n        cost_unit: 12", "routes[0].cost_unit: must be a lower-case word"),
+        ("", "budget: {}\n        cost_unit: " + "t" * 33, "routes[0].cost_unit: must be a lower-case word"),
     ],
 )
 def test_a_budget_the_route_cannot_keep_is_refused_naming_the_field(settings, policy, budget, message):
