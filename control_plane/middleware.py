@@ -97,6 +97,7 @@ class ShadowLimitMiddleware:
         self.max_request_body = max_request_body
         self._handle: EngineHandle | None = None
         self._unmetered: set[str] = set()  # routes whose unmetered answers were logged
+        self._seen: tuple[object, bool] = (None, False)  # the rules last looked at, and whether any has a budget
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
@@ -125,7 +126,7 @@ class ShadowLimitMiddleware:
             client_ip=client[0] if client else None,
             headers=headers,
         )
-        if self.engine.rules.match(method.upper(), path).budget is not None:
+        if self._has_budgets() and self.engine.rules.match(method.upper(), path).budget is not None:
             await self._metered(scope, receive, send, inp)
             return
         try:
@@ -144,6 +145,15 @@ class ShadowLimitMiddleware:
             await send(message)
 
         await self.app(scope, receive, send_with_headers)
+
+    def _has_budgets(self) -> bool:
+        """Whether any route of the rules in force has a budget (looked at once per rules), so a
+        fleet without budgets matches each request's route once, in the decision, not twice."""
+        assert self.engine is not None
+        rules = self.engine.rules
+        if self._seen[0] is not rules:
+            self._seen = (rules, any(r.budget is not None for r in rules.all_routes))
+        return self._seen[1]
 
     async def _admitted(self, result: DecideResult, send: Send) -> bool:
         """True when ``result`` admits the request; else its refusal is sent."""

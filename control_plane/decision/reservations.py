@@ -28,13 +28,13 @@ is safe, a settle being idempotent); in shadow it is counted and the local answe
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from limiter import Decision, LocalLimiter
 from limiter.keys import validate_key
 from limiter.policy import Charge, Policy, make_decision, validate_charge, validate_cost
-from limiter.reservations import Book, Reserved, Settled, Terms
+from limiter.reservations import Book, Reserved, Settled, Terms, sweep
 
 from ..model.reservation import ReservationId, Store, new_nonce
 from .enforce import Path, divergence_of, failure_verdict
@@ -106,18 +106,12 @@ def _side(s: Settled) -> dict[str, Any]:
     return {"status": s.status, "decision": None if s.decision is None else s.decision.to_dict()}
 
 
-def book_dict(book: Book, now_us: int, *, release: bool = False) -> dict[str, Any]:
-    """A key's book as the API shows it, as a sweep now would leave it (records past their time
-    are swept together later: limiter.reservations): counts by state and each record (its nonce,
-    the secret a settle needs, left out), soonest due first. ``release``: the route's expired
-    reservations are released (else charged)."""
-    records = []
-    for h in sorted(book.held.values(), key=lambda h: h.until_us):
-        if h.until_us <= now_us:
-            if h.state != "outstanding":
-                continue  # forgotten
-            h = replace(h, state="released" if release else "charged", until_us=now_us)
-        records.append(h)
+def book_dict(book: Book, now_us: int, policy: Policy, terms: Terms) -> dict[str, Any]:
+    """A key's book as the API shows it, as a sweep now would leave it (the stores sweep records
+    past their time together, later: limiter.reservations.sweep): counts by state and each record
+    (its nonce, the secret a settle needs, left out), soonest due first."""
+    _, book = sweep(None, book, now_us, policy, terms, force=True)  # the state is the stores' own: not shown
+    records = sorted(book.held.values(), key=lambda h: h.until_us)
     counts = {"outstanding": 0, "settled": 0, "charged": 0, "released": 0}
     for h in records:
         counts[h.state] += 1
@@ -315,14 +309,15 @@ class ReservationCalls:
         p = self.plan(rule)
         lkey = p.prefix + key
         now = self.now_us()
-        release = rule.budget is not None and rule.budget.release
+        terms = _terms_of(rule, required=False)
+        lp = p.policies(key, None)[0]
         out: dict[str, Any] = {
             "route": route,
             "key": key,
-            "local": book_dict(self.local.book(lkey), now, release=release),
+            "local": book_dict(self.local.book(lkey), now, lp, terms),
         }
         try:
-            out["distributed"] = book_dict(await self.resilient.redis.raw_book(lkey), now, release=release)
+            out["distributed"] = book_dict(await self.resilient.redis.raw_book(lkey), now, lp, terms)
             out["backend_error"] = None
         except Exception as exc:  # noqa: BLE001 - the store's failure is the answer's, not an error of the request
             out["distributed"] = None

@@ -223,3 +223,19 @@ def test_a_full_book_is_swept_at_once_before_a_reservation_is_refused():
     # c, past its TTL at 2h+3, is expired (kept at its estimate) and held another hour: room for e
     again, state, book = reserve(state, book, T0 + 2 * HOUR + 6, SLOW, estimate=10, rid="e", terms=t)
     assert again.reserved and sorted(book.held) == ["c", "e"] and book.held["c"].state == "charged"
+
+
+def test_the_api_shows_a_book_as_a_sweep_now_would_leave_it():
+    from control_plane.decision.reservations import book_dict
+
+    t = Terms(ttl_us=HOUR, keep_us=HOUR, release=True)
+    _, state, book = reserve(None, Book.empty(), T0, SLOW, estimate=100, rid="a", terms=t)  # expires at T0 + 1h
+    _, state, book = reserve(state, book, T0, SLOW, estimate=50, rid="b", terms=t)
+    _, state, book = settle(state, book, T0, SLOW, rid="b", actual=40, terms=t)  # remembered until T0 + 1h
+    _, state, book = reserve(state, book, T0 + HOUR - 1, SLOW, estimate=7, rid="c", terms=t)
+    shown = book_dict(book, T0 + HOUR, SLOW, t)  # nothing swept yet in the book itself
+    assert sorted(book.held) == ["a", "b", "c"]
+    assert (shown["outstanding"], shown["released"], shown["settled"], shown["charged"]) == (1, 1, 0, 0)
+    assert [(r["state"], r["estimate"]) for r in shown["records"]] == [("outstanding", 7), ("released", 100)]
+    kept = book_dict(book, T0 + HOUR, SLOW, Terms(ttl_us=HOUR, keep_us=HOUR))  # on_expiry: charge
+    assert kept["charged"] == 1 and kept["released"] == 0
