@@ -106,10 +106,10 @@ class Fleet:
 
     def paced(
         self, targets: Iterator[ControlPlaneServer | str], route: str, key: str, rate: float, n: int
-    ) -> list[tuple[ControlPlaneServer | str, int]]:
+    ) -> list[tuple[ControlPlaneServer | str, int, int]]:
         """``n`` requests at ``rate`` per second, each to the next of ``targets``, on a schedule
-        (a slow answer does not lower the rate); returns where each went and when it was sent
-        (wall clock, microseconds)."""
+        (a slow answer does not lower the rate); returns where each went, when it was sent and
+        when its answer came (wall clock, microseconds): the server decided in between."""
         start = time.monotonic()
         sent = []
         for i, cp in zip(range(n), targets):
@@ -117,8 +117,9 @@ class Fleet:
             ahead = due - time.monotonic()
             if ahead > 0:
                 time.sleep(ahead)  # pacing the client, not waiting for the server
-            sent.append((cp, time.time_ns() // 1000))
+            at = time.time_ns() // 1000
             self.decide(cp, route, key)
+            sent.append((cp, at, time.time_ns() // 1000))
         return sent
 
     def settle(self) -> None:
@@ -234,7 +235,7 @@ def test_a_key_on_one_replica_under_a_stricter_global_limit_is_tighter(fleet: Fl
 
 
 def _replay(sent: list[tuple[Any, int]], local: Policy, dist: Policy) -> Counter[str]:
-    """The requests replayed at the times they were sent through the limiters' own functions:
+    """The requests replayed at the times given through the limiters' own functions:
     each replica's local bucket, the global bucket, and the local policy as one bucket for the
     whole fleet (the reference); each new rejection counted by what the reference says."""
     locals_: dict[Any, Any] = {}
@@ -258,11 +259,17 @@ def test_a_mix_splits_as_a_replay_of_both_limits_predicts(fleet: Fleet) -> None:
     causes = _forward(fleet.divergence("mix"))
     explained = causes["by_cause"]["replicas"] + causes["by_cause"]["tighter"]
     assert explained == causes["total"] >= 30, causes
-    predicted = _replay(sent, Policy(average=10, burst=10), Policy(average=6, burst=6))
-    assert predicted["local_rejected"] == 0 and 0.2 < predicted["replicas"] / predicted.total() < 0.8, predicted
+    # Which new rejection the reference also refuses turns on the phase of two buckets draining
+    # at 6/s and 10/s under 15/s: a few milliseconds move it. The servers decided somewhere
+    # between each request's sending and its answer, so the replay is run at both ends and the
+    # measured split must lie within 0.10 of the range they span.
+    shares = []
+    for end in (1, 2):
+        predicted = _replay([(s[0], s[end]) for s in sent], Policy(average=10, burst=10), Policy(average=6, burst=6))
+        assert predicted["local_rejected"] == 0 and 0.2 < predicted["replicas"] / predicted.total() < 0.8, predicted
+        shares.append(predicted["replicas"] / (predicted["replicas"] + predicted["tighter"]))
     measured_share = causes["by_cause"]["replicas"] / explained
-    predicted_share = predicted["replicas"] / (predicted["replicas"] + predicted["tighter"])
-    assert abs(measured_share - predicted_share) <= 0.10, (causes, predicted)
+    assert min(shares) - 0.10 <= measured_share <= max(shares) + 0.10, (causes, shares)
 
 
 def test_a_replica_restarted_mid_window_makes_fresh_local_for_keys_the_global_state_remembers(
