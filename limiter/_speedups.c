@@ -2,7 +2,9 @@
  * limiter._speedups: the hot path of LocalLimiter.check in C.
  *
  * Only the common case is handled here: a str key already in the map, a token
- * bucket policy, an int cost within the limit, and a 64-bit timestamp. Anything
+ * bucket policy, an int cost within the limit or a Charge of at most MAX_COST
+ * units either way (limiter/charges.py's charge_token_bucket: counted whatever is
+ * left, into debt), and a 64-bit timestamp. Anything
  * else (a new key, eviction, another algorithm, bad input) goes to the
  * pure-Python LocalLimiter._check_py, which stays the reference implementation.
  *
@@ -34,6 +36,10 @@
 #define MAX_RETRIES 3
 /* beyond this a wait in microseconds is handed to the Python path (big ints) */
 #define MAX_SAFE_US 4.0e18
+/* limiter.policy.MAX_COST and limiter.charges' MAX_DEBT and MAX_DEBT_US (tests compare them) */
+#define MAX_COST 1000000000LL
+#define MAX_DEBT 4503599627370496.0
+#define MAX_DEBT_US 315360000000000.0
 
 typedef struct {
     PyObject_HEAD
@@ -44,6 +50,7 @@ typedef struct {
     PyObject *clock;       /* None: CLOCK_REALTIME, as time.time_ns() // 1000 */
     PyObject *decision_type;
     PyObject *token_bucket_alg; /* Algorithm.TOKEN_BUCKET: its pure function is algorithms.token_bucket */
+    PyObject *charge_type; /* limiter.policy.Charge, or None: a cost of this type is a charge */
     Py_ssize_t off_allowed, off_remaining, off_limit, off_retry, off_reset;
     /* the last policy seen, by identity (Policy is frozen; the reference keeps it alive) */
     PyObject *policy;
@@ -87,10 +94,14 @@ member_offset(PyObject *type, const char *name, Py_ssize_t *out)
 static int
 FastCheck_init(FastCheck *self, PyObject *args, PyObject *kwds)
 {
-    PyObject *data, *lock, *slow, *clock, *decision_type, *alg;
-    static char *kwlist[] = {"data", "lock", "slow", "clock", "decision_type", "token_bucket_alg", NULL};
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOOOOO", kwlist, &data, &lock, &slow, &clock, &decision_type, &alg))
+    PyObject *data, *lock, *slow, *clock, *decision_type, *alg, *charge_type = Py_None;
+    static char *kwlist[] = {"data", "lock", "slow", "clock", "decision_type", "token_bucket_alg", "charge_type", NULL};
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOOOOO|$O", kwlist, &data, &lock, &slow, &clock, &decision_type, &alg, &charge_type))
         return -1;
+    if (charge_type != Py_None && !(PyType_Check(charge_type) && PyType_IsSubtype((PyTypeObject *)charge_type, &PyLong_Type))) {
+        PyErr_SetString(PyExc_TypeError, "charge_type: must be None or a subclass of int");
+        return -1;
+    }
     if (!PyDict_Check(data)) {
         PyErr_SetString(PyExc_TypeError, "data: must be a dict (an OrderedDict)");
         return -1;
@@ -129,6 +140,8 @@ FastCheck_init(FastCheck *self, PyObject *args, PyObject *kwds)
     Py_XSETREF(self->decision_type, decision_type);
     Py_INCREF(alg);
     Py_XSETREF(self->token_bucket_alg, alg);
+    Py_INCREF(charge_type);
+    Py_XSETREF(self->charge_type, charge_type);
     Py_CLEAR(self->policy);
     Py_CLEAR(self->policy_limit);
     return 0;
@@ -144,6 +157,7 @@ FastCheck_traverse(FastCheck *self, visitproc visit, void *arg)
     Py_VISIT(self->clock);
     Py_VISIT(self->decision_type);
     Py_VISIT(self->token_bucket_alg);
+    Py_VISIT(self->charge_type);
     Py_VISIT(self->policy);
     Py_VISIT(self->policy_limit);
     return 0;
@@ -159,6 +173,7 @@ FastCheck_clear(FastCheck *self)
     Py_CLEAR(self->clock);
     Py_CLEAR(self->decision_type);
     Py_CLEAR(self->token_bucket_alg);
+    Py_CLEAR(self->charge_type);
     Py_CLEAR(self->policy);
     Py_CLEAR(self->policy_limit);
     return 0;
@@ -325,7 +340,10 @@ FastCheck_vectorcall(PyObject *callable, PyObject *const *args, size_t nargsf, P
 
 #define SLOW() do { PyObject *r_ = call_slow(self, key, policy, cost, now_obj); Py_DECREF(now_obj); return r_; } while (0)
 
-    if (!PyUnicode_CheckExact(key) || !PyLong_CheckExact(cost))
+    /* a charge: an instance of exactly the charge type (a subclass of it is the Python path's) */
+    const int charge = !PyLong_CheckExact(cost) && self->charge_type != Py_None && self->charge_type != NULL &&
+                       Py_IS_TYPE(cost, (PyTypeObject *)self->charge_type);
+    if (!PyUnicode_CheckExact(key) || !(charge || PyLong_CheckExact(cost)))
         SLOW();
     int fast = load_policy(self, policy);
     if (fast < 0) {
@@ -336,7 +354,7 @@ FastCheck_vectorcall(PyObject *callable, PyObject *const *args, size_t nargsf, P
         SLOW();
     int of = 0;
     long long c = PyLong_AsLongLongAndOverflow(cost, &of);
-    if (of || c < 1 || c > self->limit)
+    if (of || (charge ? (c < -MAX_COST || c > MAX_COST) : (c < 1 || c > self->limit)))
         SLOW();
 
     const double burst = self->burst, rate = self->rate, dcost = (double)c;
@@ -375,7 +393,19 @@ FastCheck_vectorcall(PyObject *callable, PyObject *const *args, size_t nargsf, P
         }
         int allowed;
         double remaining_d, retry_d = 0.0, reset_d;
-        if (tokens >= dcost) {
+        if (charge) {
+            /* charges.charge_token_bucket: counted whatever is left, the state always written */
+            allowed = tokens >= dcost;
+            tokens = tokens - dcost;
+            if (tokens > burst)
+                tokens = burst;
+            const double max_debt = (MAX_DEBT < rate * MAX_DEBT_US) ? MAX_DEBT : rate * MAX_DEBT_US;
+            if (tokens < -max_debt)
+                tokens = -max_debt;
+            reset_d = (tokens >= burst) ? 0.0 : ceil((burst - tokens) / rate);
+            retry_d = (tokens >= 1.0) ? 0.0 : ceil((1.0 - tokens) / rate);
+        }
+        else if (tokens >= dcost) {
             allowed = 1;
             tokens = tokens - dcost;
             reset_d = (tokens >= burst) ? 0.0 : ceil((burst - tokens) / rate);
@@ -402,14 +432,15 @@ FastCheck_vectorcall(PyObject *callable, PyObject *const *args, size_t nargsf, P
         retry = PyLong_FromDouble(retry_d);
         reset = PyLong_FromDouble(reset_d);
         expires = PyLong_FromLongLong(exp_us);
-        if (allowed) {
+        const int write = allowed || charge; /* a denied request leaves the state as it was */
+        if (write) {
             new_tokens = PyFloat_FromDouble(tokens);
             new_state = PyTuple_New(2);
         }
         PyTypeObject *dt = (PyTypeObject *)self->decision_type;
         dec = dt->tp_alloc(dt, 0);
         if (remaining == NULL || retry == NULL || reset == NULL || expires == NULL || dec == NULL ||
-            (allowed && (new_tokens == NULL || new_state == NULL))) {
+            (write && (new_tokens == NULL || new_state == NULL))) {
             Py_XDECREF(remaining);
             Py_XDECREF(retry);
             Py_XDECREF(reset);
@@ -433,7 +464,7 @@ FastCheck_vectorcall(PyObject *callable, PyObject *const *args, size_t nargsf, P
         *(PyObject **)(base + self->off_limit) = self->policy_limit;
         *(PyObject **)(base + self->off_retry) = retry;
         *(PyObject **)(base + self->off_reset) = reset;
-        if (allowed) {
+        if (write) {
             PyObject *l = advanced ? now_obj : last_obj;
             Py_INCREF(l);
             PyTuple_SET_ITEM(new_state, 0, l);
@@ -468,7 +499,7 @@ FastCheck_vectorcall(PyObject *callable, PyObject *const *args, size_t nargsf, P
         }
         /* write: entry = [state, algorithm, last_seen_us, expires_us, function, (created_us, forgot_us)];
            algorithm, function and the bucket's birth stay */
-        if (allowed)
+        if (write)
             set_item(entry, 0, new_state);
         Py_INCREF(now_obj);
         set_item(entry, 2, now_obj);
@@ -562,6 +593,12 @@ PyInit__speedups(void)
     Py_INCREF(&FastCheckType);
     if (PyModule_AddObject(m, "FastCheck", (PyObject *)&FastCheckType) < 0) {
         Py_DECREF(&FastCheckType);
+        Py_DECREF(m);
+        return NULL;
+    }
+    if (PyModule_AddIntConstant(m, "MAX_COST", (long)MAX_COST) < 0 ||
+        PyModule_AddObject(m, "MAX_DEBT", PyFloat_FromDouble(MAX_DEBT)) < 0 ||
+        PyModule_AddObject(m, "MAX_DEBT_US", PyFloat_FromDouble(MAX_DEBT_US)) < 0) {
         Py_DECREF(m);
         return NULL;
     }

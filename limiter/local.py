@@ -130,6 +130,7 @@ class LocalLimiter:
                 clock if self._custom_clock else None,
                 Decision,
                 Algorithm.TOKEN_BUCKET,
+                charge_type=Charge,
             )
 
     def check(self, key: str, policy: Policy, cost: int = 1, now_us: int | None = None) -> Decision:

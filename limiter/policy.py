@@ -38,6 +38,7 @@ __all__ = [
     "NO_LOG_CHARGE",
     "Policy",
     "make_decision",
+    "takes_charges",
     "validate_charge",
     "validate_cost",
 ]
@@ -401,9 +402,16 @@ def validate_charge(policy: Policy, cost: Charge) -> Charge:
     policy that takes charges (not the sliding log, :data:`NO_LOG_CHARGE`)."""
     if abs(cost) > MAX_COST:
         raise ValueError(f"cost: a charge is at most {MAX_COST} units, got {int(cost)}")
-    if policy.algorithm is Algorithm.SLIDING_LOG and not policy.unlimited and not policy.blocked:
+    if not takes_charges(policy):
         raise ValueError(NO_LOG_CHARGE)
     return cost
+
+
+def takes_charges(policy: Policy) -> bool:
+    """Whether a :class:`Charge` may be counted on ``policy``: every algorithm but the sliding
+    log, whose log would hold one entry per unit (:data:`NO_LOG_CHARGE`); an unlimited or a
+    blocking policy of any algorithm, which counts nothing."""
+    return policy.algorithm is not Algorithm.SLIDING_LOG or policy.unlimited or policy.blocked
 
 
 def validate_cost(policy: Policy, cost: object) -> int:

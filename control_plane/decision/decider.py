@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 from limiter import Decision, LocalLimiter, Policy
 from limiter.keys import DEFAULT_MAX_KEY_LENGTH, validate_key
-from limiter.policy import make_decision
+from limiter.policy import Charge, make_decision
 from limiter.resilience import Outcome
 
 from ..observe.activity import Activity
@@ -348,7 +348,14 @@ class Decider(ReservationCalls):
             lp, dp, bkey, (fp, fc) = p.lp, p.dp, key, p.failure
         else:
             lp, dp, bkey, fp, fc = p.policies(key, None if res is None else res.limits)
-        if cost.__class__ is not int or not 1 <= cost <= p.cost_max or lp is not p.lp or dp is not p.dp:
+        if (
+            lp is not p.lp
+            or dp is not p.dp
+            or not (
+                (cost.__class__ is int and 1 <= cost <= p.cost_max)
+                or (cost.__class__ is Charge and -p.charge_max <= cost <= p.charge_max)
+            )
+        ):
             try:
                 cost = check_cost(lp, dp, cost)
             except InvalidCost as exc:

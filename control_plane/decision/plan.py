@@ -11,7 +11,7 @@ import math
 from typing import TYPE_CHECKING, Any
 
 from limiter import Decision, Policy
-from limiter.policy import validate_cost
+from limiter.policy import MAX_COST, Charge, takes_charges, validate_charge, validate_cost
 from limiter.resilience import FailurePolicy
 
 from ..model.candidate import candidate_key_prefix
@@ -44,7 +44,9 @@ def check_cost(local: Policy, dist: Policy, cost: object, path: Path = Path.LOCA
         return 0
     try:
         c = validate_cost(local, cost)
-        if not dist.unlimited and c > dist.limit:
+        if c.__class__ is Charge:  # any size fits both; the algorithms must take charges
+            validate_charge(dist, c)
+        elif not dist.unlimited and c > dist.limit:
             validate_cost(dist, c)
     except ValueError as exc:
         message = str(exc)
@@ -65,7 +67,7 @@ class RoutePlan:
 
     __slots__ = (
         "rule", "name", "prefix", "mode", "mode_value", "percent", "path", "lp", "dp", "simple", "lists",
-        "failure", "cost_max", "adjust", "stamp", "l_shadow", "cand", "cand_dropped", "explain",
+        "failure", "cost_max", "charge_max", "adjust", "stamp", "l_shadow", "cand", "cand_dropped", "explain",
         "req", "fin", "dreq", "div", "remaining", "dropped",
         "style", "l_hdr", "d_hdr",
         "_children_of", "_local_children", "_gauge", "_gauge_of",
@@ -113,6 +115,8 @@ class RoutePlan:
         self.failure = (rule.failure_policy, rule.failure_code)
         # check_cost(lp, dp, cost) passes for an int 1 <= cost <= cost_max
         self.cost_max = min(math.inf if lp.unlimited else lp.limit, math.inf if dp.unlimited else dp.limit)
+        # ... and for a Charge within +-charge_max (-1: never, a policy that takes no charge)
+        self.charge_max = MAX_COST if takes_charges(lp) and takes_charges(dp) else -1
         self.req = [0, 0]
         self.fin = [0, 0]
         self.dreq = [0, 0]

@@ -31,6 +31,11 @@ routes:
     key: {strategy: header, header: X-Tenant}
     local: {algorithm: sliding_log, average: 10, period: 60s}
     distributed: {average: 10}
+  - name: logged-globally   # the local bucket takes charges; the global sliding log does not
+    match: {path: /v1/logged-globally/**}
+    key: {strategy: header, header: X-Tenant}
+    local: {average: 10, period: 60s}
+    distributed: {algorithm: sliding_log, average: 10, period: 60s}
 """
 
 
@@ -107,6 +112,7 @@ def test_a_window_counts_charges_past_its_limit_until_it_ends(fleet) -> None:
         ({"route": "tokens", "key": "acme"}, "cost", "Field required"),
         ({"route": "tokens", "key": "acme", "cost": "9"}, "cost", "integer"),
         ({"route": "logged", "key": "acme", "cost": 3}, "cost", "sliding_log keeps one entry per unit"),
+        ({"route": "logged-globally", "key": "acme", "cost": 3}, "cost", "sliding_log keeps one entry per unit"),
         ({"route": "tokens", "key": "", "cost": 3}, "key", "at least 1 character"),
     ],
 )

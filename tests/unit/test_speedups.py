@@ -15,6 +15,8 @@ from hypothesis import strategies as st
 
 from limiter import Algorithm, LocalLimiter, Policy, speedups_available
 from limiter.algorithms import decide
+from limiter.charges import MAX_DEBT, MAX_DEBT_US, charge_token_bucket
+from limiter.policy import MAX_COST, Charge
 
 T0 = 1_700_000_000_000_000
 
@@ -30,6 +32,24 @@ def test_extension_is_built_and_used():
     for i in range(4):
         lim.check("a", p, now_us=T0 + i)
     assert lim.check.stats() == {"fast": 4, "slow": 1}
+
+
+def test_charges_take_the_c_path_with_the_python_bounds():
+    import limiter._speedups as c
+
+    assert (c.MAX_COST, c.MAX_DEBT, c.MAX_DEBT_US) == (MAX_COST, MAX_DEBT, MAX_DEBT_US)
+    lim = LocalLimiter()
+    p = Policy(average=10, burst=5)
+    lim.check("a", p, now_us=T0)
+    state = lim.state("a")
+    for i, cost in enumerate([Charge(3), Charge(40), Charge(-7), Charge(MAX_COST), Charge(-MAX_COST)], 1):
+        d, state = charge_token_bucket(state, T0 + i, p, cost)
+        assert lim.check("a", p, cost, T0 + i) == d
+        assert lim.state("a") == state
+    assert lim.check.stats() == {"fast": 5, "slow": 1}
+    with pytest.raises(ValueError, match="at most"):  # past the bound: the Python path refuses it
+        lim.check("a", p, Charge(MAX_COST + 1), T0 + 9)
+    assert lim.check.stats() == {"fast": 5, "slow": 2}
 
 
 def test_pure_python_can_be_forced(monkeypatch):
@@ -63,11 +83,12 @@ def operations(draw):
         key = draw(st.sampled_from(["a", "b", "c", "\u00e9t\u00e9", "x" * 300]))
         kind = draw(st.integers(0, 19))
         policy = other if kind == 0 else draw(st.sampled_from(policies))
-        cost = (
-            draw(st.one_of(st.integers(1, 5), st.just(0), st.just(10**12), st.just(1.5), st.just(True)))
-            if kind == 1
-            else draw(st.integers(1, 3))
-        )
+        if kind == 1:
+            cost = draw(st.one_of(st.integers(1, 5), st.just(0), st.just(10**12), st.just(1.5), st.just(True)))
+        elif kind in (2, 3):  # a charge: into debt, a refund, at and past its bounds
+            cost = Charge(draw(st.one_of(st.integers(-5, 50), st.sampled_from([10**9, -(10**9), 10**9 + 1, 10**6]))))
+        else:
+            cost = draw(st.integers(1, 3))
         step = (
             draw(st.one_of(st.integers(-2_000_000, -1), st.integers(0, 3_000_000)))
             if kind < 15
