@@ -28,7 +28,17 @@ from typing import Any
 from . import reservations
 from .algorithms import ALGORITHMS, PEEKS, blocked_decision, decide, token_bucket_tokens
 from .charges import CHARGES
-from .policy import Algorithm, BucketView, Charge, Decision, Policy, make_decision, validate_charge, validate_cost
+from .policy import (
+    MAX_COST,
+    Algorithm,
+    BucketView,
+    Charge,
+    Decision,
+    Policy,
+    make_decision,
+    validate_charge,
+    validate_cost,
+)
 from .reservations import Book, Reserved, Settled, Terms
 
 try:  # the C hot path (limiter/_speedups.c); optional, same answers
@@ -50,6 +60,7 @@ _BIRTH = 5  # an entry's (created_us, forgot_us): the last of its six items (Loc
 
 
 _time_ns = time.time_ns
+_LOG = Algorithm.SLIDING_LOG
 
 
 def _now_us() -> int:
@@ -151,11 +162,16 @@ class LocalLimiter:
             now_us = self._clock() if self._custom_clock else _time_ns() // 1000
         table = ALGORITHMS
         if cost.__class__ is not int or cost < 1 or cost > policy.limit:
-            if (cost.__class__ is int and cost == 0) or policy.blocked:
+            if cost.__class__ is Charge and -MAX_COST <= cost <= MAX_COST and policy.algorithm is not _LOG:
+                table = CHARGES  # counted whatever is left (limiter.charges); validate_charge's checks
+                if policy.blocked:
+                    return self._peek_or_block(key, policy, cost, now_us)
+            elif (cost.__class__ is int and cost == 0) or policy.blocked:
                 return self._peek_or_block(key, policy, cost, now_us)
-            cost = validate_cost(policy, cost)
-            if cost.__class__ is Charge:  # counted whatever is left (limiter.charges)
-                table = CHARGES
+            else:
+                cost = validate_cost(policy, cost)
+                if cost.__class__ is Charge:  # on an unlimited sliding log (past its bound: raised)
+                    table = CHARGES
         if policy.unlimited:
             return make_decision(True, policy.limit, policy.limit, 0, 0)
         alg = policy.algorithm

@@ -28,7 +28,17 @@ from .algorithms import blocked_decision, decide
 from .booked import BookedCalls
 from .connection import Backend, RedisConnection, make_backend, make_redis_py_client
 from .errors import BackendError, BackendReplyError, BackendUnavailable
-from .policy import Algorithm, BucketView, Charge, Decision, Policy, make_decision, validate_cost
+from .policy import (
+    MAX_COST,
+    Algorithm,
+    BucketView,
+    Charge,
+    Decision,
+    Policy,
+    make_decision,
+    takes_charges,
+    validate_cost,
+)
 from .redis_url import RedisTarget
 from .resp import ReplyError, encode_command
 from .script_calls import Prepared, Run, within
@@ -268,23 +278,30 @@ class RedisLimiter(BookedCalls):
         decisions for the indexes in ``full``)."""
         prefix = self._prefix
         # a burst's items nearly all share a policy: its pieces are looked up once per run of it
+        # (and of a kind: a decision's or a charge's; Envoy's hits are all charges)
         last: Policy | None = None
+        last_kind: type = int
         prep = cast("Prepared", None)  # set with last (the first item that needs it sets both)
         for i, (key, policy, cost, now_us) in enumerate(requests):
-            if type(cost) is not int or cost < 1 or cost > policy.limit:
-                c = self._off_path(policy, cost, now_us)
-                if isinstance(c, Decision):
-                    out[i] = c.allowed if verdicts and i not in full else c
-                    continue
-                cost = c
+            kind = cost.__class__
+            if kind is not int or cost < 1 or cost > policy.limit:
+                if not (kind is Charge and -MAX_COST <= cost <= MAX_COST and takes_charges(policy)) or policy.blocked:
+                    c = self._off_path(policy, cost, now_us)
+                    if isinstance(c, Decision):
+                        out[i] = c.allowed if verdicts and i not in full else c
+                        continue
+                    cost, kind = c, c.__class__
             if policy.unlimited:
                 whole = not verdicts or i in full
                 out[i] = make_decision(True, policy.limit, policy.limit, 0, 0) if whole else True
                 continue
-            if cost.__class__ is Charge or not cost:
-                prep, last = self._script_of(policy, cost), None
-            elif policy is not last:
-                prep, last = self._prepare(policy), policy
+            if kind is Charge:
+                if policy is not last or last_kind is not Charge:
+                    prep, last, last_kind = self._prepare_charge(policy), policy, Charge
+            elif not cost:
+                prep, last = self._prepare_peek(policy), None
+            elif policy is not last or last_kind is not int:
+                prep, last, last_kind = self._prepare(policy), policy, int
             yield i, prefix + key.encode(), prep, cost, now_us
 
     def _payloads(
