@@ -15,6 +15,7 @@ from limiter.resilience import BreakerState, CircuitBreaker
 from ..model.candidate import Candidate, candidate_gate
 from ..model.causes import FORWARD, MEANING, REVERSE, Cause, summary
 from ..model.rollout import Divergence, Mode, RouteState, evaluate_gate, next_step
+from ..model.units import units_view
 from ..observe.activity import Activity
 from ..observe.views import FleetViews
 from ..rollout.adjustments import Adjustments
@@ -176,6 +177,7 @@ async def divergence_view(
             "series": series,
             "would_be_blocked": cached["top"],
             "causes": causes_view(totals, explain=rule is not None and rule.explain),
+            "units": None if rule is None or rule.budget is None else units_view(totals, rule.cost_unit),
         }
         if candidates is not None and rollout is not None:
             routes[name]["candidate"] = candidate_view(candidates.get(name), cached, rollout, series=True)

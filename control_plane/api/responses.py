@@ -82,6 +82,10 @@ class AuditEntryView(_Open):
     gate: GateView | None
 
 
+_UNITS = "Budget routes: what the %s requests cost: actual where settled, else the estimate or cost."
+_ESTIMATED = "Of %s, the part still at an estimate (reservations not settled)."
+
+
 class DivergenceCounts(_Open):
     agree: int
     local_allow_distributed_deny: int
@@ -96,6 +100,14 @@ class DivergenceCounts(_Open):
     cause_clock: int = Field(0, description="New rejections on a replica whose clock is off from Redis'.")
     cause_uneven: int = Field(0, description="Reverse divergences within what the fleet's local limits give.")
     cause_looser: int = Field(0, description="Reverse divergences under a global limit above the fleet's.")
+    # budget routes: what the compared requests cost (the route's cost_unit), and the part of it
+    # still at an estimate (reservations not settled); actual costs where settled
+    units_agree: int = Field(0, description=_UNITS % "agreeing")
+    units_local_allow_distributed_deny: int = Field(0, description=_UNITS % "newly rejected")
+    units_local_deny_distributed_allow: int = Field(0, description=_UNITS % "reverse")
+    units_estimated_agree: int = Field(0, description=_ESTIMATED % "units_agree")
+    units_estimated_local_allow_distributed_deny: int = Field(0, description=_ESTIMATED % "units_local_allow_...")
+    units_estimated_local_deny_distributed_allow: int = Field(0, description=_ESTIMATED % "units_local_deny_...")
 
 
 class DivergenceTotals(DivergenceCounts):
@@ -119,6 +131,7 @@ class BlockedKey(_Open):
         description="The main cause of the key's new rejections (replicas, tighter, fresh_local, clock); null:"
         " not explained.",
     )
+    units: int | None = Field(None, description="Budget routes: what its new rejections cost (estimates); else null.")
 
 
 class CauseShares(BaseModel):
@@ -278,11 +291,28 @@ class AuditTrail(BaseModel):
 # -- observe -------------------------------------------------------------------------------
 
 
+class UnitsPart(BaseModel):
+    requests: int
+    units: int = Field(description="What they cost: actual where settled, else the estimate or the cost.")
+    estimated: int = Field(description="Of units, the part still at an estimate (reservations not settled).")
+
+
+class DivergenceUnits(BaseModel):
+    """A budget route's divergence in its cost_unit (control_plane/model/units.py)."""
+
+    unit: str = Field(description="The route's cost_unit (units when it names none).")
+    agree: UnitsPart
+    new_rejections: UnitsPart
+    reverse: UnitsPart
+    summary: str = Field(description='In words: "would have refused 14 requests worth 2.1M tokens".')
+
+
 class RouteDivergence(BaseModel):
     totals: DivergenceTotals
     series: list[MinuteCounts]
     would_be_blocked: list[BlockedKey]
     causes: DivergenceCauses
+    units: DivergenceUnits | None = Field(None, description="Budget routes: the divergence in cost; null else.")
     candidate: CandidateDetail | None = Field(
         None, description="The route's candidate limit against its current one; null without one."
     )
@@ -456,54 +486,6 @@ class RulesReloaded(BaseModel):
     routes: list[str]
     digest: str
     source: str | None
-
-
-# -- what-if -------------------------------------------------------------------------------
-
-
-class KeyFigures(BaseModel):
-    key: str
-    requests: float
-    rejections: float
-
-
-class MinuteFigures(BaseModel):
-    minute: int
-    requests: float
-    rejections: float
-
-
-class Replay(_Open):
-    policy: PolicyView
-    policy_describe: str
-    events: int
-    keys: int
-    requests: float
-    rejections: float
-    reject_share: float
-    top_keys: list[KeyFigures]
-    per_minute: list[MinuteFigures]
-    recorded_share: float
-
-
-class WhatIfResult(BaseModel):
-    route: str
-    minutes: int
-    minutes_recorded: int
-    recorded_share: float
-    candidate: Replay
-    current: Replay
-
-
-class Suggestion(BaseModel):
-    route: str
-    minutes: int
-    minutes_recorded: int
-    recorded_share: float
-    max_reject_share: float
-    policy: PolicyView
-    policy_describe: str
-    replay: Replay
 
 
 # -- health --------------------------------------------------------------------------------

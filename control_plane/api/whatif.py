@@ -28,8 +28,8 @@ from . import examples
 from .deps import ApiError
 from .openapi import errors, json_request, ok
 from .requests import json_body
-from .responses import Suggestion, WhatIfResult
 from .schemas import ADJUST_MAX_PERIOD_S, StrictBody
+from .whatif_models import Suggestion, WhatIfResult
 
 router = APIRouter(prefix="/v1", tags=["whatif"])
 

@@ -1,13 +1,15 @@
 """``shadowlimit divergence ROUTE``: a route's divergence over the last minutes, fleet-wide:
 how often the local and global limits disagreed, why (each cause's share, in words:
 docs/rollout-runbook.md#why-they-disagree) and who would be blocked, each client with the
-main cause of its new rejections (``WHY``)."""
+main cause of its new rejections (``WHY``). On a route with a budget, the same in its cost unit
+("would have refused 14 requests worth 2.1M tokens") and what each client's refusals would cost."""
 
 from __future__ import annotations
 
 import argparse
 from typing import Any
 
+from ..model.units import amount
 from .options import count
 from .output import EXIT_OK, EXIT_REFUSED, CliError, print_json, print_table, wants_json
 from .remote import request
@@ -31,6 +33,9 @@ def cmd_divergence(args: argparse.Namespace) -> int:
         f" new rejections {totals['new_rejection_rate']:.2%} ({totals['local_allow_distributed_deny']:,}),"
         f" reverse {totals['reverse_rate']:.2%} ({totals['local_deny_distributed_allow']:,})"
     )
+    units = route.get("units")
+    if units:
+        print(f"in {units['unit']}: {units['summary']}")
     if not causes["explain"]:
         print("not explained by cause: the route's rules say explain: false")
     rows = [["WHY", "DIRECTION", "COUNT", "SHARE", "MEANING"]]
@@ -51,9 +56,11 @@ def cmd_divergence(args: argparse.Namespace) -> int:
     if not blocked:
         print("who would be blocked: nobody in the current 5-minute window")
         return EXIT_OK
-    table = [["KEY", "COUNT", "WHY", "LAST REQUEST"]]
+    cost = units["unit"].upper() if units else None
+    table = [["KEY", "COUNT", *([cost] if cost else []), "WHY", "LAST REQUEST"]]
     for b in blocked:
-        table.append([b["key"], f"{b['count']:,}", b.get("cause") or "-", b.get("last_request_id") or "-"])
+        worth = [amount(b["units"]) if b.get("units") is not None else "-"] if cost else []
+        table.append([b["key"], f"{b['count']:,}", *worth, b.get("cause") or "-", b.get("last_request_id") or "-"])
     print_table(table)
     return EXIT_OK
 

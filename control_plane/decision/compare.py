@@ -16,6 +16,7 @@ from ..store import DivergenceStore
 __all__ = ["Comparisons"]
 
 _LADD = Divergence.LOCAL_ALLOW_DISTRIBUTED_DENY
+_ORDER = (Divergence.AGREE, _LADD, Divergence.LOCAL_DENY_DISTRIBUTED_ALLOW)
 _AGREE, _REJECTED, _ADMITTED = CandidateDirection.ALL
 
 
@@ -29,26 +30,55 @@ class Comparisons:
         self.evaluated = 0  # shadow evaluations compared
         self.dropped = 0  # shadow evaluations dropped (queue full)
 
-    def pair(self, route: str, key: str, div: Divergence, request_id: str) -> None:
-        """One pair compared on the request path (its Prometheus count is the caller's)."""
+    def pair(
+        self, route: str, key: str, div: Divergence, request_id: str, units: int | None = None, measure: str = "cost"
+    ) -> None:
+        """One pair compared on the request path (its Prometheus count is the caller's); on a
+        budget route, what the request cost (``units``: its cost, or a reservation's estimate,
+        ``measure`` ``estimate``)."""
         self.divergence.record(route, div, distributed_attempt=True)
+        if units is not None:
+            self.units(route, div, units, measure)
         if div is _LADD:
-            self.blocked.record(route, key, request_id)
+            self.blocked.record(route, key, request_id, units=units)
+
+    def units(self, route: str, div: Divergence, units: int, measure: str = "cost") -> None:
+        """What compared requests of one class cost, counted (``measure``: ``cost`` known at
+        the decision, or ``estimate``, a reservation's, corrected at its settle)."""
+        self.divergence.add_units(route, div, units, estimated=units if measure == "estimate" else 0)
+        if units > 0:
+            m = self.metrics
+            m.child(m.divergence_units, route, div.value, measure).inc(units)
+
+    def settled(self, route: str, div: Divergence, estimate: int, actual: int, made_s: float) -> None:
+        """A compared reservation settled: its units in the minute it was made go from its
+        estimate to its ``actual`` cost (the who-would-be-blocked view keeps the estimate)."""
+        self.divergence.add_units(route, div, actual - estimate, estimated=-estimate, now=made_s)
+        if actual > 0:
+            m = self.metrics
+            m.child(m.divergence_units, route, div.value, "actual").inc(actual)
 
     def backend_error(self, route: str) -> None:
         """A distributed call on the request path failed (nothing to compare)."""
         self.divergence.record(route, None, backend_error=True, distributed_attempt=True)
         self.metrics.backend_errors.inc()
 
-    def evaluated_batch(self, route: str, agree: int, ladd: int, ldda: int, errors: int) -> None:
+    def evaluated_batch(
+        self, route: str, agree: int, ladd: int, ldda: int, errors: int, units: list[int] | None = None
+    ) -> None:
         """Shadow evaluations of one route, counted at once (their would-be-blocked keys
-        are recorded by the caller, one by one)."""
+        are recorded by the caller, one by one); on a budget route, ``units``: what the
+        agreeing, ladd and ldda requests cost."""
         m = self.metrics
         self.divergence.add(route, agree=agree, ladd=ladd, ldda=ldda, backend_errors=errors)
         self.evaluated += agree + ladd + ldda
         for div, n in ((Divergence.AGREE, agree), (_LADD, ladd), (Divergence.LOCAL_DENY_DISTRIBUTED_ALLOW, ldda)):
             if n:
                 m.child(m.divergence, route, div.value).inc(n)
+        if units is not None:
+            for div, n in zip(_ORDER, units, strict=True):
+                if n:
+                    self.units(route, div, n)
         if errors:
             m.backend_errors.inc(errors)
 

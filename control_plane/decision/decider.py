@@ -390,6 +390,8 @@ class Decider(ReservationCalls):
             item = _new(ShadowItem)
             req = (lkey, dp, cost, now_us)
             ShadowItem.__init__(item, request=req, route=p.name, key=key, local_allowed=allowed, request_id=request_id)
+            if p.units:
+                item.units = True
             self._queue_shadow(b, i, p, item, lp)
         p.fin[allowed] += 1
         p.remaining = local.remaining
@@ -509,7 +511,7 @@ class Decider(ReservationCalls):
         p, key, local, now_s = entry.plan, entry.key, entry.local, entry.now_s
         dist: Decision = outcome.decision
         div = divergence_of(local.allowed, dist.allowed)
-        self.comparisons.pair(p.name, key, div, entry.request_id)
+        self.comparisons.pair(p.name, key, div, entry.request_id, int(entry.request[2]) if p.units else None)
         p.count_distributed(dist, div)
         self.activity.note_decision(p.name, key, (now_s, dist.allowed, "distributed"))
         b.out[entry.index] = p.answer(

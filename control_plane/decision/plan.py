@@ -67,7 +67,7 @@ class RoutePlan:
 
     __slots__ = (
         "rule", "name", "prefix", "mode", "mode_value", "percent", "path", "lp", "dp", "simple", "lists",
-        "failure", "cost_max", "charge_max", "adjust", "stamp", "l_shadow", "cand", "cand_dropped", "explain",
+        "failure", "cost_max", "charge_max", "units", "adjust", "stamp", "l_shadow", "cand", "cand_dropped", "explain",
         "req", "fin", "dreq", "div", "remaining", "dropped",
         "style", "l_hdr", "d_hdr",
         "_children_of", "_local_children", "_gauge", "_gauge_of",
@@ -104,6 +104,8 @@ class RoutePlan:
         # divergence explained by cause (the local policy evaluated fleet-wide as a reference,
         # on the shadow pipeline): in shadow and canary, where the old limit still counts
         self.explain = rule.explain and mode in (Mode.SHADOW, Mode.CANARY)
+        # a route with a budget: what each compared request cost is counted with its comparison
+        self.units = rule.budget is not None
         # requests that need nothing beyond the route's own policies
         self.simple = (
             rule.external is None

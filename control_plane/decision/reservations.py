@@ -37,6 +37,8 @@ from limiter.policy import Charge, Policy, make_decision, validate_charge, valid
 from limiter.reservations import Book, Reserved, Settled, Terms, sweep
 
 from ..model.reservation import ReservationId, Store, new_nonce
+from ..model.rollout import Divergence
+from ..store import DIVERGENCE_TTL_S
 from .enforce import Path, divergence_of, failure_verdict
 from .types import DecideError, DecideResult, ExpiredReservation, InputLike, UnknownReservation, UnknownRoute
 
@@ -196,7 +198,7 @@ class ReservationCalls:
                 store = "booked" if booked.reserved else "refused"
                 dist = booked.decision
                 div = divergence_of(local.decision.allowed, dist.allowed)
-                self.comparisons.pair(p.name, key, div, request_id)
+                self.comparisons.pair(p.name, key, div, request_id, estimate, "estimate")
             else:
                 self.comparisons.backend_error(p.name)
         counted: Reserved = local
@@ -217,7 +219,10 @@ class ReservationCalls:
         )  # fmt: skip
         result.estimate = estimate
         if counted.reserved:
-            rid = ReservationId(namespace=self.namespace, route=p.name, key=key, store=store, nonce=nonce)
+            rid = ReservationId(
+                namespace=self.namespace, route=p.name, key=key, store=store, nonce=nonce,
+                compared=None if div is None else div.value, minute=int(now_s // 60) * 60,
+            )  # fmt: skip
             result.reservation = rid.encode()
         return result
 
@@ -272,11 +277,24 @@ class ReservationCalls:
         if s.status == "settled" and s.estimate > 0:  # the first settle: how far off the estimate was
             m = self.metrics
             m.child(m.cost_ratio, p.name).observe(cost / s.estimate)
+        self._settle_compared(p.name, rid, local, dist, cost, now)
         return SettleResult(
             reservation=reservation, route=p.name, key=key, mode=p.mode_value, status=s.status, estimate=s.estimate,
             cost=cost if s.actual is None else s.actual, enforced=s.decision, enforced_by=by, local=local,
             distributed=dist, backend_error=error,
         )  # fmt: skip
+
+    def _settle_compared(
+        self, route: str, rid: ReservationId, local: Settled, dist: Settled | None, cost: int, now: int
+    ) -> None:
+        """A reservation compared at its reserve, settled for the first time fleet-wide (by
+        Redis where it was booked there, else by the local limiter, the only one that holds
+        it): its minute's divergence figures go from its estimate to ``cost``."""
+        if rid.compared is None or now / 1e6 - rid.minute >= DIVERGENCE_TTL_S:  # (its minute is gone)
+            return
+        first = dist if rid.store == "booked" else local
+        if first is not None and first.status == "settled":
+            self.comparisons.settled(route, Divergence(rid.compared), first.estimate, cost, rid.minute)
 
     def _decode(self, reservation: str) -> ReservationId:
         try:

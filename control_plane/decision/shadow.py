@@ -50,7 +50,8 @@ class ShadowItem:
     with a candidate limit adds its ``candidate``; a route that explains its divergence, ``ref``
     (the request's local policy, evaluated fleet-wide as the reference). A request whose
     global answer is already ``known`` (decided on the request path: enforce, a canary's
-    share) is queued for its candidate and reference alone."""
+    share) is queued for its candidate and reference alone. On a route with a budget, ``units``:
+    what the request cost (``request``'s cost) is counted with its comparison."""
 
     request: tuple[str | None, Policy | None, int, int]
     route: str
@@ -60,6 +61,7 @@ class ShadowItem:
     candidate: CandidateItem | None = None
     ref: Policy | None = None
     known: Decision | None = None
+    units: bool = False  # a budget route's: what it cost is counted with its comparison
 
 
 def candidate_item(cand: tuple[str, Policy, str, float], lkey: str, cost: int, current: bool | None) -> CandidateItem:
@@ -301,7 +303,9 @@ class ShadowPipeline:
 
     def _count(self, batch: list[ShadowItem], verdicts: list[bool | None]) -> None:
         """The shadow evaluations compared with their local decisions, counted per route."""
-        per_route: dict[str, list[int]] = {}  # route -> [agree, ladd, ldda, backend errors]
+        # route -> [agree, ladd, ldda, backend errors], and on a budget route what each cost
+        per_route: dict[str, list[int]] = {}
+        units: dict[str, list[int]] = {}
         blocked = self.comparisons.blocked.record
         try:
             for item, dist_allowed in zip(batch, verdicts):
@@ -311,13 +315,18 @@ class ShadowPipeline:
                     c = per_route[route] = [0, 0, 0, 0]
                 if dist_allowed is None:
                     c[3] += 1
-                elif item.local_allowed == dist_allowed:
-                    c[0] += 1
-                elif dist_allowed:
-                    c[2] += 1
-                else:
-                    c[1] += 1
-                    blocked(route, item.key, item.request_id)
+                    continue
+                at = 0 if item.local_allowed == dist_allowed else 2 if dist_allowed else 1
+                c[at] += 1
+                cost = None
+                if item.units:
+                    cost = int(item.request[2])
+                    u = units.get(route)
+                    if u is None:
+                        u = units[route] = [0, 0, 0]
+                    u[at] += cost
+                if at == 1:
+                    blocked(route, item.key, item.request_id, units=cost)
         finally:
             for route, (agree, ladd, ldda, errors) in per_route.items():
-                self.comparisons.evaluated_batch(route, agree, ladd, ldda, errors)
+                self.comparisons.evaluated_batch(route, agree, ladd, ldda, errors, units.get(route))

@@ -5,8 +5,11 @@ written into the id the reserve answered with, so no replica has to remember it.
 (a settle on another namespace is refused), the route, the bucket key, where the distributed
 store stood (``booked``: the reservation is in Redis; ``refused``: Redis refused it, there is
 nothing to settle there; ``unasked``: Redis was not asked, the route was ``off``, or it could not
-answer, so a settle charges the actual cost there in full, once), and a random nonce (128 bits),
-the reservation's id in the key's book. The nonce is what makes an id unguessable: knowing a
+answer, so a settle charges the actual cost there in full, once), a random nonce (128 bits),
+the reservation's id in the key's book, and, when the local and global answers were compared at
+the reserve, how they compared and the minute it was made in (its settle corrects that minute's
+divergence figures from the estimate to the actual cost). An id without the last two (five
+fields: made before they were written) still settles. The nonce is what makes an id unguessable: knowing a
 route and key is not enough to settle (or learn anything of) someone else's reservation.
 """
 
@@ -25,6 +28,10 @@ Store = Literal["booked", "refused", "unasked"]
 _PREFIX = "rsv1."
 _STORES: dict[str, Store] = {"b": "booked", "r": "refused", "u": "unasked"}
 _CODES = {v: k for k, v in _STORES.items()}
+#: how the local and global answers compared at the reserve: agree, local_allow_distributed_deny,
+#: local_deny_distributed_allow
+_COMPARED = {"a": "agree", "l": "local_allow_distributed_deny", "r": "local_deny_distributed_allow"}
+_COMPARED_CODES = {v: k for k, v in _COMPARED.items()}
 _URLSAFE = str.maketrans("-_", "+/")
 #: the longest id: a key of 65,536 characters (the longest a route may allow), a route and a
 #: namespace of 64 each, the nonce, in base64
@@ -45,10 +52,14 @@ class ReservationId:
     key: str
     store: Store
     nonce: str
+    compared: str | None = None  # a Divergence's value: how the answers compared at the reserve
+    minute: int = 0  # the minute it was made in (Unix seconds), when compared
 
     def encode(self) -> str:
-        fields = "\n".join((self.namespace, self.route, self.key, _CODES[self.store], self.nonce))
-        return _PREFIX + base64.urlsafe_b64encode(fields.encode()).decode().rstrip("=")
+        parts = [self.namespace, self.route, self.key, _CODES[self.store], self.nonce]
+        if self.compared is not None:
+            parts += [_COMPARED_CODES[self.compared], str(self.minute)]
+        return _PREFIX + base64.urlsafe_b64encode("\n".join(parts).encode()).decode().rstrip("=")
 
     @classmethod
     def decode(cls, text: str) -> ReservationId:
@@ -65,7 +76,16 @@ class ReservationId:
         except (binascii.Error, UnicodeDecodeError, ValueError):
             raise ValueError("not a reservation id: its body is not base64url text") from None
         parts = raw.split("\n")
-        if len(parts) != 5 or parts[3] not in _STORES or not all(parts):
+        if len(parts) not in (5, 7) or parts[3] not in _STORES or not all(parts):
             raise ValueError("not a reservation id: its fields are not a namespace, route, key, store and nonce")
-        namespace, route, key, code, nonce = parts
-        return cls(namespace=namespace, route=route, key=key, store=_STORES[code], nonce=nonce)
+        namespace, route, key, code, nonce = parts[:5]
+        compared, minute = None, 0
+        if len(parts) == 7:
+            how, when = parts[5:]
+            if how not in _COMPARED or not when.isascii() or not when.isdigit() or len(when) > 12:
+                raise ValueError("not a reservation id: its comparison is not one this service writes")
+            compared, minute = _COMPARED[how], int(when)
+        return cls(
+            namespace=namespace, route=route, key=key, store=_STORES[code], nonce=nonce, compared=compared,
+            minute=minute,
+        )  # fmt: skip

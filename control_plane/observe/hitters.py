@@ -174,6 +174,8 @@ class WouldBeBlocked:
         self._deltas: dict[tuple[str, int], SpaceSaving] = {}  # (route, window) -> unflushed
         # (route, window) -> {(key, cause): n}, unflushed; at most capacity x 4 pairs per flush
         self._causes: dict[tuple[str, int], dict[tuple[str, Cause], int]] = {}
+        # (route, window) -> {key: units}, unflushed (budget routes: what the refusals would cost)
+        self._units: dict[tuple[str, int], dict[str, int]] = {}
 
     def window_index(self, now: float | None = None) -> int:
         return int((self.clock() if now is None else now) // self.window_s)
@@ -187,10 +189,27 @@ class WouldBeBlocked:
     def causes_key(self, route: str, window: int) -> str:
         return f"rl:{self.namespace}:hhid:{route}#why:{window}"
 
+    def units_key(self, route: str, window: int) -> str:
+        return f"rl:{self.namespace}:hhid:{route}#units:{window}"
+
     # -- local ---------------------------------------------------------------
 
-    def record(self, route: str, key: str, request_id: str | None = None, now: float | None = None) -> None:
+    def record(
+        self, route: str, key: str, request_id: str | None = None, now: float | None = None, units: int | None = None
+    ) -> None:
+        """One of ``key``'s requests the distributed limit would refuse; on a budget route,
+        ``units``: what it costs (a reservation's estimate), summed per key (the keys past the
+        bound between two flushes are not: the top keys come back soon enough)."""
         w = self.window_index(now)
+        if units is not None:
+            u = self._units.get((route, w))
+            if u is None:
+                u = self._units[(route, w)] = {}
+            n = u.get(key)
+            if n is not None:
+                u[key] = n + units
+            elif len(u) < 4 * self.capacity:
+                u[key] = units
         cur = self._windows.get(route)
         if cur is None or cur[0] < w:  # a new window starts with an empty local view
             cur = self._windows[route] = (w, SpaceSaving(self.capacity))
@@ -221,7 +240,7 @@ class WouldBeBlocked:
         cur = self._windows.get(route)
         if cur is None or cur[0] != self.window_index(now):
             return []
-        return [{**e.to_dict(), "cause": None} for e in cur[1].top(n)]  # causes: the fleet view's
+        return [{**e.to_dict(), "cause": None, "units": None} for e in cur[1].top(n)]  # causes, units: the fleet's
 
     def routes(self) -> list[str]:
         return sorted(self._windows)
@@ -234,7 +253,8 @@ class WouldBeBlocked:
         :class:`~control_plane.store.StoreUnavailable` is raised."""
         batch, self._deltas = self._deltas, {}
         causes, self._causes = self._causes, {}
-        if not batch and not causes:
+        units, self._units = self._units, {}
+        if not batch and not causes and not units:
             return 0
         ttl = 2 * self.window_s
         pipe = client.pipeline(transaction=False)
@@ -243,6 +263,11 @@ class WouldBeBlocked:
             for (key, cause), n in counts.items():
                 pipe.hincrby(ckey, f"{cause.value}:{key}", n)
             pipe.expire(ckey, ttl)
+        for (route, w), per_key in units.items():
+            ukey = self.units_key(route, w)
+            for key, n in per_key.items():
+                pipe.hincrby(ukey, key, n)
+            pipe.expire(ukey, ttl)
         for (route, w), ss in batch.items():
             zkey, ikey = self.zset_key(route, w), self.ids_key(route, w)
             ids: dict[str, str] = {}
@@ -267,6 +292,10 @@ class WouldBeBlocked:
                     d = self._causes.setdefault(slot, {})
                     for pair, n in counts.items():
                         d[pair] = d.get(pair, 0) + n
+                for slot, per_key in units.items():
+                    du = self._units.setdefault(slot, {})
+                    for key, n in per_key.items():
+                        du[key] = du.get(key, 0) + n
         return len(batch)
 
     def _merge_back(self, batch: dict[tuple[str, int], SpaceSaving]) -> None:
@@ -280,7 +309,8 @@ class WouldBeBlocked:
 
     async def fleet_top(self, client: Any, route: str, n: int = 10, now: float | None = None) -> list[dict[str, Any]]:
         """The fleet-wide top ``n`` of the current window (as flushed by every replica), each
-        key with its main cause (None: its new rejections were not explained)."""
+        key with its main cause (None: its new rejections were not explained) and, on a budget
+        route, what its refusals would cost (``units``; None elsewhere)."""
         if n <= 0:
             return []
         w = self.window_index(now)
@@ -292,13 +322,14 @@ class WouldBeBlocked:
             pipe = client.pipeline(transaction=False)
             pipe.hmget(self.ids_key(route, w), keys)
             pipe.hmget(self.causes_key(route, w), [f"{c.value}:{k}" for k in keys for c in FORWARD])
+            pipe.hmget(self.units_key(route, w), keys)
             try:
-                ids, why = await pipe.execute()
+                ids, why, costs = await pipe.execute()
             finally:
                 with contextlib.suppress(Exception):
                     await pipe.reset()
         out = []
-        for i, ((k, score), rid) in enumerate(zip(rows, ids)):
+        for i, ((k, score), rid, cost) in enumerate(zip(rows, ids, costs)):
             counts = {c: int(why[i * len(FORWARD) + j] or 0) for j, c in enumerate(FORWARD)}
             cause = main_cause(counts)
             out.append(
@@ -307,6 +338,7 @@ class WouldBeBlocked:
                     "count": int(score),
                     "last_request_id": None if rid is None else text(rid),
                     "cause": None if cause is None else cause.value,
+                    "units": None if cost is None else int(cost),
                 }
             )
         return out

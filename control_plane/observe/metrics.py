@@ -76,6 +76,8 @@ rate_limit_envoy_hits_total               counter  route, stat: total_hits, over
                                                    within_limit, shadow_mode (envoyproxy/ratelimit's
                                                    per-descriptor stats; control_plane/envoy/stats.py)
 rate_limit_envoy_bad_costs_total          counter  route, reason (a descriptor's cost; gateways.md)
+rate_limit_reservations_total, ..._settles_total, ..._metered_responses_total, ..._settle_cost_ratio,
+rate_limit_divergence_units_total         budgets: control_plane/observe/budgets.py
 rate_limit_grpc_connections               gauge    - (gRPC connections open)
 rate_limit_grpc_protocol_errors_total     counter  kind: GRPC_PROTOCOL_KINDS (docs/metrics.md)
 shadowlimit_build_info                    gauge    version (always 1)
@@ -99,6 +101,7 @@ from ..external.resolver import SOURCES
 from ..model.candidate import CandidateDirection
 from ..model.causes import Cause, direction_of
 from ..model.rollout import Divergence, Mode
+from .budgets import UNIT_MEASURES, BudgetMetrics
 from .families import FastCounter, FastGauge, FastHistogram
 
 __all__ = [
@@ -116,8 +119,6 @@ GRPC_PROTOCOL_KINDS = (
 
 
 #: from 5 us (an in-process decision takes 10-20 us) to 1 s (a slow Redis round trip)
-#: actual cost / estimate: systematically under 1, estimates too high (budget held idle); over 1, too low
-_RATIO_BUCKETS = (0.25, 0.5, 0.67, 0.8, 0.9, 1.0, 1.1, 1.25, 1.5, 2.0, 4.0)
 _LATENCY_BUCKETS = (
     0.000005, 0.00001, 0.000015, 0.00002, 0.00003, 0.00005, 0.000075, 0.0001, 0.00025, 0.0005,
     0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0,
@@ -177,7 +178,7 @@ _FIXED_LABELS: dict[str, tuple[tuple[str, ...], ...]] = {
 }
 
 
-class Metrics:
+class Metrics(BudgetMetrics):
     """All metrics of one control plane."""
 
     def __init__(self, registry: CollectorRegistry | None = None, max_routes: int = 1000) -> None:
@@ -287,32 +288,6 @@ class Metrics:
             ["result"],
             registry=r,
         )
-
-    def _add_budget_metrics(self, r: CollectorRegistry) -> None:
-        """Reservations and their settles (control_plane/decision/reservations.py)."""
-        route_result = ["route", "result"]
-        self.reservations = FastCounter(
-            "rate_limit_reservations_total",
-            "Decisions with an estimate by route and result: reserved, refused (the budget), full (max_reservations).",
-            route_result, r,
-        )  # fmt: skip
-        self.envoy_bad_costs = FastCounter(
-            "rate_limit_envoy_bad_costs_total",
-            "Envoy descriptors whose cost was not said (missing, not_a_number, other) or past 10^9 (too_large).",
-            ["route", "reason"], r,
-        )  # fmt: skip
-        self.metered = FastCounter(
-            "rate_limit_metered_responses_total",
-            "Middleware answers on budget routes by how their cost was found: metered, early (what was produced),"
-            " unmetered (none found).", route_result, r,
-        )  # fmt: skip
-        self.settles = FastCounter(
-            "rate_limit_settles_total",
-            "Settles by route and result: settled, again (the first answer), expired, unknown, failed (Redis down).",
-            route_result, r,
-        )  # fmt: skip
-        ratio = "Each reservation's actual cost over its estimate at its first settle."
-        self.cost_ratio = FastHistogram("rate_limit_settle_cost_ratio", ratio, ["route"], r, _RATIO_BUCKETS)
 
     def _add_control_metrics(self, r: CollectorRegistry) -> None:
         """Route modes, the Redis circuit breaker, failure policy, rules, restorations, mode changes."""
@@ -490,6 +465,9 @@ class Metrics:
         self._create(route, external=external, envoy=envoy)
         if budget:
             self.cost_ratio.labels(route)
+            for direction in Divergence:
+                for measure in UNIT_MEASURES:
+                    self.divergence_units.labels(route, direction.value, measure)
 
     def _create(self, route: str, *, external: bool, envoy: bool) -> None:
         if envoy:

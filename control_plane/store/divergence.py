@@ -1,7 +1,8 @@
 """Fleet-wide divergence counters: per route and minute, shared by every replica.
 
 Keys: ``rl:<ns>:div:<route>:<minute>``, hashes of :data:`DIVERGENCE_FIELDS`, the divergent
-decisions per cause (:data:`CAUSE_FIELDS`) and a candidate limit's counters (no hash tag:
+decisions per cause (:data:`CAUSE_FIELDS`), on a route with a budget what the compared
+requests cost (:data:`UNIT_FIELDS`), and a candidate limit's counters (no hash tag:
 they spread over the cluster; EXPIRE :data:`DIVERGENCE_TTL_S`). :func:`totals_of` and
 :func:`gate_stats_of` sum rows as :meth:`DivergenceStore.series` returns them.
 """
@@ -17,12 +18,13 @@ from typing import Any
 
 from ..model.causes import EXCUSED, Cause
 from ..model.rollout import Divergence, GateStats
+from ..model.units import units_field
 from .codec import check_namespace, text
 from .errors import StoreError, translate_errors
 
 __all__ = [
-    "CANDIDATE_COUNTS", "CAUSE_FIELDS", "DIVERGENCE_FIELDS", "DIVERGENCE_TTL_S", "DivergenceStore",
-    "candidate_stats_of", "cause_field", "gate_stats_of", "totals_of",
+    "CANDIDATE_COUNTS", "CAUSE_FIELDS", "DIVERGENCE_FIELDS", "DIVERGENCE_TTL_S", "UNIT_FIELDS", "DivergenceStore",
+    "candidate_stats_of", "cause_field", "gate_stats_of", "totals_of", "units_field",
 ]  # fmt: skip
 
 log = logging.getLogger(__name__)
@@ -45,6 +47,10 @@ CAUSE_FIELDS = tuple(f"cause_{c.value}" for c in Cause)
 def cause_field(cause: Cause) -> str:
     """The counter of ``cause`` in a route's minute (``cause_replicas``, ...)."""
     return f"cause_{cause.value}"
+
+
+#: what the compared requests of a budget route cost, per class (DivergenceStore.add_units)
+UNIT_FIELDS = tuple(units_field(d, estimated=e) for e in (False, True) for d in Divergence)
 
 
 #: a candidate limit's counters (DivergenceStore.add_candidate), field ``c:<candidate id>:<name>``
@@ -185,6 +191,24 @@ class DivergenceStore:
                 f = cause_field(cause)
                 extra[f] = extra.get(f, 0) + n
 
+    def add_units(
+        self, route: str, divergence: Divergence, units: int, *, estimated: int = 0, now: float | None = None
+    ) -> None:
+        """Count what compared requests of one class cost (:func:`units_field`): ``units`` in
+        all, ``estimated`` of them at an estimate. A settle corrects its reservation's minute
+        (``now``: when it was made) by the actual cost less the estimate, and takes the
+        estimate back out of ``estimated`` (a negative ``estimated``)."""
+        slot = (route, _minute(self.clock() if now is None else now))
+        extra = self._extra.get(slot)
+        if extra is None:
+            extra = self._extra[slot] = {}
+        if units:
+            f = units_field(divergence)
+            extra[f] = extra.get(f, 0) + units
+        if estimated:
+            f = units_field(divergence, estimated=True)
+            extra[f] = extra.get(f, 0) + estimated
+
     def pending(self) -> dict[tuple[str, int], dict[str, int]]:
         """Unflushed deltas (a copy), keyed by (route, minute)."""
         return {k: dict(zip(DIVERGENCE_FIELDS, v)) for k, v in self._pending.items()}
@@ -285,7 +309,7 @@ class DivergenceStore:
         out = []
         for m, raw in zip(minutes, rows):
             d = {text(k): int(v) for k, v in (raw or {}).items()}
-            out.append({"minute": m, **{f: d.get(f, 0) for f in (*DIVERGENCE_FIELDS, *CAUSE_FIELDS)}})
+            out.append({"minute": m, **{f: d.get(f, 0) for f in (*DIVERGENCE_FIELDS, *CAUSE_FIELDS, *UNIT_FIELDS)}})
         return out
 
     async def series(self, route: str, minutes: int = 60, now: float | None = None) -> list[dict[str, int]]:
@@ -340,7 +364,7 @@ def totals_of(rows: list[dict[str, int]], minutes: int) -> dict[str, Any]:
     and ``sampled_share``: the share of the decisions that should have been compared
     that the distributed limiter did evaluate (1.0 unless shadow evaluations were
     dropped; None with no decisions at all)."""
-    s: dict[str, Any] = {f: sum(r.get(f, 0) for r in rows) for f in (*DIVERGENCE_FIELDS, *CAUSE_FIELDS)}
+    s: dict[str, Any] = {f: sum(r.get(f, 0) for r in rows) for f in (*DIVERGENCE_FIELDS, *CAUSE_FIELDS, *UNIT_FIELDS)}
     cmp, att = s["compared"], s["distributed_attempts"]
     s["minutes"] = minutes
     s["new_rejection_rate"] = s["local_allow_distributed_deny"] / cmp if cmp else 0.0
