@@ -161,9 +161,13 @@ class Receiver(_Server):
 
 class Traffic:
     """Decisions on ``route`` sent in a thread, round robin over ``urls``, for ``keys`` in turn,
-    every ``pause_s``; :meth:`set` changes the keys (and pace) while it runs."""
+    every ``pause_s``; :meth:`set` changes the keys (and pace) while it runs. ``costs``: a key's
+    cost (a budget route's), 1 for the others."""
 
-    def __init__(self, urls: list[str], route: str, keys: list[str], pause_s: float = 0.01) -> None:
+    def __init__(
+        self, urls: list[str], route: str, keys: list[str], pause_s: float = 0.01, costs: dict[str, int] | None = None
+    ) -> None:
+        self.costs = costs or {}
         self.urls = urls
         self.route = route
         self.keys = keys
@@ -187,7 +191,8 @@ class Traffic:
                 if keys:
                     c = clients[i % len(clients)]
                     try:
-                        r = c.post("/v1/decide", json={"route": self.route, "key": keys[i % len(keys)]})
+                        key = keys[i % len(keys)]
+                        r = c.post("/v1/decide", json={"route": self.route, "key": key, "cost": self.costs.get(key, 1)})
                         if r.status_code not in (200, 429):
                             self.errors.append(f"{r.status_code} {r.text[:200]}")
                     except httpx.HTTPError as exc:  # a replica killed by the test: the others go on

@@ -13,11 +13,12 @@ from fastapi import APIRouter, Request
 from ..decision import UnknownRoute
 from ..model.plan_progress import ActionKind, OperatorRefused
 from ..rollout.plans import NoPlan
+from ..rules.budget import NO_COSTS
 from ..rules.errors import RulesError
 from ..rules.plan import read_plan
 from ..store import LeaseLost, PlanConflict, StoreUnavailable, VersionConflict
 from . import plan_examples as examples
-from .deps import ApiError, OperatorDep, PlansDep, actor_of
+from .deps import ApiError, OperatorDep, PlansDep, RulesDep, actor_of
 from .openapi import errors, json_request, ok
 from .plan_views import plan_detail
 from .requests import json_body
@@ -75,7 +76,9 @@ async def get_plan(route: str, plans: PlansDep) -> dict[str, Any]:
     responses={**ok(PlanChanged, examples.PLAN_CHANGED), **errors(404, 409, 413, 422, 503)},
     openapi_extra=json_request(PlanSet, examples.PLAN_REQUEST),
 )
-async def set_plan(route: str, request: Request, plans: PlansDep, _: OperatorDep, body: PlanSetBody) -> dict[str, Any]:
+async def set_plan(
+    route: str, request: Request, plans: PlansDep, rules: RulesDep, _: OperatorDep, body: PlanSetBody
+) -> dict[str, Any]:
     """Set (or replace) the route's rollout plan; it wins over the rules file's until it is
     deleted and starts at once (at its first step in the route's mode, else at its first
     step, applied). A plan the rules file would refuse is a 422 naming the field."""
@@ -88,6 +91,9 @@ async def set_plan(route: str, request: Request, plans: PlansDep, _: OperatorDep
         plan = read_plan(raw, plans.rollout.settings)
     except RulesError as exc:
         raise ApiError(422, "invalid_request", str(exc), field=exc.field or "steps") from exc
+    rule = rules.current.get(route)
+    if plan.analysis.gate_weight == "cost" and rule is not None and rule.budget is None:
+        raise ApiError(422, "invalid_request", f"analysis.gate_weight: {NO_COSTS}", field="analysis.gate_weight")
     try:
         entry = (await plans.set(route, plan, reason=body.reason, actor=actor_of(request)))[1]
     except _CHANGE_ERRORS as exc:

@@ -174,6 +174,7 @@ class PlanAnalysis:
     max_backend_error_rate: float
     prometheus: tuple[PrometheusCheck, ...] = ()
     gate_counts: str = "all"
+    gate_weight: str = "requests"  # or cost: the new rejections' share of what the compared requests cost
 
     def to_dict(self) -> dict[str, Any]:
         d: dict[str, Any] = {
@@ -184,6 +185,8 @@ class PlanAnalysis:
         }
         if self.gate_counts != "all":  # a plan written before gate_counts keeps its id
             d["gate_counts"] = self.gate_counts
+        if self.gate_weight != "requests":  # (as gate_counts)
+            d["gate_weight"] = self.gate_weight
         return d
 
     @classmethod
@@ -194,6 +197,7 @@ class PlanAnalysis:
             max_backend_error_rate=float(d["max_backend_error_rate"]),
             prometheus=tuple(PrometheusCheck.from_dict(c) for c in d.get("prometheus") or ()),
             gate_counts=str(d.get("gate_counts", "all")),
+            gate_weight=str(d.get("gate_weight", "requests")),
         )
 
 

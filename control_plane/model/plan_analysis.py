@@ -193,6 +193,8 @@ def since_baseline(*, first: GateStats, later: GateStats, baseline: GateStats | 
         distributed_attempts=since("distributed_attempts"),
         shadow_dropped=since("shadow_dropped"),
         excused=since("excused"),
+        units_compared=since("units_compared"),
+        units_new_rejections=since("units_new_rejections"),
     )
 
 
@@ -213,7 +215,12 @@ def _rate(name: str, value: float, limit: float, enough: bool, what: str) -> Che
 
 def _new_rejections(a: PlanAnalysis, stats: GateStats, enough: bool) -> CheckResult:
     """The new-rejection check: all of them, or (``gate_counts: tighter``) only those that are a
-    change of policy, the leak across replicas, fresh buckets and clock skew left out."""
+    change of policy, the leak across replicas, fresh buckets and clock skew left out; weighed by
+    what they cost with ``gate_weight: cost``."""
+    if a.gate_weight == "cost":
+        rate = stats.counted_rate(a.gate_counts, "cost")
+        name = "tighter new rejection cost share" if a.gate_counts == "tighter" else "new rejection cost share"
+        return _rate(name, rate, a.max_new_rejection_rate, enough, "new rejections worth")
     if a.gate_counts == "tighter":
         rate = stats.counted_rate("tighter")
         return _rate("tighter new rejection rate", rate, a.max_new_rejection_rate, enough, "tighter new rejections")

@@ -103,6 +103,9 @@ class Baseline:
             "backend_errors": c.backend_errors,
             "distributed_attempts": c.distributed_attempts,
             "shadow_dropped": c.shadow_dropped,
+            "excused": c.excused,
+            "units_compared": c.units_compared,
+            "units_new_rejections": c.units_new_rejections,
         }
 
     @classmethod
@@ -113,6 +116,9 @@ class Baseline:
             backend_errors=int(d["backend_errors"]),
             distributed_attempts=int(d["distributed_attempts"]),
             shadow_dropped=int(d.get("shadow_dropped", 0)),
+            excused=int(d.get("excused", 0)),
+            units_compared=int(d.get("units_compared", 0)),
+            units_new_rejections=int(d.get("units_new_rejections", 0)),
         )
         return cls(minute=int(d["minute"]), counts=counts)
 

@@ -177,6 +177,9 @@ class AuditEntry:
 #: which new rejections the gate's ``max_new_rejection_rate`` counts: every one, or only
 #: those not explained as something else than a tighter limit (:data:`GateStats.excused`)
 GATE_COUNTS = ("all", "tighter")
+#: what the gate's new-rejection rate weighs: each request as one, or (a route with a budget) what
+#: each cost, in its cost_unit (:meth:`GateStats.counted_rate`)
+GATE_WEIGHTS = ("requests", "cost")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -187,7 +190,9 @@ class GateConfig:
     sample biased toward quiet moments, when nothing is rejected -- and at least
     ``min_dwell_s`` (10 minutes) in the current step since it was set). ``counts``: which
     new rejections ``max_new_rejection_rate`` counts (:data:`GATE_COUNTS`; ``tighter``
-    leaves out those excused, :attr:`GateStats.excused`)."""
+    leaves out those excused, :attr:`GateStats.excused`); ``weight``: what the rate weighs
+    (:data:`GATE_WEIGHTS`: ``cost``, the share of the compared requests' cost that the new
+    rejections would have cost)."""
 
     window_s: int = 300
     min_samples: int = 500
@@ -196,14 +201,17 @@ class GateConfig:
     min_sampled_share: float = 0.9
     min_dwell_s: float = 600.0
     counts: str = "all"
+    weight: str = "requests"
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class GateStats:
     """Fleet-wide figures for a route over the gate window. ``excused``: the new rejections
     explained by a cause that is not a policy question (control_plane/model/causes.py's
     ``EXCUSED``: the leak across replicas, fresh buckets, clock skew), which the gate leaves
-    out with ``counts: tighter``."""
+    out with ``counts: tighter``. On a route with a budget, ``units_compared`` and
+    ``units_new_rejections``: what the compared requests and the new rejections cost (actual
+    costs where settled, else estimates)."""
 
     compared: int
     new_rejections: int  # local_allow_distributed_deny
@@ -211,6 +219,8 @@ class GateStats:
     distributed_attempts: int
     shadow_dropped: int = 0  # decisions whose shadow evaluation was dropped (queue full)
     excused: int = 0
+    units_compared: int = 0
+    units_new_rejections: int = 0
 
     def counted_rejections(self, counts: str) -> int:
         """The new rejections the gate counts (``counts``: :data:`GATE_COUNTS`)."""
@@ -218,7 +228,15 @@ class GateStats:
             self.new_rejections - min(self.excused, self.new_rejections) if counts == "tighter" else self.new_rejections
         )
 
-    def counted_rate(self, counts: str) -> float:
+    def counted_rate(self, counts: str, weight: str = "requests") -> float:
+        """The share of the compared requests the counted new rejections are (``weight``
+        ``cost``: the share of what they cost; the causes are counted in requests, so with
+        ``counts: tighter`` the excused part is taken off the cost in proportion)."""
+        if weight == "cost":
+            if not self.units_compared or not self.new_rejections:
+                return 0.0
+            counted = self.units_new_rejections * self.counted_rejections(counts) / self.new_rejections
+            return counted / self.units_compared
         return self.counted_rejections(counts) / self.compared if self.compared else 0.0
 
     @property
@@ -258,8 +276,11 @@ class GateResult:
             "new_rejection_rate": round(self.stats.new_rejection_rate, 6),
             "max_new_rejection_rate": self.config.max_new_rejection_rate,
             "gate_counts": self.config.counts,
+            "gate_weight": self.config.weight,
             "counted_rejections": self.stats.counted_rejections(self.config.counts),
-            "counted_rejection_rate": round(self.stats.counted_rate(self.config.counts), 6),
+            "counted_rejection_rate": round(self.stats.counted_rate(self.config.counts, self.config.weight), 6),
+            "units_compared": self.stats.units_compared,
+            "units_new_rejections": self.stats.units_new_rejections,
             "backend_errors": self.stats.backend_errors,
             "backend_error_rate": round(self.stats.backend_error_rate, 6),
             "max_backend_error_rate": self.config.max_backend_error_rate,
@@ -305,9 +326,15 @@ def figure_problems(stats: GateStats, config: GateConfig, *, since: str | None =
     if stats.compared < config.min_samples:
         period = since or f"in the last {config.window_s}s"
         reasons.append(f"only {stats.compared} compared decisions {period} (need {config.min_samples})")
-    counted = stats.counted_rate(config.counts)
+    counted = stats.counted_rate(config.counts, config.weight)
     if counted > config.max_new_rejection_rate:
-        if config.counts == "tighter":
+        if config.weight == "cost":
+            which = "tighter new rejections" if config.counts == "tighter" else "new rejections"
+            reasons.append(
+                f"{which} worth {counted:.2%} of the compared requests' cost exceed {config.max_new_rejection_rate:.2%}"
+                " (gate_weight: cost)"
+            )
+        elif config.counts == "tighter":
             excused = stats.new_rejection_rate - counted
             reasons.append(
                 f"tighter new rejections {counted:.2%} exceed {config.max_new_rejection_rate:.2%}"

@@ -284,11 +284,13 @@ class RolloutManager:
     # -- changing a mode -----------------------------------------------------------------
 
     def gate_config_for(self, route: str) -> GateConfig:
-        """The gate's thresholds for a route: the settings', with the rules' ``min_dwell``."""
+        """The gate's thresholds for a route: the settings', with the rules' ``min_dwell`` and
+        ``gate_weight``."""
         rule = self._rules().get(route)
-        if rule is None or rule.min_dwell_s is None:
+        if rule is None:
             return self.gate_config
-        return replace(self.gate_config, min_dwell_s=rule.min_dwell_s)
+        dwell = self.gate_config.min_dwell_s if rule.min_dwell_s is None else rule.min_dwell_s
+        return replace(self.gate_config, min_dwell_s=dwell, weight=rule.gate_weight)
 
     async def gate_for(self, route: str, target: Mode, percent: int) -> GateResult:
         stats = await self.divergence.window_stats(route, self.gate_config.window_s)

@@ -3,21 +3,27 @@ one :class:`~.spec.Key` row per key as every block of the rules file (:mod:`.spe
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from limiter.policy import Algorithm, Policy
 from limiter.reservations import Terms
 
+from ..model.rollout import GATE_WEIGHTS
 from .errors import FieldPath
 from .fields import FieldReader
 from .spec import MISSING, Block, Got, Key, duration_schema, whole
 
 __all__ = [
     "BUDGET",
+    "COST_UNIT_PATTERN",
     "DEFAULT_MAX_RESERVATIONS",
     "DEFAULT_RESERVATION_TTL_S",
     "MAX_RESERVATIONS",
+    "NO_COSTS",
     "RESERVATION_TTL_MAX_S",
+    "read_cost_unit",
+    "read_gate_weight",
 ]
 
 RESERVATION_TTL_MAX_S = 86_400.0
@@ -118,3 +124,31 @@ BUDGET = Block(
     build=_build_budget,
 )
 """A route's ``budget`` block: how its reservations live (:class:`limiter.reservations.Terms`)."""
+
+
+#: a budget's unit: a lower-case word
+COST_UNIT_PATTERN = "^[a-z][a-z0-9_]{0,31}$"
+
+
+def read_cost_unit(r: FieldReader, value: Any, path: FieldPath, got: Got) -> str:
+    """A route's ``cost_unit``: a lower-case word, only on a route with a budget."""
+    if not isinstance(value, str) or re.fullmatch(COST_UNIT_PATTERN, value) is None:
+        raise r.error(path, "must be a lower-case word of at most 32 characters (tokens, credits, seconds)")
+    if got.get("budget", MISSING) is MISSING:
+        raise r.error(path, "this route's limits count requests: give it a budget block to count a cost in units")
+    return value
+
+
+#: why a cost-weighted gate is refused on a route without a budget
+NO_COSTS = (
+    "this route's requests have no cost to weigh (its limits count requests): give it a budget block, or weigh requests"
+)
+
+
+def read_gate_weight(r: FieldReader, value: Any, path: FieldPath, got: Got) -> str:
+    """A route's ``gate_weight``: ``requests``, or ``cost`` on a route with a budget."""
+    if value not in GATE_WEIGHTS:
+        raise r.error(path, f"must be requests or cost, got {value!r}")
+    if value == "cost" and got.get("budget", MISSING) is MISSING:
+        raise r.error(path, NO_COSTS)
+    return str(value)

@@ -117,6 +117,7 @@ class RouteRule:
     origin: Mapping[str, Any] | None = None
     budget: Terms | None = None  # reservations: how they live (None: the route takes none)
     cost_unit: str | None = None  # what the budget counts (tokens): only with a budget
+    gate_weight: str = "requests"  # the gate's new-rejection rate weighs requests, or (a budget) their cost
     _segments: tuple[Segment, ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -229,6 +230,7 @@ class RouteRule:
             "origin": dict(self.origin) if self.origin is not None else None,
             "budget": None if self.budget is None else budget_dict(self.budget),
             "cost_unit": self.cost_unit,
+            "gate_weight": self.gate_weight,
         }
 
 

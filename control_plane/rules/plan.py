@@ -18,7 +18,7 @@ import math
 from typing import TYPE_CHECKING, Any
 
 from ..model.plan import OnFailure, Plan, PlanAnalysis, PlanStep, PrometheusCheck, StepKind, step_order_problem
-from ..model.rollout import GATE_COUNTS
+from ..model.rollout import GATE_COUNTS, GATE_WEIGHTS
 from .errors import FieldPath
 from .fields import FieldReader, type_name
 from .spec import Block, Got, Key, duration_schema, read_block
@@ -234,6 +234,12 @@ def _gate_counts(r: FieldReader, value: Any, path: FieldPath, got: Got) -> str:
     return str(value)
 
 
+def _gate_weight(r: FieldReader, value: Any, path: FieldPath, got: Got) -> str:
+    if value not in GATE_WEIGHTS:
+        raise r.error(path, f"must be requests or cost, got {value!r}")
+    return str(value)
+
+
 def _setting(name: str) -> Any:
     return lambda r, got: getattr(r.settings, name)
 
@@ -268,6 +274,15 @@ ANALYSIS = Block(
             "[why they disagree](rollout-runbook.md#why-they-disagree)).",
         ),
         Key(
+            name="gate_weight",
+            read=_gate_weight,
+            absent=lambda r, got: "requests",
+            schema={"enum": list(GATE_WEIGHTS)},
+            default_doc="`requests`",
+            doc="What `max_new_rejection_rate` weighs: `requests`, or `cost`, the share of what the compared "
+            "requests cost that the new rejections would have cost (only on a route with a `budget` block).",
+        ),
+        Key(
             name="max_backend_error_rate",
             read=_share,
             absent=_setting("gate_max_backend_error_rate"),
@@ -300,6 +315,7 @@ ANALYSIS = Block(
         max_backend_error_rate=got["max_backend_error_rate"],
         prometheus=got["prometheus"],
         gate_counts=got["gate_counts"],
+        gate_weight=got["gate_weight"],
     ),
 )
 

@@ -12,7 +12,6 @@ tables of docs/configuration.md follow (``python -m control_plane.rules.json_sch
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -27,8 +26,9 @@ from ..external import (
     ExternalConfig,
     is_sensitive_header,
 )
-from ..model.rollout import Mode
-from .budget import BUDGET
+from ..model.plan import Plan
+from ..model.rollout import GATE_WEIGHTS, Mode
+from .budget import BUDGET, COST_UNIT_PATTERN, NO_COSTS, read_cost_unit, read_gate_weight
 from .errors import API_KEY_ID, FieldPath
 from .fields import FieldReader, bare, type_name
 from .lists import ListMatcher
@@ -187,19 +187,10 @@ def _canary_percent(r: FieldReader, value: Any, path: FieldPath, got: Got) -> in
     return percent
 
 
-#: a budget's unit: a lower-case word
-COST_UNIT_PATTERN = "^[a-z][a-z0-9_]{0,31}$"
-
-
-def _cost_unit(r: FieldReader, value: Any, path: FieldPath, got: Got) -> str:
-    if not isinstance(value, str) or re.fullmatch(COST_UNIT_PATTERN, value) is None:
-        raise r.error(path, "must be a lower-case word of at most 32 characters (tokens, credits, seconds)")
-    if got.get("budget", MISSING) is MISSING:
-        raise r.error(path, "this route's limits count requests: give it a budget block to count a cost in units")
-    return value
-
-
 def _build_route(r: FieldReader, got: Got, path: FieldPath) -> RouteRule:
+    plan = got.get("rollout", None)
+    if isinstance(plan, Plan) and plan.analysis.gate_weight == "cost" and got.get("budget", MISSING) in (MISSING, None):
+        raise r.error((*path, "rollout", "analysis", "gate_weight"), NO_COSTS)
     methods, pattern = got["match"]
     api_overrides, tenant_overrides = got["overrides"]
     composite = got["key"].strategy is KeyStrategy.COMPOSITE
@@ -564,12 +555,23 @@ ROUTE = Block(
         ),
         Key(
             name="cost_unit",
-            read=_cost_unit,
+            read=read_cost_unit,
             into="cost_unit",
             schema={"type": "string", "pattern": COST_UNIT_PATTERN},
             doc="What the route's budget counts (`tokens`, `credits`, `seconds`: a lower-case word of at most 32 "
             "characters), shown with its figures; only on a route with a `budget` block (a route without one "
             "counts requests). Not `unit`, which is a time unit in envoyproxy/ratelimit's files.",
+        ),
+        Key(
+            name="gate_weight",
+            read=read_gate_weight,
+            into="gate_weight",
+            absent=lambda r, got: "requests",
+            schema={"enum": list(GATE_WEIGHTS)},
+            default_doc="`requests`",
+            doc="What the promotion gate's `SHADOWLIMIT_GATE_MAX_NEW_REJECTION_RATE` weighs: `requests`, or `cost`, "
+            "the share of what the compared requests cost that the new rejections would have cost (only on a "
+            "route with a `budget` block; [runbook](rollout-runbook.md#budgets-counted-in-cost)).",
         ),
     ),
     build=_build_route,

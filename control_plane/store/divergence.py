@@ -391,7 +391,7 @@ def candidate_stats_of(rows: list[dict[str, int]]) -> GateStats:
 def gate_stats_of(rows: list[dict[str, int]]) -> GateStats:
     """The rollout gate's figures from per-minute rows (as :meth:`DivergenceStore.series` returns):
     ``excused``, the new rejections explained by a cause in :data:`~control_plane.model.causes.EXCUSED`."""
-    s = {f: sum(r.get(f, 0) for r in rows) for f in DIVERGENCE_FIELDS}
+    s = {f: sum(r.get(f, 0) for r in rows) for f in (*DIVERGENCE_FIELDS, *UNIT_FIELDS)}
     return GateStats(
         compared=s["compared"],
         new_rejections=s["local_allow_distributed_deny"],
@@ -399,4 +399,6 @@ def gate_stats_of(rows: list[dict[str, int]]) -> GateStats:
         distributed_attempts=s["distributed_attempts"],
         shadow_dropped=s["shadow_dropped"],
         excused=sum(r.get(cause_field(c), 0) for r in rows for c in EXCUSED),
+        units_compared=sum(s[units_field(d)] for d in Divergence),
+        units_new_rejections=s[units_field(Divergence.LOCAL_ALLOW_DISTRIBUTED_DENY)],
     )

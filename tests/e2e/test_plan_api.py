@@ -110,6 +110,12 @@ def test_a_plan_set_at_run_time_wins_over_the_files_until_deleted(redis_url, tmp
             "",
         ),
         ({"steps": ["shadow"], "analysis": {"speed": 1}}, "analysis.speed", "unknown key"),
+        ({"steps": ["shadow"], "analysis": {"gate_weight": "tokens"}}, "analysis.gate_weight", "requests or cost"),
+        (  # checkout has no budget: its requests cost nothing to weigh
+            {"steps": ["shadow"], "analysis": {"gate_weight": "cost"}},
+            "analysis.gate_weight",
+            "no cost to weigh",
+        ),
     ],
 )
 def test_a_bad_plan_is_a_422_naming_the_field(redis_url, tmp_path, body, field, fragment):

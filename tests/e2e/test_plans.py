@@ -175,6 +175,45 @@ def test_a_limit_too_tight_fails_and_rolls_back_or_pauses(redis_url, tmp_path, o
         assert paused["waits_for"] == "an operator: shadowlimit plan export --resume"
 
 
+def test_a_budget_plan_is_judged_by_what_its_new_rejections_cost(redis_url, tmp_path):
+    """A budget route whose plan weighs cost: sixty tenants spending 10 tokens a request pass
+    shadow into canary; then one tenant spending 900 a request, a sixty-first of the requests but
+    most of the tokens, is newly refused by the global budget, and the plan rolls back on the
+    cost share (weighing requests, its 1.6% would pass the 5% threshold)."""
+    text = (
+        rules(
+            """
+            steps: [{shadow: 1s}, {canary: 50, for: 30s}, enforce]
+            analysis: {min_compared: 30, max_new_rejection_rate: 5%, gate_weight: cost}
+            on_failure: rollback
+            """,
+            route="chat",
+            distributed="{average: 100, period: 1s, burst: 1000}",
+        ).replace("{average: 100, period: 1s, burst: 100}\n", "{average: 100000, period: 1s, burst: 100000}\n", 1)
+        + "    budget: {}\n    cost_unit: tokens\n"
+    )
+    costs = {**dict.fromkeys(CLEAN, 10), "whale": 900}
+    with replicas(redis_url, tmp_path, text) as cps:
+        a, b = cps
+        with Traffic([a.url, b.url], "chat", CLEAN, costs=costs) as traffic:
+            eventually(lambda: plan_of(a, "chat")["current"] == "canary 50%", 60, 0.1, "the plan to reach canary")
+            entries = httpx.get(a.url + "/v1/rollout/audit?route=chat", timeout=5).json()["entries"]
+            step = next(e for e in entries if e["kind"] == "mode_change" and e["to"] == "canary")
+            checks = {c["name"]: c for c in step["gate"]["checks"]}
+            assert checks["new rejection cost share"]["outcome"] == "pass", checks
+            traffic.set([*CLEAN, "whale"])
+            paused = eventually(lambda: (p := plan_of(b, "chat"))["state"] == "paused" and p, 60, 0.1, "a rollback")
+        assert "analysis failed: new rejection cost share: new rejections worth" in paused["reason"], paused
+        assert "rolled back to shadow" in paused["reason"] and paused["current"] == "shadow"
+        failed = eventually(
+            lambda: (c := plan_of(b, "chat")["checks"][1])["outcome"] == "fail" and c, 5, 0.05, "the failed check"
+        )
+        assert failed["name"] == "new rejection cost share" and failed["value"] > 0.05, failed
+        totals = httpx.get(a.url + "/v1/divergence?minutes=2", timeout=5).json()["routes"]["chat"]["totals"]
+        requests_share = totals["local_allow_distributed_deny"] / totals["compared"]
+        assert requests_share < 0.05 < failed["value"], (requests_share, failed)
+
+
 def test_a_flipped_upstream_error_ratio_rolls_a_canary_back(redis_url, tmp_path, prom, upstream):
     text = rules(f"""
         steps: [{{shadow: 1s}}, {{canary: 10, for: 1s}}, {{canary: 50, for: 60s}}, enforce]

@@ -443,3 +443,36 @@ def test_a_record_the_store_lost_forgets_its_steps_baseline():
     memory.forget_baselines(loss.plans)
     assert memory.plans["search"].baseline is None and memory.plans["search"].version == 7
     assert memory.plans["other"].baseline == base
+
+
+def test_with_gate_weight_cost_a_step_is_judged_by_what_its_new_rejections_cost():
+    """Five new rejections in 500 (1%, at the threshold) that cost 30% of the tokens fail a step
+    weighing cost; the same step passes weighing requests."""
+    heavy = GateStats(
+        compared=500, new_rejections=5, backend_errors=0, distributed_attempts=500,
+        units_compared=100_000, units_new_rejections=30_000,
+    )  # fmt: skip
+    readings = {"5xx": PromReading(value=0.0)}
+    assert analyse(PLAN, heavy, readings, step=0, now=1).verdict is Verdict.PASS
+    plan = replace(PLAN, analysis=replace(PLAN.analysis, gate_weight="cost"))
+    a = analyse(plan, heavy, readings, step=0, now=1)
+    assert a.verdict is Verdict.FAIL and (a.checks[1].name, a.checks[1].value) == ("new rejection cost share", 0.3)
+    assert a.reason == "new rejection cost share: new rejections worth 30.00% exceed 1%"
+    assert plan.analysis.to_dict()["gate_weight"] == "cost" and "gate_weight" not in PLAN.analysis.to_dict()
+    assert type(plan.analysis).from_dict(plan.analysis.to_dict()) == plan.analysis
+
+
+def test_a_baseline_keeps_the_costs_and_the_excused_of_its_minute():
+    base = Baseline(
+        minute=60,
+        counts=GateStats(
+            compared=30, new_rejections=5, backend_errors=0, distributed_attempts=30, excused=2,
+            units_compared=3_000, units_new_rejections=700,
+        ),
+    )  # fmt: skip
+    assert Baseline.from_dict(base.to_dict()) == base
+    first = replace(
+        base.counts, compared=50, new_rejections=6, excused=3, units_compared=5_000, units_new_rejections=800
+    )
+    got = since_baseline(first=first, later=replace(first, excused=0), baseline=base.counts)
+    assert (got.excused, got.units_compared, got.units_new_rejections) == (1, 7_000, 900)

@@ -3,6 +3,8 @@ step (min_dwell) before a promotion, with time passed in."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from control_plane.model.rollout import GateConfig, GateStats, Mode, RouteState, evaluate_gate, next_step
@@ -150,3 +152,39 @@ def test_gate_counts_comes_from_the_settings():
 
     assert GATE_COUNTS == ("all", "tighter")
     assert GateConfig().counts == "all"
+
+
+def test_gate_weight_cost_weighs_the_new_rejections_by_what_they_cost():
+    """Few new rejections that cost a lot (14 requests worth most of the tokens) refuse a gate
+    weighing cost and pass one counting requests; many cheap ones do the reverse."""
+    heavy = GateStats(
+        compared=1000, new_rejections=5, backend_errors=0, distributed_attempts=1000,
+        units_compared=1_000_000, units_new_rejections=300_000,
+    )  # fmt: skip
+    by_cost = GateConfig(min_samples=500, min_dwell_s=600, weight="cost")
+    assert evaluate_gate(st("shadow"), Mode.CANARY, 10, heavy, CONFIG, now=1.0).passed
+    refused = evaluate_gate(st("shadow"), Mode.CANARY, 10, heavy, by_cost, now=1.0)
+    assert refused.reasons == (
+        "new rejections worth 30.00% of the compared requests' cost exceed 1.00% (gate_weight: cost)",
+    )
+    d = refused.to_dict()
+    assert (d["gate_weight"], d["counted_rejection_rate"], d["units_compared"], d["units_new_rejections"]) == (
+        "cost", 0.3, 1_000_000, 300_000
+    )  # fmt: skip
+    cheap = GateStats(
+        compared=1000, new_rejections=200, backend_errors=0, distributed_attempts=1000,
+        units_compared=1_000_000, units_new_rejections=2_000,
+    )  # fmt: skip
+    assert not evaluate_gate(st("shadow"), Mode.CANARY, 10, cheap, CONFIG, now=1.0).passed
+    assert evaluate_gate(st("shadow"), Mode.CANARY, 10, cheap, by_cost, now=1.0).passed
+    # with gate_counts: tighter the excused share (counted in requests) comes off the cost in proportion
+    both = GateConfig(min_samples=500, min_dwell_s=600, weight="cost", counts="tighter")
+    leak = replace(heavy, excused=4)
+    assert leak.counted_rate("tighter", "cost") == pytest.approx(0.06)
+    assert evaluate_gate(st("shadow"), Mode.CANARY, 10, leak, both, now=1.0).reasons == (
+        "tighter new rejections worth 6.00% of the compared requests' cost exceed 1.00% (gate_weight: cost)",
+    )
+    # no costs at all: nothing to weigh, no rate
+    assert GateStats(compared=10, new_rejections=3, backend_errors=0, distributed_attempts=10).counted_rate(
+        "all", "cost"
+    ) == 0.0  # fmt: skip

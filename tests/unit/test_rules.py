@@ -1279,6 +1279,15 @@ def test_a_budget_block_sets_the_routes_reservation_terms(settings):
     assert rule.cost_unit is None and rule.to_dict()["cost_unit"] is None
     tokens = parse(_BUDGET_ROUTE % ("", "        budget: {}\n        cost_unit: tokens"), settings).get("chat")
     assert tokens.cost_unit == "tokens" and tokens.to_dict()["cost_unit"] == "tokens"
+    assert tokens.gate_weight == "requests" and tokens.rollout is None
+    text = (
+        "        budget: {}\n        gate_weight: cost\n"
+        "        rollout: {steps: [shadow: 1m, enforce], analysis: {gate_weight: cost}}"
+    )
+    weighed = parse(_BUDGET_ROUTE % ("", text), settings).get("chat")
+    assert weighed.gate_weight == "cost" and weighed.to_dict()["gate_weight"] == "cost"
+    assert weighed.rollout.analysis.gate_weight == "cost"
+    assert weighed.rollout.analysis.to_dict()["gate_weight"] == "cost"
 
 
 @pytest.mark.parametrize(
@@ -1306,6 +1315,22 @@ def test_a_budget_block_sets_the_routes_reservation_terms(settings):
         ("", "budget: {}\n        cost_unit: Tokens", "routes[0].cost_unit: must be a lower-case word of at most 32"),
         ("", "budget: {}\n        cost_unit: 12", "routes[0].cost_unit: must be a lower-case word"),
         ("", "budget: {}\n        cost_unit: " + "t" * 33, "routes[0].cost_unit: must be a lower-case word"),
+        ("", "gate_weight: cost", "routes[0].gate_weight: this route's requests have no cost to weigh"),
+        (
+            "",
+            "budget: {}\n        gate_weight: tokens",
+            "routes[0].gate_weight: must be requests or cost, got 'tokens'",
+        ),
+        (
+            "",
+            "rollout: {steps: [shadow: 1m, enforce], analysis: {gate_weight: cost}}",
+            "routes[0].rollout.analysis.gate_weight: this route's requests have no cost to weigh",
+        ),
+        (
+            "",
+            "budget: {}\n        rollout: {steps: [shadow: 1m, enforce], analysis: {gate_weight: bytes}}",
+            "routes[0].rollout.analysis.gate_weight: must be requests or cost, got 'bytes'",
+        ),
     ],
 )
 def test_a_budget_the_route_cannot_keep_is_refused_naming_the_field(settings, policy, budget, message):

@@ -123,7 +123,7 @@ def test_a_new_key_is_one_row(settings):
         read_block(reader, route, data["routes"][1], ("routes", 1), document)
     assert str(err.value) == "t.yaml:12: routes[1].plan.steps[1]: must be from 1 to 100, got 500"
     with pytest.raises(
-        RulesError, match=r"unknown key 'plam' \(did you mean 'plan'\?\); allowed keys: .*budget, cost_unit, plan$"
+        RulesError, match=r"unknown key 'plam' \(did you mean 'plan'\?\); allowed keys: .*cost_unit, gate_weight, plan$"
     ):
         read_block(reader, route, {**data["routes"][0], "plam": {}}, ("routes", 0), document)
     schema = route.json_schema()["properties"]["plan"]
