@@ -12,8 +12,8 @@ from rich.text import Text
 from textual.geometry import Region
 from textual.widget import Widget
 
-from .models import BlockedKey, CandidateView, CausesView, DivergenceView
-from .render import pct, spark_text
+from .models import BlockedKey, CandidateView, CausesView, DivergenceView, UnitsView
+from .render import amount, pct, spark_text
 from .theme import BAD, BAD_BOLD, INFO_BOLD, OK, SELECTED_MARK, WARN, WARN_BOLD
 
 __all__ = ["DivergenceChart", "candidate_lines"]
@@ -53,7 +53,7 @@ class DivergenceChart(Widget):
         assert self._view is not None
         rd = self._view.routes[name]
         cand = 0 if rd.candidate is None else 2 + bool(rd.candidate.would_be_blocked)
-        return 4 + len(_why(rd.causes)) + bool(rd.would_be_blocked) + cand
+        return 4 + len(_why(rd.causes)) + bool(rd.would_be_blocked) + cand + (rd.units is not None)
 
     def _names(self) -> list[str]:
         if self._view is None:
@@ -116,9 +116,12 @@ class DivergenceChart(Widget):
             for label, words in _why(rd.causes):
                 out.append(f"  {label:<{LABEL - 3}} ", style="dim")
                 out.append(words + "\n")
+            if rd.units is not None:  # a budget route: the same in its cost unit
+                out.append(f"  {'in ' + rd.units.unit:<{LABEL - 3}} ", style="dim")
+                out.append_text(_units_line(rd.units))
             if rd.would_be_blocked:
                 out.append(f"  {'would block':<{LABEL - 3}} ", style="dim")
-                _blocked(out, rd.would_be_blocked[:4])
+                _blocked(out, rd.would_be_blocked[:4], None if rd.units is None else rd.units.unit)
             if rd.candidate is not None:
                 candidate_lines(out, rd.candidate, minutes)
         out.append(_axis(minutes), style="dim")
@@ -163,12 +166,27 @@ def _why(causes: CausesView | None) -> list[tuple[str, str]]:
     return lines
 
 
-def _blocked(out: Text, keys: Sequence[BlockedKey]) -> None:
-    """The keys a limit would block, each with its count and, when known, its main cause."""
+def _units_line(u: UnitsView) -> Text:
+    """A budget route's new rejections in its unit, on one line: how many, what they would cost,
+    how much of that is still an estimate."""
+    n = u.requests
+    line = Text(f"would refuse {n:,} request{'' if n == 1 else 's'} worth {amount(u.units)} {u.unit}")
+    line.stylize(BAD if n else "dim")
+    if u.estimated:
+        line.append(f" · {amount(u.estimated)} estimated", style="dim")
+    line.append("\n")
+    return line
+
+
+def _blocked(out: Text, keys: Sequence[BlockedKey], unit: str | None = None) -> None:
+    """The keys a limit would block, each with its count, what its refusals would cost (a budget
+    route's, in its ``unit``) and, when known, its main cause."""
     for i, b in enumerate(keys):
         if i:
             out.append(" · ", style=BAD)
         out.append(f"{b.key} ×{b.count:,}", style=BAD)
+        if unit is not None and b.units is not None:
+            out.append(f" ({amount(b.units)} {unit})", style=BAD)
         if b.cause:
             out.append(" ")
             out.append(b.cause, style="italic")

@@ -125,12 +125,14 @@ class GateView:
 @dataclass(frozen=True, slots=True, kw_only=True)
 class BlockedKey:
     """A key a limit would newly reject: how often, its last request, and (the current global
-    limit's would-be-blocked keys) the main cause of its new rejections, None: not explained."""
+    limit's would-be-blocked keys) the main cause of its new rejections, None: not explained;
+    on a budget route, what its refusals would cost (``units``, in the route's cost unit)."""
 
     key: str
     count: int
     last_request_id: str
     cause: str | None = None
+    units: int | None = None
 
     @classmethod
     def parse(cls, d: Any) -> BlockedKey:
@@ -140,6 +142,7 @@ class BlockedKey:
             count=as_int(d.get("count")),
             last_request_id=as_str(d.get("last_request_id")),
             cause=opt_str(d.get("cause")),
+            units=None if d.get("units") is None else as_int(d.get("units")),
         )
 
 

@@ -247,12 +247,38 @@ class CausesView:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class UnitsView:
+    """A budget route's divergence in its cost unit (``/v1/divergence``'s ``units``): the new
+    rejections, what they cost, how much of it is still an estimate, and the same in words."""
+
+    unit: str
+    requests: int
+    units: int
+    estimated: int
+    summary: str
+
+    @classmethod
+    def parse(cls, d: Any) -> UnitsView | None:
+        if not isinstance(d, dict):
+            return None
+        new = as_dict(d.get("new_rejections"))
+        return cls(
+            unit=as_str(d.get("unit"), "units"),
+            requests=as_int(new.get("requests")),
+            units=as_int(new.get("units")),
+            estimated=as_int(new.get("estimated")),
+            summary=as_str(d.get("summary")),
+        )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class RouteDivergence:
     totals: DivergenceTotals
     series: tuple[MinutePoint, ...]
     would_be_blocked: tuple[BlockedKey, ...]
     candidate: CandidateView | None = None  # with its series and the keys it would newly reject
     causes: CausesView | None = None  # None: not sent (an older control plane)
+    units: UnitsView | None = None  # a budget route's figures in its cost unit
 
     @classmethod
     def parse(cls, d: Any) -> RouteDivergence:
@@ -263,6 +289,7 @@ class RouteDivergence:
             would_be_blocked=tuple(BlockedKey.parse(b) for b in d.get("would_be_blocked") or ()),
             candidate=CandidateView.parse(d.get("candidate")),
             causes=CausesView.parse(d.get("causes")),
+            units=UnitsView.parse(d.get("units")),
         )
 
 
@@ -289,6 +316,8 @@ class BucketSide:
     reset_after_us: int
     burst: int
     policy: PolicyView | None
+    reserved: int | None = None  # a budget route's: its reservations outstanding (None: not a budget, or unread)
+    debt: float = 0.0  # a budget route's: how far below zero its balance is
 
     @classmethod
     def parse(cls, d: Any) -> BucketSide | None:
@@ -301,6 +330,8 @@ class BucketSide:
             as_int(d.get("reset_after_us")),
             as_int(d.get("burst"), as_int(d.get("limit"))),
             PolicyView.parse(d.get("policy")),
+            None if d.get("reserved") is None else as_int(d.get("reserved")),
+            as_float(d.get("debt")),
         )
 
 
@@ -325,6 +356,7 @@ class BucketView:
     local: BucketSide | None
     distributed: BucketSide | None
     last_decision: LastDecision | None
+    unit: str | None = None  # a budget route's cost unit: what tokens, reserved and debt count
 
     @classmethod
     def parse(cls, d: Any) -> BucketView:
@@ -336,6 +368,7 @@ class BucketView:
             BucketSide.parse(d.get("local")),
             BucketSide.parse(d.get("distributed")),
             LastDecision.parse(d.get("last_decision")),
+            opt_str(d.get("unit")),
         )
 
 

@@ -95,6 +95,14 @@ def bar(value: float, maximum: float, width: int, *, style: str = INFO, empty: s
     return text
 
 
+def amount(n: float) -> str:
+    """An amount of a budget's units, short: ``950``, ``14k``, ``2.1M``."""
+    for scale, suffix in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if abs(n) >= scale:
+            return f"{n / scale:.1f}".removesuffix(".0") + suffix
+    return f"{int(n)}"
+
+
 def pct(rate: float | None, digits: int = 1) -> str:
     if rate is None:
         return "—"

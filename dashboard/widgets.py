@@ -25,7 +25,18 @@ from .models import (
     RouteView,
 )
 from .plan_views import PLAN_STATE_STYLE, PlanView, plan_strip
-from .render import BREAKER_STYLE, ago, bar, candidate_gate_text, clock, gate_text, mode_text, pct, spark_text
+from .render import (
+    BREAKER_STYLE,
+    ago,
+    amount,
+    bar,
+    candidate_gate_text,
+    clock,
+    gate_text,
+    mode_text,
+    pct,
+    spark_text,
+)
 from .theme import (
     BAD,
     BAD_BOLD,
@@ -248,13 +259,22 @@ def _plan_next(p: PlanView) -> Text:
     return Text(p.waits_for or p.reason or "", style="dim")
 
 
-def _side(side: BucketSide | None, width: int) -> Text:
+def _side(side: BucketSide | None, width: int, unit: str | None = None) -> Text:
+    """A bucket's tokens against its burst; a budget's (``unit``) in whole units, with what its
+    reservations hold and its debt."""
     if side is None:
         return Text("— (not read)", style="dim")
     cap = side.burst or side.limit
     low = cap > 0 and side.tokens < cap * 0.2
-    t = bar(side.tokens, cap, width, style=BAD if low else INFO)
-    t.append(f" {side.tokens:.1f}/{cap}", style=BAD_BOLD if low else "")
+    t = bar(max(0.0, side.tokens), cap, width, style=BAD if low else INFO)
+    if unit is None:
+        t.append(f" {side.tokens:.1f}/{cap}", style=BAD_BOLD if low else "")
+        return t
+    t.append(f" {amount(max(0.0, side.tokens))}/{amount(cap)} {unit}", style=BAD_BOLD if low else "")
+    if side.reserved:
+        t.append(f" · {amount(side.reserved)} reserved", style=WARN)
+    if side.debt >= 1:
+        t.append(f" · debt {amount(side.debt)}", style=BAD_BOLD)
     return t
 
 
@@ -286,8 +306,8 @@ class BucketsTable(DataTable[Text | str]):
             self.add_row(
                 Text(b.key, style="bold"),
                 f"{b.recent_requests:,}",
-                _side(b.local, self.BAR),
-                _side(b.distributed, self.BAR),
+                _side(b.local, self.BAR, b.unit),
+                _side(b.distributed, self.BAR, b.unit),
                 last,
                 key=b.key,
             )

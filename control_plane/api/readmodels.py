@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from limiter import LocalLimiter, Policy, RedisLimiter
 from limiter.errors import BackendError
+from limiter.reservations import Book
 from limiter.resilience import BreakerState, CircuitBreaker
 
 from ..model.candidate import Candidate, candidate_gate
@@ -245,27 +246,55 @@ class Buckets:
         except BackendError:
             return None
 
+    async def _book(self, lkey: str) -> Book | None:
+        if self.breaker.state is BreakerState.OPEN:
+            return None
+        try:
+            return await self.redis.raw_book(lkey)
+        except BackendError:
+            return None
+
     async def route(self, rule: RouteRule, limit: int) -> list[dict[str, Any]]:
+        """The route's most active keys, each side's bucket (and on a budget route, each side's
+        reservations outstanding and debt, in the route's cost unit)."""
         name = rule.name
         hot = self.activity.hot_keys(name, limit)
         pols = [key_policies(self.activity, self.adjustments, rule, k) for k, _ in hot]
         now_us = self.clock_us()
         dists = await asyncio.gather(*[self._peek(f"{name}:{k}", dp, now_us) for (k, _), (_, dp) in zip(hot, pols)])
+        books: list[Book | None] = [None] * len(hot)
+        if rule.budget is not None:
+            books = list(await asyncio.gather(*[self._book(f"{name}:{k}") for k, _ in hot]))
         out = []
-        for (key, count), (lp, dp), dv in zip(hot, pols, dists):
+        for (key, count), (lp, dp), dv, book in zip(hot, pols, dists, books):
             lv = self.local.peek(f"{name}:{key}", lp, now_us)
             last = self.activity.last_decision(name, key)
-            out.append(
-                {
-                    "route": name,
-                    "key": key,
-                    "recent_requests": count,
-                    "local": {**lv.to_dict(), "burst": lp.limit, "policy": lp.to_dict()},
-                    "distributed": None if dv is None else {**dv.to_dict(), "burst": dp.limit, "policy": dp.to_dict()},
-                    "last_decision": None if not last else {"at": last[0], "allowed": last[1], "enforced_by": last[2]},
-                }
-            )
+            local = {**lv.to_dict(), "burst": lp.limit, "policy": lp.to_dict()}
+            dist = None if dv is None else {**dv.to_dict(), "burst": dp.limit, "policy": dp.to_dict()}
+            entry = {
+                "route": name,
+                "key": key,
+                "recent_requests": count,
+                "local": local,
+                "distributed": dist,
+                "last_decision": None if not last else {"at": last[0], "allowed": last[1], "enforced_by": last[2]},
+            }
+            if rule.budget is not None:
+                entry["unit"] = rule.cost_unit or "units"
+                local.update(_held(self.local.book(f"{name}:{key}"), lv.tokens, now_us))
+                if dist is not None:
+                    dist.update(_held(book, dv.tokens, now_us))
+            out.append(entry)
         return out
+
+
+def _held(book: Book | None, tokens: float, now_us: int) -> dict[str, Any]:
+    """A budget's side of a key: the estimates of its reservations outstanding now (None: the
+    book could not be read) and its debt (how far below zero its balance is)."""
+    reserved = None
+    if book is not None:
+        reserved = sum(h.estimate for h in book.held.values() if h.state == "outstanding" and h.until_us > now_us)
+    return {"reserved": reserved, "debt": max(0.0, -tokens)}
 
 
 async def buckets_view(rules: Rules, buckets: Buckets, route: str | None, limit: int) -> dict[str, Any]:

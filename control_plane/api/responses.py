@@ -336,6 +336,8 @@ class BucketState(_Open):
 class LimiterBucket(BucketState):
     burst: int
     policy: PolicyView
+    reserved: int | None = Field(None, description="Budget routes: the estimates of its reservations outstanding.")
+    debt: float | None = Field(None, description="Budget routes: how far below zero its balance is (0: none).")
 
 
 class LastDecision(BaseModel):
@@ -351,6 +353,7 @@ class BucketEntry(BaseModel):
     local: LimiterBucket
     distributed: LimiterBucket | None
     last_decision: LastDecision | None
+    unit: str | None = Field(None, description="Budget routes: what tokens, reserved and debt count (cost_unit).")
 
 
 class BucketsList(BaseModel):

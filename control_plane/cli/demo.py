@@ -45,6 +45,7 @@ from pathlib import Path
 from typing import Any
 
 from ..extras import MissingExtra, require_extra
+from .demo_chat import CHAT_TENANTS, CHAT_UPSTREAM, chat_client, start_example_service
 
 ROOT = Path(__file__).resolve().parents[2]  # the checkout: control_plane/cli/demo.py -> ../../..
 #: the one example rules file: the demo runs it, and docs/api.md's examples were produced with it
@@ -172,7 +173,8 @@ _GATE_SETTINGS = ("SHADOWLIMIT_GATE_WINDOW_S", "SHADOWLIMIT_GATE_MIN_SAMPLES", "
 
 
 class DemoStack:
-    """Redis + the limits service + N replicas + traffic; ``stop()`` always leaves nothing behind."""
+    """Redis + the limits service + the chat upstream + N replicas + traffic; ``stop()`` always
+    leaves nothing behind."""
 
     def __init__(
         self,
@@ -194,6 +196,8 @@ class DemoStack:
         self.urls: list[str] = []
         self.limits_proc: subprocess.Popen[bytes] | None = None
         self.limits_url: str | None = None
+        self.chat_proc: subprocess.Popen[bytes] | None = None
+        self.chat_url: str | None = None
         self.keep_logs = keep_logs
         self.workdir = Path(tempfile.mkdtemp(prefix="shadowlimit-demo-"))
         self.rules_path = self.workdir / "rules.yaml"
@@ -213,7 +217,7 @@ class DemoStack:
 
             self.redis = EmbeddedRedis().start()
             self.redis_url = self.redis.url
-        self._start_limits_service()
+        self._start_services()
         self.rules_path.write_text(demo_rules(f"{self.limits_url}/limits"))
         env = dict(os.environ)
         env.update(
@@ -302,29 +306,14 @@ class DemoStack:
         if not stop.is_set():
             await self.restart(self.n - 1)
 
-    def _start_limits_service(self, timeout: float = 15.0) -> None:
-        """The example limits service as its own process, on a free port."""
-        import httpx
-
-        port = _free_port()
-        log = open(self.workdir / "limits-service.log", "wb")  # noqa: SIM115 - closed with the process
-        self.limits_proc = subprocess.Popen(
-            [sys.executable, str(LIMITS_SERVICE), "--host", "127.0.0.1", "--port", str(port)],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            preexec_fn=_die_with_parent,
+    def _start_services(self) -> None:
+        """The example limits service and chat upstream, each its own process on a free port."""
+        self.limits_proc, self.limits_url = start_example_service(
+            LIMITS_SERVICE, self.workdir, "limits service", _free_port(), clock=self.clock, preexec=_die_with_parent
         )
-        self.limits_url = f"http://127.0.0.1:{port}"
-        deadline = self.clock() + timeout
-        while self.clock() < deadline:
-            if self.limits_proc.poll() is not None:
-                tail = (self.workdir / "limits-service.log").read_text(errors="replace")[-2000:]
-                raise RuntimeError(f"the limits service exited with {self.limits_proc.returncode}:\n{tail}")
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(self.limits_url + "/healthz", timeout=1.0).status_code == 200:
-                    return
-            time.sleep(0.1)
-        raise RuntimeError(f"the limits service was not up after {timeout:.0f}s")
+        self.chat_proc, self.chat_url = start_example_service(
+            CHAT_UPSTREAM, self.workdir, "chat upstream", _free_port(), clock=self.clock, preexec=_die_with_parent
+        )
 
     def _wait_ready(self, timeout: float = 30.0) -> None:
         import httpx
@@ -377,10 +366,11 @@ class DemoStack:
                         await asyncio.wait_for(stop.wait(), max(0.0, due - loop.time()))
 
             restart = [self._restart_once(stop, started)] if self.restart_planned else []
-            await asyncio.gather(*[client(c) for c in TRAFFIC], *restart)
+            chat = [chat_client(self, http, t, stop) for t in CHAT_TENANTS]
+            await asyncio.gather(*[client(c) for c in TRAFFIC], *chat, *restart)
 
     def stop(self) -> None:
-        procs = [*self.procs, *([self.limits_proc] if self.limits_proc is not None else [])]
+        procs = [*self.procs, *(p for p in (self.limits_proc, self.chat_proc) if p is not None)]
         for p in procs:
             if p.poll() is None:
                 p.terminate()
@@ -405,6 +395,7 @@ class DemoStack:
             "embedded_redis": self.redis is not None,
             "replicas": list(self.urls),
             "limits": f"{self.limits_url}/limits" if self.limits_url else None,
+            "chat_upstream": self.chat_url,
             "rules": str(self.rules_path),
             "gate_settings": dict(self.gate_settings),
             "admin_token": self.token,
@@ -422,6 +413,11 @@ class DemoStack:
             lines.append(f"  replica {i + 1}:  {u}   (API docs {u}/docs, metrics {u}/metrics)")
         if self.limits_url:
             lines.append(f"  limits:     {self.limits_url}/limits   (examples/limits_service.py; route tenants)")
+        if self.chat_url:
+            lines.append(
+                f"  chat:       {self.chat_url}   (examples/chat_upstream.py; route chat, token budgets in shadow:"
+                " stark's would run out)"
+            )
         lines += [
             f"  rules:      {self.rules_path}   (examples/rules.yaml; only the tenants route's"
             " external.url changed, to the limits service above)",
@@ -448,6 +444,7 @@ class DemoStack:
             " --reason 'try the global limit' --force",
             f"  ./dev shadowlimit whatif search --rate 20/1s --url {self.urls[0]}",
             f"  ./dev shadowlimit plan internal --url {self.urls[0]}",
+            f"  ./dev shadowlimit divergence chat --url {self.urls[0]}   (in tokens)",
             f"  ./dev shadowlimit dash --url {self.urls[0]} --token {self.token}",
             "  (./dev shadowlimit runs the CLI from the project's .venv; installed, it is plain `shadowlimit`)",
         ]

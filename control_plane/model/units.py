@@ -44,7 +44,8 @@ def units_view(totals: Mapping[str, Any], unit: str | None) -> dict[str, Any]:
     otherwise) and how much of it is still an estimate; and the new rejections in words."""
     name = unit or "units"
     new, reverse = _part(totals, _LADD), _part(totals, _LDDA)
-    text = f"would have refused {new['requests']} requests worth {amount(new['units'])} {name}"
+    n = new["requests"]
+    text = f"would have refused {n} request{'' if n == 1 else 's'} worth {amount(new['units'])} {name}"
     if new["estimated"]:
         text += f" ({amount(new['estimated'])} of it estimated: reservations not settled yet)"
     return {

@@ -85,6 +85,7 @@ def _definitions() -> dict[str, Any]:
         "failure_code": {**whole(*FAILURE_CODES), "description": "The status of failClosed rejections."},
         "route": ROUTE.json_schema(),
         "external": EXTERNAL.json_schema(),
+        "budget": BUDGET.json_schema(),
         "rollout": ROLLOUT.json_schema(),
     }
 

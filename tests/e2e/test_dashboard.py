@@ -47,6 +47,13 @@ routes:
     key: {strategy: header, header: X-Client-Id}
     local: {average: 5, period: 1s, burst: 5}
     distributed: {average: 8, period: 1s, burst: 8}
+  - name: chat                       # a token budget: its figures in tokens
+    match: {methods: [POST], path: /v1/chat/**}
+    key: {strategy: header, header: X-Tenant}
+    local: {average: 3000, period: 1h, burst: 3000}
+    distributed: {average: 2000, period: 1h, burst: 2000}
+    budget: {}
+    cost_unit: tokens
 """
 
 
@@ -284,6 +291,41 @@ async def test_routes_and_buckets_show_the_servers_figures(
         if keep:
             Path(keep).mkdir(parents=True, exist_ok=True)
             shutil.copy(svg, Path(keep) / "dashboard-real-server-160x50.svg")
+
+
+async def test_a_budget_route_shows_its_figures_in_tokens(control_plane: Callable[..., ControlPlane]) -> None:
+    """A budget route in shadow: the divergence panel says in tokens what the global budget would
+    have refused, and who, worth how much; the buckets show each side's balance, what its
+    reservations hold and its debt, in tokens, as /v1/buckets says."""
+    cp = control_plane()
+    async with httpx.AsyncClient(base_url=cp.url) as c:
+        for _ in range(4):  # 4 x 600: each fits the replica's 3,000, the global 2,000 runs out after 3
+            r = await c.post("/v1/decide", json={"route": "chat", "key": "stark", "estimate": 600})
+            rid = r.json()["reservation"]
+            assert rid is not None, r.text
+            assert (await c.post("/v1/settle", json={"reservation": rid, "cost": 500})).status_code == 200
+        held = await c.post("/v1/decide", json={"route": "chat", "key": "stark", "estimate": 400})
+        assert held.json()["reservation"] is not None  # left outstanding: 400 reserved
+        charged = await c.post("/v1/charge", json={"route": "chat", "key": "stark", "cost": 1500})
+        assert charged.status_code == 200, charged.text  # past what is left: a debt of 900 here, 1,400 globally
+    await cp.settle()
+    app = ShadowlimitDashboard(cp.url, TOKEN)
+    async with app.run_test(size=SIZE) as pilot:
+        await until_live(pilot, app)
+        await pilot.press("down", "down")  # search, checkout, chat
+        await wait_for(pilot, lambda: "stark" in dash(app).query_one(BucketsTable).rows, what="stark's budget")
+        from dashboard.chart import DivergenceChart
+
+        lines = str(dash(app).query_one(DivergenceChart).render()).splitlines()
+        said = next(line for line in lines if line.strip().startswith("in tokens"))
+        assert "would refuse 1 request worth 500 tokens" in said, lines
+        blocked = [line for line in lines if "stark ×1" in line]
+        assert blocked and "stark ×1 (600 tokens)" in blocked[-1], lines
+        bucket = next(b for b in httpx.get(f"{cp.url}/v1/buckets", params={"route": "chat"}).json()["buckets"])
+        assert bucket["unit"] == "tokens" and bucket["local"]["reserved"] == 400 and bucket["distributed"]["debt"] > 0
+        local, dist = cell(app, BucketsTable, "stark", "local"), cell(app, BucketsTable, "stark", "dist")
+        assert "/3k tokens · 400 reserved · debt 89" in local, local  # 900 less what refilled since
+        assert "/2k tokens" in dist and "400 reserved" in dist and "debt 1.4k" in dist, dist
 
 
 def chart_header(app: ShadowlimitDashboard, route: str) -> str:
@@ -982,6 +1024,55 @@ async def _steady_cursor(pilot: Pilot[Any]) -> None:
     for field in pilot.app.screen.query(Input):
         field.cursor_blink = False
     await pilot.pause()
+
+
+def budget_snapshot() -> dict[str, Any]:
+    """The fixed snapshot with a token budget in shadow, ``chat``: stark spreads its requests over
+    the replicas and the global budget would refuse them (2.1M tokens' worth); its buckets in
+    tokens, with what their reservations hold and the global side's debt."""
+    data = fixed_snapshot()
+    chat = _series(60, lambda i: 40 + i % 7, lambda i: 0 if i < 30 else 3 + i % 4, lambda i: 0)
+    units = {"unit": "tokens", "summary": "would have refused 141 requests worth 2.1M tokens (96k of it estimated:"
+             " reservations not settled yet)"}  # fmt: skip
+    data["routes"].append(
+        _route(
+            "chat", "shadow", 0, 0.8, chat, _gate("canary", 300, 500, 20), _policy(333, 20000), _policy(500, 30000)
+        )  # fmt: skip
+    )
+    data["divergence"]["routes"]["chat"] = {
+        "totals": _totals(chat),
+        "series": chat,
+        "would_be_blocked": [
+            {"key": "stark", "count": 141, "last_request_id": "r9", "cause": None, "units": 2_094_000},
+        ],
+        "units": {**units, "new_rejections": {"requests": 141, "units": 2_100_000, "estimated": 96_000}},
+    }
+    for key, local, dist, reserved, debt in (
+        ("stark", 4200.0, -1800.0, 3000, 1800.0),
+        ("initech", 18800.0, 27100.0, 0, 0),
+    ):
+        b = _bucket("chat", key, 60, local, 20000, max(dist, 0.0), 30000, True, "local", 1.0)
+        b["unit"] = "tokens"
+        b["local"] |= {"reserved": reserved, "debt": 0.0}
+        b["distributed"] |= {"tokens": dist, "reserved": reserved, "debt": debt}
+        data["buckets"].append(b)
+    return data
+
+
+def test_snapshot_budget_route_in_tokens(snap_compare: Any, utc: None) -> None:
+    """The chat budget selected: its divergence line in tokens, stark's refusals' worth, and its
+    buckets in tokens with what the reservations hold and the debt."""
+    from dashboard.models import Snapshot
+
+    app = ShadowlimitDashboard(
+        "http://control-plane.test:8080", TOKEN, snapshot=Snapshot.parse(budget_snapshot()), theme="textual-dark"
+    )
+
+    async def select_chat(pilot: Pilot[Any]) -> None:
+        await pilot.press("down", "down", "down")
+        await pilot.pause()
+
+    assert snap_compare(app, run_before=select_chat, terminal_size=SIZE)
 
 
 def test_snapshot_confirm_dialog(snap_compare: Any, utc: None) -> None:

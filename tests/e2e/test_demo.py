@@ -16,6 +16,8 @@ from typing import Any
 
 import httpx
 import pytest
+from cp_server import metric_value
+from support import eventually
 
 
 def _pids_with(pattern: str) -> list[int]:
@@ -99,7 +101,7 @@ def test_the_demo_runs_the_example_rules_file_with_only_the_limits_url_changed()
         routes = httpx.get(urls[0] + "/v1/routes", timeout=5).json()
         assert routes["rules_source"] == RULES[-1] and routes["rules_error"] is None
         names = [r["name"] for r in routes["routes"]]
-        assert names == ["search", "checkout", "login", "internal", "tenants", "default"]
+        assert names == ["search", "checkout", "login", "internal", "tenants", "chat", "default"]
         # the demo's story on those routes: bob spreads search bursts over the replicas, each
         # admits him, the global limit would not (divergence); mallory brute-forces login
         deadline = time.monotonic() + 15
@@ -112,6 +114,19 @@ def test_the_demo_runs_the_example_rules_file_with_only_the_limits_url_changed()
         assert "198.51.100.66" in blocked.get("login", set()), blocked
         assert "globex" in blocked.get("tenants", set()), blocked
         assert "198.51.100.10" not in blocked.get("search", set()), "alice (5/s) is well-behaved"
+
+        # chat: the tenants reserve, stream their answers and settle them, counted in tokens
+        def chat() -> dict[str, Any]:
+            return httpx.get(urls[0] + "/v1/divergence?minutes=2", timeout=5).json()["routes"]["chat"]["units"]
+
+        units = eventually(lambda: (u := chat())["agree"]["units"] > 0 and u, 15, 0.5, "chat's tokens compared")
+        assert units["unit"] == "tokens", units
+        settled = sum(
+            metric_value(httpx.get(u + "/metrics", timeout=5).text, "rate_limit_settles_total", route="chat",
+                         result="settled")
+            for u in urls
+        )  # fmt: skip
+        assert settled > 0
     finally:
         proc.send_signal(signal.SIGTERM)  # stops cleanly, removing its folder
         try:
