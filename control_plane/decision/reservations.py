@@ -43,6 +43,7 @@ from .enforce import Path, divergence_of, failure_verdict
 from .types import DecideError, DecideResult, ExpiredReservation, InputLike, UnknownReservation, UnknownRoute
 
 if TYPE_CHECKING:
+    from ..observe.activity import Activity
     from ..observe.metrics import Metrics
     from ..rules import RouteRule, Rules
     from .compare import Comparisons
@@ -137,6 +138,7 @@ class ReservationCalls:
 
     local: LocalLimiter
     resilient: Any
+    activity: Activity
     comparisons: Comparisons
     metrics: Metrics
     _rules: Any
@@ -212,6 +214,8 @@ class ReservationCalls:
                 counted = Reserved(decision=outcome.decision, reserved=outcome.allowed)
                 status, by = failure_verdict(outcome)[0], "failure_policy"
         self._count("reservation", p.name, "reserved" if counted.reserved else "full" if counted.full else "refused")
+        # counted as a request of the route (its rate, its busiest keys and their last answer)
+        self.activity.note(p.name, key, now_s)[key] = (now_s, counted.decision.allowed, by)
         result = p.answer(
             enforced=counted.decision, enforced_by=by, status=status, key=key, request_id=request_id, path=path,
             local=local.decision, policy=policy, now_s=now_s, headers=headers, dist=dist, div=div,

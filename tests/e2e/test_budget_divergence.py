@@ -194,6 +194,9 @@ def test_a_budget_in_shadow_reports_its_divergence_in_requests_and_tokens_as_a_r
     assert [(w["key"], w["count"], w["units"]) for w in d["would_be_blocked"]] == [("acme", count, ESTIMATE * count)]
     # the same from the other replica
     assert fleet.divergence("chat", b)["totals"] == t
+    # each reserve counts as a request of the route on its replica: acme is among its busiest keys
+    buckets = fleet.http.get(f"{a.url}/v1/buckets", params={"route": "chat"}).json()["buckets"]
+    assert [(k["key"], k["recent_requests"], k["unit"]) for k in buckets] == [("acme", n // 2, "tokens")]
     # the CLI, in tokens: the summary, and what the tenant's refusals would cost
     from control_plane.cli import main
 

@@ -326,6 +326,7 @@ async def test_a_budget_route_shows_its_figures_in_tokens(control_plane: Callabl
         local, dist = cell(app, BucketsTable, "stark", "local"), cell(app, BucketsTable, "stark", "dist")
         assert "/3k tokens · 400 reserved · debt 89" in local, local  # 900 less what refilled since
         assert "/2k tokens" in dist and "400 reserved" in dist and "debt 1.4k" in dist, dist
+        assert "✘ local" in cell(app, BucketsTable, "stark", "last")  # the last: the charge, past what was left
 
 
 def chart_header(app: ShadowlimitDashboard, route: str) -> str:
