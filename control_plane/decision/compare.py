@@ -50,6 +50,12 @@ class Comparisons:
             m = self.metrics
             m.child(m.divergence_units, route, div.value, measure).inc(units)
 
+    def over_budget(self, route: str, side: str) -> None:
+        """A charge on a budget route that did not fit what was left (counted all the same: the
+        key goes into debt), by the side whose answer counted (``local``, ``distributed``)."""
+        m = self.metrics
+        m.child(m.over_budget, route, side).inc()
+
     def settled(self, route: str, div: Divergence, estimate: int, actual: int, made_s: float) -> None:
         """A compared reservation settled: its units in the minute it was made go from its
         estimate to its ``actual`` cost (the who-would-be-blocked view keeps the estimate)."""

@@ -390,11 +390,12 @@ class Decider(ReservationCalls):
             item = _new(ShadowItem)
             req = (lkey, dp, cost, now_us)
             ShadowItem.__init__(item, request=req, route=p.name, key=key, local_allowed=allowed, request_id=request_id)
-            if p.units:
-                item.units = True
+            item.units = p.units
             self._queue_shadow(b, i, p, item, lp)
         p.fin[allowed] += 1
         p.remaining = local.remaining
+        if p.units and not allowed and cost.__class__ is Charge:
+            self.comparisons.over_budget(p.name, "local")  # a budget's charge past what was left
         last[key] = (now_s, allowed, "local")
         if self._record is not None and cost:  # a look without spending (cost 0) is no request to replay
             self._record(p.name, key, cost, now_us, p.mode_value, allowed)
@@ -513,6 +514,8 @@ class Decider(ReservationCalls):
         div = divergence_of(local.allowed, dist.allowed)
         self.comparisons.pair(p.name, key, div, entry.request_id, int(entry.request[2]) if p.units else None)
         p.count_distributed(dist, div)
+        if p.units and not dist.allowed and entry.request[2].__class__ is Charge:
+            self.comparisons.over_budget(p.name, "distributed")
         self.activity.note_decision(p.name, key, (now_s, dist.allowed, "distributed"))
         b.out[entry.index] = p.answer(
             enforced=dist, enforced_by="distributed", status=429, key=key, request_id=entry.request_id,

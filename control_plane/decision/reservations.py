@@ -278,9 +278,16 @@ class ReservationCalls:
             self._count("settle", p.name, "expired")
             raise ExpiredReservation(s.status, s.estimate)
         self._count("settle", p.name, s.status)
-        if s.status == "settled" and s.estimate > 0:  # the first settle: how far off the estimate was
-            m = self.metrics
-            m.child(m.cost_ratio, p.name).observe(cost / s.estimate)
+        m = self.metrics
+        mine = "elsewhere" if local.status == "unknown" else "expired" if local.decision is None else local.status
+        m.child(m.settle_local, p.name, mine).inc()
+        if s.status == "settled":  # the first settle: how far off the estimate was, a refund, a charge past it
+            if s.estimate > 0:
+                m.child(m.cost_ratio, p.name).observe(cost / s.estimate)
+            if cost < s.estimate:
+                m.child(m.refunded, p.name).inc(s.estimate - cost)
+            elif s.decision is not None and not s.decision.allowed:
+                self.comparisons.over_budget(p.name, by)
         self._settle_compared(p.name, rid, local, dist, cost, now)
         return SettleResult(
             reservation=reservation, route=p.name, key=key, mode=p.mode_value, status=s.status, estimate=s.estimate,

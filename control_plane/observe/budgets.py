@@ -12,6 +12,14 @@ rate_limit_settle_cost_ratio              hist.    route (actual cost / estimate
 rate_limit_metered_responses_total        counter  route, result: metered, early, unmetered
 rate_limit_envoy_bad_costs_total          counter  route, reason: missing, not_a_number, other,
                                                    too_large
+rate_limit_charges_over_budget_total      counter  route, side: local, distributed (a charge or a
+                                                   settle above its estimate that did not fit what
+                                                   was left: counted all the same, into debt)
+rate_limit_refunded_units_total           counter  route (what settles below their estimates gave
+                                                   back)
+rate_limit_settle_local_total             counter  route, result: settled, again, elsewhere (made
+                                                   on another replica: its local side expires there
+                                                   as on_expiry says), expired
 rate_limit_divergence_units_total         counter  route, direction, measure: cost (known at the
                                                    decision), estimate (a reservation's, at the
                                                    reserve), actual (a compared reservation's,
@@ -61,6 +69,21 @@ class BudgetMetrics:
         )  # fmt: skip
         ratio = "Each reservation's actual cost over its estimate at its first settle."
         self.cost_ratio = FastHistogram("rate_limit_settle_cost_ratio", ratio, ["route"], r, _RATIO_BUCKETS)
+        self.over_budget = FastCounter(
+            "rate_limit_charges_over_budget_total",
+            "Charges on budget routes (and settles above their estimates) that did not fit what was left, counted"
+            " all the same (into debt), by the side whose answer counted.", ["route", "side"], r,
+        )  # fmt: skip
+        self.refunded = FastCounter(
+            "rate_limit_refunded_units_total", "What settles below their estimates gave back (cost_unit).",
+            ["route"], r,
+        )  # fmt: skip
+        self.settle_local = FastCounter(
+            "rate_limit_settle_local_total",
+            "Each settle's local side: settled, again, elsewhere (the reservation was made on another replica:"
+            " its local side there expires as the route's on_expiry says), expired.",
+            route_result, r,
+        )  # fmt: skip
         self.divergence_units = FastCounter(
             "rate_limit_divergence_units_total",
             "What the compared requests of a budget route cost (its cost_unit), by direction and measure: cost"

@@ -248,3 +248,28 @@ def test_charges_diverge_by_cause_as_requests_do(fleet) -> None:
     assert [(w["key"], w["cause"], w["units"]) for w in tight["would_be_blocked"]] == [
         ("yan", "tighter", 150 * expected["ladd"])
     ]
+
+
+def test_settles_say_what_became_of_each_side_refunds_and_charges_past_the_budget(fleet) -> None:
+    """A reservation settled on the other replica: settled in Redis, its local side counted as
+    ``elsewhere`` (it expires on the replica that made it, as the route says); a settle below
+    the estimate counts its refund; a charge or a settle that does not fit what is left counts
+    as past the budget, by the side whose answer counted (in shadow, the local one)."""
+    a, b = fleet.replicas
+    r = fleet.http.post(f"{a.url}/v1/decide", json={"route": "chat", "key": "kim", "estimate": 100})
+    rid = r.json()["reservation"]
+    s = fleet.http.post(f"{b.url}/v1/settle", json={"reservation": rid, "cost": 60})
+    assert s.status_code == 200 and s.json()["enforced_by"] == "distributed" and s.json()["local"]["status"] == "unknown"
+    assert fleet.metric("rate_limit_settle_local_total", route="chat", result="elsewhere") == 1
+    assert fleet.metric("rate_limit_refunded_units_total", route="chat") == 40
+    # a settle far above its estimate: the difference does not fit what is left (1000 - 900)
+    r = fleet.http.post(f"{a.url}/v1/decide", json={"route": "chat", "key": "lou", "estimate": 900})
+    s = fleet.http.post(f"{a.url}/v1/settle", json={"reservation": r.json()["reservation"], "cost": 1500})
+    assert s.json()["over"] is True and s.json()["remaining"] < 0, s.text
+    assert fleet.metric("rate_limit_settle_local_total", route="chat", result="settled") == 1
+    # a charge past the budget, counted all the same
+    c = fleet.http.post(f"{a.url}/v1/charge", json={"route": "spread", "key": "max", "cost": 1200})
+    assert c.json()["over"] is True and c.json()["remaining"] == -200, c.text
+    over = {"route": "chat", "side": "local"}
+    assert fleet.metric("rate_limit_charges_over_budget_total", **over) == 1
+    assert fleet.metric("rate_limit_charges_over_budget_total", route="spread", side="local") == 1
