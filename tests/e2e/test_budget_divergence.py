@@ -259,7 +259,8 @@ def test_settles_say_what_became_of_each_side_refunds_and_charges_past_the_budge
     r = fleet.http.post(f"{a.url}/v1/decide", json={"route": "chat", "key": "kim", "estimate": 100})
     rid = r.json()["reservation"]
     s = fleet.http.post(f"{b.url}/v1/settle", json={"reservation": rid, "cost": 60})
-    assert s.status_code == 200 and s.json()["enforced_by"] == "distributed" and s.json()["local"]["status"] == "unknown"
+    answer = s.json()
+    assert s.status_code == 200 and answer["enforced_by"] == "distributed" and answer["local"]["status"] == "unknown"
     assert fleet.metric("rate_limit_settle_local_total", route="chat", result="elsewhere") == 1
     assert fleet.metric("rate_limit_refunded_units_total", route="chat") == 40
     # a settle far above its estimate: the difference does not fit what is left (1000 - 900)
