@@ -43,6 +43,7 @@ from .enforce import Path, divergence_of, failure_verdict
 from .types import DecideError, DecideResult, ExpiredReservation, InputLike, UnknownReservation, UnknownRoute
 
 if TYPE_CHECKING:
+    from ..external import ExternalManager
     from ..observe.activity import Activity
     from ..observe.metrics import Metrics
     from ..rules import RouteRule, Rules
@@ -139,6 +140,7 @@ class ReservationCalls:
     local: LocalLimiter
     resilient: Any
     activity: Activity
+    external: ExternalManager
     comparisons: Comparisons
     metrics: Metrics
     _rules: Any
@@ -172,11 +174,15 @@ class ReservationCalls:
         terms = _terms_of(rule, required=True)
         p = self.plan(rule)
         lp, dp, key, fp, fc = p.policies(key, None)
+        listed = _listed(rule, key, inp.client_ip, lp)
+        res = None
+        if rule.external is not None and listed is None:  # the key's own budget, from the limits service
+            res = await self.external.resolve(rule, key, inp.method, inp.path, inp.headers)
+            lp, dp, key, fp, fc = p.policies(key, res.limits)
         _check_estimate(lp, dp, estimate, terms)
         request_id = inp.request_id or self.next_id()
         now = self.now_us()
         now_s = now / 1_000_000
-        listed = _listed(rule, key, inp.client_ip, lp)
         if listed is not None:
             d, status, match = listed
             result = p.answer(
@@ -220,6 +226,7 @@ class ReservationCalls:
             enforced=counted.decision, enforced_by=by, status=status, key=key, request_id=request_id, path=path,
             local=local.decision, policy=policy, now_s=now_s, headers=headers, dist=dist, div=div,
             shadow=dp if path is Path.SHADOW else None, backend_error=None if outcome is None else outcome.error,
+            res=res,
         )  # fmt: skip
         result.estimate = estimate
         if counted.reserved:
@@ -243,7 +250,10 @@ class ReservationCalls:
             raise UnknownRoute(rid.route)
         terms = _terms_of(rule, required=False)
         p = self.plan(rule)
-        lp, dp, key, _, _ = p.policies(rid.key, None)
+        res = None
+        if rule.external is not None:  # the key's budget as the limits service says it now (its cache, mostly)
+            res = await self.external.resolve(rule, rid.key, None, None, {})
+        lp, dp, key, _, _ = p.policies(rid.key, None if res is None else res.limits)
         try:
             validate_charge(lp, Charge(cost))
             validate_charge(dp, Charge(cost))

@@ -62,12 +62,6 @@ def _build_budget(r: FieldReader, got: Got, path: FieldPath) -> Terms:
                 f"the {side} policy is a sliding_log, which keeps one entry per unit and takes no charges: "
                 "a budget needs a token_bucket, gcra, fixed_window or sliding_window",
             )
-    if got.outer("external") not in (None, MISSING):
-        raise r.error(
-            path,
-            "a route with external limits takes no reservations: a settle charges the key's budget under the "
-            "limits it was reserved with, which only the limits service knows",
-        )
     ttl_us = round(got["reservation_ttl"] * 1_000_000)
     return Terms(
         ttl_us=ttl_us,

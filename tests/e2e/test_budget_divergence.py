@@ -274,3 +274,48 @@ def test_settles_say_what_became_of_each_side_refunds_and_charges_past_the_budge
     over = {"route": "chat", "side": "local"}
     assert fleet.metric("rate_limit_charges_over_budget_total", **over) == 1
     assert fleet.metric("rate_limit_charges_over_budget_total", route="spread", side="local") == 1
+
+
+def test_a_tenants_budget_from_the_limits_service_is_reserved_and_settled_on_any_replica(redis_url, tmp_path) -> None:
+    """Per-tenant budgets from the external limits service work as the rules file's: acme's 500
+    tokens (the service's answer) refuse a reserve the route's static 100,000 would admit, and a
+    settle on the other replica, under acme's limits as the service says them (its cache), refunds
+    what the answer did not use."""
+    from ext_service import Answer, AppServer, Script, scripted_app
+
+    script = Script()
+    script.answers["acme"] = Answer(body={"average": 500, "burst": 500, "period": "1h"})
+    with AppServer(scripted_app(script)) as service:
+        rules = write_rules(
+            tmp_path,
+            f"""\
+version: 1
+routes:
+  - name: llm
+    match: {{path: /v1/llm/**}}
+    key: {{strategy: header, header: X-Tenant}}
+    local: {{average: 100000, period: 1h, burst: 100000}}
+    external: {{url: '{service.url}/limits', cache_ttl: 60s}}
+    budget: {{reservation_ttl: 60s}}
+    cost_unit: tokens
+    mode: enforce
+""",
+        )
+        common: dict[str, Any] = dict(redis_url=redis_url, rules_path=rules, namespace=unique_namespace("ext-budget"))
+        a = ControlPlaneServer(instance_id="replica-a", **common)
+        b = ControlPlaneServer(instance_id="replica-b", **common)
+        with started(a, b), httpx.Client(timeout=10) as http:
+
+            def reserve(cp: ControlPlaneServer, estimate: int) -> dict[str, Any]:
+                r = http.post(f"{cp.url}/v1/decide", json={"route": "llm", "key": "acme", "estimate": estimate})
+                assert r.status_code in (200, 429), r.text
+                return r.json()  # type: ignore[no-any-return]
+
+            first = reserve(a, 400)
+            assert first["allowed"] and first["limits_source"] == "external" and first["reservation"], first
+            refused = reserve(a, 400)  # 100 left of acme's 500: the static policy would have admitted it
+            assert not refused["allowed"] and refused["reservation"] is None, refused
+            s = http.post(f"{b.url}/v1/settle", json={"reservation": first["reservation"], "cost": 150})
+            assert s.status_code == 200 and s.json()["status"] == "settled" and s.json()["remaining"] == 350, s.text
+            assert s.json()["limit"] == 500  # settled under acme's limits, not the route's static ones
+            assert reserve(b, 300)["allowed"]  # the refund of 250 made room, fleet-wide

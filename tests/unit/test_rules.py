@@ -1287,6 +1287,10 @@ def test_a_budget_block_sets_the_routes_reservation_terms(settings):
     weighed = parse(_BUDGET_ROUTE % ("", text), settings).get("chat")
     assert weighed.gate_weight == "cost" and weighed.to_dict()["gate_weight"] == "cost"
     assert weighed.rollout.analysis.gate_weight == "cost"
+    # a budget whose limits come from a limits service, per tenant
+    text = "        external: {url: 'http://127.0.0.1:9/limits'}\n        budget: {}\n        cost_unit: tokens"
+    tenants = parse(_BUDGET_ROUTE % ("", text), settings).get("chat")
+    assert tenants.external is not None and tenants.budget is not None
     assert weighed.rollout.analysis.to_dict()["gate_weight"] == "cost"
 
 
@@ -1305,11 +1309,6 @@ def test_a_budget_block_sets_the_routes_reservation_terms(settings):
             "",
             "distributed: {average: 1000, period: 1m, algorithm: sliding_log}\n        budget: {}",
             "the distributed policy is a sliding_log",
-        ),
-        (
-            "",
-            "external: {url: 'http://127.0.0.1:9/limits'}\n        budget: {}",
-            "with external limits takes no reservations",
         ),
         ("", "cost_unit: tokens", "routes[0].cost_unit: this route's limits count requests: give it a budget block"),
         ("", "budget: {}\n        cost_unit: Tokens", "routes[0].cost_unit: must be a lower-case word of at most 32"),
