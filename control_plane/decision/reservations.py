@@ -36,6 +36,7 @@ from limiter.keys import validate_key
 from limiter.policy import Charge, Policy, make_decision, validate_charge, validate_cost
 from limiter.reservations import Book, Reserved, Settled, Terms, sweep
 
+from ..model.candidate import blocked_view_name
 from ..model.reservation import ReservationId, Store, new_nonce
 from ..model.rollout import Divergence
 from ..store import DIVERGENCE_TTL_S
@@ -207,6 +208,11 @@ class ReservationCalls:
                 dist = booked.decision
                 div = divergence_of(local.decision.allowed, dist.allowed)
                 self.comparisons.pair(p.name, key, div, request_id, estimate, "estimate")
+                if p.cand is not None:
+                    await self._reserve_candidate(
+                        p.name, p.cand, (key, lkey, request_id), estimate=estimate, nonce=nonce, terms=terms,
+                        current=booked.reserved,
+                    )  # fmt: skip
             else:
                 self.comparisons.backend_error(p.name)
         counted: Reserved = local
@@ -236,6 +242,25 @@ class ReservationCalls:
             )  # fmt: skip
             result.reservation = rid.encode()
         return result
+
+    async def _reserve_candidate(
+        self, route: str, cand: Any, who: tuple[str, str, str], *, estimate: int, nonce: str, terms: Terms,
+        current: bool,
+    ) -> None:  # fmt: skip
+        """The route's candidate budget reserves the same estimate under the same id in its own
+        bucket (its settle, on any replica, settles it there too), compared with the current
+        global answer and counted as a candidate's decisions are."""
+        prefix, policy, cid, most = cand
+        key, lkey, request_id = who
+        mine: bool | None = False  # an estimate the candidate can never cover: refused outright
+        if terms.positive or estimate <= most:
+            got = (await self.resilient.reserve(prefix + lkey, policy, estimate, rid=nonce, terms=terms))[1]
+            mine = None if got is None else got.reserved
+        counts = [0, 0, 0, 0]  # agree, newly rejected, newly admitted, errors
+        counts[3 if mine is None else 0 if mine == current else 1 if current else 2] += 1
+        self.comparisons.candidate_batch(route, cid, *counts)
+        if counts[1]:
+            self.comparisons.blocked.record(blocked_view_name(route), key, request_id, units=estimate)
 
     # -- settle --------------------------------------------------------------------------
 
@@ -276,6 +301,9 @@ class ReservationCalls:
         if error is not None and path is Path.DISTRIBUTED:
             self._count("settle", p.name, "failed")
             raise BackendUnavailable(error)
+        if p.cand is not None:  # its candidate budget's reservation, if it made one (else: unknown there)
+            prefix, policy, _, _ = p.cand
+            await self.resilient.settle(prefix + lkey, policy, cost, rid=rid.nonce, terms=terms, now_us=now)
         sides = [("local", local), ("distributed", dist)]
         if path is Path.DISTRIBUTED:
             sides.reverse()

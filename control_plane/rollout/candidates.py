@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from limiter import Policy
 from limiter.errors import BackendError
+from limiter.policy import NO_LOG_CHARGE, takes_charges
 
 from ..decision.types import UnknownRoute
 from ..model.candidate import Candidate, candidate_field, candidate_gate
@@ -109,6 +110,8 @@ class Candidates:
             raise CandidateRefused("limit", f"equal to the route's current limit ({current.describe()})")
         if policy.blocked or policy.unlimited:
             raise CandidateRefused("limit", "a candidate must be a limit (not unlimited, not a ban)")
+        if rule.budget is not None and not takes_charges(policy):
+            raise CandidateRefused("algorithm", f"{route} is a budget: {NO_LOG_CHARGE.removeprefix('algorithm: ')}")
         candidate = Candidate(route, policy, reason, actor, since=self.clock())
         replaced = self.get(route)
         detail = f"candidate {policy.describe()}" + (f" (replaces {replaced.policy.describe()})" if replaced else "")

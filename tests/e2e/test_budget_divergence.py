@@ -319,3 +319,62 @@ routes:
             assert s.status_code == 200 and s.json()["status"] == "settled" and s.json()["remaining"] == 350, s.text
             assert s.json()["limit"] == 500  # settled under acme's limits, not the route's static ones
             assert reserve(b, 300)["allowed"]  # the refund of 250 made room, fleet-wide
+
+
+def _replay_candidate(n: int, current: Policy, candidate: Policy) -> Counter[str]:
+    """Reservations of ESTIMATE settled at ACTUAL (where the replica's budget admitted them, on
+    it), through the pure model: the global budget's answer against its candidate's, each with
+    its own book (a candidate that refused one has nothing to settle)."""
+    terms = Terms(ttl_us=60_000_000)
+    local = Policy(average=1000, period=3600.0, burst=1000)
+    books: dict[str, tuple[Any, Book]] = {s: (None, Book.empty()) for s in ("a", "b", "global", "candidate")}
+    out: Counter[str] = Counter()
+    now = 1_700_000_000_000_000
+    for i in range(n):
+        rid, side = f"r{i}", "a" if i % 2 == 0 else "b"
+        got = {}
+        for name, policy in ((side, local), ("global", current), ("candidate", candidate)):
+            state, book = books[name]
+            res, state, book = reserve(state, book, now, policy, estimate=ESTIMATE, rid=rid, terms=terms)
+            books[name], got[name] = (state, book), res.reserved
+        cur, mine = got["global"], got["candidate"]
+        out["agree" if cur == mine else "newly_rejected" if cur else "newly_admitted"] += 1
+        if got[side]:
+            for name, policy in ((side, local), ("global", current), ("candidate", candidate)):
+                state, book = books[name]
+                _, state, book = settle(state, book, now, policy, rid=rid, actual=ACTUAL, terms=terms)
+                books[name] = (state, book)
+    return out
+
+
+def test_a_candidate_budget_is_shadowed_with_reservations_and_settles_of_its_own(fleet) -> None:
+    """A tighter candidate budget on a budget route in shadow reserves each estimate in its own
+    bucket and settles the actual cost there (from either replica); its newly rejected requests
+    match a replay of both budgets through the pure model, and its would-be-blocked view says
+    what they would cost."""
+    a, b = fleet.replicas
+    body = {"limit": "600/1h", "burst": 600, "reason": "a tighter budget"}
+    r = fleet.http.put(f"{a.url}/v1/routes/chat/candidate", json=body, headers=admin_headers())
+    assert r.status_code == 200, r.text
+    wait_until(lambda: fleet.divergence("chat", b).get("candidate") is not None, 5, 0.05, "b to see the candidate")
+    n = 16
+    for _, cp in zip(range(n), itertools.cycle((a, b))):
+        r = fleet.http.post(f"{cp.url}/v1/decide", json={"route": "chat", "key": "cid", "estimate": ESTIMATE})
+        rid = r.json()["reservation"]
+        if rid is not None:
+            assert fleet.http.post(f"{cp.url}/v1/settle", json={"reservation": rid, "cost": ACTUAL}).status_code == 200
+    fleet.settle()
+    budget = Policy(average=1000, period=3600.0, burst=1000)
+    expected = _replay_candidate(n, budget, Policy(average=600, period=3600.0, burst=600))
+    assert expected["newly_rejected"] >= 3, expected
+    totals = fleet.divergence("chat")["candidate"]["totals"]
+    got = {k: totals[k] for k in ("agree", "newly_rejected", "newly_admitted", "errors")}
+    assert got == {**dict.fromkeys(("agree", "newly_rejected", "newly_admitted"), 0), **expected, "errors": 0}, got
+    blocked = fleet.divergence("chat")["candidate"]["would_be_blocked"]
+    assert [(w["key"], w["count"], w["units"]) for w in blocked] == [
+        ("cid", expected["newly_rejected"], ESTIMATE * expected["newly_rejected"])
+    ], blocked
+    # a sliding log cannot be a budget's candidate: refused naming the field
+    bad = {"limit": "600/1h", "algorithm": "sliding_log", "reason": "x"}
+    r = fleet.http.put(f"{a.url}/v1/routes/chat/candidate", json=bad, headers=admin_headers())
+    assert r.status_code == 422 and r.json()["field"] == "algorithm", r.text
