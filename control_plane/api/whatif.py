@@ -20,10 +20,11 @@ from fastapi import APIRouter, Request
 from pydantic import Field
 
 from limiter.policy import Policy
+from limiter.reservations import Terms
 
 from ..rules.model import ROUTE_NAME_MAX
 from ..whatif.recorder import TooManyEvents, decode
-from ..whatif.replay import ReplayResult, replay
+from ..whatif.replay import ReplayResult, replay, replay_budget
 from . import examples
 from .deps import ApiError
 from .openapi import errors, json_request, ok
@@ -137,11 +138,13 @@ def _policy(p: PolicyIn) -> Policy:
 )
 async def whatif(body: WhatIfBody, request: Request) -> dict[str, Any]:
     """Replay the route's recorded requests of the last ``minutes`` against ``policy``
-    and against the route's current global policy."""
+    and against the route's current global policy (a budget route's: its charges, and its
+    reservations reserved and settled as they were, ``units`` per key what the refused reserves
+    would have held)."""
     candidate = _policy(body.policy)
     async with _one_at_a_time():
         rule, current, by_key, share, with_data = await _recording(request, body.route, body.minutes)
-        cand, cur = await _off_loop(_both, by_key, candidate, current, share)
+        cand, cur = await _off_loop(_both, by_key, candidate, current, share, rule.budget)
     return {
         "route": rule.name,
         "minutes": body.minutes,
@@ -152,7 +155,13 @@ async def whatif(body: WhatIfBody, request: Request) -> dict[str, Any]:
     }
 
 
-def _both(by_key: dict[str, Any], a: Policy, b: Policy, share: float) -> tuple[ReplayResult, ReplayResult]:
+def _both(
+    by_key: dict[str, Any], a: Policy, b: Policy, share: float, terms: Terms | None
+) -> tuple[ReplayResult, ReplayResult]:
+    if terms is not None:  # a budget route
+        return replay_budget(by_key, a, terms, recorded_share=share), replay_budget(
+            by_key, b, terms, recorded_share=share
+        )
     return replay(by_key, a, recorded_share=share), replay(by_key, b, recorded_share=share)
 
 

@@ -3,7 +3,7 @@ shapes only, as :mod:`.responses` declares the others'."""
 
 from __future__ import annotations
 
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 from .responses import PolicyView, _Open
 
@@ -14,6 +14,7 @@ class KeyFigures(BaseModel):
     key: str
     requests: float
     rejections: float
+    units: float = Field(0.0, description="Budget routes: what the refused reserves' estimates would have held.")
 
 
 class MinuteFigures(BaseModel):

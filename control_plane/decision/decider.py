@@ -107,6 +107,7 @@ class Decider(ReservationCalls):
         self._offer_shadow = shadow.queue.offer
         self._note = activity.note  # bound once: no attribute lookups per request
         self._record = recorder.offer if recorder is not None and recorder.enabled else None
+        self.recorder = recorder if recorder is not None and recorder.enabled else None
         self._plans: dict[str, RoutePlan] = {}
         self._latency: dict[str, Any] = {}  # mode -> its child of the latency histogram
         self._gathering: list[Gathering | None] = [None, None]  # the one forming, per headers flag

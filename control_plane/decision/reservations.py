@@ -40,6 +40,7 @@ from ..model.candidate import blocked_view_name
 from ..model.reservation import ReservationId, Store, new_nonce
 from ..model.rollout import Divergence
 from ..store import DIVERGENCE_TTL_S
+from ..whatif.replay import Booked
 from .enforce import Path, divergence_of, failure_verdict
 from .types import DecideError, DecideResult, ExpiredReservation, InputLike, UnknownReservation, UnknownRoute
 
@@ -48,6 +49,7 @@ if TYPE_CHECKING:
     from ..observe.activity import Activity
     from ..observe.metrics import Metrics
     from ..rules import RouteRule, Rules
+    from ..whatif.recorder import Recorder
     from .compare import Comparisons
     from .plan import RoutePlan
 
@@ -55,6 +57,7 @@ __all__ = ["BackendUnavailable", "ReservationCalls", "SettleResult"]
 
 _NONCE = re.compile(r"[A-Za-z0-9_-]{16,64}")
 _KEY_MAX = 65_536  # the longest key a route may allow (rules: key.max_length)
+_TAG = 12  # a reservation's what-if tag: the first characters of its nonce (72 bits)
 
 
 class BackendUnavailable(RuntimeError):
@@ -142,6 +145,7 @@ class ReservationCalls:
     resilient: Any
     activity: Activity
     external: ExternalManager
+    recorder: Recorder | None
     comparisons: Comparisons
     metrics: Metrics
     _rules: Any
@@ -226,8 +230,10 @@ class ReservationCalls:
                 counted = Reserved(decision=outcome.decision, reserved=outcome.allowed)
                 status, by = failure_verdict(outcome)[0], "failure_policy"
         self._count("reservation", p.name, "reserved" if counted.reserved else "full" if counted.full else "refused")
-        # counted as a request of the route (its rate, its busiest keys and their last answer)
+        # counted as a request of the route (its rate, its busiest keys and their last answer), recorded for what-if
         self.activity.note(p.name, key, now_s)[key] = (now_s, counted.decision.allowed, by)
+        if self.recorder is not None:
+            self.recorder.offer(p.name, key, Booked("r", estimate, nonce[:_TAG]), now, p.mode_value, counted.reserved)
         result = p.answer(
             enforced=counted.decision, enforced_by=by, status=status, key=key, request_id=request_id, path=path,
             local=local.decision, policy=policy, now_s=now_s, headers=headers, dist=dist, div=div,
@@ -301,9 +307,7 @@ class ReservationCalls:
         if error is not None and path is Path.DISTRIBUTED:
             self._count("settle", p.name, "failed")
             raise BackendUnavailable(error)
-        if p.cand is not None:  # its candidate budget's reservation, if it made one (else: unknown there)
-            prefix, policy, _, _ = p.cand
-            await self.resilient.settle(prefix + lkey, policy, cost, rid=rid.nonce, terms=terms, now_us=now)
+        await self._settle_beside(p, rid, cost, terms=terms, now=now, lkey=lkey)
         sides = [("local", local), ("distributed", dist)]
         if path is Path.DISTRIBUTED:
             sides.reverse()
@@ -315,17 +319,7 @@ class ReservationCalls:
         if s.decision is None:  # expired first: what became of its estimate
             self._count("settle", p.name, "expired")
             raise ExpiredReservation(s.status, s.estimate)
-        self._count("settle", p.name, s.status)
-        m = self.metrics
-        mine = "elsewhere" if local.status == "unknown" else "expired" if local.decision is None else local.status
-        m.child(m.settle_local, p.name, mine).inc()
-        if s.status == "settled":  # the first settle: how far off the estimate was, a refund, a charge past it
-            if s.estimate > 0:
-                m.child(m.cost_ratio, p.name).observe(cost / s.estimate)
-            if cost < s.estimate:
-                m.child(m.refunded, p.name).inc(s.estimate - cost)
-            elif s.decision is not None and not s.decision.allowed:
-                self.comparisons.over_budget(p.name, by)
+        self._settle_counts(p.name, local, (by, s), cost)
         self._settle_compared(p.name, rid, local, dist, cost, now)
         return SettleResult(
             reservation=reservation, route=p.name, key=key, mode=p.mode_value, status=s.status, estimate=s.estimate,
@@ -344,6 +338,34 @@ class ReservationCalls:
         first = dist if rid.store == "booked" else local
         if first is not None and first.status == "settled":
             self.comparisons.settled(route, Divergence(rid.compared), first.estimate, cost, rid.minute)
+
+    async def _settle_beside(
+        self, p: RoutePlan, rid: ReservationId, cost: int, *, terms: Terms, now: int, lkey: str
+    ) -> None:
+        """What a settle does beside the limiters: recorded for what-if (its key's recording
+        keeps it), and its candidate budget's reservation settled, if it made one (else it is
+        unknown there)."""
+        if self.recorder is not None:
+            self.recorder.offer_settle(p.name, lkey.removeprefix(p.prefix), Booked("s", cost, rid.nonce[:_TAG]), now)
+        if p.cand is not None:
+            prefix, policy, _, _ = p.cand
+            await self.resilient.settle(prefix + lkey, policy, cost, rid=rid.nonce, terms=terms, now_us=now)
+
+    def _settle_counts(self, route: str, local: Settled, counted: tuple[str, Settled], cost: int) -> None:
+        """A settle's metrics: each side's, and at the first settle how far off the estimate
+        was, its refund or its charge past the budget (on the side that ``counted``)."""
+        by, s = counted
+        m = self.metrics
+        mine = "elsewhere" if local.status == "unknown" else "expired" if local.decision is None else local.status
+        m.child(m.settle_local, route, mine).inc()
+        if s.status != "settled":
+            return
+        if s.estimate > 0:
+            m.child(m.cost_ratio, route).observe(cost / s.estimate)
+        if cost < s.estimate:
+            m.child(m.refunded, route).inc(s.estimate - cost)
+        elif s.decision is not None and not s.decision.allowed:
+            self.comparisons.over_budget(route, by)
 
     def _decode(self, reservation: str) -> ReservationId:
         try:

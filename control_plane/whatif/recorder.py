@@ -19,6 +19,11 @@ missing from the replay, which then undercounts); what does not fit is dropped a
 key sets nest, so a key recorded at one rate stays recorded at a higher one) and tighten
 within a minute as soon as the fleet's count for the minute projects past the budget.
 While Redis is unreachable (``ready()`` false) nothing is encoded: the queue is dropped.
+
+A budget route's charges are written ``c<cost>``, its reserves ``r<estimate>.<tag>`` and settles
+``s<actual>.<tag>`` (:class:`~.replay.Booked`), in entries of format ``2`` (a replica that reads
+only format ``1`` skips them, never misreads them); a settle is recorded with its key, but is no
+request: it counts in no minute's requests.
 """
 
 from __future__ import annotations
@@ -33,15 +38,19 @@ from collections.abc import Callable
 from itertools import accumulate, repeat
 from typing import Any
 
-from .replay import Event, _ts
+from limiter.policy import Charge
 
-__all__ = ["FORMAT", "Recorder", "TooManyEvents", "decode", "key_point"]
+from .replay import Booked, Event, _ts
+
+__all__ = ["FORMAT", "FORMATS", "Recorder", "TooManyEvents", "decode", "key_point"]
 
 log = logging.getLogger("shadowlimit.whatif")
 
 _MAX_POINTS = 200_000
-#: the stream entries' format (field ``v``); entries of another format are skipped
+#: the stream entries' format (field ``v``): ``2`` when one holds a budget's charges, reserves or
+#: settles; entries of another format are skipped
 FORMAT = "1"
+FORMATS = ("1", "2")
 _MODE_LETTER = {"off": "o", "shadow": "s", "canary": "c", "enforce": "e"}
 
 
@@ -51,9 +60,24 @@ def _encode(keys: dict[tuple[str, float], list[Any]]) -> str:
     in microseconds, then each one's difference to the one before; modes one letter each:
     o s c e; allowed 1 or 0 each), in decision order."""
     return "\n".join(
-        f"{key}\t{w:.6g}\t{_deltas(ts)}\t{','.join(map(str, costs))}\t{''.join(modes)}\t{''.join(ok)}"
+        f"{key}\t{w:.6g}\t{_deltas(ts)}\t{','.join(map(_cost_text, costs))}\t{''.join(modes)}\t{''.join(ok)}"
         for (key, _), (w, ts, costs, modes, ok) in keys.items()
     )
+
+
+def _cost_text(cost: Any) -> str:
+    return str(cost) if cost.__class__ is int else f"c{int(cost)}" if cost.__class__ is Charge else str(cost)
+
+
+def _cost_of(text: str) -> Any:
+    """A recorded cost back: an int, a Charge (``c``) or a reserve or settle (``r``, ``s``)."""
+    head = text[:1]
+    if head == "c":
+        return Charge(int(text[1:]))
+    if head in ("r", "s"):
+        amount, _, tag = text[1:].partition(".")
+        return Booked(kind=head, amount=int(amount), tag=tag)
+    return int(text)
 
 
 def _deltas(ts: list[int]) -> str:
@@ -69,7 +93,7 @@ def _decode(text: str, by_key: dict[str, list[Event]]) -> int:
         evs = by_key.get(key)
         if evs is None:
             evs = by_key[key] = []
-        evs.extend(zip(t, map(int, costs.split(",")), repeat(float(weight))))
+        evs.extend(zip(t, map(_cost_of, costs.split(",")), repeat(float(weight))))
         n += len(t)
     return n
 
@@ -134,14 +158,22 @@ class Recorder:
 
     # -- the request path ------------------------------------------------------------------
 
-    def offer(self, route: str, key: str, cost: int, ts_us: int, mode: str, allowed: bool) -> None:
-        """Note one decided request (sampled, bounded; never waits)."""
+    def offer(self, route: str, key: str, cost: Any, ts_us: int, mode: str, allowed: bool) -> None:
+        """Note one decided request (sampled, bounded; never waits): ``cost`` an int, a Charge,
+        or a reservation's reserve (:class:`~.replay.Booked` ``r``)."""
+        self._offer(route, key, cost, ts_us, (mode, allowed), 1)
+
+    def offer_settle(self, route: str, key: str, settle: Booked, ts_us: int) -> None:
+        """Note a settle (recorded with its key's requests; itself no request)."""
+        self._offer(route, key, settle, ts_us, ("settle", True), 0)
+
+    def _offer(self, route: str, key: str, cost: Any, ts_us: int, verdict: tuple[str, bool], seen: int) -> None:
         if not self.enabled:
             return
         m = self._current.get(route)
         if m is None or not m.start_us <= ts_us < m.end_us:
             m = self._minute(route, ts_us)
-        m.seen += 1
+        m.seen += seen
         rate = self._rates.get(route)
         if rate is not None:
             pk = (route, key)
@@ -157,7 +189,7 @@ class Recorder:
             return
         m.kept += 1
         # grouped as flush writes it: the stream (route, minute), the line (key, sampling weight), the event
-        self.queue.append((m.slot, (key, 1.0 if rate is None else 1.0 / rate), ts_us, cost, (mode, allowed)))
+        self.queue.append((m.slot, (key, 1.0 if rate is None else 1.0 / rate), ts_us, cost, verdict))
 
     def _minute(self, route: str, ts_us: int) -> _Minute:
         """The route's minute that holds ``ts_us``, made current."""
@@ -205,7 +237,8 @@ class Recorder:
         pipe = self.client.pipeline(transaction=False)
         for (route, minute), keys in groups.items():
             name = self.key(route, minute)
-            pipe.xadd(name, {"v": FORMAT, "e": _encode(keys)})
+            plain = all(c.__class__ is int for k in keys.values() for c in k[2])
+            pipe.xadd(name, {"v": FORMAT if plain else FORMATS[1], "e": _encode(keys)})
             pipe.expire(name, self.ttl_s)
         for (route, minute), n in seen.items():
             name = f"{self._nprefix}{route}:{minute}"
@@ -293,7 +326,8 @@ def decode(per_minute: list[Any], decided: int, max_events: int | None = None) -
         if entries:
             with_data += 1
         for _, fields in entries:
-            if (fields.get(b"v") or fields.get("v")) not in (FORMAT, FORMAT.encode()):
+            v = fields.get(b"v") or fields.get("v")
+            if (v.decode() if isinstance(v, bytes) else v) not in FORMATS:
                 continue  # not this format: skipped, never misread
             blob = fields.get(b"e") or fields.get("e") or b""
             recorded += _decode(blob.decode() if isinstance(blob, bytes) else blob, by_key)

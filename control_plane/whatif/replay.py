@@ -7,6 +7,12 @@ A request whose cost is above what the policy can ever allow counts as rejected,
 limiter refuses it. Every event carries the weight of its sampling (``1 / rate``): counts
 are scaled by it, so a replay of a sampled recording estimates the whole route's traffic,
 and says how much of it was recorded.
+
+A budget route's recording also holds its charges (:class:`~limiter.policy.Charge` costs) and
+its reservations and settles (:class:`Booked`, matched by a tag of the reservation's id):
+:func:`replay_budget` runs them through :mod:`limiter.reservations` and :mod:`limiter.charges`,
+each reserve of its estimate and each settle of its actual cost at the times they were made, and
+counts the refused reserves and what their estimates would have held (``units``).
 """
 
 from __future__ import annotations
@@ -16,13 +22,32 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from limiter import reservations
 from limiter.algorithms import ALGORITHMS
-from limiter.policy import Policy
+from limiter.charges import charge
+from limiter.policy import Charge, Policy
+from limiter.reservations import Book, Terms
 
-__all__ = ["Event", "KeyFigures", "ReplayResult", "group_events", "replay"]
+__all__ = ["Booked", "Event", "KeyFigures", "ReplayResult", "group_events", "replay", "replay_budget"]
 
-#: one recorded request: (timestamp in us, cost, weight = 1 / sampling rate)
-Event = tuple[int, int, float]
+
+@dataclass(frozen=True, slots=True)
+class Booked:
+    """A recorded reserve (``kind`` ``r``: its estimate) or settle (``s``: its actual cost) of a
+    reservation, ``tag`` naming it (the first characters of its id's nonce). Recorded as
+    ``r<amount>.<tag>`` and ``s<amount>.<tag>``."""
+
+    kind: str
+    amount: int
+    tag: str
+
+    def __str__(self) -> str:
+        return f"{self.kind}{self.amount}.{self.tag}"
+
+
+#: one recorded request: (timestamp in us, cost, weight = 1 / sampling rate); the cost is a
+#: request's (an int), a charge's (:class:`Charge`) or a reservation's reserve or settle (:class:`Booked`)
+Event = tuple[int, Any, float]
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,6 +55,7 @@ class KeyFigures:
     key: str
     requests: float  # scaled
     rejections: float  # scaled
+    units: float = 0.0  # a budget replay's: what the refused reserves' estimates would have held (scaled)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -60,7 +86,12 @@ class ReplayResult:
             "rejections": round(self.rejections, 1),
             "reject_share": self.reject_share,
             "top_keys": [
-                {"key": k.key, "requests": round(k.requests, 1), "rejections": round(k.rejections, 1)}
+                {
+                    "key": k.key,
+                    "requests": round(k.requests, 1),
+                    "rejections": round(k.rejections, 1),
+                    "units": round(k.units, 1),
+                }
                 for k in self.top_keys
             ],
             "per_minute": [
@@ -101,6 +132,7 @@ def replay(
     total_req = total_rej = 0.0
     for key, evs in by_key.items():
         events += len(evs)
+        evs = [e if e[1].__class__ is int else _as_request(e) for e in evs if not _is_settle(e[1])]
         req = sum([e[2] for e in evs])
         total_req += req
         for (m, w), n in Counter([(e[0] // 60_000_000, e[2]) for e in evs]).items():  # per minute and weight
@@ -110,6 +142,9 @@ def replay(
         state: Any = None
         rej = 0.0
         for ts, cost, weight in evs:
+            if cost.__class__ is Charge:  # a charge lands whatever is left: never a rejection
+                _, state = charge(state, ts, policy, cost)
+                continue
             if cost <= limit:
                 decision, state = fn(state, ts, policy, cost)
                 if decision.allowed:
@@ -132,3 +167,68 @@ def replay(
         recorded_share=recorded_share,
         keys=len(by_key),
     )
+
+
+def _is_settle(cost: Any) -> bool:
+    return cost.__class__ is Booked and cost.kind == "s"
+
+
+def _as_request(e: Event) -> Event:
+    """A reserve replayed as what a plain replay understands: a request of its estimate."""
+    cost = e[1]
+    return (e[0], cost.amount, e[2]) if cost.__class__ is Booked else e
+
+
+def replay_budget(
+    by_key: Mapping[str, Sequence[Event]], policy: Policy, terms: Terms, *, top: int = 10, recorded_share: float = 1.0
+) -> ReplayResult:
+    """Replay a budget route's recording under ``policy`` and its reservations' ``terms`` (see
+    the module docstring): requests as decisions, charges landing whatever is left, each
+    reserve of its estimate and each settle of its actual cost; the requests are the decisions,
+    charges and reserves, the rejections the refused ones, ``units`` what they would have cost
+    (a reserve's estimate)."""
+    fn = ALGORITHMS[policy.algorithm]
+    figures: list[KeyFigures] = []
+    requests_at: dict[int, float] = {}
+    rejected_at: dict[int, float] = {}
+    events = 0
+    total_req = total_rej = 0.0
+    for key, evs in by_key.items():
+        events += len(evs)
+        state: Any = None
+        book = Book.empty()
+        req = rej = units = 0.0
+        for ts, cost, weight in evs:
+            m = ts // 60_000_000
+            if cost.__class__ is Booked and cost.kind == "s":
+                _, state, book = reservations.settle(state, book, ts, policy, rid=cost.tag, actual=cost.amount,
+                                                     terms=terms)  # fmt: skip
+                continue
+            req += weight
+            requests_at[m] = requests_at.get(m, 0.0) + weight
+            if cost.__class__ is Charge:  # a request whose cost lands whatever is left: never refused
+                _, state = charge(state, ts, policy, cost)
+                continue
+            if cost.__class__ is Booked:
+                out, state, book = reservations.reserve(state, book, ts, policy, estimate=cost.amount, rid=cost.tag,
+                                                        terms=terms)  # fmt: skip
+                allowed = out.reserved
+            elif cost <= policy.limit:
+                d, state = fn(state, ts, policy, cost)
+                allowed = d.allowed
+            else:
+                allowed = False
+            if not allowed:
+                rej += weight
+                units += weight * (cost.amount if cost.__class__ is Booked else cost)
+                rejected_at[m] = rejected_at.get(m, 0.0) + weight
+        total_req += req
+        total_rej += rej
+        if rej:
+            figures.append(KeyFigures(key, req, rej, units))
+    figures.sort(key=lambda f: (-f.units, -f.rejections, f.key))
+    minutes = [(m * 60, r, rejected_at.get(m, 0.0)) for m, r in sorted(requests_at.items())]
+    return ReplayResult(
+        policy=policy, events=events, requests=total_req, rejections=total_rej, top_keys=figures[:top],
+        per_minute=minutes, recorded_share=recorded_share, keys=len(by_key),
+    )  # fmt: skip

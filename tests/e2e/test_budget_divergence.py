@@ -374,6 +374,17 @@ def test_a_candidate_budget_is_shadowed_with_reservations_and_settles_of_its_own
     assert [(w["key"], w["count"], w["units"]) for w in blocked] == [
         ("cid", expected["newly_rejected"], ESTIMATE * expected["newly_rejected"])
     ], blocked
+    # the what-if replay of the same candidate over the recording (reserves and settles as they
+    # were made) refuses the same tenant, for the same tokens within 10%
+    body = {"route": "chat", "policy": {"average": 600, "period": 3600, "burst": 600}, "minutes": 5}
+    w = fleet.http.post(f"{a.url}/v1/whatif", json=body)
+    assert w.status_code == 200, w.text
+    replayed, current = w.json()["candidate"], w.json()["current"]
+    assert [k["key"] for k in replayed["top_keys"]] == ["cid"] and replayed["requests"] == n, replayed
+    # newly refused: what the candidate refuses beyond what the current budget refuses too
+    newly = replayed["top_keys"][0]["units"] - sum(k["units"] for k in current["top_keys"] if k["key"] == "cid")
+    live_units = ESTIMATE * expected["newly_rejected"]
+    assert abs(newly - live_units) <= 0.1 * live_units, (replayed, current, live_units)
     # a sliding log cannot be a budget's candidate: refused naming the field
     bad = {"limit": "600/1h", "algorithm": "sliding_log", "reason": "x"}
     r = fleet.http.put(f"{a.url}/v1/routes/chat/candidate", json=bad, headers=admin_headers())
