@@ -37,11 +37,13 @@ from limiter.policy import Charge, Policy, make_decision, validate_charge, valid
 from limiter.reservations import Book, Reserved, Settled, Terms, sweep
 
 from ..model.candidate import blocked_view_name
+from ..model.causes import FORWARD, needs_reference
 from ..model.reservation import ReservationId, Store, new_nonce
 from ..model.rollout import Divergence
 from ..store import DIVERGENCE_TTL_S
 from ..whatif.replay import Booked
 from .enforce import Path, divergence_of, failure_verdict
+from .shadow import ShadowItem, ShadowPipeline
 from .types import DecideError, DecideResult, ExpiredReservation, InputLike, UnknownReservation, UnknownRoute
 
 if TYPE_CHECKING:
@@ -145,6 +147,7 @@ class ReservationCalls:
     resilient: Any
     activity: Activity
     external: ExternalManager
+    shadow: ShadowPipeline
     recorder: Recorder | None
     comparisons: Comparisons
     metrics: Metrics
@@ -212,6 +215,7 @@ class ReservationCalls:
                 dist = booked.decision
                 div = divergence_of(local.decision.allowed, dist.allowed)
                 self.comparisons.pair(p.name, key, div, request_id, estimate, "estimate")
+                self._explain(p, key, (lkey, dp, estimate, now), (lp, local.decision.allowed, dist.allowed))
                 if p.cand is not None:
                     await self._reserve_candidate(
                         p.name, p.cand, (key, lkey, request_id), estimate=estimate, nonce=nonce, terms=terms,
@@ -248,6 +252,28 @@ class ReservationCalls:
             )  # fmt: skip
             result.reservation = rid.encode()
         return result
+
+    def _explain(
+        self, p: RoutePlan, key: str, request: tuple[str, Policy, int, int], answers: tuple[Policy, bool, bool]
+    ) -> None:
+        """A reservation's divergence explained at once, as the shadow pipeline explains a
+        decision's (control_plane/model/causes.py), where no reference is needed (a global
+        budget no stricter than the local one: a new rejection is then the fleet multiplying
+        the local budget, a replica's fresh bucket or its clock); under a stricter one the
+        reference is not evaluated for reservations and the divergence stays unexplained."""
+        explainer = self.shadow.explainer
+        lp, local_allowed, global_allowed = answers
+        if not p.explain or explainer is None or local_allowed == global_allowed:
+            return
+        if local_allowed and needs_reference(request[1], lp):
+            return
+        route = p.name
+        item = ShadowItem(request=request, route=route, key=key, local_allowed=local_allowed, request_id="", ref=lp)
+        cause = explainer.cause(item, global_allowed, None)
+        if cause is not None:
+            self.comparisons.causes_batch(route, {cause: 1})
+            if cause in FORWARD:
+                self.comparisons.blocked.record_cause(route, key, cause)
 
     async def _reserve_candidate(
         self, route: str, cand: Any, who: tuple[str, str, str], *, estimate: int, nonce: str, terms: Terms,

@@ -190,8 +190,11 @@ def test_a_budget_in_shadow_reports_its_divergence_in_requests_and_tokens_as_a_r
     ladd = {"route": "chat", "direction": "local_allow_distributed_deny"}
     assert fleet.metric("rate_limit_divergence_units_total", measure="estimate", **ladd) == ESTIMATE * count
     assert fleet.metric("rate_limit_divergence_units_total", measure="actual", **ladd) == ACTUAL * count
-    # who would be blocked: the tenant, with what its refusals would have cost (their estimates)
-    assert [(w["key"], w["count"], w["units"]) for w in d["would_be_blocked"]] == [("acme", count, ESTIMATE * count)]
+    # who would be blocked: the tenant, with what its refusals would have cost (their estimates), and
+    # why: the budget is the same on every replica and fleet-wide, so the fleet multiplied it
+    blocked = [(w["key"], w["count"], w["units"], w["cause"]) for w in d["would_be_blocked"]]
+    assert blocked == [("acme", count, ESTIMATE * count, "replicas")], blocked
+    assert d["causes"]["new_rejections"]["by_cause"]["replicas"] == count, d["causes"]
     # the same from the other replica
     assert fleet.divergence("chat", b)["totals"] == t
     # each reserve counts as a request of the route on its replica: acme is among its busiest keys
