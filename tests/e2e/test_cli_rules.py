@@ -43,7 +43,7 @@ def run(capsys, *argv: str) -> tuple[int, str, str]:
 def test_rules_check_valid_file_exits_0(capsys):
     code, out, err = run(capsys, "rules", "check", str(EXAMPLE))
     assert code == 0, err
-    assert out == f"{EXAMPLE}: ok, 5 routes (search, checkout, login, internal, tenants)\n"
+    assert out == f"{EXAMPLE}: ok, 6 routes (search, checkout, login, internal, tenants, chat)\n"
     assert err == ""
 
 

@@ -529,7 +529,8 @@ def test_divergence_view(make_cp):
         assert sum(m["compared"] for m in exp["series"]) == 6
         assert [m["minute"] for m in exp["series"]] == sorted(m["minute"] for m in exp["series"])
         # one replica, a global limit stricter than the local one: the new limit is tighter
-        assert exp["would_be_blocked"] == [{"key": "mallory", "count": 3, "last_request_id": "m-5", "cause": "tighter"}]
+        mallory = {"key": "mallory", "count": 3, "last_request_id": "m-5", "cause": "tighter", "units": None}
+        assert exp["would_be_blocked"] == [mallory]  # (units: a budget route's)
         why = exp["causes"]["new_rejections"]
         assert (why["total"], why["by_cause"]["tighter"], why["unexplained"]) == (3, 3, 0)
         assert why["shares"]["tighter"] == 1.0 and why["summary"] == "100% the new limit is tighter"

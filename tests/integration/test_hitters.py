@@ -124,8 +124,8 @@ def test_local_view_per_route_and_window():
     wb.record("/a", "bob", "b0", now=T)
     wb.record("/b", "carol", "c0", now=T)
     assert wb.top("/a", now=T) == [
-        {"key": "alice", "count": 5, "error": 0, "last_request_id": "a4", "cause": None},
-        {"key": "bob", "count": 1, "error": 0, "last_request_id": "b0", "cause": None},
+        {"key": "alice", "count": 5, "error": 0, "last_request_id": "a4", "cause": None, "units": None},
+        {"key": "bob", "count": 1, "error": 0, "last_request_id": "b0", "cause": None, "units": None},
     ]
     assert [e["key"] for e in wb.top("/b", now=T)] == ["carol"]
     assert wb.top("/none", now=T) == []
@@ -173,22 +173,22 @@ async def test_fleet_top_merges_two_replicas(client):
 
     fleet = await r1.fleet_top(client, "/api", n=10, now=T)
     assert fleet == [
-        {"key": "alice", "count": 50, "last_request_id": "r2-a19", "cause": None},
-        {"key": "bob", "count": 25, "last_request_id": "r2-b24", "cause": None},
-        {"key": "carol", "count": 1, "last_request_id": "r1-c0", "cause": None},
+        {"key": "alice", "count": 50, "last_request_id": "r2-a19", "cause": None, "units": None},
+        {"key": "bob", "count": 25, "last_request_id": "r2-b24", "cause": None, "units": None},
+        {"key": "carol", "count": 1, "last_request_id": "r1-c0", "cause": None, "units": None},
     ]
     # both replicas see the same fleet view; local views stay local
     assert await r2.fleet_top(client, "/api", n=2, now=T) == fleet[:2]
     assert [e["key"] for e in r1.top("/api", now=T)] == ["alice", "carol"]
     assert await r1.fleet_top(client, "/other", now=T) == [
-        {"key": "zed", "count": 1, "last_request_id": "z0", "cause": None}
+        {"key": "zed", "count": 1, "last_request_id": "z0", "cause": None, "units": None}
     ]
 
     # more records after a flush are added, not re-added
     r1.record("/api", "bob", "r1-b0", now=T)
     await r1.flush(client)
     fleet = await r2.fleet_top(client, "/api", n=10, now=T)
-    assert fleet[1] == {"key": "bob", "count": 26, "last_request_id": "r1-b0", "cause": None}
+    assert fleet[1] == {"key": "bob", "count": 26, "last_request_id": "r1-b0", "cause": None, "units": None}
 
     # another window is empty; keys expire after two windows
     assert await r1.fleet_top(client, "/api", now=T + W) == []
@@ -248,7 +248,7 @@ async def test_failed_flush_keeps_deltas():
         wb.record("/a", "alice", "x1", now=T)
         await wb.flush(client)
         wb.record("/a", "alice", "x2", now=T)
-        wb.record("/a", "bob", "y1", now=T)
+        wb.record("/a", "bob", "y1", now=T, units=700)  # a budget's: kept through the failed flushes too
         server.kill()
         with pytest.raises(StoreUnavailable):
             await wb.flush(client)
@@ -261,8 +261,8 @@ async def test_failed_flush_keeps_deltas():
         server.start()  # no persistence: the fleet view restarts empty
         await wb.flush(client)
         assert await wb.fleet_top(client, "/a", now=T) == [
-            {"key": "alice", "count": 2, "last_request_id": "x3", "cause": "tighter"},
-            {"key": "bob", "count": 1, "last_request_id": "y1", "cause": None},
+            {"key": "alice", "count": 2, "last_request_id": "x3", "cause": "tighter", "units": None},
+            {"key": "bob", "count": 1, "last_request_id": "y1", "cause": None, "units": 700},
         ]
     finally:
         await client.aclose()

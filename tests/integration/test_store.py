@@ -25,7 +25,7 @@ from control_plane.store import (
     StoreUnavailable,
     VersionConflict,
 )
-from control_plane.store.divergence import CAUSE_FIELDS
+from control_plane.store.divergence import CAUSE_FIELDS, UNIT_FIELDS
 from limiter.embedded import EmbeddedRedis
 from limiter.redis_limiter import make_redis_py_client
 
@@ -409,6 +409,7 @@ async def test_two_replicas_sum_without_double_counting(client, client2):
                 "distributed_attempts",
                 "shadow_dropped",
                 *CAUSE_FIELDS,
+                *UNIT_FIELDS,
             ],
             0,
         ),

@@ -56,7 +56,7 @@ def route(path: str, methods=None, name: str = "r", **kw) -> RouteRule:
 
 def test_example_file_loads(settings):
     rules = load_rules(EXAMPLE, settings)
-    assert rules.names() == ["search", "checkout", "login", "internal", "tenants", "default"]
+    assert rules.names() == ["search", "checkout", "login", "internal", "tenants", "chat", "default"]
     assert rules.source == str(EXAMPLE)
     assert len(rules.digest) == 64
 
