@@ -19,7 +19,7 @@ from typing import Annotated, Any, Literal
 from fastapi import APIRouter, Request
 from pydantic import Field
 
-from limiter.policy import Policy
+from limiter.policy import NO_LOG_CHARGE, Policy, takes_charges
 from limiter.reservations import Terms
 
 from ..rules.model import ROUTE_NAME_MAX
@@ -144,6 +144,8 @@ async def whatif(body: WhatIfBody, request: Request) -> dict[str, Any]:
     candidate = _policy(body.policy)
     async with _one_at_a_time():
         rule, current, by_key, share, with_data = await _recording(request, body.route, body.minutes)
+        if rule.budget is not None and not takes_charges(candidate):
+            raise ApiError(422, "invalid_request", f"policy.{NO_LOG_CHARGE}", field="policy.algorithm")
         cand, cur = await _off_loop(_both, by_key, candidate, current, share, rule.budget)
     return {
         "route": rule.name,

@@ -25,7 +25,7 @@ from typing import Any
 from limiter import reservations
 from limiter.algorithms import ALGORITHMS
 from limiter.charges import charge
-from limiter.policy import Charge, Policy
+from limiter.policy import Charge, Policy, takes_charges
 from limiter.reservations import Book, Terms
 
 __all__ = ["Booked", "Event", "KeyFigures", "ReplayResult", "group_events", "replay", "replay_budget"]
@@ -125,6 +125,7 @@ def replay(
     fn = ALGORITHMS[policy.algorithm]
     limit = policy.limit
     unlimited = policy.unlimited
+    takes = takes_charges(policy)
     rejected_at: dict[int, float] = {}  # minute -> rejections
     requests_at: dict[int, float] = {}  # minute -> requests
     figures: list[KeyFigures] = []
@@ -143,8 +144,10 @@ def replay(
         rej = 0.0
         for ts, cost, weight in evs:
             if cost.__class__ is Charge:  # a charge lands whatever is left: never a rejection
-                _, state = charge(state, ts, policy, cost)
-                continue
+                if takes:
+                    _, state = charge(state, ts, policy, cost)
+                    continue
+                cost = int(cost)  # a policy that takes no charge (the sliding log): a request of that cost
             if cost <= limit:
                 decision, state = fn(state, ts, policy, cost)
                 if decision.allowed:

@@ -388,6 +388,9 @@ def test_a_candidate_budget_is_shadowed_with_reservations_and_settles_of_its_own
     newly = replayed["top_keys"][0]["units"] - sum(k["units"] for k in current["top_keys"] if k["key"] == "cid")
     live_units = ESTIMATE * expected["newly_rejected"]
     assert abs(newly - live_units) <= 0.1 * live_units, (replayed, current, live_units)
+    logged = {**body, "policy": {"average": 600, "period": 3600, "algorithm": "sliding_log"}}
+    r = fleet.http.post(f"{a.url}/v1/whatif", json=logged)  # a budget's charges cannot be replayed on a log
+    assert r.status_code == 422 and r.json()["field"] == "policy.algorithm", r.text
     # a sliding log cannot be a budget's candidate: refused naming the field
     bad = {"limit": "600/1h", "algorithm": "sliding_log", "reason": "x"}
     r = fleet.http.put(f"{a.url}/v1/routes/chat/candidate", json=bad, headers=admin_headers())

@@ -49,3 +49,10 @@ def test_a_budget_replay_is_the_reservation_model_in_time_order():
     # a plain replay reads the same recording as requests: each reserve one of its estimate, no settle
     plain = replay({"acme": events}, policy)
     assert plain.requests == 10 and plain.events == len(events)
+
+
+def test_a_plain_replay_on_a_sliding_log_takes_a_charge_as_a_request_of_its_cost():
+    log = Policy(average=3, period=60.0, algorithm="sliding_log")
+    events = [(T0, Charge(2), 1.0), (T0 + 1, 1, 1.0), (T0 + 2, 1, 1.0)]
+    got = replay({"acme": events}, log)
+    assert (got.requests, got.rejections) == (3, 1)
