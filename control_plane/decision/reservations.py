@@ -345,6 +345,7 @@ class ReservationCalls:
         if s.decision is None:  # expired first: what became of its estimate
             self._count("settle", p.name, "expired")
             raise ExpiredReservation(s.status, s.estimate)
+        self._count("settle", p.name, s.status)
         self._settle_counts(p.name, local, (by, s), cost)
         self._settle_compared(p.name, rid, local, dist, cost, now)
         return SettleResult(

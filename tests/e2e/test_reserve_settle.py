@@ -246,6 +246,7 @@ def test_in_shadow_the_local_answer_counts_and_redis_is_settled_beside_it(shadow
     metrics = ca.get("/metrics").text
     assert 'rate_limit_reservations_total{result="reserved",route="chat"} 2.0' in metrics
     assert 'rate_limit_settles_total{result="settled",route="chat"} 1.0' in metrics
+    assert 'rate_limit_refunded_units_total{route="chat"} 500.0' in metrics  # 700 reserved, 200 used
 
 
 def test_with_redis_down_an_enforced_settle_is_a_503_and_a_reservation_made_meanwhile_is_charged_after(
