@@ -40,6 +40,7 @@ from .external import ExternalManager
 from .live_rules import LiveRules
 from .model.recovery import StateMemory
 from .observe.activity import Activity
+from .observe.budgets import OutstandingScan
 from .observe.clock import ClockSkew
 from .observe.events import EventHub
 from .observe.hitters import WouldBeBlocked
@@ -97,6 +98,7 @@ class Engine:
     started_at: float
     running: bool = False  # started and not stopping: the replica can decide
     _tasks: list[asyncio.Task[Any]] = field(default_factory=list)
+    _outstanding: OutstandingScan | None = None  # the budget gauges' scan of the local books
 
     # -- the rules in force and decisions (for embedders: the middleware, scripts) -------
 
@@ -181,6 +183,12 @@ class Engine:
             log.debug("divergence flush failed: %s", exc)
         if len(self.local) > 0:
             self.local.sweep()
+        if self._outstanding is None:
+            self._outstanding = OutstandingScan(self.local, self.metrics)
+        rules = self.rules
+        self._outstanding.step(
+            self.decider.now_us(), lambda: [n for n in rules.names() if (r := rules.get(n)) and r.budget is not None]
+        )
 
     def on_breaker(self, frm: BreakerState, to: BreakerState, reason: str | None) -> None:
         log.warning(

@@ -260,6 +260,11 @@ class LocalLimiter:
         with self._lock:
             return self._books.get(key) or Book.empty()
 
+    def booked_keys(self) -> list[str]:
+        """The keys that hold reservations now (a snapshot)."""
+        with self._lock:
+            return list(self._books)
+
     def _booked(self, key: str, policy: Policy) -> tuple[Any, Book]:
         entry = self._data.get(key)
         state = entry[0] if entry is not None and entry[1] is policy.algorithm else None

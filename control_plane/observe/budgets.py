@@ -20,6 +20,10 @@ rate_limit_refunded_units_total           counter  route (what settles below the
 rate_limit_settle_local_total             counter  route, result: settled, again, elsewhere (made
                                                    on another replica: its local side expires there
                                                    as on_expiry says), expired
+rate_limit_reservations_outstanding       gauge    route (this replica's local reservations not
+                                                   settled nor expired: summed over the replicas,
+                                                   the fleet's; OutstandingScan)
+rate_limit_reserved_units                 gauge    route (what they hold: their estimates)
 rate_limit_divergence_units_total         counter  route, direction, measure: cost (known at the
                                                    decision), estimate (a reservation's, at the
                                                    reserve), actual (a compared reservation's,
@@ -29,11 +33,15 @@ rate_limit_divergence_units_total         counter  route, direction, measure: co
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
+
 from prometheus_client import CollectorRegistry
 
-from .families import FastCounter, FastHistogram
+from limiter import LocalLimiter
 
-__all__ = ["UNIT_MEASURES", "BudgetMetrics"]
+from .families import FastCounter, FastGauge, FastHistogram
+
+__all__ = ["UNIT_MEASURES", "BudgetMetrics", "OutstandingScan"]
 
 #: actual cost / estimate: systematically under 1, estimates too high (budget held idle); over 1, too low
 _RATIO_BUCKETS = (0.25, 0.5, 0.67, 0.8, 0.9, 1.0, 1.1, 1.25, 1.5, 2.0, 4.0)
@@ -84,9 +92,59 @@ class BudgetMetrics:
             " its local side there expires as the route's on_expiry says), expired.",
             route_result, r,
         )  # fmt: skip
+        self.outstanding = FastGauge(
+            "rate_limit_reservations_outstanding",
+            "This replica's local reservations neither settled nor expired (summed over the replicas: the fleet's).",
+            ["route"], r,
+        )  # fmt: skip
+        self.reserved_units = FastGauge(
+            "rate_limit_reserved_units", "What this replica's outstanding reservations hold: their estimates.",
+            ["route"], r,
+        )  # fmt: skip
         self.divergence_units = FastCounter(
             "rate_limit_divergence_units_total",
             "What the compared requests of a budget route cost (its cost_unit), by direction and measure: cost"
             " (known at the decision), estimate (a reservation's, at its reserve), actual (at its settle).",
             ["route", "direction", "measure"], r,
         )  # fmt: skip
+
+
+class OutstandingScan:
+    """The reservations this replica's local limiter holds outstanding, per route (its keys are
+    ``<route>:<key>``), for the two gauges. A whole scan of every book on every flush would cost
+    the event loop what the books hold (up to ``max_reservations`` records a key), so each
+    :meth:`step` reads books until about ``per_step`` records, continuing where the last one
+    stopped, and the gauges take a pass's sums when it ends (a few seconds behind, at most)."""
+
+    def __init__(self, local: LocalLimiter, metrics: BudgetMetrics, *, per_step: int = 20_000) -> None:
+        self.local = local
+        self.metrics = metrics
+        self.per_step = per_step
+        self.passes = 0
+        self._keys: list[str] = []
+        self._at = 0
+        self._sums: dict[str, list[int]] = {}
+
+    def step(self, now_us: int, routes: Callable[[], Iterable[str]]) -> None:
+        """Read the next slice of books; at the end of a pass, set every budget route's gauges
+        (``routes``: their names; a route holding nothing, 0)."""
+        if self._at >= len(self._keys):
+            self._keys, self._at, self._sums = self.local.booked_keys(), 0, {}
+        records = 0
+        while self._at < len(self._keys) and records < self.per_step:
+            key = self._keys[self._at]
+            self._at += 1
+            held = self.local.book(key).held
+            records += len(held) + 1
+            sums = self._sums.setdefault(key.split(":", 1)[0], [0, 0])
+            for h in held.values():
+                if h.state == "outstanding" and h.until_us > now_us:
+                    sums[0] += 1
+                    sums[1] += h.estimate
+        if self._at >= len(self._keys):
+            self.passes += 1
+            m = self.metrics
+            for route in routes():
+                count, units = self._sums.get(route, (0, 0))
+                m.outstanding.labels(route).set(count)
+                m.reserved_units.labels(route).set(units)

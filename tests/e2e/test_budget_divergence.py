@@ -277,6 +277,11 @@ def test_settles_say_what_became_of_each_side_refunds_and_charges_past_the_budge
     over = {"route": "chat", "side": "local"}
     assert fleet.metric("rate_limit_charges_over_budget_total", **over) == 1
     assert fleet.metric("rate_limit_charges_over_budget_total", route="spread", side="local") == 1
+    # what stays outstanding: kim's reservation on replica a, settled on b (a's local side waits out its TTL)
+    fleet.settle()
+    here = fleet.http.get(f"{a.url}/metrics").text
+    assert metric_value(here, "rate_limit_reservations_outstanding", route="chat") == 1
+    assert metric_value(here, "rate_limit_reserved_units", route="chat") == 100
 
 
 def test_a_tenants_budget_from_the_limits_service_is_reserved_and_settled_on_any_replica(redis_url, tmp_path) -> None:

@@ -56,3 +56,26 @@ def test_a_plain_replay_on_a_sliding_log_takes_a_charge_as_a_request_of_its_cost
     events = [(T0, Charge(2), 1.0), (T0 + 1, 1, 1.0), (T0 + 2, 1, 1.0)]
     got = replay({"acme": events}, log)
     assert (got.requests, got.rejections) == (3, 1)
+
+
+def test_the_outstanding_scan_sums_each_routes_open_reservations_a_slice_at_a_time():
+    from control_plane.observe.budgets import OutstandingScan
+    from control_plane.observe.metrics import Metrics
+    from limiter import LocalLimiter
+
+    local, metrics = LocalLimiter(), Metrics()
+    policy, terms = Policy(average=10_000, period=3600.0, burst=10_000), Terms(ttl_us=60_000_000)
+    for i in range(30):  # 30 keys of chat, 3 reservations each; the first of each settled
+        for j in range(3):
+            local.reserve(f"chat:k{i}", policy, 10 + j, rid=f"r{j}", terms=terms, now_us=T0)
+        local.settle(f"chat:k{i}", policy, 5, rid="r0", terms=terms, now_us=T0)
+    local.reserve("other:k", policy, 7, rid="x", terms=terms, now_us=T0)
+    local.reserve("chat:late", policy, 99, rid="y", terms=terms, now_us=T0 - 120_000_000)  # expired by now
+    scan = OutstandingScan(local, metrics, per_step=20)  # about 5 books a step: a pass takes several
+    steps = 0
+    while scan.passes == 0:
+        scan.step(T0, lambda: ["chat", "other", "quiet"])
+        steps += 1
+    assert steps > 3
+    assert metrics.outstanding.samples() == {("chat",): 60, ("other",): 1, ("quiet",): 0}
+    assert metrics.reserved_units.samples() == {("chat",): 30 * (11 + 12), ("other",): 7, ("quiet",): 0}
