@@ -400,3 +400,20 @@ def test_a_candidate_budget_is_shadowed_with_reservations_and_settles_of_its_own
     bad = {"limit": "600/1h", "algorithm": "sliding_log", "reason": "x"}
     r = fleet.http.put(f"{a.url}/v1/routes/chat/candidate", json=bad, headers=admin_headers())
     assert r.status_code == 422 and r.json()["field"] == "algorithm", r.text
+
+
+def test_estimates_at_half_the_actual_cost_show_in_the_ratio_histogram_the_alert_reads(fleet) -> None:
+    """A generator that estimates half of what its answers use: every first settle observes a
+    ratio of 2, so the histogram ShadowlimitEstimatesOff reads (median over 1.5; its promtool test
+    in deploy/prometheus/alerts_test.yaml fires on such series) puts them all in (1.5, 2]."""
+    a, _ = fleet.replicas
+    for i in range(10):
+        r = fleet.http.post(f"{a.url}/v1/decide", json={"route": "chat", "key": f"t{i}", "estimate": 50})
+        s = fleet.http.post(f"{a.url}/v1/settle", json={"reservation": r.json()["reservation"], "cost": 100})
+        assert s.status_code == 200, s.text
+    text = fleet.http.get(f"{a.url}/metrics").text
+    buckets = {
+        le: metric_value(text, "rate_limit_settle_cost_ratio_bucket", route="chat", le=le) for le in ("1.5", "2.0")
+    }
+    assert buckets == {"1.5": 0, "2.0": 10}, buckets
+    assert metric_value(text, "rate_limit_settle_cost_ratio_sum", route="chat") == 20.0
