@@ -78,6 +78,12 @@ async def set_candidate(
     if rule is None:
         raise _not_found(UnknownRoute(route))
     policy = _policy(body, candidates.adjustments.route_policies(rule)[1])
+    if body.cost_unit is not None and body.cost_unit != (rule.cost_unit if rule.budget is not None else None):
+        own = "its limits count requests" if rule.budget is None else f"its budget counts {rule.cost_unit or 'units'}"
+        raise ApiError(
+            422, "invalid_request", f"cost_unit: {body.cost_unit!r} is not route {route!r}'s unit ({own})",
+            field="cost_unit",
+        )  # fmt: skip
     try:
         candidate, entry = await candidates.set(route, policy, reason=body.reason, actor=actor_of(request))
     except UnknownRoute as exc:

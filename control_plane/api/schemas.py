@@ -353,6 +353,9 @@ class CandidateSet(StrictBody):
     algorithm: Literal["token_bucket", "gcra", "fixed_window", "sliding_window", "sliding_log"] | None = Field(
         None, description="Default: the route's current algorithm."
     )
+    cost_unit: str | None = Field(
+        None, max_length=32, description="A budget's unit (tokens): must be the route's own cost_unit when given."
+    )
     reason: str = Field(..., min_length=1, max_length=500)
 
 

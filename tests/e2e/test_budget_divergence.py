@@ -396,6 +396,10 @@ def test_a_candidate_budget_is_shadowed_with_reservations_and_settles_of_its_own
     logged = {**body, "policy": {"average": 600, "period": 3600, "algorithm": "sliding_log"}}
     r = fleet.http.post(f"{a.url}/v1/whatif", json=logged)  # a budget's charges cannot be replayed on a log
     assert r.status_code == 422 and r.json()["field"] == "policy.algorithm", r.text
+    # a candidate in another unit than the route's, or with units on a route that counts requests: refused
+    wrong = {"limit": "600/1h", "cost_unit": "credits", "reason": "x"}
+    r = fleet.http.put(f"{a.url}/v1/routes/chat/candidate", json=wrong, headers=admin_headers())
+    assert r.status_code == 422 and r.json()["field"] == "cost_unit" and "counts tokens" in r.json()["message"], r.text
     # a sliding log cannot be a budget's candidate: refused naming the field
     bad = {"limit": "600/1h", "algorithm": "sliding_log", "reason": "x"}
     r = fleet.http.put(f"{a.url}/v1/routes/chat/candidate", json=bad, headers=admin_headers())
