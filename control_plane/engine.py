@@ -30,7 +30,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from limiter import LocalLimiter, RedisLimiter
+from limiter import LocalLimiter, Policy, RedisLimiter
 from limiter.errors import BackendError
 from limiter.resilience import BreakerState, CircuitBreaker, FleetMembership, ResilientLimiter
 
@@ -185,10 +185,17 @@ class Engine:
             self.local.sweep()
         if self._outstanding is None:
             self._outstanding = OutstandingScan(self.local, self.metrics)
+        self._outstanding.step(self.decider.now_us(), self._budget_policies)
+
+    def _budget_policies(self) -> dict[str, Policy]:
+        """Each budget route's local policy in force (for the budget gauges)."""
         rules = self.rules
-        self._outstanding.step(
-            self.decider.now_us(), lambda: [n for n in rules.names() if (r := rules.get(n)) and r.budget is not None]
-        )
+        out = {}
+        for name in rules.names():
+            rule = rules.get(name)
+            if rule is not None and rule.budget is not None:
+                out[name] = self.adjustments.route_policies(rule)[0]
+        return out
 
     def on_breaker(self, frm: BreakerState, to: BreakerState, reason: str | None) -> None:
         log.warning(

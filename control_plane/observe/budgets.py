@@ -24,6 +24,8 @@ rate_limit_reservations_outstanding       gauge    route (this replica's local r
                                                    settled nor expired: summed over the replicas,
                                                    the fleet's; OutstandingScan)
 rate_limit_reserved_units                 gauge    route (what they hold: their estimates)
+rate_limit_debt_units                     gauge    route (how far below zero its keys' local
+                                                   balances are now, summed)
 rate_limit_divergence_units_total         counter  route, direction, measure: cost (known at the
                                                    decision), estimate (a reservation's, at the
                                                    reserve), actual (a compared reservation's,
@@ -33,11 +35,11 @@ rate_limit_divergence_units_total         counter  route, direction, measure: co
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Mapping
 
 from prometheus_client import CollectorRegistry
 
-from limiter import LocalLimiter
+from limiter import LocalLimiter, Policy
 
 from .families import FastCounter, FastGauge, FastHistogram
 
@@ -101,6 +103,10 @@ class BudgetMetrics:
             "rate_limit_reserved_units", "What this replica's outstanding reservations hold: their estimates.",
             ["route"], r,
         )  # fmt: skip
+        self.debt_units = FastGauge(
+            "rate_limit_debt_units", "How far below zero this replica's keys' balances are now, summed (cost_unit).",
+            ["route"], r,
+        )  # fmt: skip
         self.divergence_units = FastCounter(
             "rate_limit_divergence_units_total",
             "What the compared requests of a budget route cost (its cost_unit), by direction and measure: cost"
@@ -110,11 +116,14 @@ class BudgetMetrics:
 
 
 class OutstandingScan:
-    """The reservations this replica's local limiter holds outstanding, per route (its keys are
-    ``<route>:<key>``), for the two gauges. A whole scan of every book on every flush would cost
-    the event loop what the books hold (up to ``max_reservations`` records a key), so each
-    :meth:`step` reads books until about ``per_step`` records, continuing where the last one
-    stopped, and the gauges take a pass's sums when it ends (a few seconds behind, at most)."""
+    """Per budget route, what this replica's local limiter holds: its reservations outstanding
+    (count and units) and its keys' debt (how far below zero their balances are now), for the
+    gauges. A whole scan of every book and key on every flush would cost the event loop what
+    they hold (up to ``max_reservations`` records a key), so each :meth:`step` reads keys until
+    about ``per_step`` records, continuing where the last one stopped, and the gauges take a
+    pass's sums when it ends (a few seconds behind, at most). A key's debt is read under the
+    route's local policy (a key with a limits service's or an override's own reads as the
+    route's)."""
 
     def __init__(self, local: LocalLimiter, metrics: BudgetMetrics, *, per_step: int = 20_000) -> None:
         self.local = local
@@ -123,28 +132,40 @@ class OutstandingScan:
         self.passes = 0
         self._keys: list[str] = []
         self._at = 0
-        self._sums: dict[str, list[int]] = {}
+        self._sums: dict[str, list[float]] = {}
 
-    def step(self, now_us: int, routes: Callable[[], Iterable[str]]) -> None:
-        """Read the next slice of books; at the end of a pass, set every budget route's gauges
-        (``routes``: their names; a route holding nothing, 0)."""
+    def step(self, now_us: int, routes: Callable[[], Mapping[str, Policy]]) -> None:
+        """Read the next slice of keys; at the end of a pass, set every budget route's gauges
+        (``routes``: each one's local policy; a route holding nothing, 0)."""
+        policies = routes()
         if self._at >= len(self._keys):
-            self._keys, self._at, self._sums = self.local.booked_keys(), 0, {}
+            prefixes = tuple(f"{r}:" for r in policies)
+            keys = {*self.local.booked_keys(), *(k for k in self.local.keys() if k.startswith(prefixes))}
+            self._keys, self._at, self._sums = sorted(keys), 0, {}
         records = 0
         while self._at < len(self._keys) and records < self.per_step:
             key = self._keys[self._at]
             self._at += 1
+            route = key.split(":", 1)[0]
+            policy = policies.get(route)
+            if policy is None:
+                records += 1
+                continue
             held = self.local.book(key).held
             records += len(held) + 1
-            sums = self._sums.setdefault(key.split(":", 1)[0], [0, 0])
+            sums = self._sums.setdefault(route, [0, 0, 0.0])
             for h in held.values():
                 if h.state == "outstanding" and h.until_us > now_us:
                     sums[0] += 1
                     sums[1] += h.estimate
+            tokens = self.local.peek(key, policy, now_us).tokens
+            if tokens < 0:
+                sums[2] += -tokens
         if self._at >= len(self._keys):
             self.passes += 1
             m = self.metrics
-            for route in routes():
-                count, units = self._sums.get(route, (0, 0))
+            for route in policies:
+                count, units, debt = self._sums.get(route, (0, 0, 0.0))
                 m.outstanding.labels(route).set(count)
                 m.reserved_units.labels(route).set(units)
+                m.debt_units.labels(route).set(debt)

@@ -282,6 +282,8 @@ def test_settles_say_what_became_of_each_side_refunds_and_charges_past_the_budge
     here = fleet.http.get(f"{a.url}/metrics").text
     assert metric_value(here, "rate_limit_reservations_outstanding", route="chat") == 1
     assert metric_value(here, "rate_limit_reserved_units", route="chat") == 100
+    # and the debt the charge past the budget left: 200 (less the refill since: 1,000 an hour)
+    assert 195 <= metric_value(here, "rate_limit_debt_units", route="spread") <= 200
 
 
 def test_a_tenants_budget_from_the_limits_service_is_reserved_and_settled_on_any_replica(redis_url, tmp_path) -> None:

@@ -71,11 +71,15 @@ def test_the_outstanding_scan_sums_each_routes_open_reservations_a_slice_at_a_ti
         local.settle(f"chat:k{i}", policy, 5, rid="r0", terms=terms, now_us=T0)
     local.reserve("other:k", policy, 7, rid="x", terms=terms, now_us=T0)
     local.reserve("chat:late", policy, 99, rid="y", terms=terms, now_us=T0 - 120_000_000)  # expired by now
+    local.check("chat:spender", policy, Charge(10_300), T0)  # 300 into debt, no reservation
+    local.check("plain:k", policy, 1, T0)  # not a budget route: not read
     scan = OutstandingScan(local, metrics, per_step=20)  # about 5 books a step: a pass takes several
     steps = 0
+    routes = {"chat": policy, "other": policy, "quiet": policy}
     while scan.passes == 0:
-        scan.step(T0, lambda: ["chat", "other", "quiet"])
+        scan.step(T0, lambda: routes)
         steps += 1
     assert steps > 3
     assert metrics.outstanding.samples() == {("chat",): 60, ("other",): 1, ("quiet",): 0}
     assert metrics.reserved_units.samples() == {("chat",): 30 * (11 + 12), ("other",): 7, ("quiet",): 0}
+    assert metrics.debt_units.samples() == {("chat",): 300.0, ("other",): 0.0, ("quiet",): 0.0}
