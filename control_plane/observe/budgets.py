@@ -121,9 +121,9 @@ class OutstandingScan:
     gauges. A whole scan of every book and key on every flush would cost the event loop what
     they hold (up to ``max_reservations`` records a key), so each :meth:`step` reads keys until
     about ``per_step`` records, continuing where the last one stopped, and the gauges take a
-    pass's sums when it ends (a few seconds behind, at most). A key's debt is read under the
-    route's local policy (a key with a limits service's or an override's own reads as the
-    route's)."""
+    pass's sums when it ends (a few seconds behind, at most). While no route has a budget,
+    nothing is listed or read. A key's debt is read under the route's local policy (a key with a
+    limits service's or an override's own reads as the route's)."""
 
     def __init__(self, local: LocalLimiter, metrics: BudgetMetrics, *, per_step: int = 20_000) -> None:
         self.local = local
@@ -139,6 +139,8 @@ class OutstandingScan:
         (``routes``: each one's local policy; a route holding nothing, 0)."""
         policies = routes()
         if self._at >= len(self._keys):
+            if not policies:  # no budget: nothing to list, nothing to set
+                return
             prefixes = tuple(f"{r}:" for r in policies)
             keys = {*self.local.booked_keys(), *(k for k in self.local.keys() if k.startswith(prefixes))}
             self._keys, self._at, self._sums = sorted(keys), 0, {}

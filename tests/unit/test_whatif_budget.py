@@ -3,7 +3,7 @@ written and read back as they were, and replayed through the limiter's own reser
 
 from __future__ import annotations
 
-from control_plane.whatif.recorder import FORMATS, _cost_of, _cost_text, _decode, _encode
+from control_plane.whatif.recorder import _cost_of, _cost_text, _decode, _encode
 from control_plane.whatif.replay import Booked, replay, replay_budget
 from limiter import Policy
 from limiter.policy import Charge
@@ -20,7 +20,6 @@ def test_costs_are_written_and_read_back_as_they_were():
     got: dict = {}
     assert _decode(_encode(keys), got) == 2
     assert got == {"acme": [(T0, Booked("r", 100, "n1"), 1.0), (T0 + 5, Booked("s", 80, "n1"), 1.0)]}
-    assert FORMATS == ("1", "2")
 
 
 def test_a_budget_replay_is_the_reservation_model_in_time_order():
@@ -80,6 +79,9 @@ def test_the_outstanding_scan_sums_each_routes_open_reservations_a_slice_at_a_ti
         scan.step(T0, lambda: routes)
         steps += 1
     assert steps > 3
+    idle = OutstandingScan(local, Metrics())
+    idle.step(T0, dict)  # no budget route: nothing listed, nothing set
+    assert idle._keys == [] and idle.passes == 0
     assert metrics.outstanding.samples() == {("chat",): 60, ("other",): 1, ("quiet",): 0}
     assert metrics.reserved_units.samples() == {("chat",): 30 * (11 + 12), ("other",): 7, ("quiet",): 0}
     assert metrics.debt_units.samples() == {("chat",): 300.0, ("other",): 0.0, ("quiet",): 0.0}
