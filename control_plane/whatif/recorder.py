@@ -66,7 +66,8 @@ def _encode(keys: dict[tuple[str, float], list[Any]]) -> str:
 
 
 def _cost_text(cost: Any) -> str:
-    return str(cost) if cost.__class__ is int else f"c{int(cost)}" if cost.__class__ is Charge else str(cost)
+    """A cost as recorded: an int's digits, ``c`` and a charge's, a reserve's or settle's code."""
+    return f"c{int(cost)}" if cost.__class__ is Charge else str(cost)
 
 
 def _cost_of(text: str) -> Any:
@@ -158,16 +159,10 @@ class Recorder:
 
     # -- the request path ------------------------------------------------------------------
 
-    def offer(self, route: str, key: str, cost: Any, ts_us: int, mode: str, allowed: bool) -> None:
+    def offer(self, route: str, key: str, cost: Any, ts_us: int, mode: str, allowed: bool, *, seen: int = 1) -> None:
         """Note one decided request (sampled, bounded; never waits): ``cost`` an int, a Charge,
-        or a reservation's reserve (:class:`~.replay.Booked` ``r``)."""
-        self._offer(route, key, cost, ts_us, (mode, allowed), 1)
-
-    def offer_settle(self, route: str, key: str, settle: Booked, ts_us: int) -> None:
-        """Note a settle (recorded with its key's requests; itself no request)."""
-        self._offer(route, key, settle, ts_us, ("settle", True), 0)
-
-    def _offer(self, route: str, key: str, cost: Any, ts_us: int, verdict: tuple[str, bool], seen: int) -> None:
+        or a reservation's reserve (:class:`~.replay.Booked` ``r``); ``seen`` 0 for what is no
+        request (:meth:`offer_settle`)."""
         if not self.enabled:
             return
         m = self._current.get(route)
@@ -189,7 +184,11 @@ class Recorder:
             return
         m.kept += 1
         # grouped as flush writes it: the stream (route, minute), the line (key, sampling weight), the event
-        self.queue.append((m.slot, (key, 1.0 if rate is None else 1.0 / rate), ts_us, cost, verdict))
+        self.queue.append((m.slot, (key, 1.0 if rate is None else 1.0 / rate), ts_us, cost, (mode, allowed)))
+
+    def offer_settle(self, route: str, key: str, settle: Booked, ts_us: int) -> None:
+        """Note a settle (recorded with its key's requests; itself no request)."""
+        self.offer(route, key, settle, ts_us, "settle", True, seen=0)
 
     def _minute(self, route: str, ts_us: int) -> _Minute:
         """The route's minute that holds ``ts_us``, made current."""

@@ -143,13 +143,12 @@ def replay(
         state: Any = None
         rej = 0.0
         for ts, cost, weight in evs:
-            if cost.__class__ is Charge:  # a charge lands whatever is left: never a rejection
-                if takes:
-                    _, state = charge(state, ts, policy, cost)
+            if cost.__class__ is Charge and takes:  # counted whatever is left (Envoy's hits); over if it did not fit
+                decision, state = charge(state, ts, policy, cost)
+                if decision.allowed:
                     continue
-                cost = int(cost)  # a policy that takes no charge (the sliding log): a request of that cost
-            if cost <= limit:
-                decision, state = fn(state, ts, policy, cost)
+            elif cost <= limit:  # (a charge on a policy that takes none, the sliding log: a request of its cost)
+                decision, state = fn(state, ts, policy, int(cost))
                 if decision.allowed:
                     continue
             rej += weight

@@ -85,3 +85,10 @@ def test_the_outstanding_scan_sums_each_routes_open_reservations_a_slice_at_a_ti
     assert metrics.outstanding.samples() == {("chat",): 60, ("other",): 1, ("quiet",): 0}
     assert metrics.reserved_units.samples() == {("chat",): 30 * (11 + 12), ("other",): 7, ("quiet",): 0}
     assert metrics.debt_units.samples() == {("chat",): 300.0, ("other",): 0.0, ("quiet",): 0.0}
+
+
+def test_a_plain_replay_counts_charges_refused_or_not_as_envoy_counts_hits():
+    """Envoy's hits are charges: each counted whatever is left, over the limit when it did not fit."""
+    window = Policy(average=3, period=60.0, algorithm="fixed_window")
+    got = replay({"envoy": [(T0 + i, Charge(1), 1.0) for i in range(5)]}, window)
+    assert (got.requests, got.rejections) == (5, 2)
