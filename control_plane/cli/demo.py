@@ -39,7 +39,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -203,12 +203,14 @@ class DemoStack:
         self.rules_path = self.workdir / "rules.yaml"
         self.sent = 0
         self.errors = 0
+        self.error_kinds: dict[str, int] = {}  # each kind of failed demo request, counted (said when stopping)
         self.gates = ""  # the promotion gate settings the replicas run with (said in the banner)
         self.gate_settings: dict[str, str] = {}
         self.env: dict[str, str] = {}  # the replicas' environment
         #: restart the last replica once, after a whole minute of decisions (with 2 replicas or more)
         self.restart_planned = restart and replicas > 1
         self.down: set[int] = set()  # replicas being restarted: the traffic skips them
+        self.busy: dict[int, int] = {}  # requests in flight to each replica: a restart drains them first
         self.restarted: list[int] = []  # replicas restarted so far (1-based, as in the banner)
 
     def start(self) -> None:
@@ -265,6 +267,21 @@ class DemoStack:
             preexec_fn=_die_with_parent,
         )
 
+    @contextlib.contextmanager
+    def using(self, i: int) -> Iterator[None]:
+        """A request (or a reserve, stream and settle) in flight to replica ``i``."""
+        self.busy[i] = self.busy.get(i, 0) + 1
+        try:
+            yield
+        finally:
+            self.busy[i] -= 1
+
+    def failed(self, error: Exception) -> None:
+        """A demo request that got no answer, counted by its kind."""
+        self.errors += 1
+        kind = type(error).__name__
+        self.error_kinds[kind] = self.error_kinds.get(kind, 0) + 1
+
     async def restart(self, i: int) -> None:
         """Replica ``i`` (0-based) stopped and started again on its port, as a deployment or a
         crash would: its local buckets start empty while the global state in Redis remembers
@@ -274,6 +291,9 @@ class DemoStack:
 
         self.down.add(i)
         try:
+            drained = self.clock() + 10  # as a deployment drains a replica before stopping it
+            while self.busy.get(i, 0) and self.clock() < drained:
+                await asyncio.sleep(0.05)
             old = self.procs[i]
             old.terminate()
             try:
@@ -350,11 +370,12 @@ class DemoStack:
                     target = i % len(self.urls) if c.spread else home
                     i += 1
                     if target not in self.down:  # a replica being restarted is skipped
-                        try:
-                            await http.post(self.urls[target] + "/v1/decide", json=body)
-                            self.sent += 1
-                        except httpx.HTTPError:
-                            self.errors += 1
+                        with self.using(target):
+                            try:
+                                await http.post(self.urls[target] + "/v1/decide", json=body)
+                                self.sent += 1
+                            except httpx.HTTPError as e:
+                                self.failed(e)
                     # bursty clients come in clumps; steady ones evenly
                     delay = 1.0 / c.rps
                     if c.spread and i % 5 == 0:
@@ -491,7 +512,13 @@ def run_demo(args: argparse.Namespace) -> int:
                 await task
 
             asyncio.run(headless())
-            stopped = {"event": "stopped", "sent": stack.sent, "errors": stack.errors, "restarted": stack.restarted}
+            stopped = {
+                "event": "stopped",
+                "sent": stack.sent,
+                "errors": stack.errors,
+                "error_kinds": stack.error_kinds,
+                "restarted": stack.restarted,
+            }
             print(
                 json.dumps(stopped) if as_json else f"stopped: {stack.sent} demo requests sent ({stack.errors} errors)"
             )

@@ -91,8 +91,8 @@ async def _usage(http: Any, upstream: str, max_tokens: int) -> int | None:
 
 async def chat_client(stack: Any, http: Any, tenant: ChatTenant, stop: asyncio.Event) -> None:
     """``tenant``'s requests until ``stop``: reserve, stream, settle (see the module docstring).
-    ``stack`` is the demo's: its replicas' ``urls``, those ``down``, ``chat_url``, and the
-    ``sent`` and ``errors`` counts."""
+    ``stack`` is the demo's: its replicas' ``urls``, those ``down``, ``chat_url``, the
+    ``sent`` count, ``using`` (a request in flight to a replica) and ``failed``."""
     import httpx
 
     home = sum(tenant.name.encode()) % len(stack.urls)
@@ -103,18 +103,19 @@ async def chat_client(stack: Any, http: Any, tenant: ChatTenant, stop: asyncio.E
         target = i % len(stack.urls) if tenant.spread else home
         i += 1
         if target not in stack.down:
-            replica = stack.urls[target]
-            try:
-                decide = {"route": "chat", "key": tenant.name, "estimate": estimate}
-                r = await http.post(replica + "/v1/decide", json=decide)
-                stack.sent += 1
-                rid = r.json().get("reservation") if r.status_code == 200 else None
-                if rid is not None:
-                    used = await _usage(http, stack.chat_url, tenant.max_tokens)
-                    if used is not None:
-                        await http.post(replica + "/v1/settle", json={"reservation": rid, "cost": used})
-            except (httpx.HTTPError, ValueError):
-                stack.errors += 1
+            with stack.using(target):
+                replica = stack.urls[target]
+                try:
+                    decide = {"route": "chat", "key": tenant.name, "estimate": estimate}
+                    r = await http.post(replica + "/v1/decide", json=decide)
+                    stack.sent += 1
+                    rid = r.json().get("reservation") if r.status_code == 200 else None
+                    if rid is not None:
+                        used = await _usage(http, stack.chat_url, tenant.max_tokens)
+                        if used is not None:
+                            await http.post(replica + "/v1/settle", json={"reservation": rid, "cost": used})
+                except (httpx.HTTPError, ValueError) as e:
+                    stack.failed(e)
         due = max(due + 1.0 / tenant.rps, loop.time() - 1.0)
         with contextlib.suppress(asyncio.TimeoutError):
             await asyncio.wait_for(stop.wait(), max(0.0, due - loop.time()))

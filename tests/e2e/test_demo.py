@@ -191,7 +191,12 @@ def test_the_demos_traffic_makes_each_cause_of_divergence():
             if proc.poll() is None:
                 proc.kill()
     stopped = json.loads(out.splitlines()[-1])
-    assert stopped["restarted"] == [3] and stopped["errors"] == 0, stopped
+    assert stopped["restarted"] == [3], stopped
+    # the restart drains the replica first, so no request meets it stopping (a refused connection
+    # or a dropped one); a machine as loaded as a CI run's may let an answer miss the 2 s timeout
+    kinds = stopped["error_kinds"]
+    assert set(kinds) <= {"ReadTimeout"} and sum(kinds.values()) == stopped["errors"], stopped
+    assert stopped["errors"] <= 0.005 * stopped["sent"], stopped
 
 
 def test_demo_rules_refuse_an_example_file_without_the_limits_url(tmp_path):
