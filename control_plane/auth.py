@@ -55,6 +55,7 @@ __all__ = [
     "TokensFile",
     "TokensFileError",
     "authorize",
+    "certificate_name_problem",
     "check",
     "parse_tokens",
     "refuse",
@@ -70,6 +71,7 @@ ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 
 class Role(str, Enum):
+    CLIENT = "client"  # a client certificate's: the decide endpoints and Envoy's calls, nothing else
     VIEWER = "viewer"
     OPERATOR = "operator"
     ADMIN = "admin"
@@ -79,7 +81,7 @@ class Role(str, Enum):
         return _RANK[self]
 
 
-_RANK = {Role.VIEWER: 1, Role.OPERATOR: 2, Role.ADMIN: 3}
+_RANK = {Role.CLIENT: 0, Role.VIEWER: 1, Role.OPERATOR: 2, Role.ADMIN: 3}
 
 
 class Access(str, Enum):
@@ -161,10 +163,12 @@ _SHA256 = re.compile(r"[0-9a-f]{64}")
 
 @dataclass(frozen=True, slots=True)
 class Identity:
-    """Who a token belongs to."""
+    """Who a token (or a client certificate) belongs to."""
 
     name: str
     role: Role
+    #: a client certificate's name when the identity came from one (recorded as such in the audit)
+    certificate: str | None = None
 
     def may(self, role: Role) -> bool:
         return self.role.rank >= role.rank
@@ -175,37 +179,61 @@ class TokensFileError(ValueError):
 
 
 def parse_tokens(text: str, source: str = "tokens file") -> dict[str, Identity]:
-    """``name role sha256`` lines (``#`` comments, blank lines) -> {sha256: Identity}."""
+    """``name role sha256`` lines, and ``name role cert:<name>`` ones for a client
+    certificate's name (``#`` comments, blank lines) -> {sha256 or ``cert:<name>``: Identity}."""
     out: dict[str, Identity] = {}
     names: set[str] = set()
     for lineno, raw in enumerate(text.splitlines(), 1):
         line = raw.split("#", 1)[0].strip()
         if not line:
             continue
-        parts = line.split()
+        parts = line.split(None, 2)  # a certificate's name is the rest of the line (CN=a b)
         where = f"{source}:{lineno}"
-        if len(parts) != 3:
-            raise TokensFileError(f"{where}: expected 'name role sha256-of-token', got {len(parts)} fields")
-        name, role, digest = parts
+        if len(parts) != 3 or (not parts[2].startswith("cert:") and len(line.split()) != 3):
+            raise TokensFileError(
+                f"{where}: expected 'name role sha256-of-token' (or 'name role cert:<certificate name>'),"
+                f" got {len(line.split())} fields"
+            )
+        name, role, credential = parts
         if not _NAME.fullmatch(name):
             raise TokensFileError(f"{where}: name must be 1-64 letters, digits or _.@-, got {name!r}")
+        cert = credential[5:].strip() if credential.startswith("cert:") else None
         try:
             r = Role(role)
         except ValueError:
-            raise TokensFileError(f"{where}: role must be viewer, operator or admin, got {role!r}") from None
-        digest = digest.lower()
-        if not _SHA256.fullmatch(digest):
-            raise TokensFileError(
-                f"{where}: the third field must be the token's SHA-256 as 64 hex digits (sha256sum),"
-                " not the token itself"
-            )
+            r = None
+        if r is None or (r is Role.CLIENT and cert is None):
+            roles = "client, viewer, operator or admin" if cert is not None else "viewer, operator or admin"
+            raise TokensFileError(f"{where}: role must be {roles}, got {role!r}") from None
+        if cert is not None:
+            problem = certificate_name_problem(cert)
+            if problem:
+                raise TokensFileError(f"{where}: {problem}")
+            key, ident = f"cert:{cert}", Identity(name, r, certificate=cert)
+        else:
+            key, ident = credential.lower(), Identity(name, r)
+            if not _SHA256.fullmatch(key):
+                raise TokensFileError(
+                    f"{where}: the third field must be the token's SHA-256 as 64 hex digits (sha256sum),"
+                    " not the token itself, or cert:<certificate name>"
+                )
         if name in names:
             raise TokensFileError(f"{where}: name {name!r} appears twice")
-        if digest in out:
-            raise TokensFileError(f"{where}: the same token is already given to {out[digest].name!r}")
+        if key in out:
+            what = "certificate name" if cert is not None else "token"
+            raise TokensFileError(f"{where}: the same {what} is already given to {out[key].name!r}")
         names.add(name)
-        out[digest] = Identity(name, r)
+        out[key] = ident
     return out
+
+
+def certificate_name_problem(name: str) -> str | None:
+    """Why ``name`` is not a certificate name (``DNS:x``, ``URI:x``, ``IP:x``, ``email:x``,
+    ``CN=x``), or None."""
+    kind, sep, rest = name.partition(":")
+    if (name.startswith("CN=") and len(name) > 3) or (sep and rest and kind in {"DNS", "URI", "IP", "email"}):
+        return None
+    return f"{name!r} is not a certificate name: DNS:x, URI:x, IP:x, email:x or CN=x"
 
 
 class TokensFile:
@@ -283,9 +311,22 @@ class Authenticator:
     def mutations_enabled(self) -> bool:
         return self._admin is not None or self.tokens_file is not None
 
-    def identify(self, token: str | None) -> Identity | None:
-        if not token:
+    def from_certificate(self, names: tuple[str, ...]) -> Identity | None:
+        """The identity a verified client certificate's names stand for in the tokens
+        file (``name role cert:<certificate name>``), or None."""
+        if not names or self.tokens_file is None:
             return None
+        tokens = self.tokens_file.tokens()
+        for n in names:
+            ident = tokens.get(f"cert:{n}")
+            if ident is not None:
+                return ident
+        return None
+
+    def identify(self, token: str | None, names: tuple[str, ...] = ()) -> Identity | None:
+        """A token's identity; without a token, the client certificate's (``names``)."""
+        if not token:
+            return self.from_certificate(names)
         raw = token.encode()
         if self._admin is not None and hmac.compare_digest(raw, self._admin):
             return Identity("admin", Role.ADMIN)
@@ -314,22 +355,23 @@ class Denied(Exception):
         self.status, self.error, self.message, self.details = status, error, message, details
 
 
-def check(auth: Authenticator, access: Access, token: str | None) -> Identity | None:
-    """The identity allowed to make a call needing ``access`` with ``token``, or
-    :class:`Denied` (401 without a valid token, 403 with too small a role)."""
+def check(auth: Authenticator, access: Access, token: str | None, names: tuple[str, ...] = ()) -> Identity | None:
+    """The identity allowed to make a call needing ``access`` with ``token`` (or, without
+    one, the verified client certificate's ``names``), or :class:`Denied` (401 without a
+    valid token or certificate, 403 with too small a role)."""
     if access is Access.OPEN:
-        return auth.identify(token)
+        return auth.identify(token, names)
     if access is Access.DATA:
         if not auth.client_token_required:
             return None
         if auth.is_client(token):
             return Identity("client", Role.VIEWER)
-        ident = auth.identify(token)
-        if ident is not None and ident.may(Role.ADMIN):
+        ident = auth.identify(token, names)
+        if ident is not None and (ident.role is Role.CLIENT or ident.may(Role.ADMIN)):
             return ident
         raise Denied(401, "unauthorized", "the decide endpoints need Authorization: Bearer <client token>")
     if access is Access.READ and auth.open_reads:
-        return auth.identify(token)
+        return auth.identify(token, names)
     needed = _NEEDS[access]
     if access is not Access.READ and not auth.mutations_enabled:
         raise Denied(
@@ -338,21 +380,24 @@ def check(auth: Authenticator, access: Access, token: str | None) -> Identity | 
             "no admin token is configured (SHADOWLIMIT_ADMIN_TOKEN or SHADOWLIMIT_TOKENS_FILE),"
             " so changes through the API are refused",
         )
-    if token is None:
+    ident = auth.identify(token, names)
+    if token is None and ident is None:
         raise Denied(
             401,
             "unauthorized",
             f"this endpoint needs Authorization: Bearer <token> with the {needed.value} role",
             needs=needed.value,
         )
-    ident = auth.identify(token)
     if ident is None:
         raise Denied(401, "unauthorized", "the token is not valid", needs=needed.value)
     if not ident.may(needed):
+        holder = f"the token {ident.name!r}"
+        if ident.certificate:
+            holder = f"the certificate {ident.certificate!r} ({ident.name})"
         raise Denied(
             403,
             "forbidden",
-            f"this needs the {needed.value} role; the token {ident.name!r} has the {ident.role.value} role",
+            f"this needs the {needed.value} role; {holder} has the {ident.role.value} role",
             needs=needed.value,
             role=ident.role.value,
             token=ident.name,
@@ -423,8 +468,10 @@ def authorize(auth: Authenticator, access: Access, scope: Scope) -> Denied | Non
     it): None when it may go on (its identity, if any, put in ``scope["state"]``), else why not."""
     if access is Access.OPEN or (access is Access.DATA and not auth.client_token_required):
         return None  # the usual case: nothing to check
+    state = scope.get("state")
+    names = state.get("tls_client", ()) if state else ()
     try:
-        ident = check(auth, access, bearer_token(scope))
+        ident = check(auth, access, bearer_token(scope), names)
     except Denied as d:
         return d
     if ident is not None:

@@ -70,6 +70,8 @@ class Owner:
     """A connection's owner (the server's part): admits (and keeps) every connection, counts,
     authorizes everything."""
 
+    tls = None  # cleartext
+
     def __init__(self) -> None:
         self.connections: set[Any] = set()
         self.counts: dict[str, int] = {}
@@ -82,7 +84,7 @@ class Owner:
     def count(self, kind: str) -> None:
         self.counts[kind] = self.counts.get(kind, 0) + 1
 
-    def authorize(self, call: Call) -> None:
+    def authorize(self, call: Call, names: tuple[str, ...] = ()) -> None:
         pass
 
     def slow(self) -> None:

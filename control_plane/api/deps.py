@@ -113,13 +113,15 @@ def gate_failed(gate: Any) -> ApiError:
 
 
 def actor_of(request: Request) -> str:
-    """The audit trail's actor: the token's name and the peer address; the optional
+    """The audit trail's actor: the token's (or client certificate's) name and the peer
+    address, and the certificate's name when the identity came from one; the optional
     ``X-Shadowlimit-Actor`` header only adds a note (it cannot change who acted)."""
     ident = identity_of(request)
     name = ident.name if ident is not None else "anonymous"
     peer = request.client.host if request.client else "unknown"
     note = "".join(c for c in request.headers.get("x-shadowlimit-actor", "")[:64] if c.isprintable()).strip()
-    return f"{name}@{peer}" + (f" (note: {note})" if note and note != name else "")
+    via = f" (certificate {ident.certificate})" if ident is not None and ident.certificate else ""
+    return f"{name}@{peer}{via}" + (f" (note: {note})" if note and note != name else "")
 
 
 EngineDep = Annotated[Engine, Depends(get_engine)]

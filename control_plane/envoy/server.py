@@ -33,6 +33,7 @@ if TYPE_CHECKING:
     from ..auth import Authenticator
     from ..engine import Engine
     from ..observe.metrics import Metrics
+    from ..tls import ServerTls
 
 __all__ = [
     "MAX_CONCURRENT_RPCS", "MAX_MESSAGE_BYTES", "RLS_SERVICE", "GrpcServer", "Health", "start_grpc_server",
@@ -144,6 +145,7 @@ class GrpcServer:
     limits: Limits = field(default_factory=Limits)
     metrics: Metrics | None = None
     auth: Authenticator | None = None
+    tls: Any = None  # the port's ServerTls (control_plane.tls): the listener's context, the names accepted
     max_connections: int = 1024
     server: Any = None
     connections: dict[GrpcConnection, None] = field(default_factory=dict)  # oldest first
@@ -184,14 +186,15 @@ class GrpcServer:
         if self.metrics is not None:
             self.metrics.slow_clients.inc()
 
-    def authorize(self, call: Call) -> None:
+    def authorize(self, call: Call, names: tuple[str, ...] = ()) -> None:
         """With a client token required (``SHADOWLIMIT_CLIENT_TOKEN``), every method but
-        health needs ``authorization: Bearer <token>`` metadata (UNAUTHENTICATED)."""
+        health needs ``authorization: Bearer <token>`` metadata, or a client certificate
+        (``names``) the tokens file gives the ``client`` role (UNAUTHENTICATED)."""
         auth = self.auth
         if auth is None or not auth.client_token_required:
             return
         try:
-            check(auth, Access.DATA, _bearer_of(call.metadata))
+            check(auth, Access.DATA, _bearer_of(call.metadata), names)
         except Denied as exc:
             if self.metrics is not None and call.path == RLS_METHOD:
                 self.metrics.envoy_requests.labels("invalid").inc()
@@ -246,14 +249,22 @@ def _listen_address(host: str, port: int) -> str:
 
 
 async def start_grpc_server(
-    engine: Engine, host: str, port: int, auth: Authenticator | None = None, *, reuse_port: bool = False
+    engine: Engine,
+    host: str,
+    port: int,
+    auth: Authenticator | None = None,
+    *,
+    reuse_port: bool = False,
+    tls: ServerTls | None = None,
+    handshake_timeout_s: float = 5.0,
 ) -> GrpcServer:
     """Start serving (``port`` 0: a free port, see :attr:`GrpcServer.port`); a port that
     cannot be bound raises ``OSError`` naming it. With ``auth`` requiring a client token
     (``SHADOWLIMIT_CLIENT_TOKEN``), every call but health must carry ``authorization: Bearer
     <token>`` metadata (Envoy: ``grpc_service.initial_metadata``). With ``reuse_port``, the
     workers of ``serve --workers`` share the port (``SO_REUSEPORT``; serve checked that it
-    was free)."""
+    was free). With ``tls``, the port speaks TLS (ALPN ``h2``), each handshake done within
+    ``handshake_timeout_s``."""
     settings = engine.settings
     service = RateLimitService(engine.live_rules, engine.decider, engine.metrics, headers=settings.envoy_headers)
     health = Health()
@@ -272,7 +283,9 @@ async def start_grpc_server(
         keepalive_timeout_s=min(20.0, max(1.0, keepalive / 3)),
     )
     cap = min(settings.grpc_max_connections, connection_shares()[1])
-    grpc = GrpcServer(health=health, port=0, limits=limits, metrics=engine.metrics, auth=auth, max_connections=cap)
+    grpc = GrpcServer(
+        health=health, port=0, limits=limits, metrics=engine.metrics, auth=auth, tls=tls, max_connections=cap
+    )
     loop = asyncio.get_running_loop()
     address = _listen_address(host, port)
     try:
@@ -283,6 +296,8 @@ async def start_grpc_server(
             reuse_port=reuse_port or None,
             reuse_address=True,
             backlog=1024,
+            ssl=tls.context if tls is not None else None,
+            ssl_handshake_timeout=handshake_timeout_s if tls is not None else None,
         )
     except OSError as exc:
         raise OSError(f"SHADOWLIMIT_GRPC_PORT: cannot listen on {address}: {exc.strerror or exc}") from None
@@ -291,5 +306,5 @@ async def start_grpc_server(
     grpc.sweeper = loop.create_task(grpc.sweep())
     for name in ("", RLS_SERVICE):
         health.set(name, _SERVING)
-    log.info("Envoy rate limit service (gRPC) on %s", _listen_address(host, grpc.port))
+    log.info("Envoy rate limit service (gRPC%s) on %s", " over TLS" if tls else "", _listen_address(host, grpc.port))
     return grpc

@@ -99,11 +99,20 @@ class GrpcConnection(Calls, asyncio.Protocol):
         self.ping_sent: float | None = None
         self.started_calls = self.resets = 0
         self.preface_timer: Any = None
+        self.peer_names: tuple[str, ...] = ()  # the client certificate's, with mutual TLS
 
     # -- asyncio.Protocol ----------------------------------------------------------------
 
     def connection_made(self, transport: Any) -> None:
         self.transport = transport
+        tls = self.owner.tls
+        if tls is not None:  # after the handshake: the client certificate's names, if any
+            names = tls.admit(transport.get_extra_info("ssl_object"))
+            if names is None:  # mutual TLS names the clients it accepts; this is none of them
+                self.closing = True
+                transport.abort()
+                return
+            self.peer_names = names
         if not self.owner.admit(self):
             self.closing = True
             transport.close()
@@ -341,7 +350,7 @@ class GrpcConnection(Calls, asyncio.Protocol):
         call = Call(head.path, list(head.metadata), deadline, self.loop)
         try:
             if not method.public:
-                self.owner.authorize(call)
+                self.owner.authorize(call, self.peer_names)
         except RpcError as exc:
             self.finish(stream, None, exc.code, exc.message)
             return

@@ -40,6 +40,8 @@ from ..decision import wall_clock_us
 from ..gctune import tune_gc
 from ..observe import incidents
 from ..settings import Settings, load_settings
+from ..tls import port_tls
+from ..tls.metrics import TlsCollector
 from ..wiring import open_engine
 from .hotpath import HOT_PATHS, HotPath
 from .limits import RequestLimitsMiddleware
@@ -112,18 +114,12 @@ def create_app(
         app.state.redis_url = handle.url
         app.state.embedded = handle.embedded
         app.state.streams = streams = stream.Streams(handle.engine)
-        app.state.grpc = None
-        if settings.grpc_port is not None:  # Envoy's rate limit service beside the HTTP API
-            from ..envoy.server import start_grpc_server
-
-            try:
-                app.state.grpc = await start_grpc_server(
-                    handle.engine, settings.host, settings.grpc_port, app.state.auth, reuse_port=settings.workers > 1
-                )
-            except BaseException:
-                await streams.aclose()
-                await handle.aclose()
-                raise
+        try:
+            app.state.grpc = await _start_grpc(app, settings, handle.engine)
+        except BaseException:
+            await streams.aclose()
+            await handle.aclose()
+            raise
         # after everything is loaded and started: the startup heap is frozen out of the
         # collector's way (see gctune)
         tuning = tune_gc() if settings.gc_tuning else None
@@ -156,6 +152,8 @@ def create_app(
     )
     app.state.settings = settings
     app.state.auth = auth = authenticator(settings)  # one for the gate, the hot path and gRPC
+    # each port's TLS (None: cleartext), built here so a file that cannot serve stops startup
+    app.state.tls = {"http": port_tls(settings, "http"), "grpc": port_tls(settings, "grpc")}
     app.state.hot = app.hot_path = (
         HotPath(settings.request_limits, auth, deny_status=settings.authz_deny_status) if settings.hot_path else None
     )
@@ -172,6 +170,27 @@ def create_app(
     # call, so that it wraps every other middleware
     app.add_middleware(incidents.CatchAll)
     return app
+
+
+async def _start_grpc(app: FastAPI, settings: Settings, engine: Any) -> Any:
+    """The TLS ports' metrics, and Envoy's rate limit service beside the HTTP API (None
+    without ``SHADOWLIMIT_GRPC_PORT``)."""
+    tls_ports = [t for p, t in app.state.tls.items() if t is not None and (p == "http" or settings.grpc_port)]
+    if tls_ports:
+        engine.metrics.registry.register(TlsCollector(tls_ports))
+    if settings.grpc_port is None:
+        return None
+    from ..envoy.server import start_grpc_server
+
+    return await start_grpc_server(
+        engine,
+        settings.host,
+        settings.grpc_port,
+        app.state.auth,
+        reuse_port=settings.workers > 1,
+        tls=app.state.tls["grpc"],
+        handshake_timeout_s=settings.tls_handshake_timeout_s,
+    )
 
 
 def _install_error_handlers(app: FastAPI) -> None:

@@ -91,8 +91,11 @@ def _bad_request(detail: str) -> bytes:
     return refusal_body(400, "the request is not valid HTTP/1.1" + (f": {detail}" if detail else ""))
 
 
-def http_protocol(limits: RequestLimits, impl: str = "auto") -> type[asyncio.Protocol]:
-    """uvicorn's ``impl`` protocol (``auto``: httptools if installed, else h11) bounded by ``limits``."""
+def http_protocol(limits: RequestLimits, impl: str = "auto", tls: Any = None) -> type[asyncio.Protocol]:
+    """uvicorn's ``impl`` protocol (``auto``: httptools if installed, else h11) bounded by
+    ``limits``; with ``tls`` (the port's :class:`~control_plane.tls.ServerTls`), each
+    connection's client certificate checked for an accepted name and its names handed to the
+    auth gate."""
     if impl == "auto":
         try:
             import httptools  # noqa: F401
@@ -108,7 +111,7 @@ def http_protocol(limits: RequestLimits, impl: str = "auto") -> type[asyncio.Pro
         raise ValueError(f"unknown HTTP implementation {impl!r} (auto, httptools, h11)")
     attrs = {
         "limits": limits, "refusal": _head_refusal(limits), "timeout_refusal": _timeout_refusal(limits),
-        "max_connections": connection_shares()[0],
+        "max_connections": connection_shares()[0], "tls": tls,
     }  # fmt: skip
     return type(base.__name__, (base,), attrs)
 
@@ -205,8 +208,18 @@ class _HeadClock(asyncio.Protocol):
     refusal: ClassVar[bytes]
     max_connections: ClassVar[int]  # open at once (connection_shares: the rest is gRPC's and the reserve)
 
+    tls: ClassVar[Any] = None  # the port's ServerTls (control_plane.tls), when it serves TLS
+    app_state: dict[str, Any]
+
     def connection_made(self, transport: Any) -> None:
         super().connection_made(transport)
+        if self.tls is not None:  # after the handshake: the client certificate's names, if any
+            names = self.tls.admit(transport.get_extra_info("ssl_object"))
+            if names is None:  # mutual TLS names the clients it accepts; this is none of them
+                transport.abort()
+                return
+            if names:  # each request's scope["state"] is a copy of this (the auth gate reads it)
+                self.app_state = {**self.app_state, "tls_client": names}
         if len(self.server_state.connections) > self.max_connections:  # the file descriptors' share
             body = refusal_body(503, "too many connections open; try again", self.max_connections)
             transport.write(_raw_refusal(_STATUS_LINES[503], self.server_state, body))

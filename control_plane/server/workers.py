@@ -13,6 +13,7 @@ hands its URL to the workers: they share it as a fleet shares its Redis.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import ctypes
 import ctypes.util
@@ -38,11 +39,14 @@ def run_server(settings: Any, log_level: str, *, reuse_port: bool = False) -> No
     import uvicorn
     from uvicorn.config import LOGGING_CONFIG
 
+    from ..tls import handshake_bounded_loop
     from .app import create_app
     from .serving import http_protocol
 
+    app = create_app(settings)
+    tls = app.state.tls["http"]
     config = uvicorn.Config(
-        create_app(settings),
+        app,
         host=settings.host,
         port=settings.port,
         log_level=log_level,
@@ -54,19 +58,29 @@ def run_server(settings: Any, log_level: str, *, reuse_port: bool = False) -> No
         # the key extractor, from SHADOWLIMIT_TRUSTED_PROXIES (uvicorn's own default would
         # rewrite the peer from X-Forwarded-For for any request from 127.0.0.1)
         proxy_headers=False,
-        http=http_protocol(settings.request_limits),
+        http=http_protocol(settings.request_limits, tls=tls),
     )
     server = uvicorn.Server(config)
-    if not reuse_port:
-        server.run()
-        return
-    family = socket.AF_INET6 if ":" in settings.host else socket.AF_INET
+    sockets = None
+    if tls is not None:  # the port's context (it rotates), not one uvicorn builds from file names
+        config.load()
+        config.ssl = tls.context
+    if reuse_port:
+        sockets = [_shared_socket(settings.host, settings.port, config.backlog)]
+    # the loop uvicorn would choose, with each TLS handshake bounded (control_plane.tls.loop)
+    with asyncio.Runner(loop_factory=handshake_bounded_loop(settings.tls_handshake_timeout_s)) as runner:
+        runner.run(server.serve(sockets=sockets))
+
+
+def _shared_socket(host: str, port: int, backlog: int) -> socket.socket:
+    """The port the workers of ``--workers N`` share (``SO_REUSEPORT``)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-    sock.bind((settings.host, settings.port))
-    sock.listen(config.backlog)
-    server.run(sockets=[sock])
+    sock.bind((host, port))
+    sock.listen(backlog)
+    return sock
 
 
 def exit_with_parent(parent_pid: int) -> None:

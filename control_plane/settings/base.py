@@ -23,6 +23,7 @@ from .errors import SettingsError
 from .limits import RequestLimits
 from .plans import PlanSettings
 from .rollout import RolloutSettings
+from .tls import TlsSettings
 
 if TYPE_CHECKING:
     from limiter.connection import RedisConnection
@@ -38,10 +39,11 @@ def _env(name: str) -> AliasChoices:
     return AliasChoices(name, name.lower())
 
 
-class Settings(EnvoySettings, PlanSettings, RolloutSettings, BaseSettings):
+class Settings(EnvoySettings, PlanSettings, RolloutSettings, TlsSettings, BaseSettings):
     """Configuration for the control plane, the middleware and the demo (Envoy's rate limit
     service's fields come from :class:`~control_plane.settings.envoy.EnvoySettings`, the
-    rollout's -- gates, modes, clocks -- from :class:`~control_plane.settings.rollout.RolloutSettings`)."""
+    rollout's -- gates, modes, clocks -- from :class:`~control_plane.settings.rollout.RolloutSettings`,
+    TLS on its own ports from :class:`~control_plane.settings.tls.TlsSettings`)."""
 
     model_config = SettingsConfigDict(env_prefix="", case_sensitive=False, extra="ignore", populate_by_name=True)
 
@@ -433,6 +435,32 @@ class Settings(EnvoySettings, PlanSettings, RolloutSettings, BaseSettings):
                 f"SHADOWLIMIT_HOST: {self.host} is not a loopback address;"
                 " set SHADOWLIMIT_ALLOW_REMOTE=true to listen beyond loopback"
             )
+        self.check_pairs()
+        if not loopback and not self.tls_terminated_elsewhere:
+            for port, spec in (("HTTP", self.port_tls("http")), ("gRPC", self.port_tls("grpc"))):
+                if spec is None and (port == "HTTP" or self.grpc_port is not None):
+                    raise ValueError(
+                        f"SHADOWLIMIT_HOST: {self.host} is beyond loopback and the {port} port has no TLS: set"
+                        " SHADOWLIMIT_TLS_CERT_FILE and SHADOWLIMIT_TLS_KEY_FILE, or"
+                        " SHADOWLIMIT_TLS_TERMINATED_ELSEWHERE=true where a mesh or proxy in front terminates TLS"
+                    )
+        return self
+
+    @model_validator(mode="after")
+    def _check_tls_files(self) -> Settings:
+        """Each port's certificate, key and client CA can serve (errors name setting and file)."""
+        from ..tls.files import server_context
+
+        for port in ("http", "grpc"):
+            spec = self.port_tls(port)
+            if spec is not None and (port == "http" or self.grpc_port is not None):
+                ca = (spec.client_ca_setting, spec.client_ca_file) if spec.client_ca_setting else None
+                server_context(
+                    cert=(spec.cert_setting, spec.cert_file),
+                    key=(spec.key_setting, spec.key_file),
+                    client_ca=ca,  # type: ignore[arg-type]
+                    alpn=(),
+                )
         return self
 
     @model_validator(mode="after")

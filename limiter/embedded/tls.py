@@ -70,6 +70,14 @@ extendedKeyUsage = clientAuth
 subjectKeyIdentifier = hash
 authorityKeyIdentifier = keyid, issuer
 
+[envoy_ext]
+basicConstraints = critical, CA:FALSE
+keyUsage = critical, digitalSignature
+extendedKeyUsage = clientAuth
+subjectAltName = DNS:envoy.internal
+subjectKeyIdentifier = hash
+authorityKeyIdentifier = keyid, issuer
+
 [wrong_host_ext]
 basicConstraints = critical, CA:FALSE
 keyUsage = critical, digitalSignature
@@ -157,6 +165,15 @@ class TestPki:
     other_server_key: str
     wrong_host_cert: str
     wrong_host_key: str
+    #: a client certificate named ``DNS:envoy.internal`` (and ``CN=envoy``), from ``ca``
+    envoy_client_cert: str
+    envoy_client_key: str
+    #: a client certificate from the unrelated CA (``CN=stranger``)
+    other_client_cert: str
+    other_client_key: str
+    #: a server certificate from ``ca`` that expired a day ago
+    expired_server_cert: str
+    expired_server_key: str
 
     def server_config(self, client_auth: ClientAuth = "no") -> TlsServerConfig:
         """A :class:`TlsServerConfig` serving ``server`` and trusting ``ca``; the launcher's
@@ -191,11 +208,16 @@ def _paths(directory: str) -> TestPki:
     other_ca, other_ca_key = pair("other-ca")
     other_server, other_server_key = pair("other-server")
     wrong, wrong_key = pair("wrong-host")
+    envoy, envoy_key = pair("envoy-client")
+    other_client, other_client_key = pair("other-client")
+    expired, expired_key = pair("expired-server")
     return TestPki(
         directory=directory, ca_cert=ca, ca_key=ca_key, server_cert=server, server_key=server_key,
         client_cert=client, client_key=client_key, other_ca_cert=other_ca, other_ca_key=other_ca_key,
         other_server_cert=other_server, other_server_key=other_server_key, wrong_host_cert=wrong,
-        wrong_host_key=wrong_key,
+        wrong_host_key=wrong_key, envoy_client_cert=envoy, envoy_client_key=envoy_key,
+        other_client_cert=other_client, other_client_key=other_client_key, expired_server_cert=expired,
+        expired_server_key=expired_key,
     )  # fmt: skip
 
 
@@ -256,13 +278,15 @@ class _OpenSsl:
             "-subj", f"/CN={name}", "-extensions", "ca_ext", "-set_serial", _serial(), "-out", cert,
         )  # fmt: skip
 
-    def leaf(self, cert: str, key: str, name: str, ca: tuple[str, str], extensions: str) -> None:
+    def leaf(self, cert: str, key: str, name: str, ca: tuple[str, str], extensions: str, days: int = 0) -> None:
+        """A certificate signed by ``ca``, valid for ``days`` (0: the set's days; -1: it
+        expired a day ago)."""
         self.key(key)
         csr = cert + ".csr"
         self.run("req", "-config", self.config, "-new", "-key", key, "-subj", f"/CN={name}", "-out", csr)
         self.run(
             "x509", "-req", "-in", csr, "-CA", ca[0], "-CAkey", ca[1], "-set_serial", _serial(), "-sha256",
-            "-days", str(PKI_VALID_DAYS), "-extfile", self.config, "-extensions", extensions, "-out", cert,
+            "-days", str(days or PKI_VALID_DAYS), "-extfile", self.config, "-extensions", extensions, "-out", cert,
         )  # fmt: skip
         os.unlink(csr)
 
@@ -301,6 +325,9 @@ def make_test_pki(directory: str | os.PathLike[str]) -> TestPki:
         tool.ca(pki.other_ca_cert, pki.other_ca_key, "unrelated test CA")
         other = (pki.other_ca_cert, pki.other_ca_key)
         tool.leaf(pki.other_server_cert, pki.other_server_key, "localhost", other, "server_ext")
+        tool.leaf(pki.envoy_client_cert, pki.envoy_client_key, "envoy", good, "envoy_ext")
+        tool.leaf(pki.other_client_cert, pki.other_client_key, "stranger", other, "client_ext")
+        tool.leaf(pki.expired_server_cert, pki.expired_server_key, "localhost", good, "server_ext", days=-1)
         expires = time.time() + PKI_VALID_DAYS * 86400 - 300
         with open(os.path.join(path, _MARKER), "w", encoding="ascii") as fh:
             fh.write(f"{expires:.0f}\n")

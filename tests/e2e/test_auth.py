@@ -57,7 +57,10 @@ def test_parse_tokens_file():
 @pytest.mark.parametrize(
     ("text", "message"),
     [
-        ("alice viewer\n", "tokens:1: expected 'name role sha256-of-token', got 2 fields"),
+        ("alice viewer\n", "tokens:1: expected 'name role sha256-of-token' (or 'name role cert:<certificate"),
+        ("alice client cert:\n", "tokens:1: '' is not a certificate name"),
+        (f"alice client {_sha('x')}\n", "tokens:1: role must be viewer, operator or admin, got 'client'"),
+        ("a viewer cert:DNS:x\nb admin cert:DNS:x\n", "tokens:2: the same certificate name is already given to 'a'"),
         (f"alice root {_sha('x')}\n", "tokens:1: role must be viewer, operator or admin, got 'root'"),
         ("\n\nalice viewer plain-token\n", "tokens:3: the third field must be the token's SHA-256"),
         (f"a viewer {_sha('x')}\na operator {_sha('y')}\n", "tokens:2: name 'a' appears twice"),

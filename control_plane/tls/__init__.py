@@ -1,0 +1,38 @@
+"""TLS and mutual TLS on shadowlimit's own ports (docs/tls.md): the files checked
+(:mod:`.files`), a port's TLS while it serves, rotation included (:mod:`.server`), the loop
+that bounds each handshake (:mod:`.loop`), their metrics (:mod:`.metrics`),
+and the context of shadowlimit's own clients (:mod:`.client`)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from .client import client_context
+from .files import CertificateInfo, TlsFileError, certificate_names, server_context
+from .loop import handshake_bounded_loop
+from .server import ALPN, ServerTls
+
+if TYPE_CHECKING:
+    from ..settings import Settings
+    from ..settings.tls import Port
+
+__all__ = [
+    "ALPN",
+    "CertificateInfo",
+    "ServerTls",
+    "TlsFileError",
+    "certificate_names",
+    "client_context",
+    "handshake_bounded_loop",
+    "port_tls",
+    "server_context",
+]
+
+
+def port_tls(settings: Settings, port: Port) -> ServerTls | None:
+    """The TLS ``port`` serves with under ``settings`` (None: cleartext); a
+    :class:`TlsFileError` naming the setting and the file when one cannot be used."""
+    spec = settings.port_tls(port)
+    if spec is None:
+        return None
+    return ServerTls(spec, reload_s=settings.tls_reload_s)

@@ -1,0 +1,102 @@
+"""TLS settings: every file that cannot serve is a startup error naming its setting and the
+file (missing, a key that is not the certificate's, expired, a CA that is not a CA), pairs
+and client CAs go with a port that has TLS, and listening beyond loopback needs TLS unless
+a mesh or proxy in front is said to terminate it. Certificates from openssl (the test PKI)."""
+
+from __future__ import annotations
+
+import pytest
+
+from control_plane.settings import SettingsError, load_settings
+
+
+def _load(**env: object) -> object:
+    return load_settings(**{k.lower(): v for k, v in env.items()})
+
+
+def _error(**env: object) -> str:
+    with pytest.raises(SettingsError) as info:
+        _load(**env)
+    return str(info.value)
+
+
+def test_a_port_serves_tls_with_a_good_pair(test_pki):
+    s = _load(SHADOWLIMIT_TLS_CERT_FILE=test_pki.server_cert, SHADOWLIMIT_TLS_KEY_FILE=test_pki.server_key)
+    http = s.port_tls("http")  # type: ignore[attr-defined]
+    assert http is not None and http.cert_setting == "SHADOWLIMIT_TLS_CERT_FILE" and not http.mutual
+
+
+def test_a_missing_file_names_the_setting_and_the_file(test_pki, tmp_path):
+    missing = tmp_path / "nope.crt"
+    msg = _error(SHADOWLIMIT_TLS_CERT_FILE=missing, SHADOWLIMIT_TLS_KEY_FILE=test_pki.server_key)
+    assert f"SHADOWLIMIT_TLS_CERT_FILE: {missing}: no such file" in msg
+
+
+def test_a_key_that_is_not_the_certificates(test_pki):
+    msg = _error(SHADOWLIMIT_TLS_CERT_FILE=test_pki.server_cert, SHADOWLIMIT_TLS_KEY_FILE=test_pki.client_key)
+    assert f"SHADOWLIMIT_TLS_KEY_FILE: {test_pki.client_key}: is not the key of the certificate" in msg
+    assert test_pki.server_cert in msg
+
+
+def test_an_expired_certificate(test_pki):
+    msg = _error(
+        SHADOWLIMIT_TLS_CERT_FILE=test_pki.expired_server_cert, SHADOWLIMIT_TLS_KEY_FILE=test_pki.expired_server_key
+    )
+    assert f"SHADOWLIMIT_TLS_CERT_FILE: {test_pki.expired_server_cert}: the certificate (CN=localhost) expired" in msg
+
+
+def test_a_client_ca_that_is_not_a_ca(test_pki):
+    msg = _error(
+        SHADOWLIMIT_TLS_CERT_FILE=test_pki.server_cert,
+        SHADOWLIMIT_TLS_KEY_FILE=test_pki.server_key,
+        SHADOWLIMIT_TLS_CLIENT_CA_FILE=test_pki.client_cert,
+    )
+    assert f"SHADOWLIMIT_TLS_CLIENT_CA_FILE: {test_pki.client_cert}: CN=shadowlimit test client is not a CA" in msg
+
+
+def test_a_file_that_is_not_pem(test_pki, tmp_path):
+    junk = tmp_path / "junk.pem"
+    junk.write_text("not a certificate\n")
+    msg = _error(SHADOWLIMIT_TLS_CERT_FILE=test_pki.server_cert, SHADOWLIMIT_TLS_KEY_FILE=junk)
+    assert f"SHADOWLIMIT_TLS_KEY_FILE: {junk}: holds no PEM private key" in msg
+
+
+def test_half_a_pair_and_a_client_ca_without_tls(test_pki):
+    assert "SHADOWLIMIT_TLS_KEY_FILE: needed with SHADOWLIMIT_TLS_CERT_FILE" in _error(
+        SHADOWLIMIT_TLS_CERT_FILE=test_pki.server_cert
+    )
+    assert "SHADOWLIMIT_GRPC_TLS_CLIENT_CA_FILE: a client CA for a port without TLS" in _error(
+        SHADOWLIMIT_GRPC_TLS_CLIENT_CA_FILE=test_pki.ca_cert
+    )
+    names = _error(
+        SHADOWLIMIT_TLS_CERT_FILE=test_pki.server_cert,
+        SHADOWLIMIT_TLS_KEY_FILE=test_pki.server_key,
+        SHADOWLIMIT_TLS_CLIENT_NAMES="DNS:envoy.internal",
+    )
+    assert "SHADOWLIMIT_TLS_CLIENT_NAMES: names of client certificates for a port without mutual TLS" in names
+    bad = _error(SHADOWLIMIT_TLS_CLIENT_NAMES="envoy.internal")
+    assert "SHADOWLIMIT_TLS_CLIENT_NAMES: 'envoy.internal' is not a certificate name" in bad
+
+
+def test_per_port_files_and_envoyproxy_ratelimits_names(test_pki):
+    s = load_settings(
+        tls_cert_file=test_pki.server_cert,
+        tls_key_file=test_pki.server_key,
+        GRPC_SERVER_TLS_CERT=test_pki.other_server_cert,
+        GRPC_SERVER_TLS_KEY=test_pki.other_server_key,
+        GRPC_CLIENT_TLS_CACERT=test_pki.ca_cert,
+        GRPC_CLIENT_TLS_SAN="DNS:envoy.internal",
+    )
+    grpc, http = s.port_tls("grpc"), s.port_tls("http")
+    assert grpc is not None and http is not None
+    assert str(grpc.cert_file) == test_pki.other_server_cert and grpc.mutual
+    assert grpc.client_names == ("DNS:envoy.internal",)
+    assert str(http.cert_file) == test_pki.server_cert and not http.mutual
+
+
+def test_beyond_loopback_without_tls_names_the_setting_that_allows_it(test_pki):
+    remote = {"SHADOWLIMIT_HOST": "0.0.0.0", "SHADOWLIMIT_ALLOW_REMOTE": "true"}
+    msg = _error(**remote)
+    assert "the HTTP port has no TLS" in msg and "SHADOWLIMIT_TLS_TERMINATED_ELSEWHERE=true" in msg
+    assert _load(**remote, SHADOWLIMIT_TLS_TERMINATED_ELSEWHERE="true")
+    assert _load(**remote, SHADOWLIMIT_TLS_CERT_FILE=test_pki.server_cert, SHADOWLIMIT_TLS_KEY_FILE=test_pki.server_key)
