@@ -16,6 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .der import decode_certificate, pem_certificates
+
 __all__ = [
     "INTERMEDIATE_CIPHERS",
     "CertificateInfo",
@@ -53,7 +55,7 @@ class TlsFileError(ValueError):
 class CertificateInfo:
     """What a certificate says that matters here."""
 
-    subject: str  # RFC 4514
+    subject: str  # its common names (CN=x), or its first other name
     names: tuple[str, ...]  # CN=x and its subject alternative names (DNS:x, IP:x, URI:x, email:x)
     not_before: float  # Unix seconds
     not_after: float
@@ -74,57 +76,48 @@ def _read(setting: str, path: Path) -> bytes:
 
 def read_certificates(setting: str, path: Path) -> list[CertificateInfo]:
     """Every PEM certificate in ``path`` (at least one)."""
-    from cryptography import x509
-    from cryptography.x509.oid import NameOID
-
     data = _read(setting, path)
     try:
-        certs = x509.load_pem_x509_certificates(data)
-    except ValueError:
-        raise TlsFileError(setting, path, "holds no PEM certificate (-----BEGIN CERTIFICATE-----)") from None
-    out = []
-    for cert in certs:
-        names = [f"CN={a.value!s}" for a in cert.subject.get_attributes_for_oid(NameOID.COMMON_NAME)]
-        try:
-            san = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
-        except x509.ExtensionNotFound:
-            san = None
-        if san is not None:
-            names += [f"DNS:{n}" for n in san.get_values_for_type(x509.DNSName)]
-            names += [f"IP:{n}" for n in san.get_values_for_type(x509.IPAddress)]
-            names += [f"URI:{n}" for n in san.get_values_for_type(x509.UniformResourceIdentifier)]
-            names += [f"email:{n}" for n in san.get_values_for_type(x509.RFC822Name)]
-        try:
-            is_ca = cert.extensions.get_extension_for_class(x509.BasicConstraints).value.ca
-        except x509.ExtensionNotFound:
-            is_ca = False
-        out.append(
-            CertificateInfo(
-                subject=cert.subject.rfc4514_string(),
-                names=tuple(names),
-                not_before=cert.not_valid_before_utc.timestamp(),
-                not_after=cert.not_valid_after_utc.timestamp(),
-                is_ca=is_ca,
-            )
+        decoded = [decode_certificate(der) for der in pem_certificates(data)]
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise TlsFileError(setting, path, f"a certificate in it cannot be read ({exc})") from None
+    if not decoded:
+        raise TlsFileError(setting, path, "holds no PEM certificate (-----BEGIN CERTIFICATE-----)")
+    return [
+        CertificateInfo(
+            subject=", ".join(f"CN={cn}" for cn in d.common_names) or (d.alt_names[0] if d.alt_names else "?"),
+            names=tuple(f"CN={cn}" for cn in d.common_names) + d.alt_names,
+            not_before=d.not_before,
+            not_after=d.not_after,
+            is_ca=d.is_ca,
         )
-    return out
+        for d in decoded
+    ]
 
 
-def _check_key(cert_setting: str, cert_path: Path, key_setting: str, key_path: Path) -> None:
-    from cryptography import x509
-    from cryptography.hazmat.primitives import serialization
+class _Encrypted(Exception):
+    """OpenSSL asked for the key's password."""
 
-    data = _read(key_setting, key_path)
+
+def _no_password() -> str:
+    raise _Encrypted  # never a prompt on the terminal (OpenSSL's default) in a server
+
+
+def _load_pair(ctx: ssl.SSLContext, cert: tuple[str, Path], key: tuple[str, Path]) -> None:
+    """The certificate chain and its key into ``ctx``; each way it fails said plainly."""
+    _read(*key)
     try:
-        key = serialization.load_pem_private_key(data, password=None)
-    except TypeError:
-        raise TlsFileError(key_setting, key_path, "is encrypted; give the key unencrypted (a mounted Secret)") from None
-    except (ValueError, Exception):  # cryptography's UnsupportedAlgorithm is no ValueError
-        raise TlsFileError(key_setting, key_path, "holds no PEM private key (-----BEGIN PRIVATE KEY-----)") from None
-    cert = x509.load_pem_x509_certificates(_read(cert_setting, cert_path))[0]
-    raw = serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo
-    if cert.public_key().public_bytes(*raw) != key.public_key().public_bytes(*raw):
-        raise TlsFileError(key_setting, key_path, f"is not the key of the certificate in {cert_setting} ({cert_path})")
+        ctx.load_cert_chain(str(cert[1]), str(key[1]), password=_no_password)
+    except _Encrypted:
+        raise TlsFileError(key[0], key[1], "is encrypted; give the key unencrypted (a mounted Secret)") from None
+    except ssl.SSLError as exc:
+        if "KEY_VALUES_MISMATCH" in str(exc) or "key values mismatch" in str(exc):
+            raise TlsFileError(key[0], key[1], f"is not the key of the certificate in {cert[0]} ({cert[1]})") from None
+        if "PEM" in str(exc) or "NO_START_LINE" in str(exc):
+            raise TlsFileError(key[0], key[1], "holds no PEM private key (-----BEGIN PRIVATE KEY-----)") from None
+        raise TlsFileError(key[0], key[1], f"OpenSSL refused it with {cert[0]}: {exc}") from None
+    except OSError as exc:
+        raise TlsFileError(key[0], key[1], f"cannot read it: {exc.strerror or exc}") from None
 
 
 def certificate_names(peer: dict[str, Any]) -> tuple[str, ...]:
@@ -153,17 +146,13 @@ def server_context(
     if leaf.not_after <= now:
         expired = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(leaf.not_after))
         raise TlsFileError(cert[0], cert[1], f"the certificate ({leaf.subject}) expired at {expired}")
-    _check_key(cert[0], cert[1], key[0], key[1])
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     ctx.minimum_version = ssl.TLSVersion.TLSv1_2
     ctx.set_ciphers(INTERMEDIATE_CIPHERS)
     ctx.options |= ssl.OP_NO_RENEGOTIATION | ssl.OP_NO_COMPRESSION
     if alpn:
         ctx.set_alpn_protocols(list(alpn))
-    try:
-        ctx.load_cert_chain(str(cert[1]), str(key[1]))
-    except (ssl.SSLError, OSError) as exc:
-        raise TlsFileError(key[0], key[1], f"OpenSSL refused it with {cert[0]}: {exc}") from None
+    _load_pair(ctx, cert, key)
     if client_ca is not None:
         cas = read_certificates(*client_ca)
         not_ca = [c.subject for c in cas if not c.is_ca]

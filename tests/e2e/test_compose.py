@@ -2,7 +2,9 @@
 project's image and test stand-ins for the official images (deploy/compose/test-images/, built on
 the local Debian base), then requests through Envoy that shadowlimit's three replicas limit as one,
 Prometheus scraping every replica and Envoy with the shipped alert rules loaded, and ``down``
-leaving no container, pod, network or volume of the project behind.
+leaving no container, pod, network or volume of the project behind. The certificates come from
+the stack's own ``make-certs.sh`` (openssl): Envoy reaches the replicas over mutual TLS,
+Prometheus scrapes them over HTTPS with its client certificate, and so does this test.
 
 Only loopback is published (``127.0.0.1:<free port>``); the services talk on the project's own
 network, as the compose file says.
@@ -12,6 +14,7 @@ from __future__ import annotations
 
 import os
 import secrets
+import ssl
 import subprocess
 import time
 from typing import Any
@@ -78,18 +81,23 @@ def test_the_compose_stack_answers_through_envoy_and_goes_down_leaving_nothing(t
     token.write_text(secrets.token_hex(32))
     token.chmod(0o644)  # read by the image's user through the bind mount
     tmp_path.chmod(0o755)
+    tls = tmp_path / "tls"
+    made = subprocess.run([str(COMPOSE / "make-certs.sh"), str(tls)], capture_output=True, text=True, timeout=60)
+    assert made.returncode == 0, made.stderr
+    env["SHADOWLIMIT_TLS_DIR"] = str(tls)
     ports = {"SHADOWLIMIT_HTTP_PORT": free_port(), "ENVOY_PORT": free_port(), "PROMETHEUS_PORT": free_port()}
     env |= {"SHADOWLIMIT_ADMIN_TOKEN_PATH": str(token), **{k: str(v) for k, v in ports.items()}}
     project = f"sltest{os.getpid()}"
-    stack = {"project": project, "token": token.read_text(),
+    stack = {"project": project, "token": token.read_text(), "tls": tls,
              **{k.lower(): f"http://127.0.0.1:{v}" for k, v in ports.items()}}  # fmt: skip
+    stack["shadowlimit_http_port"] = f"https://127.0.0.1:{ports['SHADOWLIMIT_HTTP_PORT']}"
     t0 = time.monotonic()
     up = False
     try:
         _compose(project, env, "up", "-d", "--no-build")
         up = True
-        eventually(lambda: httpx.get(stack["shadowlimit_http_port"] + "/readyz", timeout=2).status_code == 200,
-                   timeout=60, what="the first replica ready")  # fmt: skip
+        eventually(lambda: _api(stack).get("/readyz").status_code == 200, timeout=60,
+                   what="the first replica ready")  # fmt: skip
         for n in (1, 2, 3):  # the others through the image's own health check (Envoy fails open to one not up)
             name = f"{project}_shadowlimit-{n}_1"
             eventually(lambda c=name: podman("healthcheck", "run", c, check=False).returncode == 0, timeout=60,
@@ -99,6 +107,7 @@ def test_the_compose_stack_answers_through_envoy_and_goes_down_leaving_nothing(t
         _limited_through_envoy_by_the_replicas_as_one(stack)
         _prometheus_scrapes_everything_with_the_shipped_alerts(stack)
         _the_admin_token_comes_from_the_secret_file(stack)
+        _only_a_certificate_of_the_stack_reaches_a_replica(stack)
     finally:
         t1 = time.monotonic()
         if up:
@@ -159,9 +168,29 @@ def _prometheus_scrapes_everything_with_the_shipped_alerts(stack: dict[str, Any]
     assert len(calls) == 3, calls  # every replica was scraped and counts Envoy's calls
 
 
+def _api(stack: dict[str, Any], who: str | None = "operator") -> httpx.Client:
+    """A client of the published replica's HTTPS API, presenting ``who``'s certificate."""
+    ctx = ssl.create_default_context(cafile=str(stack["tls"] / "ca.crt"))
+    if who is not None:
+        ctx.load_cert_chain(stack["tls"] / f"{who}.crt", stack["tls"] / f"{who}.key")
+    return httpx.Client(base_url=stack["shadowlimit_http_port"], verify=ctx, timeout=5)
+
+
 def _the_admin_token_comes_from_the_secret_file(stack: dict[str, Any]) -> None:
-    url = stack["shadowlimit_http_port"] + "/v1/routes/api/mode"
     body = {"mode": "off", "reason": "compose test"}
-    assert httpx.put(url, json=body, timeout=5).status_code == 401
-    r = httpx.put(url, json=body, headers={"Authorization": f"Bearer {stack['token']}"}, timeout=5)
+    with _api(stack) as api:
+        assert api.put("/v1/routes/api/mode", json=body).status_code == 401
+        r = api.put("/v1/routes/api/mode", json=body, headers={"Authorization": f"Bearer {stack['token']}"})
     assert r.status_code == 200, r.text
+
+
+def _only_a_certificate_of_the_stack_reaches_a_replica(stack: dict[str, Any]) -> None:
+    with pytest.raises(httpx.HTTPError), _api(stack, who=None) as api:  # the token alone: refused
+        api.get("/v1/routes", headers={"Authorization": f"Bearer {stack['token']}"})
+    with pytest.raises(httpx.HTTPError):  # cleartext: no answer
+        httpx.get(stack["shadowlimit_http_port"].replace("https:", "http:") + "/healthz", timeout=5)
+    # Envoy's calls went over TLS: its own counters of the cluster's handshakes
+    handshakes = _prometheus(
+        stack, "/api/v1/query", query='sum(envoy_cluster_ssl_handshake{envoy_cluster_name="shadowlimit"})'
+    )["result"]
+    assert handshakes and float(handshakes[0]["value"][1]) > 0, handshakes

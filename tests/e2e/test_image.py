@@ -17,6 +17,7 @@ import os
 import pty
 import re
 import select
+import ssl
 import subprocess
 import sys
 import time
@@ -115,7 +116,7 @@ def test_the_image_is_small_labelled_and_runs_serve_as_a_user(image):
     assert labels["org.opencontainers.image.source"] == (origin.stdout.strip() or REPO.as_uri())
     assert config["User"] == f"{USER_ID}:{USER_ID}"
     assert config["Entrypoint"] == ["shadowlimit"] and config["Cmd"] == ["serve"]
-    assert "/healthz" in " ".join(info["Healthcheck"]["Test"])  # kept by --format docker
+    assert "control_plane.server.healthcheck" in " ".join(info["Healthcheck"]["Test"])  # kept by --format docker
 
 
 def test_it_runs_as_a_user_on_a_read_only_root(served):
@@ -136,6 +137,29 @@ def test_healthz_the_health_check_and_metrics(served):
     check = podman("healthcheck", "run", c.name, check=False)
     assert check.returncode == 0, check.stdout + check.stderr
     assert "shadowlimit_build_info" in httpx.get(url + "/metrics", timeout=5).text
+
+
+def test_it_serves_tls_from_mounted_files_and_its_health_check_speaks_it(image, redis_server, test_pki, tmp_path):
+    """The certificate and key mounted read-only as a Secret would be (readable by the image's
+    user), the HTTPS API answering with them, and the image's own health check over HTTPS."""
+    tls = configmap_dir(
+        tmp_path / "tls",
+        {"tls.crt": Path(test_pki.server_cert).read_text(), "tls.key": Path(test_pki.server_key).read_text()},
+    )
+    port = free_port()
+    env = _settings(redis_server.url, port, SHADOWLIMIT_TLS_CERT_FILE="/etc/shadowlimit/tls/tls.crt",
+                    SHADOWLIMIT_TLS_KEY_FILE="/etc/shadowlimit/tls/tls.key")  # fmt: skip
+    with Container(
+        image, env=env, options=["--network", "host", "--read-only", "-v", f"{tls}:/etc/shadowlimit/tls:ro"]
+    ) as c:
+        ctx = ssl.create_default_context(cafile=test_pki.ca_cert)
+        url = f"https://localhost:{port}"
+        eventually(lambda: httpx.get(url + "/healthz", verify=ctx, timeout=2).status_code == 200, timeout=60,
+                   what="the HTTPS API")  # fmt: skip
+        with pytest.raises(httpx.HTTPError):
+            httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=5)
+        check = podman("healthcheck", "run", c.name, check=False)
+        assert check.returncode == 0, check.stdout + check.stderr
 
 
 def test_decide_answers_from_redis(served):
@@ -176,17 +200,32 @@ def _outside(env: dict[str, str]) -> subprocess.CompletedProcess[str]:
 @pytest.mark.parametrize(
     "env",
     [
-        pytest.param({}, id="no-redis-url"),
+        pytest.param({"SHADOWLIMIT_TLS_TERMINATED_ELSEWHERE": "true"}, id="no-redis-url"),
         pytest.param(
             {
                 "RATE_LIMIT_REDIS_URL": "redis://127.0.0.1:1/0",
                 "SHADOWLIMIT_TOKENS_FILE": "/run/secrets/shadowlimit/tokens",
+                "SHADOWLIMIT_TLS_TERMINATED_ELSEWHERE": "true",
             },
             id="no-tokens-file",
         ),
         pytest.param(
-            {"RATE_LIMIT_REDIS_URL": "redis://127.0.0.1:1/0", "SHADOWLIMIT_ADMIN_TOKEN_FILE": "/run/secrets/admin"},
+            {
+                "RATE_LIMIT_REDIS_URL": "redis://127.0.0.1:1/0",
+                "SHADOWLIMIT_ADMIN_TOKEN_FILE": "/run/secrets/admin",
+                "SHADOWLIMIT_TLS_TERMINATED_ELSEWHERE": "true",
+            },
             id="no-admin-token-file",
+        ),
+        # the image listens on every address: without TLS (or a mesh said to terminate it), no start
+        pytest.param({"RATE_LIMIT_REDIS_URL": "redis://127.0.0.1:1/0"}, id="no-tls"),
+        pytest.param(
+            {
+                "RATE_LIMIT_REDIS_URL": "redis://127.0.0.1:1/0",
+                "SHADOWLIMIT_TLS_CERT_FILE": "/run/tls/tls.crt",
+                "SHADOWLIMIT_TLS_KEY_FILE": "/run/tls/tls.key",
+            },
+            id="no-certificate-file",
         ),
     ],
 )

@@ -175,3 +175,75 @@ def test_serve_refuses_bad_tls_files_naming_the_setting_and_the_file(redis_url, 
     assert f"SHADOWLIMIT_TLS_KEY_FILE: {test_pki.client_key}: is not the key of the certificate" in done.stderr
     assert "Traceback" not in done.stderr
     assert Path(test_pki.client_key).exists()
+
+
+def test_rotation_under_load_reaches_new_connections_and_fails_no_call(redis_url, test_pki, tmp_path):
+    """The pair mounted as a kubelet mounts a Secret, swapped (one rename of ``..data``) while
+    two clients open a new connection per call: new connections get the new certificate within
+    seconds, a connection opened before keeps its own, a pair that does not match keeps the
+    last good one (counted), and no call fails meanwhile."""
+    import http.client
+    import threading
+    import time
+
+    from podman import configmap_dir
+    from support import eventually
+
+    def pair(cert: str, key: str) -> dict[str, str]:
+        return {"tls.crt": Path(cert).read_text(), "tls.key": Path(key).read_text()}
+
+    tls = configmap_dir(tmp_path / "tls", pair(test_pki.server_cert, test_pki.server_key))
+    bundle = tmp_path / "bundle.pem"
+    bundle.write_text(Path(test_pki.ca_cert).read_text() + Path(test_pki.other_ca_cert).read_text())
+    ctx = client_ssl(str(bundle))
+
+    def issuer(conn: http.client.HTTPSConnection) -> str:
+        conn.request("GET", "/healthz")
+        conn.getresponse().read()
+        return dict(rdn[0] for rdn in conn.sock.getpeercert()["issuer"])["commonName"]  # type: ignore[union-attr]
+
+    seen: list[str] = []
+    failures: list[str] = []
+    stop = threading.Event()
+
+    def client() -> None:
+        while not stop.is_set():
+            conn = http.client.HTTPSConnection("localhost", s.port, context=ctx, timeout=5)
+            try:
+                seen.append(issuer(conn))
+            except Exception as exc:  # noqa: BLE001 - every failure is the finding
+                failures.append(repr(exc))
+            finally:
+                conn.close()
+
+    s = TlsServed(redis_url, test_pki, cert=(str(tls / "tls.crt"), str(tls / "tls.key")))
+    with s:
+        kept = http.client.HTTPSConnection("localhost", s.port, context=ctx, timeout=5)
+        assert issuer(kept) == "shadowlimit test CA"
+        threads = [threading.Thread(target=client) for _ in range(2)]
+        for t in threads:
+            t.start()
+        try:
+            eventually(lambda: len(seen) > 20, 20, what="calls before the swap")
+            configmap_dir(tls, pair(test_pki.other_server_cert, test_pki.other_server_key))
+            swapped = time.monotonic()
+            eventually(lambda: seen[-1] == "unrelated test CA", 10, what="the new certificate on new connections")
+            took = time.monotonic() - swapped
+            assert issuer(kept) == "shadowlimit test CA"  # open before the swap: still its own
+            configmap_dir(tls, pair(test_pki.server_cert, test_pki.other_server_key))  # not a pair
+            with s.http(ca=str(bundle)) as h:
+                eventually(
+                    lambda: metric_value(h.get("/metrics").text, "rate_limit_tls_reloads_total", port="http",
+                                         result="error") == 1, 10, what="the bad pair refused")  # fmt: skip
+                ok = metric_value(h.get("/metrics").text, "rate_limit_tls_reloads_total", port="http", result="ok")
+            n = len(seen)
+            eventually(lambda: len(seen) > n + 20, 20, what="calls after the bad pair")
+        finally:
+            stop.set()
+            for t in threads:
+                t.join(10)
+            kept.close()
+    assert failures == [] and ok == 1
+    assert took < 3, took
+    assert seen[-1] == "unrelated test CA"  # the last good pair serves on
+    assert "new files not used, the old certificate stays" in s.stderr()
