@@ -43,6 +43,8 @@ from typing import Any
 import orjson
 from starlette.convertors import PathConvertor, register_url_convertor
 
+from .tls.spec import certificate_name_problem
+
 __all__ = [
     "ACCESS",
     "Access",
@@ -55,7 +57,6 @@ __all__ = [
     "TokensFile",
     "TokensFileError",
     "authorize",
-    "certificate_name_problem",
     "check",
     "parse_tokens",
     "refuse",
@@ -225,15 +226,6 @@ def parse_tokens(text: str, source: str = "tokens file") -> dict[str, Identity]:
         names.add(name)
         out[key] = ident
     return out
-
-
-def certificate_name_problem(name: str) -> str | None:
-    """Why ``name`` is not a certificate name (``DNS:x``, ``URI:x``, ``IP:x``, ``email:x``,
-    ``CN=x``), or None."""
-    kind, sep, rest = name.partition(":")
-    if (name.startswith("CN=") and len(name) > 3) or (sep and rest and kind in {"DNS", "URI", "IP", "email"}):
-        return None
-    return f"{name!r} is not a certificate name: DNS:x, URI:x, IP:x, email:x or CN=x"
 
 
 class TokensFile:

@@ -13,43 +13,17 @@ of the certificate names accepted (``SHADOWLIMIT_TLS_CLIENT_NAMES`` and the per-
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
 
 from pydantic import AliasChoices, BaseModel, Field, field_validator
 
-__all__ = ["PortTls", "TlsSettings", "split_names"]
+from ..tls.spec import Port, PortTls, certificate_name_problem, split_names
 
-Port = Literal["http", "grpc"]
+__all__ = ["Port", "PortTls", "TlsSettings"]
 
 
 def _env(*names: str) -> AliasChoices:
     return AliasChoices(*names, *(n.lower() for n in names))
-
-
-def split_names(text: str) -> tuple[str, ...]:
-    """``"DNS:envoy.internal, CN=alice smith"`` as its names (commas between them)."""
-    return tuple(n.strip() for n in text.split(",") if n.strip())
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class PortTls:
-    """What one port's TLS reads: its files, the setting each came from (named in errors),
-    the certificate names a client must have one of (empty: any from the CA)."""
-
-    port: Port
-    cert_file: Path
-    key_file: Path
-    cert_setting: str
-    key_setting: str
-    client_ca_file: Path | None = None
-    client_ca_setting: str | None = None
-    client_names: tuple[str, ...] = ()
-
-    @property
-    def mutual(self) -> bool:
-        return self.client_ca_file is not None
 
 
 def _path(v: object) -> Path | None:
@@ -152,8 +126,6 @@ class TlsSettings(BaseModel):
     @field_validator("tls_client_names", "http_tls_client_names", "grpc_tls_client_names")
     @classmethod
     def _check_names(cls, v: str) -> str:
-        from ..auth import certificate_name_problem
-
         for name in split_names(v):
             problem = certificate_name_problem(name)
             if problem:

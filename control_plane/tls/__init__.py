@@ -14,7 +14,7 @@ from .server import ALPN, ServerTls
 
 if TYPE_CHECKING:
     from ..settings import Settings
-    from ..settings.tls import Port
+    from .spec import Port
 
 __all__ = [
     "ALPN",

@@ -24,8 +24,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ..settings.tls import PortTls
 from .files import CertificateInfo, TlsFileError, certificate_names, server_context
+from .spec import PortTls
 
 __all__ = ["ALPN", "ServerTls"]
 
