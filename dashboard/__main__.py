@@ -1,10 +1,12 @@
-"""``python -m dashboard --url URL [--token T] [--theme NAME]`` (defaults: SHADOWLIMIT_URL,
-SHADOWLIMIT_ADMIN_TOKEN, SHADOWLIMIT_DASHBOARD_THEME)."""
+"""``python -m dashboard --url URL [--token T] [--theme NAME] [--ca-file PEM] [--client-cert PEM]``
+(defaults: SHADOWLIMIT_URL, SHADOWLIMIT_ADMIN_TOKEN, SHADOWLIMIT_DASHBOARD_THEME, SHADOWLIMIT_CA_FILE,
+SHADOWLIMIT_CLIENT_CERT_FILE)."""
 
 from __future__ import annotations
 
 import argparse
 import os
+import ssl
 import sys
 
 try:
@@ -36,6 +38,24 @@ def main(argv: list[str] | None = None) -> int:
         ),
     )
     parser.add_argument(
+        "--ca-file",
+        default=os.environ.get("SHADOWLIMIT_CA_FILE") or None,
+        metavar="PEM",
+        help="the CA bundle an https:// URL's certificate is checked with (env SHADOWLIMIT_CA_FILE)",
+    )
+    parser.add_argument(
+        "--client-cert",
+        default=os.environ.get("SHADOWLIMIT_CLIENT_CERT_FILE") or None,
+        metavar="PEM",
+        help="a client certificate, for a control plane with mutual TLS (env SHADOWLIMIT_CLIENT_CERT_FILE)",
+    )
+    parser.add_argument(
+        "--client-key",
+        default=os.environ.get("SHADOWLIMIT_CLIENT_KEY_FILE") or None,
+        metavar="PEM",
+        help="its key, unless in the certificate's file (env SHADOWLIMIT_CLIENT_KEY_FILE)",
+    )
+    parser.add_argument(
         "--replica", action="append", default=[], metavar="URL", help="another replica to switch to with n (repeatable)"
     )
     parser.add_argument(
@@ -52,7 +72,15 @@ def main(argv: list[str] | None = None) -> int:
     if theme is not None and theme not in BUILTIN_THEMES:
         parser.error(f"{source}: unknown theme {theme!r} (known: {', '.join(sorted(BUILTIN_THEMES))})")
     replicas = [args.url, *args.replica] if args.replica else None
-    return run_dashboard(args.url, args.token, replicas=replicas, theme=theme)
+    tls = None
+    if args.ca_file or args.client_cert:
+        try:
+            tls = ssl.create_default_context(cafile=args.ca_file)
+            if args.client_cert:
+                tls.load_cert_chain(args.client_cert, args.client_key)
+        except (OSError, ssl.SSLError) as exc:
+            parser.error(f"--ca-file / --client-cert / --client-key: {exc}")
+    return run_dashboard(args.url, args.token, replicas=replicas, theme=theme, tls=tls)
 
 
 if __name__ == "__main__":

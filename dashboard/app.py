@@ -9,6 +9,7 @@ Usage::
 from __future__ import annotations
 
 import os
+import ssl
 from collections.abc import Iterable
 
 from rich.console import ConsoleRenderable
@@ -59,8 +60,11 @@ class ShadowlimitDashboard(App[int]):
         demo_banner: str | None = None,
         snapshot: Snapshot | None = None,
         theme: str | None = None,
+        tls: ssl.SSLContext | None = None,
     ) -> None:
         super().__init__()
+        #: the TLS of an https:// control plane: its CA bundle and a client certificate (None: the system's CAs)
+        self.tls = tls
         #: a problem with the theme asked for in the environment, shown once the app runs
         self.theme_problem: str | None = None
         self.start_theme = self._start_theme(theme)
@@ -108,7 +112,11 @@ class ShadowlimitDashboard(App[int]):
         self.theme_changed_signal.subscribe(self, self._restyle)
         self.push_screen(
             DashboardScreen(
-                self.replicas, self.token, hint=DEMO_HINT if self.demo_banner else None, snapshot=self.fixed_snapshot
+                self.replicas,
+                self.token,
+                hint=DEMO_HINT if self.demo_banner else None,
+                snapshot=self.fixed_snapshot,
+                tls=self.tls,
             )
         )
         if self.theme_problem:  # on the dashboard's screen, once it is there
@@ -173,9 +181,14 @@ class ShadowlimitDashboard(App[int]):
 
 
 def run_dashboard(
-    url: str, token: str | None = None, *, replicas: list[str] | None = None, theme: str | None = None
+    url: str,
+    token: str | None = None,
+    *,
+    replicas: list[str] | None = None,
+    theme: str | None = None,
+    tls: ssl.SSLContext | None = None,
 ) -> int:
     """Run the dashboard in this terminal until the user quits; returns the exit code."""
-    app = ShadowlimitDashboard(url, token, replicas=replicas, theme=theme)
+    app = ShadowlimitDashboard(url, token, replicas=replicas, theme=theme, tls=tls)
     app.run()
     return app.return_code or 0

@@ -20,6 +20,7 @@ Usage::
 from __future__ import annotations
 
 import json
+import ssl
 from collections.abc import AsyncIterator
 from typing import Any, NamedTuple
 from urllib.parse import quote
@@ -166,8 +167,10 @@ class ControlPlaneClient:
         *,
         timeout: float = 5.0,
         transport: httpx.AsyncBaseTransport | None = None,
+        tls: ssl.SSLContext | None = None,
     ) -> None:
         self.url = url.rstrip("/")
+        self.tls = tls  # an https:// URL's CA bundle and client certificate (None: the system's CAs)
         self.token = token or None
         self._timeout = timeout
         self._transport = transport
@@ -189,7 +192,11 @@ class ControlPlaneClient:
                 {"Authorization": f"Bearer {self.token}"} if self.token else {}
             )
             self._http = httpx.AsyncClient(
-                base_url=self.url, timeout=self._timeout, transport=self._transport, headers=headers
+                base_url=self.url,
+                timeout=self._timeout,
+                transport=self._transport,
+                headers=headers,
+                verify=self.tls if self.tls is not None else True,
             )
         return self._http
 

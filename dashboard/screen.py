@@ -7,6 +7,7 @@ All IO runs in workers calling :mod:`dashboard.client`; widgets only get typed v
 from __future__ import annotations
 
 import asyncio
+import ssl
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import replace
@@ -69,15 +70,17 @@ class DashboardScreen(Screen[None]):
         hint: str | None = None,
         snapshot: Snapshot | None = None,
         clock: Callable[[], float] = time.monotonic,
+        tls: ssl.SSLContext | None = None,
     ) -> None:
         super().__init__()
+        self.tls = tls
         #: monotonic seconds: reconnect deadlines and which of two route reads is newer
         self.clock = clock
         self.urls = list(urls)
         self.token = token
         self.hint = hint
         self.fixed = snapshot
-        self.client = ControlPlaneClient(self.urls[0], token)
+        self.client = ControlPlaneClient(self.urls[0], token, tls=tls)
         self.snapshot: Snapshot | None = None
         self.selected: str | None = None
         self.conn = ConnectionState(
@@ -298,7 +301,7 @@ class DashboardScreen(Screen[None]):
         if self.fixed is not None or len(self.urls) < 2:
             return
         i = (self.urls.index(self.client.url) + 1) % len(self.urls) if self.client.url in self.urls else 0
-        old, self.client = self.client, ControlPlaneClient(self.urls[i], self.token)
+        old, self.client = self.client, ControlPlaneClient(self.urls[i], self.token, tls=self.tls)
         self._events.clear()
         self._set_conn("connecting")
         self.run_stream()

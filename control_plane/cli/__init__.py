@@ -258,7 +258,10 @@ def cmd_dash(args: argparse.Namespace) -> int:
         if args.theme not in BUILTIN_THEMES:
             known = ", ".join(sorted(BUILTIN_THEMES))
             raise CliError(f"--theme: unknown theme {args.theme!r} (known: {known})", EXIT_USAGE)
-    return run_dashboard(args.url, args.token, theme=args.theme)
+    from .remote import tls_of
+
+    verify = tls_of(args)
+    return run_dashboard(args.url, args.token, theme=args.theme, tls=verify if verify is not True else None)
 
 
 def cmd_completion(args: argparse.Namespace) -> int:

@@ -7,7 +7,8 @@ one line; with ``--json`` a JSON error on stdout), found by the parser before an
 sent or started. A timeout is a positive number of seconds: ``--timeout 0`` would wait for
 nothing and report the control plane unreachable (exit 3).
 
-The connection options (``--url``, ``--token``, ``--timeout``) go before the command or after
+The connection options (``--url``, ``--token``, ``--timeout``, and for an HTTPS URL ``--ca-file``,
+``--client-cert``, ``--client-key``) go before the command or after
 it (``shadowlimit --url URL routes`` or ``shadowlimit routes --url URL``; after wins), as
 ``--json`` does; :func:`connection_options` checks them once the command is known.
 """
@@ -41,7 +42,7 @@ MAX_SECONDS = 86_400.0
 #: the most tokens per period a limit may have (the API's bound)
 MAX_AMOUNT = 1e9
 #: the options every command that talks to a control plane takes, before or after its name
-CONNECTION_OPTIONS = ("url", "token", "timeout")
+CONNECTION_OPTIONS = ("url", "token", "timeout", "ca_file", "client_cert", "client_key")
 DEFAULT_URL = "http://127.0.0.1:8080"
 DEFAULT_TIMEOUT_S = 10.0
 
@@ -126,7 +127,7 @@ def port(text: str) -> int:
 
 
 def add_connection_options(parser: argparse.ArgumentParser) -> None:
-    """``--url``, ``--token`` and ``--timeout`` on ``parser`` (the command's, or shadowlimit's
+    """``--url``, ``--token``, ``--timeout`` and the TLS files on ``parser`` (the command's, or shadowlimit's
     own for the options typed before the command): nothing is set unless given, so the
     value typed after the command wins, and :func:`connection_options` fills the defaults."""
     parser.add_argument(
@@ -149,6 +150,24 @@ def add_connection_options(parser: argparse.ArgumentParser) -> None:
         metavar="SECONDS",
         help=f"seconds to wait for an answer, more than 0 (default {DEFAULT_TIMEOUT_S:g})",
     )
+    parser.add_argument(
+        "--ca-file",
+        default=argparse.SUPPRESS,
+        metavar="PEM",
+        help="the CA bundle an https:// URL's certificate is checked with (env SHADOWLIMIT_CA_FILE; default: system's)",
+    )
+    parser.add_argument(
+        "--client-cert",
+        default=argparse.SUPPRESS,
+        metavar="PEM",
+        help="your client certificate, for a control plane with mutual TLS (env SHADOWLIMIT_CLIENT_CERT_FILE)",
+    )
+    parser.add_argument(
+        "--client-key",
+        default=argparse.SUPPRESS,
+        metavar="PEM",
+        help="its key, unless in the certificate's file (env SHADOWLIMIT_CLIENT_KEY_FILE)",
+    )
 
 
 def connection_options(args: argparse.Namespace, command: str, takes_them: bool) -> None:
@@ -163,6 +182,9 @@ def connection_options(args: argparse.Namespace, command: str, takes_them: bool)
         "url": os.environ.get("SHADOWLIMIT_URL", DEFAULT_URL),
         "token": os.environ.get("SHADOWLIMIT_TOKEN") or os.environ.get("SHADOWLIMIT_ADMIN_TOKEN"),
         "timeout": DEFAULT_TIMEOUT_S,
+        "ca_file": os.environ.get("SHADOWLIMIT_CA_FILE") or None,
+        "client_cert": os.environ.get("SHADOWLIMIT_CLIENT_CERT_FILE") or None,
+        "client_key": os.environ.get("SHADOWLIMIT_CLIENT_KEY_FILE") or None,
     }
     for name, value in defaults.items():
         if not hasattr(args, name):

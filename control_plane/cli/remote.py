@@ -7,9 +7,27 @@ import argparse
 import os
 from typing import Any
 
-from .output import EXIT_UNREACHABLE, CliError, error_for_response, print_json, print_table, wants_json
+from .output import EXIT_UNREACHABLE, EXIT_USAGE, CliError, error_for_response, print_json, print_table, wants_json
 
-__all__ = ["request", "show"]
+__all__ = ["request", "show", "tls_of"]
+
+
+def tls_of(args: argparse.Namespace) -> Any:
+    """What httpx verifies with (``verify=``): the system's CAs, or a context from
+    ``--ca-file`` and the client certificate; a file that cannot be used is a usage error."""
+    from pathlib import Path
+
+    from ..tls.client import client_context
+
+    def path(value: str | None) -> Path | None:
+        return Path(value) if value else None
+
+    try:
+        return client_context(
+            ca_file=path(args.ca_file), cert_file=path(args.client_cert), key_file=path(args.client_key)
+        )
+    except ValueError as exc:
+        raise CliError(f"--ca-file / --client-cert / --client-key: {exc}", EXIT_USAGE) from None
 
 
 def request(
@@ -26,7 +44,13 @@ def request(
         headers["Authorization"] = f"Bearer {args.token}"
     try:
         r = httpx.request(
-            method, args.url.rstrip("/") + path, json=body, params=params, headers=headers, timeout=args.timeout
+            method,
+            args.url.rstrip("/") + path,
+            json=body,
+            params=params,
+            headers=headers,
+            timeout=args.timeout,
+            verify=tls_of(args),
         )
     except httpx.HTTPError as exc:
         raise CliError(f"cannot reach the control plane at {args.url}: {exc}", EXIT_UNREACHABLE) from None
