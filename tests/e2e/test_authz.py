@@ -12,11 +12,15 @@ import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
 from cp_server import ControlPlaneServer, admin_headers, free_port, wait_until, write_rules
 from support import installed_binary
+from tls_served import TlsServed
+
+from limiter.embedded.tls import TestPki
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -147,7 +151,20 @@ class Upstream:
         self.server.server_close()
 
 
-def nginx_conf(port: int, cp_port: int, upstream: int, prefix: Path) -> str:
+def nginx_conf(port: int, cp_port: int, upstream: int, prefix: Path, tls: TestPki | None = None) -> str:
+    """nginx's auth_request to the control plane; with ``tls``, over HTTPS with the test PKI's
+    client certificate, the server's checked against its CA and name."""
+    scheme, ssl = "http", ""
+    if tls is not None:
+        scheme = "https"
+        ssl = f"""
+      proxy_ssl_certificate {tls.client_cert};
+      proxy_ssl_certificate_key {tls.client_key};
+      proxy_ssl_trusted_certificate {tls.ca_cert};
+      proxy_ssl_verify on;
+      proxy_ssl_name localhost;
+      proxy_ssl_server_name on;
+      proxy_ssl_protocols TLSv1.2 TLSv1.3;"""
     return f"""
 worker_processes 1;
 pid {prefix}/nginx.pid;
@@ -167,7 +184,7 @@ http {{
     }}
     location = /_shadowlimit {{
       internal;
-      proxy_pass http://127.0.0.1:{cp_port}/v1/authz?deny_status=403;
+      proxy_pass {scheme}://127.0.0.1:{cp_port}/v1/authz?deny_status=403;{ssl}
       proxy_pass_request_body off;
       proxy_set_header Content-Length "";
       proxy_set_header X-Original-Method $request_method;
@@ -182,7 +199,18 @@ http {{
 """
 
 
-def caddyfile(port: int, cp_port: int, upstream: int) -> str:
+def caddyfile(port: int, cp_port: int, upstream: int, tls: TestPki | None = None) -> str:
+    """Caddy's forward_auth to the control plane; with ``tls``, over HTTPS with the test PKI's
+    client certificate, the server's checked against its CA and name."""
+    transport = ""
+    if tls is not None:
+        transport = f"""
+    transport http {{
+      tls
+      tls_client_auth {tls.client_cert} {tls.client_key}
+      tls_trusted_ca_certs {tls.ca_cert}
+      tls_server_name localhost
+    }}"""
     return f"""{{
   admin off
   auto_https off
@@ -190,25 +218,27 @@ def caddyfile(port: int, cp_port: int, upstream: int) -> str:
 http://127.0.0.1:{port} {{
   bind 127.0.0.1
   forward_auth 127.0.0.1:{cp_port} {{
-    uri /v1/authz
+    uri /v1/authz{transport}
   }}
   reverse_proxy 127.0.0.1:{upstream}
 }}
 """
 
 
-def start_proxy(kind: str, cp: ControlPlaneServer, upstream: Upstream, tmp_path: Path) -> tuple[subprocess.Popen, int]:
+def start_proxy(
+    kind: str, cp: Any, upstream: Upstream, tmp_path: Path, tls: TestPki | None = None
+) -> tuple[subprocess.Popen, int]:
     port = free_port()
     if kind == "nginx":
         prefix = tmp_path / "nginx"
         prefix.mkdir()
         conf = prefix / "nginx.conf"
-        conf.write_text(nginx_conf(port, cp.port, upstream.port, prefix))
+        conf.write_text(nginx_conf(port, cp.port, upstream.port, prefix, tls))
         argv = [installed_binary("nginx"), "-p", str(prefix), "-c", str(conf), "-g", "daemon off;"]
         env = dict(os.environ)
     else:
         conf = tmp_path / "Caddyfile"
-        conf.write_text(caddyfile(port, cp.port, upstream.port))
+        conf.write_text(caddyfile(port, cp.port, upstream.port, tls))
         argv = [installed_binary("caddy"), "run", "--config", str(conf), "--adapter", "caddyfile"]
         env = dict(os.environ, XDG_DATA_HOME=str(tmp_path / "data"), XDG_CONFIG_HOME=str(tmp_path / "config"))
     proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
@@ -258,6 +288,36 @@ def test_behind_a_real_proxy(cp, tmp_path, kind):
             # 2 compared under enforce (local allowed, Redis denied) + 3 of the 6 shadowed requests
             assert wait_until(lambda: new_rejections() >= 5, 15.0, 0.2, "the shadow divergence to be counted")
             assert new_rejections() == 5
+        finally:
+            proc.terminate()
+            proc.wait(10)
+
+
+@pytest.mark.parametrize("kind", ["nginx", "caddy"])
+def test_behind_a_real_proxy_over_mutual_tls(redis_url, test_pki, tmp_path, kind):
+    """The proxy's auth subrequest reaches ``serve``'s HTTPS API with a client certificate
+    (mutual TLS required there): enforce limits through it as over cleartext."""
+    env = {
+        "SHADOWLIMIT_TLS_CLIENT_CA_FILE": test_pki.ca_cert,
+        "RATE_LIMIT_RULES_PATH": str(write_rules(tmp_path, RULES)),
+        "ENABLE_DISTRIBUTED_RATE_LIMITING": "true",
+    }
+    served = TlsServed(redis_url, test_pki, env=env)
+    served.client = (test_pki.client_cert, test_pki.client_key)
+    with served, Upstream() as upstream:
+        with served.http(client=served.client) as api:
+            r = api.put("/v1/routes/gw/mode", json={"mode": "enforce", "reason": "tls", "force": True},
+                        headers=admin_headers())  # fmt: skip
+            assert r.status_code == 200, r.text
+        proc, port = start_proxy(kind, served, upstream, tmp_path, tls=test_pki)
+        upstream.seen = 0  # the proxy's readiness probe reached it
+        try:
+            codes = [
+                httpx.get(f"http://127.0.0.1:{port}/gw/items", headers={"X-Client-Id": kind}, timeout=10).status_code
+                for _ in range(5)
+            ]
+            assert codes == [200, 200, 200, 429, 429], codes
+            assert upstream.seen == 3
         finally:
             proc.terminate()
             proc.wait(10)
