@@ -1,7 +1,7 @@
 """What the hostile-client tests hold a server to while an attack runs (tests/e2e/test_grpc_*.py):
 
-* an honest client: grpcio, in a process of its own (the attacker's Python loops in the test
-  process would otherwise take the GIL from it and make it late itself), calling
+* an honest client: grpcio (over mutual TLS when given its files), in a process of its own (the
+  attacker's Python loops in the test process would otherwise take the GIL from it and make it late itself), calling
   ``ShouldRateLimit`` every 20 ms on a connection of its own, each call with a 1 s deadline
   (ten times the latency bound: a server that stalls for a second has failed Envoy's calls for
   a second, whose deadline is 20 ms): no call may fail and the 99th percentile of their
@@ -76,14 +76,18 @@ def served_with(redis_url: str, tmp: Path, **env: str) -> Iterator[RlsServed]:
         served.stop()
 
 
-def _honest(port: int, token: str | None, stop: Any, calls: Any, results: Any) -> None:
+def _honest(port: int, token: str | None, stop: Any, calls: Any, results: Any, tls: Any = None) -> None:
     import grpc
     from envoy.service.ratelimit.v3 import rls_pb2, rls_pb2_grpc
     from rls_client import descriptor
 
     raise_priority()
 
-    channel = grpc.insecure_channel(f"127.0.0.1:{port}")
+    if tls is None:
+        channel = grpc.insecure_channel(f"127.0.0.1:{port}")
+    else:  # (CA, client certificate, key): over mutual TLS to the server's name
+        ca, cert, key = (Path(p).read_bytes() for p in tls)
+        channel = grpc.secure_channel(f"localhost:{port}", grpc.ssl_channel_credentials(ca, key, cert))
     stub = rls_pb2_grpc.RateLimitServiceStub(channel)
     metadata = [("authorization", f"Bearer {token}")] if token else None
     latencies: list[float] = []
@@ -111,12 +115,12 @@ def _honest(port: int, token: str | None, stop: Any, calls: Any, results: Any) -
 class Honest:
     """The honest client (see the module docstring), started and stopped around an attack."""
 
-    def __init__(self, port: int, token: str | None = None) -> None:
+    def __init__(self, port: int, token: str | None = None, tls: tuple[str, str, str] | None = None) -> None:
         ctx = multiprocessing.get_context("spawn")
         self.stop_event = ctx.Event()
         self.calls = ctx.Value("i", 0)
         self.results = ctx.Queue()
-        self.proc = ctx.Process(target=_honest, args=(port, token, self.stop_event, self.calls, self.results))
+        self.proc = ctx.Process(target=_honest, args=(port, token, self.stop_event, self.calls, self.results, tls))
         self.latencies: list[float] = []
         self.failures: list[str] = []
 
@@ -181,9 +185,9 @@ class RssWatch(threading.Thread):
 class Attack:
     """The honest client calling and the server's memory watched while the ``with`` block runs."""
 
-    def __init__(self, served: RlsServed, token: str | None = None) -> None:
+    def __init__(self, served: RlsServed, token: str | None = None, tls: tuple[str, str, str] | None = None) -> None:
         self.served = served
-        self.honest = Honest(served.grpc_port, token)
+        self.honest = Honest(served.grpc_port, token, tls)
         self.overloaded_before = 0.0
         self.overloaded_after = 0.0
         self.seconds = 0.0

@@ -10,16 +10,25 @@
 
 Code logs events with :func:`event_fields`: ``log.info("...", extra=event_fields("rules_reloaded",
 routes=3))``; the text format shows only the message.
+
+A line any client can cause at will (uvicorn's ``Invalid HTTP request received.``: garbage, or
+TLS sent to a cleartext port) is logged once a minute at most, the next one saying how many
+were left out (:func:`quiet_repeats`): an attack cannot fill the log.
 """
 
 from __future__ import annotations
 
 import logging
+import time
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from pythonjsonlogger.json import JsonFormatter
 
-__all__ = ["LOG_FORMATS", "configure_logging", "event_fields"]
+__all__ = ["CLIENT_MADE", "LOG_FORMATS", "Repeats", "configure_logging", "event_fields", "quiet_repeats"]
+
+#: uvicorn's lines that a client makes at will, by logger
+CLIENT_MADE = {"uvicorn.error": ("Invalid HTTP request received.",)}
 
 LOG_FORMATS = ("text", "json")
 _TEXT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
@@ -80,3 +89,39 @@ def configure_logging(level: str, fmt: str = "text") -> None:
             lg = logging.getLogger(name)
             lg.handlers = [_handler(_Json())]
             lg.propagate = False
+
+
+class Repeats(logging.Filter):
+    """Each of ``messages`` (a log call's format string) once per ``window_s`` at most; the
+    next one that passes says how many were left out meanwhile."""
+
+    def __init__(
+        self, messages: Iterable[str], window_s: float = 60.0, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        super().__init__()
+        self.messages = frozenset(messages)
+        self.window_s = window_s
+        self._clock = clock
+        self._seen: dict[str, tuple[float, int]] = {}  # message -> (when it last passed, left out since)
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        msg = record.msg
+        if not isinstance(msg, str) or msg not in self.messages:
+            return True
+        now = self._clock()
+        passed, dropped = self._seen.get(msg, (float("-inf"), 0))
+        if now - passed < self.window_s:
+            self._seen[msg] = (passed, dropped + 1)
+            return False
+        self._seen[msg] = (now, 0)
+        if dropped:
+            record.msg = f"{msg} ({dropped} more like it in the last {self.window_s:g} s, not logged)"
+        return True
+
+
+def quiet_repeats(window_s: float = 60.0) -> None:
+    """:class:`Repeats` on the loggers of :data:`CLIENT_MADE` (after uvicorn set its logging up)."""
+    for name, messages in CLIENT_MADE.items():
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, Repeats) for f in logger.filters):
+            logger.addFilter(Repeats(messages, window_s))

@@ -39,6 +39,7 @@ def run_server(settings: Any, log_level: str, *, reuse_port: bool = False) -> No
     import uvicorn
     from uvicorn.config import LOGGING_CONFIG
 
+    from ..observe.logs import quiet_repeats
     from ..tls import handshake_bounded_loop
     from .app import create_app
     from .serving import http_protocol
@@ -60,6 +61,7 @@ def run_server(settings: Any, log_level: str, *, reuse_port: bool = False) -> No
         proxy_headers=False,
         http=http_protocol(settings.request_limits, tls=tls),
     )
+    quiet_repeats()  # a client's garbage is one line a minute (uvicorn's logging is set up by now)
     server = uvicorn.Server(config)
     sockets = None
     if tls is not None:  # the port's context (it rotates), not one uvicorn builds from file names
