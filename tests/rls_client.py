@@ -33,8 +33,9 @@ def descriptor(*entries: tuple[str, str], hits: int | None = None) -> Any:
 class Rls:
     """A grpcio client of one control plane's gRPC port."""
 
-    def __init__(self, port: int) -> None:
-        self.channel = grpc.insecure_channel(f"127.0.0.1:{port}")
+    def __init__(self, port: int, channel: Any = None) -> None:
+        """Over cleartext to ``127.0.0.1:port``, or over ``channel`` (a TLS one, say)."""
+        self.channel = channel if channel is not None else grpc.insecure_channel(f"127.0.0.1:{port}")
         self.stub = rls_pb2_grpc.RateLimitServiceStub(self.channel)
         self.raw = self.channel.unary_unary(
             "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit",

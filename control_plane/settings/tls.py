@@ -86,6 +86,14 @@ class TlsSettings(BaseModel):
         validation_alias=_env("SHADOWLIMIT_GRPC_TLS_CLIENT_NAMES", "GRPC_CLIENT_TLS_SAN"),
         description="The gRPC port's own list (envoyproxy/ratelimit's GRPC_CLIENT_TLS_SAN: one DNS name).",
     )
+    grpc_tls: bool = Field(
+        True,
+        validation_alias=_env("SHADOWLIMIT_GRPC_TLS", "GRPC_SERVER_USE_TLS"),
+        description=(
+            "false: the gRPC port in cleartext though the HTTP port has TLS (beyond loopback it then"
+            " needs SHADOWLIMIT_TLS_TERMINATED_ELSEWHERE=true)."
+        ),
+    )
     tls_terminated_elsewhere: bool = Field(
         False,
         validation_alias=_env("SHADOWLIMIT_TLS_TERMINATED_ELSEWHERE"),
@@ -135,6 +143,8 @@ class TlsSettings(BaseModel):
     def port_tls(self, port: Port) -> PortTls | None:
         """The TLS of ``port``, or None (cleartext). Which files pair up is checked by
         :func:`check_pairs`, at startup, so this only reads the settings."""
+        if port == "grpc" and not self.grpc_tls:
+            return None
         if port == "grpc" and self.grpc_tls_cert_file is not None and self.grpc_tls_key_file is not None:
             cert, key = self.grpc_tls_cert_file, self.grpc_tls_key_file
             cert_setting, key_setting = "SHADOWLIMIT_GRPC_TLS_CERT_FILE", "SHADOWLIMIT_GRPC_TLS_KEY_FILE"

@@ -32,7 +32,8 @@ from cp_server import free_port, unique_namespace
 from kubernetes_validate.utils import latest_version
 from podman import REPO, Container, configmap_dir, project_image
 from rls_client import OK, Rls, descriptor
-from support import installed_binary
+from support import eventually, installed_binary
+from tls_served import client_ssl, grpc_channel
 
 from control_plane.envoy import load_envoy_config
 from control_plane.rules import load_rules
@@ -50,6 +51,8 @@ CRDS = {
     ("monitoring.coreos.com", "ServiceMonitor"): "monitoring.coreos.com_servicemonitors.yaml",
     ("monitoring.coreos.com", "PrometheusRule"): "monitoring.coreos.com_prometheusrules.yaml",
     ("networking.istio.io", "EnvoyFilter"): "networking.istio.io_envoyfilters.yaml",
+    ("networking.istio.io", "DestinationRule"): "networking.istio.io_destinationrules.yaml",
+    ("cert-manager.io", "Certificate"): "cert-manager.io_certificates.yaml",
     ("gateway.envoyproxy.io", "BackendTrafficPolicy"): "gateway.envoyproxy.io_backendtrafficpolicies.yaml",
     ("gateway.envoyproxy.io", "EnvoyPatchPolicy"): "gateway.envoyproxy.io_envoypatchpolicies.yaml",
 }
@@ -163,7 +166,9 @@ def test_every_crd_kind_is_shipped_and_checked():
     assert kinds == set(CRDS)
 
 
-@pytest.mark.parametrize("kind", ["ServiceMonitor", "EnvoyFilter", "BackendTrafficPolicy"])
+@pytest.mark.parametrize(
+    "kind", ["ServiceMonitor", "EnvoyFilter", "BackendTrafficPolicy", "Certificate", "DestinationRule"]
+)
 def test_a_crd_schema_refuses_an_unknown_field(kind):
     """The check above can fail: an unknown field, and a wrong type, are refused."""
     obj = next(o for t in TARGETS for o in rendered(t)[1] if o["kind"] == kind)
@@ -249,9 +254,19 @@ def _container_environment(deployment: dict[str, Any], secret: dict[str, Any], p
     return env
 
 
-def test_the_pod_runs_as_the_kubelet_would_run_it(redis_server, tmp_path):
+def _answers(api: httpx.Client, path: str) -> bool:
+    try:
+        return api.get(path).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def test_the_pod_runs_as_the_kubelet_would_run_it(redis_server, test_pki, tmp_path):
     """The base's Deployment in Podman: its env (the Redis URL swapped for the test Redis), the
-    ConfigMaps and the Secret as the kubelet mounts them, its user, a read-only root and /tmp."""
+    ConfigMaps and the Secrets as the kubelet mounts them (cert-manager's shadowlimit-tls: the test
+    PKI's server certificate, key and CA), its user, a read-only root and /tmp; its probes over
+    HTTPS, the gRPC port over mutual TLS (the test PKI's client certificate in place of the
+    gateways' name)."""
     image, _ = project_image()
     objects = rendered("base")[1]
     deployment = _deployment()
@@ -262,6 +277,8 @@ def test_the_pod_runs_as_the_kubelet_would_run_it(redis_server, tmp_path):
     port, grpc = free_port(), free_port()
     env |= {"SHADOWLIMIT_HOST": "127.0.0.1", "SHADOWLIMIT_PORT": str(port), "SHADOWLIMIT_GRPC_PORT": str(grpc),
             "SHADOWLIMIT_NAMESPACE": unique_namespace("pod")}  # fmt: skip  # the host's network: loopback
+    assert env["SHADOWLIMIT_GRPC_TLS_CLIENT_NAMES"] == "DNS:gateway.shadowlimit.internal"
+    env["SHADOWLIMIT_GRPC_TLS_CLIENT_NAMES"] = "DNS:envoy.internal"  # the test PKI's client certificate
     spec = deployment["spec"]["template"]["spec"]
     mounts = {m["name"]: m["mountPath"] for m in spec["containers"][0]["volumeMounts"]}
     options = ["--network", "host", "--read-only", "--user", f"{spec['securityContext']['runAsUser']}:"
@@ -269,6 +286,9 @@ def test_the_pod_runs_as_the_kubelet_would_run_it(redis_server, tmp_path):
     for volume in spec["volumes"]:
         if "configMap" in volume:
             files = maps[volume["configMap"]["name"]]
+        elif volume.get("secret", {}).get("secretName") == "shadowlimit-tls":  # cert-manager's
+            pem = {"tls.crt": test_pki.server_cert, "tls.key": test_pki.server_key, "ca.crt": test_pki.ca_cert}
+            files = {i["path"]: Path(pem[i["key"]]).read_text() for i in volume["secret"]["items"]}
         elif "secret" in volume:
             files = {i["path"]: secret["stringData"][i["key"]] for i in volume["secret"]["items"]}
         else:
@@ -276,16 +296,21 @@ def test_the_pod_runs_as_the_kubelet_would_run_it(redis_server, tmp_path):
         folder = configmap_dir(tmp_path / volume["name"], files)
         options += ["-v", f"{folder}:{mounts[volume['name']]}:ro"]
     with Container(image, deployment["spec"]["template"]["spec"]["containers"][0]["args"], env=env,
-                   options=options) as c:  # fmt: skip
+                   options=options):  # fmt: skip
         probes = spec["containers"][0]
-        c.wait_http(f"http://127.0.0.1:{port}{probes['startupProbe']['httpGet']['path']}")
-        ready = httpx.get(f"http://127.0.0.1:{port}{probes['readinessProbe']['httpGet']['path']}", timeout=5)
+        assert {probes[p]["httpGet"]["scheme"] for p in ("startupProbe", "readinessProbe", "livenessProbe")} == {
+            "HTTPS"
+        }
+        api = httpx.Client(base_url=f"https://localhost:{port}", verify=client_ssl(test_pki.ca_cert), timeout=5)
+        eventually(lambda: _answers(api, probes["startupProbe"]["httpGet"]["path"]), 60, what="the HTTPS port")
+        ready = api.get(probes["readinessProbe"]["httpGet"]["path"])
         assert ready.status_code == 200 and ready.json()["rules"]["error"] is None, ready.text
         assert ready.json()["instance_id"] == "shadowlimit-7d9f-abcde"
-        assert httpx.get(f"http://127.0.0.1:{port}{probes['livenessProbe']['httpGet']['path']}").status_code == 200
-        routes = httpx.get(f"http://127.0.0.1:{port}/v1/routes", timeout=5)
+        assert api.get(probes["livenessProbe"]["httpGet"]["path"]).status_code == 200
+        routes = api.get("/v1/routes")
         assert routes.status_code == 401  # the tokens file is there: reads need a viewer token
-        rls = Rls(grpc)
+        api.close()
+        rls = Rls(grpc, grpc_channel(grpc, test_pki.ca_cert, (test_pki.envoy_client_cert, test_pki.envoy_client_key)))
         try:  # the Envoy configuration folder: its `edge` domain, /login in shadow (OK, and counted)
             assert rls.codes(descriptor(("path", "/login")), domain="edge") == (OK, [OK])
         finally:

@@ -5,9 +5,13 @@ a mesh or proxy in front is said to terminate it. Certificates from openssl (the
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from control_plane.settings import SettingsError, load_settings
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _load(**env: object) -> object:
@@ -100,3 +104,17 @@ def test_beyond_loopback_without_tls_names_the_setting_that_allows_it(test_pki):
     assert "the HTTP port has no TLS" in msg and "SHADOWLIMIT_TLS_TERMINATED_ELSEWHERE=true" in msg
     assert _load(**remote, SHADOWLIMIT_TLS_TERMINATED_ELSEWHERE="true")
     assert _load(**remote, SHADOWLIMIT_TLS_CERT_FILE=test_pki.server_cert, SHADOWLIMIT_TLS_KEY_FILE=test_pki.server_key)
+
+
+def test_the_grpc_port_in_cleartext_beside_an_https_api(test_pki):
+    pair = {"SHADOWLIMIT_TLS_CERT_FILE": test_pki.server_cert, "SHADOWLIMIT_TLS_KEY_FILE": test_pki.server_key}
+    s = _load(**pair, GRPC_SERVER_USE_TLS="false")
+    assert s.port_tls("grpc") is None and s.port_tls("http") is not None  # type: ignore[attr-defined]
+    remote = {"SHADOWLIMIT_HOST": "0.0.0.0", "SHADOWLIMIT_ALLOW_REMOTE": "true", "SHADOWLIMIT_GRPC_PORT": "9091"}
+    grpc = {
+        "SHADOWLIMIT_ENVOY_CONFIG": str(ROOT / "deploy/compose/config/envoy"),
+        "ENABLE_DISTRIBUTED_RATE_LIMITING": "true",
+    }
+    msg = _error(**pair, **remote, **grpc, SHADOWLIMIT_GRPC_TLS="false")
+    assert "the gRPC port has no TLS" in msg
+    assert _load(**pair, **remote, **grpc, SHADOWLIMIT_GRPC_TLS="false", SHADOWLIMIT_TLS_TERMINATED_ELSEWHERE="true")
