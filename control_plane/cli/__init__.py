@@ -339,6 +339,11 @@ def _add_local_commands(sub: Any) -> None:
     d.add_argument(
         "--no-restart", action="store_true", help="never restart a replica (by default the last restarts once)"
     )
+    d.add_argument(
+        "--tls",
+        action="store_true",
+        help="the replicas' ports over mutual TLS, with a CA and certificates made for the demo (openssl)",
+    )
     d.add_argument("--base-port", type=port, default=0, help="first replica port (default: free ports)")
     d.add_argument(
         "--duration",

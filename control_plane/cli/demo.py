@@ -184,8 +184,12 @@ class DemoStack:
         clock: Callable[[], float] = time.monotonic,
         keep_logs: bool = False,
         restart: bool = True,
+        tls: bool = False,
     ) -> None:
         self.n = replicas
+        #: with ``tls``: the demo's CA and certificates (limiter.embedded.tls.TestPki), made at start
+        self.tls = tls
+        self.pki: Any = None
         #: monotonic seconds, for the startup and shutdown deadlines
         self.clock = clock
         self.base_port = base_port
@@ -242,6 +246,15 @@ class DemoStack:
                 "SHADOWLIMIT_AUDIT_LOG": env.get("SHADOWLIMIT_AUDIT_LOG", str(self.workdir / "audit.jsonl")),
             }
         )
+        if self.tls:  # both ports over mutual TLS: a CA, the replicas' certificate, a client's
+            from limiter.embedded.tls import make_test_pki
+
+            self.pki = make_test_pki(self.workdir / "tls")
+            env.update(
+                SHADOWLIMIT_TLS_CERT_FILE=self.pki.server_cert,
+                SHADOWLIMIT_TLS_KEY_FILE=self.pki.server_key,
+                SHADOWLIMIT_TLS_CLIENT_CA_FILE=self.pki.ca_cert,
+            )
         self.env = env
         self.gate_settings = {k: env[k] for k in _GATE_SETTINGS}
         self.gates = (
@@ -250,9 +263,20 @@ class DemoStack:
         )
         for i in range(self.n):
             port = self.base_port + i if self.base_port else _free_port()
-            self.urls.append(f"http://127.0.0.1:{port}")
+            self.urls.append(f"{'https' if self.tls else 'http'}://127.0.0.1:{port}")
             self.procs.append(self._spawn(i))
         self._wait_ready()
+
+    def verify(self) -> Any:
+        """httpx's ``verify=`` for the replicas: True, or (``--tls``) the demo's CA and client
+        certificate (also the dashboard's)."""
+        if self.pki is None:
+            return True
+        import ssl
+
+        ctx = ssl.create_default_context(cafile=self.pki.ca_cert)
+        ctx.load_cert_chain(self.pki.client_cert, self.pki.client_key)
+        return ctx
 
     def _spawn(self, i: int) -> subprocess.Popen[bytes]:
         """Replica ``i`` (0-based) as its own process, on its port, logging to its file."""
@@ -303,7 +327,7 @@ class DemoStack:
                 await asyncio.to_thread(old.wait)
             self.procs[i] = self._spawn(i)
             deadline = self.clock() + 30
-            async with httpx.AsyncClient(timeout=1.0) as http:
+            async with httpx.AsyncClient(timeout=1.0, verify=self.verify()) as http:
                 while self.clock() < deadline and self.procs[i].poll() is None:
                     with contextlib.suppress(httpx.HTTPError):
                         if (await http.get(self.urls[i] + "/readyz")).status_code == 200:
@@ -340,6 +364,7 @@ class DemoStack:
 
         deadline = self.clock() + timeout
         pending = set(self.urls)
+        verify = self.verify()
         while pending and self.clock() < deadline:
             for i, p in enumerate(self.procs):
                 if p.poll() is not None:
@@ -347,7 +372,7 @@ class DemoStack:
                     raise RuntimeError(f"replica {i + 1} exited with {p.returncode}:\n{tail}")
             for url in list(pending):
                 with contextlib.suppress(httpx.HTTPError):
-                    if httpx.get(url + "/readyz", timeout=1.0).status_code == 200:
+                    if httpx.get(url + "/readyz", timeout=1.0, verify=verify).status_code == 200:
                         pending.discard(url)
             time.sleep(0.1)
         if pending:
@@ -358,7 +383,7 @@ class DemoStack:
         import httpx
 
         started = time.time()
-        async with httpx.AsyncClient(timeout=2.0) as http:
+        async with httpx.AsyncClient(timeout=2.0, verify=self.verify()) as http:
 
             async def client(c: Client) -> None:
                 i = 0
@@ -423,7 +448,22 @@ class DemoStack:
             "logs": str(self.workdir),
             "keep_logs": self.keep_logs,
             "restart": f"replica-{self.n}" if self.restart_planned else None,
+            "tls": self.pki and {"ca": self.pki.ca_cert, "cert": self.pki.client_cert, "key": self.pki.client_key},
         }
+
+    def _tls_exports(self) -> list[str]:
+        """The CLI's settings for ``--tls`` (the dashboard and every command read them)."""
+        if self.pki is None:
+            return []
+        return [
+            f"  export SHADOWLIMIT_CA_FILE={self.pki.ca_cert} SHADOWLIMIT_CLIENT_CERT_FILE={self.pki.client_cert}"
+            f" SHADOWLIMIT_CLIENT_KEY_FILE={self.pki.client_key}"
+        ]
+
+    def _curl_tls(self) -> str:
+        if self.pki is None:
+            return ""
+        return f" --cacert {self.pki.ca_cert} --cert {self.pki.client_cert} --key {self.pki.client_key}"
 
     def banner(self) -> str:
         lines = [
@@ -438,6 +478,11 @@ class DemoStack:
             lines.append(
                 f"  chat:       {self.chat_url}   (examples/chat_upstream.py; route chat, token budgets in shadow:"
                 " stark's would run out)"
+            )
+        if self.pki is not None:
+            lines.append(
+                f"  tls:        both ports over mutual TLS; CA {self.pki.ca_cert}, a client's certificate"
+                f" {self.pki.client_cert} and key {self.pki.client_key}"
             )
         lines += [
             f"  rules:      {self.rules_path}   (examples/rules.yaml; only the tenants route's"
@@ -458,9 +503,10 @@ class DemoStack:
             + ("kept after the demo)" if self.keep_logs else "removed when the demo stops; --keep-logs keeps them)"),
             "",
             "try:",
+            *self._tls_exports(),
             f"  B={self.urls[0]} T={self.token}   (docs/api.md's examples use $B and $T)",
-            f"  curl -s {self.urls[0]}/v1/routes | python3 -m json.tool",
-            f"  curl -s {self.urls[0]}/v1/external | python3 -m json.tool",
+            f"  curl -s{self._curl_tls()} {self.urls[0]}/v1/routes | python3 -m json.tool",
+            f"  curl -s{self._curl_tls()} {self.urls[0]}/v1/external | python3 -m json.tool",
             f"  SHADOWLIMIT_ADMIN_TOKEN={self.token} ./dev shadowlimit mode search enforce --url {self.urls[0]}"
             " --reason 'try the global limit' --force",
             f"  ./dev shadowlimit whatif search --rate 20/1s --url {self.urls[0]}",
@@ -474,7 +520,11 @@ class DemoStack:
 
 def run_demo(args: argparse.Namespace) -> int:
     stack = DemoStack(
-        replicas=args.replicas, base_port=args.base_port, keep_logs=args.keep_logs, restart=not args.no_restart
+        replicas=args.replicas,
+        base_port=args.base_port,
+        keep_logs=args.keep_logs,
+        restart=not args.no_restart,
+        tls=bool(getattr(args, "tls", False)),
     )
     as_json = bool(getattr(args, "json", False))
     note = sys.stderr if as_json else sys.stdout
@@ -523,7 +573,14 @@ def run_demo(args: argparse.Namespace) -> int:
                 json.dumps(stopped) if as_json else f"stopped: {stack.sent} demo requests sent ({stack.errors} errors)"
             )
             return 0
-        app = ShadowlimitDashboard(stack.urls[0], stack.token, replicas=stack.urls, demo_banner=stack.banner())
+        verify = stack.verify()
+        app = ShadowlimitDashboard(
+            stack.urls[0],
+            stack.token,
+            replicas=stack.urls,
+            demo_banner=stack.banner(),
+            tls=verify if verify is not True else None,
+        )
 
         async def with_dash() -> None:
             task = asyncio.ensure_future(stack.traffic(stop))
