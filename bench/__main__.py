@@ -52,8 +52,19 @@ def _extra_sections() -> list[str]:
         _grpc_section(),
         _envoy_section(),
         _envoy_workers_section(),
+        _tls_section(),
     )
     return [s for s in sections if s]
+
+
+def _tls_section() -> str | None:
+    """``python -m bench.tls``'s last results (bench/results/tls.json), measured separately."""
+    path = ROOT / "bench" / "results" / "tls.json"
+    if not path.exists():
+        return None
+    from .tls import render
+
+    return render(json.loads(path.read_text(encoding="utf-8")))
 
 
 def _envoy_section() -> str | None:

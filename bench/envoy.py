@@ -353,16 +353,42 @@ def _upstream_bootstrap(bootstrap: dict[str, Any]) -> None:
 STREAMS_PER_CONNECTION = 4
 
 
+def upstream_tls(ca: str, cert: str, key: str) -> dict[str, Any]:
+    """An Envoy cluster's ``transport_socket``: mutual TLS with ``cert``, the server's certificate
+    checked against ``ca`` and the name ``localhost``, ALPN h2."""
+    return {
+        "name": "envoy.transport_sockets.tls",
+        "typed_config": {
+            "@type": "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext",
+            "sni": "localhost",
+            "common_tls_context": {
+                "alpn_protocols": ["h2"],
+                "tls_certificates": [{"certificate_chain": {"filename": cert}, "private_key": {"filename": key}}],
+                "validation_context": {
+                    "trusted_ca": {"filename": ca},
+                    "match_typed_subject_alt_names": [{"san_type": "DNS", "matcher": {"exact": "localhost"}}],
+                },
+            },
+        },
+    }
+
+
 def _front(
-    port: int, max_streams: int | None = None, max_requests: int | None = None
+    port: int,
+    max_streams: int | None = None,
+    max_requests: int | None = None,
+    tls: tuple[str, str, str] | None = None,
 ) -> Callable[[dict[str, Any]], None]:
     """The front Envoy's ``mock`` cluster (the routes' upstream) is the upstream Envoy; with
     ``max_streams``, its ``ratelimit`` cluster's HTTP/2 ``max_concurrent_streams``; with
     ``max_requests``, that cluster's ``max_requests_per_connection`` (a connection used that
-    many times is drained and a new one opened)."""
+    many times is drained and a new one opened); with ``tls`` (CA, client certificate, key),
+    that cluster over mutual TLS."""
 
     def customize(bootstrap: dict[str, Any]) -> None:
         for cluster in bootstrap["static_resources"]["clusters"]:
+            if cluster["name"] == "ratelimit" and tls is not None:
+                cluster["transport_socket"] = upstream_tls(*tls)
             if cluster["name"] == "mock":
                 endpoint = cluster["load_assignment"]["endpoints"][0]["lb_endpoints"][0]["endpoint"]
                 endpoint["address"]["socket_address"]["port_value"] = port
@@ -485,9 +511,17 @@ class Started:
         self.stack.callback(upstream.stop)
         return idle, upstream.port or 0
 
-    def front(self, name: str, port: int, upstream: tuple[Any, int], **cluster: int | None) -> None:
+    def front(
+        self,
+        name: str,
+        port: int,
+        upstream: tuple[Any, int],
+        tls: tuple[str, str, str] | None = None,
+        **cluster: int | None,
+    ) -> None:
         """A front Envoy ``name`` asking the rate limit service on ``port`` (``cluster``: ``_front``'s
-        ``max_streams`` and ``max_requests``, and ``concurrency``, Envoy's workers)."""
+        ``max_streams`` and ``max_requests``, and ``concurrency``, Envoy's workers; ``tls``: over
+        mutual TLS with these CA, client certificate and key)."""
         from envoy_proxy import EnvoyProxy
 
         idle, up_port = upstream
@@ -499,7 +533,7 @@ class Started:
             x_ratelimit_headers=None,
             routes=front_routes(),
             upstream=idle,
-            customize=_front(up_port, **cluster),
+            customize=_front(up_port, tls=tls, **cluster),
             concurrency=concurrency,
             workdir=self.work / f"envoy-{name}",
         )
@@ -597,7 +631,7 @@ class Bench(Started):
         cpu0, envoy_cpu0, redis_cpu0 = tree_cpu(pid), process_cpu_s(envoy.pid), process_cpu_s(redis_pid or 0)
         extra: dict[str, Any] = {}
         snap = machine_snapshot()
-        with self._fault(row.fault, seconds, extra), _pinned(row.cpus, [*cpu0, envoy.pid]):
+        with self._fault(row.fault, seconds, extra), pinned(row.cpus, [*cpu0, envoy.pid]):
             script = self.scripts[f"{row.script}-{row.pace_ms}"]
             w = run_wrk(self.wrk, envoy.url, script, seconds, row.connections, cpus=row.cpus)
         extra.update(cores_used(snap, machine_snapshot()))
@@ -735,7 +769,7 @@ class Bench(Started):
 
 
 @contextlib.contextmanager
-def _pinned(cpus: str | None, pids: list[int | None]) -> Iterator[None]:
+def pinned(cpus: str | None, pids: list[int | None]) -> Iterator[None]:
     """``pids`` (every thread of each) on ``cpus`` only for the block, then on every CPU again."""
     if not cpus:
         yield
