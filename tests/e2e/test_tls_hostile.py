@@ -109,13 +109,24 @@ def test_a_flood_of_handshakes_without_a_certificate(served, test_pki):
 def test_clients_stalling_mid_handshake_are_cut_and_hold_nothing(served, test_pki):
     before = _fds(served.pid)
     stalled: list[socket.socket] = []
+    samples: list[int] = []
+    sampling = threading.Event()
+
+    def sample() -> None:  # the server's descriptors while the stalls are open
+        while not sampling.wait(0.02):
+            samples.append(_fds(served.pid))
+
+    sampler = threading.Thread(target=sample)
     with Attack(served, tls=_honest_tls(test_pki)) as attack:
+        sampler.start()
         for _ in range(400):
             s = socket.create_connection(("127.0.0.1", served.grpc_port), timeout=5)
             s.sendall(PARTIAL_HELLO)
             stalled.append(s)
-        peak = _fds(served.pid)
         time.sleep(HANDSHAKE_TIMEOUT_S + 1.0)
+        sampling.set()
+        sampler.join(5)
+        peak = max(samples, default=0)
         cut = 0
         for s in stalled:
             s.settimeout(2.0)
@@ -128,8 +139,10 @@ def test_clients_stalling_mid_handshake_are_cut_and_hold_nothing(served, test_pk
         for s in stalled:
             s.close()
     attack.check(rss_mb=64)
-    assert peak > before + 100, "the stalled connections were never open on the server?"
+    # every stall was accepted and then cut by the server (a connection never accepted would still
+    # be open: its recv times out); the descriptors they held show while they were open
     assert cut == len(stalled)
+    assert peak > before + 20, (before, peak)
     assert _settled_fds(served, before) <= before + 8
     _clean_log(served)
 
