@@ -43,7 +43,7 @@ from typing import Any
 import orjson
 from starlette.convertors import PathConvertor, register_url_convertor
 
-from .tls.spec import certificate_name_problem
+from .tls.spec import certificate_name_problem, normal_name
 
 __all__ = [
     "ACCESS",
@@ -159,6 +159,7 @@ ACCESS: dict[tuple[str, str], Access] = {
 
 _NEEDS = {Access.READ: Role.VIEWER, Access.OPERATOR: Role.OPERATOR, Access.ADMIN: Role.ADMIN}
 _NAME = re.compile(r"[A-Za-z0-9_.@-]{1,64}")
+_COMMENT = re.compile(r"(?:^|\s)#.*$")
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 
 
@@ -185,7 +186,7 @@ def parse_tokens(text: str, source: str = "tokens file") -> dict[str, Identity]:
     out: dict[str, Identity] = {}
     names: set[str] = set()
     for lineno, raw in enumerate(text.splitlines(), 1):
-        line = raw.split("#", 1)[0].strip()
+        line = _COMMENT.sub("", raw).strip()  # a # starting a word: CN=team#1 is a name, not a comment
         if not line:
             continue
         parts = line.split(None, 2)  # a certificate's name is the rest of the line (CN=a b)
@@ -210,6 +211,7 @@ def parse_tokens(text: str, source: str = "tokens file") -> dict[str, Identity]:
             problem = certificate_name_problem(cert)
             if problem:
                 raise TokensFileError(f"{where}: {problem}")
+            cert = normal_name(cert)
             key, ident = f"cert:{cert}", Identity(name, r, certificate=cert)
         else:
             key, ident = credential.lower(), Identity(name, r)

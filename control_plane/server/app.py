@@ -153,7 +153,8 @@ def create_app(
     app.state.settings = settings
     app.state.auth = auth = authenticator(settings)  # one for the gate, the hot path and gRPC
     # each port's TLS (None: cleartext), built here so a file that cannot serve stops startup
-    app.state.tls = {"http": port_tls(settings, "http"), "grpc": port_tls(settings, "grpc")}
+    grpc_tls = port_tls(settings, "grpc") if settings.grpc_port is not None else None
+    app.state.tls = {"http": port_tls(settings, "http"), "grpc": grpc_tls}
     app.state.hot = app.hot_path = (
         HotPath(settings.request_limits, auth, deny_status=settings.authz_deny_status) if settings.hot_path else None
     )
@@ -175,7 +176,7 @@ def create_app(
 async def _start_grpc(app: FastAPI, settings: Settings, engine: Any) -> Any:
     """The TLS ports' metrics, and Envoy's rate limit service beside the HTTP API (None
     without ``SHADOWLIMIT_GRPC_PORT``)."""
-    tls_ports = [t for p, t in app.state.tls.items() if t is not None and (p == "http" or settings.grpc_port)]
+    tls_ports = [t for t in app.state.tls.values() if t is not None]
     if tls_ports:
         engine.metrics.registry.register(TlsCollector(tls_ports))
     if settings.grpc_port is None:

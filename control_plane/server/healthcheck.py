@@ -18,16 +18,15 @@ def main() -> int:
     port = os.environ.get("SHADOWLIMIT_PORT", "8080")
     cert, key = os.environ.get("SHADOWLIMIT_TLS_CERT_FILE", ""), os.environ.get("SHADOWLIMIT_TLS_KEY_FILE", "")
     context = None
-    scheme = "http"
-    if cert.strip() and key.strip():
-        scheme = "https"
-        context = ssl.create_default_context()
-        context.check_hostname = False
-        context.verify_mode = ssl.CERT_NONE  # this container's own loopback port
-        env = os.environ
-        if env.get("SHADOWLIMIT_HTTP_TLS_CLIENT_CA_FILE") or env.get("SHADOWLIMIT_TLS_CLIENT_CA_FILE"):
-            context.load_cert_chain(cert, key)
+    scheme = "https" if cert.strip() and key.strip() else "http"
     try:
+        if scheme == "https":
+            context = ssl.create_default_context()
+            context.check_hostname = False
+            context.verify_mode = ssl.CERT_NONE  # this container's own loopback port
+            env = os.environ
+            if env.get("SHADOWLIMIT_HTTP_TLS_CLIENT_CA_FILE") or env.get("SHADOWLIMIT_TLS_CLIENT_CA_FILE"):
+                context.load_cert_chain(cert, key)
         with urllib.request.urlopen(f"{scheme}://127.0.0.1:{port}/healthz", timeout=2, context=context) as r:
             return 0 if r.status == 200 else 1
     except (OSError, ssl.SSLError) as exc:

@@ -60,15 +60,18 @@ def run_server(settings: Any, log_level: str, *, reuse_port: bool = False) -> No
         # rewrite the peer from X-Forwarded-For for any request from 127.0.0.1)
         proxy_headers=False,
         http=http_protocol(settings.request_limits, tls=tls),
+        # with TLS: the files (so that uvicorn says https), its context replaced below by the port's
+        ssl_certfile=str(tls.spec.cert_file) if tls is not None else None,
+        ssl_keyfile=str(tls.spec.key_file) if tls is not None else None,
     )
     quiet_repeats()  # a client's garbage is one line a minute (uvicorn's logging is set up by now)
     server = uvicorn.Server(config)
-    sockets = None
-    if tls is not None:  # the port's context (it rotates), not one uvicorn builds from file names
-        config.load()
-        config.ssl = tls.context
-    if reuse_port:
-        sockets = [_shared_socket(settings.host, settings.port, config.backlog)]
+    sockets = [_shared_socket(settings.host, settings.port, config.backlog)] if reuse_port else None
+    if tls is None:
+        server.run(sockets=sockets)  # uvicorn's own loop (uvloop where installed)
+        return
+    config.load()
+    config.ssl = tls.context  # the port's context, which rotates (control_plane.tls.server)
     # the loop uvicorn would choose, with each TLS handshake bounded (control_plane.tls.loop)
     with asyncio.Runner(loop_factory=handshake_bounded_loop(settings.tls_handshake_timeout_s)) as runner:
         runner.run(server.serve(sockets=sockets))

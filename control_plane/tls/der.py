@@ -44,9 +44,11 @@ def pem_certificates(data: bytes) -> list[bytes]:
     return out
 
 
-def _tlv(data: bytes, pos: int) -> tuple[int, int, int]:
-    """(tag, start of the value, end of the value) of the element at ``pos``."""
-    if pos + 2 > len(data):
+def _tlv(data: bytes, pos: int, end: int | None = None) -> tuple[int, int, int]:
+    """(tag, start of the value, end of the value) of the element at ``pos``, inside
+    ``data[:end]`` (the element that holds it)."""
+    limit = len(data) if end is None else end
+    if pos + 2 > limit:
         raise ValueError("truncated DER")
     tag, length = data[pos], data[pos + 1]
     pos += 2
@@ -56,7 +58,7 @@ def _tlv(data: bytes, pos: int) -> tuple[int, int, int]:
             raise ValueError("bad DER length")
         length = int.from_bytes(data[pos : pos + n], "big")
         pos += n
-    if pos + length > len(data):
+    if pos + length > limit:
         raise ValueError("truncated DER")
     return tag, pos, pos + length
 
@@ -64,7 +66,7 @@ def _tlv(data: bytes, pos: int) -> tuple[int, int, int]:
 def _children(data: bytes, start: int, end: int) -> list[tuple[int, int, int]]:
     out = []
     while start < end:
-        tag, vs, ve = _tlv(data, start)
+        tag, vs, ve = _tlv(data, start, end)
         out.append((tag, vs, ve))
         start = ve
     return out
@@ -109,7 +111,7 @@ def decode_certificate(der: bytes) -> DecodedCertificate:
     tag, cs, ce = _tlv(der, 0)
     if tag != _SEQUENCE:
         raise ValueError("not a certificate")
-    tag, ts, te = _tlv(der, cs)
+    tag, ts, te = _tlv(der, cs, ce)
     if tag != _SEQUENCE:
         raise ValueError("not a certificate")
     fields = _children(der, ts, te)
@@ -123,16 +125,16 @@ def decode_certificate(der: bytes) -> DecodedCertificate:
         raise ValueError("a certificate without its validity")
     alt: list[str] = []
     is_ca = False
-    for tag, es, _ in fields[6:]:
+    for tag, es, ee in fields[6:]:
         if tag != 0xA3:  # [3] extensions
             continue
-        _, ls, le = _tlv(der, es)
+        _, ls, le = _tlv(der, es, ee)
         for _, xs, xe in _children(der, ls, le):
             ext = _children(der, xs, xe)
             if len(ext) < 2 or ext[-1][0] != _OCTETS:
                 raise ValueError("an extension without its value")
             oid, value = der[ext[0][1] : ext[0][2]], ext[-1]
-            _, inner, inner_end = _tlv(der, value[1])
+            _, inner, inner_end = _tlv(der, value[1], value[2])
             if oid == _SAN:
                 alt = _alt_names(der, inner, inner_end)
             elif oid == _BASIC_CONSTRAINTS:

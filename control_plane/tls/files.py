@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from .der import decode_certificate, pem_certificates
+from .spec import normal_name
 
 __all__ = [
     "INTERMEDIATE_CIPHERS",
@@ -127,7 +128,7 @@ def certificate_names(peer: dict[str, Any]) -> tuple[str, ...]:
     for kind, value in peer.get("subjectAltName", ()):
         prefix = _SAN_KINDS.get(kind)
         if prefix is not None:
-            names.append(f"{prefix}:{value}")
+            names.append(normal_name(f"{prefix}:{value}"))  # OpenSSL writes IPv6 long: 2001:DB8:0:...
     return tuple(names)
 
 
@@ -167,4 +168,10 @@ def server_context(
         except (ssl.SSLError, OSError) as exc:
             raise TlsFileError(client_ca[0], client_ca[1], f"OpenSSL refused it: {exc}") from None
         ctx.verify_mode = ssl.CERT_REQUIRED
+        # an intermediate alone in the file is a trust anchor too (a Vault or cert-manager issuer's ca.crt)
+        ctx.verify_flags |= ssl.VERIFY_X509_PARTIAL_CHAIN
+        # no session tickets: a resumed TLS 1.3 session skips the client certificate's check, so a
+        # CA rotated out, or a client certificate expired, would still be let in for a ticket's life
+        ctx.options |= ssl.OP_NO_TICKET
+        ctx.num_tickets = 0
     return ctx, leaf

@@ -6,6 +6,8 @@ rate_limit_tls_certificate_expiry_timestamp_seconds    gauge    port (the served
                                                                 certificate's notAfter)
 rate_limit_tls_reloads_total                           counter  port, result: ok, error (new
                                                                 files refused, the old kept)
+rate_limit_tls_reload_failing                          gauge    port (1 while the files on
+                                                                disk are ones that were refused)
 rate_limit_tls_clients_refused_total                   counter  port, reason: name (a client
                                                                 certificate with none of the
                                                                 accepted names)
@@ -44,6 +46,11 @@ class TlsCollector:
             "New certificate files loaded (ok) or refused, the old ones kept (error).",
             labels=["port", "result"],
         )
+        failing = GaugeMetricFamily(
+            "rate_limit_tls_reload_failing",
+            "1 while the certificate files on disk are ones that could not be used (the old ones serve).",
+            labels=["port"],
+        )
         refused = CounterMetricFamily(
             "rate_limit_tls_clients_refused_total",
             "Connections closed right after their handshake: a client certificate with none of the accepted names.",
@@ -54,5 +61,6 @@ class TlsCollector:
             expiry.add_metric([tls.port], tls.certificate.not_after)
             for result, n in tls.reloads.items():
                 reloads.add_metric([tls.port, result], n)
+            failing.add_metric([tls.port], 1.0 if tls.failing else 0.0)
             refused.add_metric([tls.port, "name"], tls.refused_names)
-        yield from (expiry, reloads, refused)
+        yield from (expiry, reloads, failing, refused)

@@ -19,6 +19,7 @@ from __future__ import annotations
 import logging
 import os
 import ssl
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -52,6 +53,8 @@ class ServerTls:
         self._clock = clock
         self._wall = wall
         self.reloads = {"ok": 0, "error": 0}
+        self.failing = False  # the files on disk now are ones that could not be used
+        self._reloading = threading.Lock()
         self.refused_names = 0  # connections closed after the handshake: no accepted name
         self._seen = self._fingerprint()
         self._checked = clock()
@@ -95,25 +98,35 @@ class ServerTls:
         )
 
     def maybe_reload(self) -> bool:
-        """Load the files again if they changed (at most once per ``reload_s``): True when
-        a new context now serves new connections."""
-        now = self._clock()
-        if now - self._checked < self.reload_s:
+        """Load the files again if they changed (at most once per ``reload_s``, by one caller
+        at a time: the handshakes on the event loop, a ``/metrics`` scrape in a thread): True
+        when a new context now serves new connections."""
+        if self._clock() - self._checked < self.reload_s or not self._reloading.acquire(blocking=False):
             return False
-        self._checked = now
+        try:
+            self._checked = self._clock()
+            return self._reload()
+        finally:
+            self._reloading.release()
+
+    def _reload(self) -> bool:
         seen = self._fingerprint()
-        if seen == self._seen:
+        if seen == self._seen:  # the files in use (again, after a refused version, say)
+            self.failing = False
+            return False
+        if seen == self._failed_seen:  # the version refused already
             return False
         try:
             ctx, leaf = self._build()
         except (TlsFileError, ssl.SSLError, OSError, ValueError) as exc:
-            if seen != self._failed_seen:  # once per version of the files
-                self._failed_seen = seen
-                self.reloads["error"] += 1
-                log.error("TLS (%s port): new files not used, the old certificate stays: %s", self.port, exc)
+            self._failed_seen = seen  # logged and counted once per version of the files
+            self.reloads["error"] += 1
+            self.failing = True
+            log.error("TLS (%s port): new files not used, the old certificate stays: %s", self.port, exc)
             return False
         self._seen, self._current, self.certificate = seen, ctx, leaf
         self.reloads["ok"] += 1
+        self.failing = False
         log.info("TLS (%s port): new certificate %s, valid until %s", self.port, leaf.subject, _utc(leaf.not_after))
         return True
 

@@ -3,13 +3,16 @@ certificate names clients are matched by (``DNS:x``, ``URI:x``, ``IP:x``, ``emai
 
 from __future__ import annotations
 
+import ipaddress
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-__all__ = ["Port", "PortTls", "certificate_name_problem", "split_names"]
+__all__ = ["Port", "PortTls", "certificate_name_problem", "normal_name", "split_names"]
 
 Port = Literal["http", "grpc"]
+_HOST = re.compile(r"[A-Za-z0-9*]([A-Za-z0-9*.-]{0,252})")
 
 
 def certificate_name_problem(name: str) -> str | None:
@@ -21,9 +24,25 @@ def certificate_name_problem(name: str) -> str | None:
     return f"{name!r} is not a certificate name: DNS:x, URI:x, IP:x, email:x or CN=x"
 
 
+def normal_name(name: str) -> str:
+    """``name`` as certificates are matched: an IP address in one spelling (``IP:2001:db8::1``,
+    however written), a bare host name as a DNS name (envoyproxy/ratelimit's
+    ``GRPC_CLIENT_TLS_SAN`` is one), anything else as it is."""
+    kind, sep, rest = name.partition(":")
+    if kind == "IP" and sep:
+        try:
+            return f"IP:{ipaddress.ip_address(rest)}"
+        except ValueError:
+            return name
+    if not sep and not name.startswith("CN=") and _HOST.fullmatch(name):
+        return f"DNS:{name}"
+    return name
+
+
 def split_names(text: str) -> tuple[str, ...]:
-    """``"DNS:envoy.internal, CN=alice smith"`` as its names (commas between them)."""
-    return tuple(n.strip() for n in text.split(",") if n.strip())
+    """``"DNS:envoy.internal, CN=alice smith"`` as its names (commas between them), each
+    :func:`normal_name`."""
+    return tuple(normal_name(n.strip()) for n in text.split(",") if n.strip())
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

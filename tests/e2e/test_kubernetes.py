@@ -55,6 +55,7 @@ CRDS = {
     ("cert-manager.io", "Certificate"): "cert-manager.io_certificates.yaml",
     ("gateway.envoyproxy.io", "BackendTrafficPolicy"): "gateway.envoyproxy.io_backendtrafficpolicies.yaml",
     ("gateway.envoyproxy.io", "EnvoyPatchPolicy"): "gateway.envoyproxy.io_envoypatchpolicies.yaml",
+    ("gateway.envoyproxy.io", "EnvoyProxy"): "gateway.envoyproxy.io_envoyproxies.yaml",
 }
 
 

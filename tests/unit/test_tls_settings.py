@@ -78,8 +78,8 @@ def test_half_a_pair_and_a_client_ca_without_tls(test_pki):
         SHADOWLIMIT_TLS_CLIENT_NAMES="DNS:envoy.internal",
     )
     assert "SHADOWLIMIT_TLS_CLIENT_NAMES: names of client certificates for a port without mutual TLS" in names
-    bad = _error(SHADOWLIMIT_TLS_CLIENT_NAMES="envoy.internal")
-    assert "SHADOWLIMIT_TLS_CLIENT_NAMES: 'envoy.internal' is not a certificate name" in bad
+    bad = _error(SHADOWLIMIT_TLS_CLIENT_NAMES="SPIFFE:envoy")
+    assert "SHADOWLIMIT_TLS_CLIENT_NAMES: 'SPIFFE:envoy' is not a certificate name" in bad
 
 
 def test_per_port_files_and_envoyproxy_ratelimits_names(test_pki):
@@ -102,8 +102,10 @@ def test_beyond_loopback_without_tls_names_the_setting_that_allows_it(test_pki):
     remote = {"SHADOWLIMIT_HOST": "0.0.0.0", "SHADOWLIMIT_ALLOW_REMOTE": "true"}
     msg = _error(**remote)
     assert "the HTTP port has no TLS" in msg and "SHADOWLIMIT_TLS_TERMINATED_ELSEWHERE=true" in msg
-    assert _load(**remote, SHADOWLIMIT_TLS_TERMINATED_ELSEWHERE="true")
-    assert _load(**remote, SHADOWLIMIT_TLS_CERT_FILE=test_pki.server_cert, SHADOWLIMIT_TLS_KEY_FILE=test_pki.server_key)
+    behind_a_mesh = _load(**remote, SHADOWLIMIT_TLS_TERMINATED_ELSEWHERE="true")
+    assert behind_a_mesh.port_tls("http") is None  # type: ignore[attr-defined]
+    own = _load(**remote, SHADOWLIMIT_TLS_CERT_FILE=test_pki.server_cert, SHADOWLIMIT_TLS_KEY_FILE=test_pki.server_key)
+    assert own.port_tls("http") is not None  # type: ignore[attr-defined]
 
 
 def test_the_grpc_port_in_cleartext_beside_an_https_api(test_pki):
@@ -117,4 +119,25 @@ def test_the_grpc_port_in_cleartext_beside_an_https_api(test_pki):
     }
     msg = _error(**pair, **remote, **grpc, SHADOWLIMIT_GRPC_TLS="false")
     assert "the gRPC port has no TLS" in msg
-    assert _load(**pair, **remote, **grpc, SHADOWLIMIT_GRPC_TLS="false", SHADOWLIMIT_TLS_TERMINATED_ELSEWHERE="true")
+    meshed = _load(**pair, **remote, **grpc, SHADOWLIMIT_GRPC_TLS="false", SHADOWLIMIT_TLS_TERMINATED_ELSEWHERE="true")
+    assert meshed.port_tls("grpc") is None and meshed.port_tls("http") is not None  # type: ignore[attr-defined]
+
+
+def test_names_as_certificates_are_matched(test_pki):
+    """envoyproxy/ratelimit's GRPC_CLIENT_TLS_SAN is a bare host name; an IP address matches
+    however it is written (OpenSSL writes IPv6 in full)."""
+    from control_plane.tls.files import certificate_names
+    from control_plane.tls.spec import split_names
+
+    s = load_settings(
+        tls_cert_file=test_pki.server_cert,
+        tls_key_file=test_pki.server_key,
+        GRPC_CLIENT_TLS_CACERT=test_pki.ca_cert,
+        GRPC_CLIENT_TLS_SAN="envoy.internal",
+        tls_client_names="IP:2001:db8:0::1, CN=team#1",
+    )
+    grpc = s.port_tls("grpc")
+    assert grpc is not None and grpc.client_names == ("DNS:envoy.internal",)
+    assert split_names(s.tls_client_names) == ("IP:2001:db8::1", "CN=team#1")
+    peer = {"subject": ((("commonName", "x"),),), "subjectAltName": (("IP Address", "2001:DB8:0:0:0:0:0:1"),)}
+    assert certificate_names(peer) == ("CN=x", "IP:2001:db8::1")
