@@ -142,12 +142,15 @@ BUDGET_ROUTE = """\
 """
 
 
-def test_dashboard_and_rules_name_only_exported_metrics(redis_url, tmp_path):
+def test_dashboard_and_rules_name_only_exported_metrics(redis_url, test_pki, tmp_path):
     envoy = tmp_path / "envoy.yaml"  # Envoy's series exist for the routes of an Envoy config
     envoy.write_text("domain: edge\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 5}\n")
     rules = write_rules(tmp_path, RULES_YAML + BUDGET_ROUTE)
+    # the TLS series exist for a port with TLS: the HTTP port's settings say so (this harness serves
+    # it in cleartext), the gRPC port stays cleartext for the real Envoy below
+    tls = {"tls_cert_file": test_pki.server_cert, "tls_key_file": test_pki.server_key, "grpc_tls": False}
     with ControlPlaneServer(
-        redis_url=redis_url, rules_path=rules, envoy_config=str(envoy), grpc_port=free_port()
+        redis_url=redis_url, rules_path=rules, envoy_config=str(envoy), grpc_port=free_port(), **tls
     ) as cp:
         exported = exported_names(metrics_of(cp))  # a fresh replica: nothing decided yet
         envoy_exported = envoy_metric_names(cp.settings.grpc_port, tmp_path)
