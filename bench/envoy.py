@@ -353,26 +353,6 @@ def _upstream_bootstrap(bootstrap: dict[str, Any]) -> None:
 STREAMS_PER_CONNECTION = 4
 
 
-def upstream_tls(ca: str, cert: str, key: str) -> dict[str, Any]:
-    """An Envoy cluster's ``transport_socket``: mutual TLS with ``cert``, the server's certificate
-    checked against ``ca`` and the name ``localhost``, ALPN h2."""
-    return {
-        "name": "envoy.transport_sockets.tls",
-        "typed_config": {
-            "@type": "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext",
-            "sni": "localhost",
-            "common_tls_context": {
-                "alpn_protocols": ["h2"],
-                "tls_certificates": [{"certificate_chain": {"filename": cert}, "private_key": {"filename": key}}],
-                "validation_context": {
-                    "trusted_ca": {"filename": ca},
-                    "match_typed_subject_alt_names": [{"san_type": "DNS", "matcher": {"exact": "localhost"}}],
-                },
-            },
-        },
-    }
-
-
 def _front(
     port: int,
     max_streams: int | None = None,
@@ -384,6 +364,8 @@ def _front(
     ``max_requests``, that cluster's ``max_requests_per_connection`` (a connection used that
     many times is drained and a new one opened); with ``tls`` (CA, client certificate, key),
     that cluster over mutual TLS."""
+
+    from envoy_proxy import upstream_tls
 
     def customize(bootstrap: dict[str, Any]) -> None:
         for cluster in bootstrap["static_resources"]["clusters"]:

@@ -12,9 +12,12 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from importlib import metadata
+from pathlib import Path
 from typing import Any
 
-__all__ = ["Settings", "summarize", "environment", "lib_versions", "pid_cpu_seconds", "timed_reps", "log"]
+__all__ = [
+    "Settings", "summarize", "environment", "lib_versions", "pid_cpu_seconds", "timed_reps", "log", "section_main",
+]  # fmt: skip
 
 _TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
@@ -245,3 +248,29 @@ def environment(argv: list[str]) -> dict[str, Any]:
         "git": _git(),
         "loadavg_start": [round(x, 2) for x in os.getloadavg()],
     }
+
+
+def section_main(
+    argv: list[str] | None,
+    *,
+    doc: str,
+    out: Path,
+    measure: Callable[[float, int, bool], dict[str, Any]],
+    render: Callable[[dict[str, Any]], str],
+) -> int:
+    """The command line of a section measured on its own (``--seconds``, ``--repeats``,
+    ``--quick``, ``--out``): its results written to ``out`` as JSON, its report printed."""
+    import argparse
+    import json
+
+    ap = argparse.ArgumentParser(description=doc.splitlines()[0])
+    ap.add_argument("--seconds", type=float, default=5.0)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--quick", action="store_true", help="one round of 2 s per row")
+    ap.add_argument("--out", default=str(out))
+    args = ap.parse_args(argv)
+    results = measure(args.seconds, args.repeats, args.quick)
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(results, indent=1) + "\n")
+    print(render(results))
+    return 0

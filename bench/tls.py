@@ -25,8 +25,6 @@ Run: ``python -m bench.tls [--seconds 5] [--repeats 3]``; the results land in
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import re
 import shutil
@@ -40,6 +38,7 @@ from typing import Any
 
 from .control_plane import process_cpu_s, run_wrk
 from .envoy import ENVOY_CONFIG, ROOT, ROUTES, Started, envoy_version, pinned, tree_cpu, wrk_script
+from .harness import section_main
 
 __all__ = ["measure", "render"]
 
@@ -261,17 +260,9 @@ def render(results: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--seconds", type=float, default=5.0)
-    ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--quick", action="store_true", help="one round of 2 s per row")
-    ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "tls.json"))
-    args = ap.parse_args(argv)
-    results = measure(args.seconds, args.repeats, args.quick)
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(results, indent=1) + "\n")
-    print(render(results))
-    return 0
+    return section_main(
+        argv, doc=__doc__ or "", out=ROOT / "bench" / "results" / "tls.json", measure=measure, render=render
+    )
 
 
 if __name__ == "__main__":

@@ -21,6 +21,7 @@ from typing import Any
 import httpx
 from cp_server import ADMIN_TOKEN, clean_env, free_port
 
+from control_plane.tls.client import client_context
 from limiter.embedded.tls import TestPki
 
 __all__ = ["SHADOWLIMIT", "TlsServed", "client_ssl", "grpc_channel"]
@@ -29,10 +30,11 @@ SHADOWLIMIT = Path(sys.executable).parent / "shadowlimit"
 
 
 def client_ssl(ca: str, client: tuple[str, str] | None = None) -> ssl.SSLContext:
-    """A client context trusting ``ca`` and presenting ``client`` (cert, key) if given."""
-    ctx = ssl.create_default_context(cafile=ca)
-    if client is not None:
-        ctx.load_cert_chain(*client)
+    """A client context trusting ``ca`` and presenting ``client`` (cert, key) if given: the one
+    shadowlimit's own clients build (control_plane.tls.client_context)."""
+    cert, key = (Path(client[0]), Path(client[1])) if client is not None else (None, None)
+    ctx = client_context(ca_file=Path(ca), cert_file=cert, key_file=key)
+    assert isinstance(ctx, ssl.SSLContext)
     return ctx
 
 

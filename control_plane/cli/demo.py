@@ -272,11 +272,10 @@ class DemoStack:
         certificate (also the dashboard's)."""
         if self.pki is None:
             return True
-        import ssl
+        from ..tls.client import client_context
 
-        ctx = ssl.create_default_context(cafile=self.pki.ca_cert)
-        ctx.load_cert_chain(self.pki.client_cert, self.pki.client_key)
-        return ctx
+        pki = self.pki
+        return client_context(ca_file=Path(pki.ca_cert), cert_file=Path(pki.client_cert), key_file=Path(pki.client_key))
 
     def _spawn(self, i: int) -> subprocess.Popen[bytes]:
         """Replica ``i`` (0-based) as its own process, on its port, logging to its file."""

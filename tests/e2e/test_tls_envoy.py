@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from cp_server import metric_value
-from envoy_proxy import EnvoyProxy, generic_key, rate_limit, route
+from envoy_proxy import EnvoyProxy, generic_key, rate_limit, route, upstream_tls
 from tls_served import TlsServed
 
 ENVOY_CONFIG = """\
@@ -22,25 +22,11 @@ descriptors:
 
 
 def _mutual_tls(cert: str, key: str, ca: str) -> Any:
-    """A ``customize`` for EnvoyProxy: its ``ratelimit`` cluster over TLS with ``cert``."""
+    """A ``customize`` for EnvoyProxy: its ``ratelimit`` cluster over mutual TLS with ``cert``."""
 
     def customize(bootstrap: dict[str, Any]) -> None:
         cluster = next(c for c in bootstrap["static_resources"]["clusters"] if c["name"] == "ratelimit")
-        cluster["transport_socket"] = {
-            "name": "envoy.transport_sockets.tls",
-            "typed_config": {
-                "@type": "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext",
-                "sni": "localhost",
-                "common_tls_context": {
-                    "alpn_protocols": ["h2"],
-                    "tls_certificates": [{"certificate_chain": {"filename": cert}, "private_key": {"filename": key}}],
-                    "validation_context": {
-                        "trusted_ca": {"filename": ca},
-                        "match_typed_subject_alt_names": [{"san_type": "DNS", "matcher": {"exact": "localhost"}}],
-                    },
-                },
-            },
-        }
+        cluster["transport_socket"] = upstream_tls(ca, cert, key)
 
     return customize
 
