@@ -20,6 +20,7 @@ def serve(args: argparse.Namespace) -> int:
     from ..observe.logs import configure_logging
     from ..rules import RulesError, load_rules
     from ..settings import SettingsError, load_settings
+    from ..tls import TlsFileError, check_tls
     from ..wiring import NO_REDIS_URL, check_redis
 
     overrides: dict[str, Any] = {}
@@ -43,8 +44,11 @@ def serve(args: argparse.Namespace) -> int:
                 print(f"warning: Redis is not reachable now ({problem}); starting anyway", file=sys.stderr)
         load_rules(settings.rules_path, settings)  # fail fast with file:line:field
         _check_envoy(settings)
+        check_tls(settings)  # the ports' certificates, keys and client CAs (the setting and the file named)
     except SettingsError as exc:
         raise CliError(str(exc), EXIT_USAGE) from None
+    except TlsFileError as exc:  # before ValueError (it is one)
+        raise CliError(f"invalid configuration:\n  {exc}", EXIT_USAGE) from None
     except RulesError as exc:
         raise CliError(f"invalid rules file: {exc}", EXIT_USAGE) from None
     except BackendAuthError as exc:

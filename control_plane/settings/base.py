@@ -447,23 +447,6 @@ class Settings(EnvoySettings, PlanSettings, RolloutSettings, TlsSettings, BaseSe
         return self
 
     @model_validator(mode="after")
-    def _check_tls_files(self) -> Settings:
-        """Each port's certificate, key and client CA can serve (errors name setting and file)."""
-        from ..tls.files import server_context
-
-        for port in ("http", "grpc"):
-            spec = self.port_tls(port)
-            if spec is not None and (port == "http" or self.grpc_port is not None):
-                ca = (spec.client_ca_setting, spec.client_ca_file) if spec.client_ca_setting else None
-                server_context(
-                    cert=(spec.cert_setting, spec.cert_file),
-                    key=(spec.key_setting, spec.key_file),
-                    client_ca=ca,  # type: ignore[arg-type]
-                    alpn=(),
-                )
-        return self
-
-    @model_validator(mode="after")
     def _read_admin_token_file(self) -> Settings:
         path = self.admin_token_file
         if path is None or not str(path).strip():

@@ -22,6 +22,7 @@ __all__ = [
     "ServerTls",
     "TlsFileError",
     "certificate_names",
+    "check_tls",
     "client_context",
     "handshake_bounded_loop",
     "port_tls",
@@ -36,3 +37,12 @@ def port_tls(settings: Settings, port: Port) -> ServerTls | None:
     if spec is None:
         return None
     return ServerTls(spec, reload_s=settings.tls_reload_s)
+
+
+def check_tls(settings: Settings) -> None:
+    """Each port's certificate, key and client CA can serve (``serve`` asks before it starts,
+    so that a bad file is a startup error): a :class:`TlsFileError` naming the setting and
+    the file. The settings themselves read no file (the CLI's other commands, the middleware)."""
+    port_tls(settings, "http")
+    if settings.grpc_port is not None:
+        port_tls(settings, "grpc")

@@ -1,7 +1,8 @@
 """TLS settings: every file that cannot serve is a startup error naming its setting and the
-file (missing, a key that is not the certificate's, expired, a CA that is not a CA), pairs
-and client CAs go with a port that has TLS, and listening beyond loopback needs TLS unless
-a mesh or proxy in front is said to terminate it. Certificates from openssl (the test PKI)."""
+file (missing, a key that is not the certificate's, expired, a CA that is not a CA: ``serve``'s
+check, ``check_tls``; the settings themselves read no file), pairs and client CAs go with a
+port that has TLS, and listening beyond loopback needs TLS unless a mesh or proxy in front is
+said to terminate it. Certificates from openssl (the test PKI)."""
 
 from __future__ import annotations
 
@@ -18,6 +19,16 @@ def _load(**env: object) -> object:
     return load_settings(**{k.lower(): v for k, v in env.items()})
 
 
+def _file_error(**env: object) -> str:
+    """What ``serve``'s check says of these settings' files (they load: no file is read then)."""
+    from control_plane.tls import TlsFileError, check_tls
+
+    settings = _load(**env)
+    with pytest.raises(TlsFileError) as info:
+        check_tls(settings)  # type: ignore[arg-type]
+    return str(info.value)
+
+
 def _error(**env: object) -> str:
     with pytest.raises(SettingsError) as info:
         _load(**env)
@@ -32,25 +43,25 @@ def test_a_port_serves_tls_with_a_good_pair(test_pki):
 
 def test_a_missing_file_names_the_setting_and_the_file(test_pki, tmp_path):
     missing = tmp_path / "nope.crt"
-    msg = _error(SHADOWLIMIT_TLS_CERT_FILE=missing, SHADOWLIMIT_TLS_KEY_FILE=test_pki.server_key)
+    msg = _file_error(SHADOWLIMIT_TLS_CERT_FILE=missing, SHADOWLIMIT_TLS_KEY_FILE=test_pki.server_key)
     assert f"SHADOWLIMIT_TLS_CERT_FILE: {missing}: no such file" in msg
 
 
 def test_a_key_that_is_not_the_certificates(test_pki):
-    msg = _error(SHADOWLIMIT_TLS_CERT_FILE=test_pki.server_cert, SHADOWLIMIT_TLS_KEY_FILE=test_pki.client_key)
+    msg = _file_error(SHADOWLIMIT_TLS_CERT_FILE=test_pki.server_cert, SHADOWLIMIT_TLS_KEY_FILE=test_pki.client_key)
     assert f"SHADOWLIMIT_TLS_KEY_FILE: {test_pki.client_key}: is not the key of the certificate" in msg
     assert test_pki.server_cert in msg
 
 
 def test_an_expired_certificate(test_pki):
-    msg = _error(
+    msg = _file_error(
         SHADOWLIMIT_TLS_CERT_FILE=test_pki.expired_server_cert, SHADOWLIMIT_TLS_KEY_FILE=test_pki.expired_server_key
     )
     assert f"SHADOWLIMIT_TLS_CERT_FILE: {test_pki.expired_server_cert}: the certificate (CN=localhost) expired" in msg
 
 
 def test_a_client_ca_that_is_not_a_ca(test_pki):
-    msg = _error(
+    msg = _file_error(
         SHADOWLIMIT_TLS_CERT_FILE=test_pki.server_cert,
         SHADOWLIMIT_TLS_KEY_FILE=test_pki.server_key,
         SHADOWLIMIT_TLS_CLIENT_CA_FILE=test_pki.client_cert,
@@ -61,7 +72,7 @@ def test_a_client_ca_that_is_not_a_ca(test_pki):
 def test_a_file_that_is_not_pem(test_pki, tmp_path):
     junk = tmp_path / "junk.pem"
     junk.write_text("not a certificate\n")
-    msg = _error(SHADOWLIMIT_TLS_CERT_FILE=test_pki.server_cert, SHADOWLIMIT_TLS_KEY_FILE=junk)
+    msg = _file_error(SHADOWLIMIT_TLS_CERT_FILE=test_pki.server_cert, SHADOWLIMIT_TLS_KEY_FILE=junk)
     assert f"SHADOWLIMIT_TLS_KEY_FILE: {junk}: holds no PEM private key" in msg
 
 
