@@ -197,6 +197,8 @@ class ControlPlaneClient:
                 transport=self._transport,
                 headers=headers,
                 verify=self.tls if self.tls is not None else True,
+                # an idle connection retired before the control plane's 5 s keep-alive closes it
+                limits=httpx.Limits(keepalive_expiry=2.0),
             )
         return self._http
 

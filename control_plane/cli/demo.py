@@ -45,7 +45,7 @@ from pathlib import Path
 from typing import Any
 
 from ..extras import MissingExtra, require_extra
-from .demo_chat import CHAT_TENANTS, CHAT_UPSTREAM, chat_client, start_example_service
+from .demo_chat import CHAT_TENANTS, CHAT_UPSTREAM, chat_client, http_pool, start_example_service
 
 ROOT = Path(__file__).resolve().parents[2]  # the checkout: control_plane/cli/demo.py -> ../../..
 #: the one example rules file: the demo runs it, and docs/api.md's examples were produced with it
@@ -326,7 +326,7 @@ class DemoStack:
                 await asyncio.to_thread(old.wait)
             self.procs[i] = self._spawn(i)
             deadline = self.clock() + 30
-            async with httpx.AsyncClient(timeout=1.0, verify=self.verify()) as http:
+            async with httpx.AsyncClient(timeout=1.0, verify=self.verify(), limits=http_pool()) as http:
                 while self.clock() < deadline and self.procs[i].poll() is None:
                     with contextlib.suppress(httpx.HTTPError):
                         if (await http.get(self.urls[i] + "/readyz")).status_code == 200:
@@ -382,7 +382,7 @@ class DemoStack:
         import httpx
 
         started = time.time()
-        async with httpx.AsyncClient(timeout=2.0, verify=self.verify()) as http:
+        async with httpx.AsyncClient(timeout=2.0, verify=self.verify(), limits=http_pool()) as http:
 
             async def client(c: Client) -> None:
                 i = 0

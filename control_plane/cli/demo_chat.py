@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["CHAT_TENANTS", "CHAT_UPSTREAM", "ChatTenant", "chat_client", "start_example_service"]
+__all__ = ["CHAT_TENANTS", "CHAT_UPSTREAM", "ChatTenant", "chat_client", "http_pool", "start_example_service"]
 
 ROOT = Path(__file__).resolve().parents[2]
 CHAT_UPSTREAM = ROOT / "examples" / "chat_upstream.py"
@@ -45,6 +45,15 @@ CHAT_TENANTS: list[ChatTenant] = [
     ChatTenant(name="stark", rps=1.5, spread=True, max_tokens=1000),  # ~70k tokens a minute: over the global 45k
     ChatTenant(name="initech", rps=0.3, spread=False, max_tokens=400),  # ~5k a minute
 ]
+
+
+def http_pool() -> Any:
+    """The demo clients' connection pool: a connection idle 2 s is not reused, below the 5 s after
+    which uvicorn (the replicas, the example services) closes an idle one, so that no request goes
+    out on a connection its server is closing at that moment (an httpx ``ReadError``)."""
+    import httpx
+
+    return httpx.Limits(keepalive_expiry=2.0)
 
 
 def start_example_service(

@@ -133,7 +133,9 @@ class ExternalManager:
             self._http = httpx.AsyncClient(
                 trust_env=False,
                 follow_redirects=False,
-                limits=httpx.Limits(max_connections=None, max_keepalive_connections=64),
+                # idle connections retired before the 5 s after which common servers (uvicorn,
+                # Node) close them: a lookup never goes out on one being closed
+                limits=httpx.Limits(max_connections=None, max_keepalive_connections=64, keepalive_expiry=2.0),
             )
         return self._http
 
