@@ -22,9 +22,9 @@ import contextlib
 import json
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any
 
 import redis.asyncio as aredis
 from redis import exceptions as rex
@@ -393,8 +393,7 @@ class RolloutStore:
             )
             conn = aredis.Redis(connection_pool=pool)
             try:
-                # redis-py types ping() for its sync and async clients at once
-                await cast("Awaitable[bool]", conn.ping())
+                await conn.ping()
                 return conn, True
             except (rex.RedisError, OSError) as exc:
                 last = exc

@@ -8,7 +8,9 @@ private to the current Python process:
 * :class:`EmbeddedCluster` -- a 3-master Redis Cluster on loopback, optionally
   with ``replicas`` per master (then :meth:`~EmbeddedCluster.kill_master` +
   :meth:`~EmbeddedCluster.wait_for_failover` exercise a failover), created without
-  ``redis-cli`` (slots are assigned and nodes introduced with redis-py).
+  ``redis-cli`` (slots are assigned and nodes introduced with redis-py). It grows
+  under load as a production cluster does: :meth:`~EmbeddedCluster.add_master`, then
+  :func:`move_slots` (keys and all, with the ``ASK`` and ``MOVED`` redirections meanwhile).
 * :class:`EmbeddedSentinelSet` -- a master, its replicas and 3 sentinels
   (``redis-server --sentinel``) with a one-second ``down-after-milliseconds``, so
   :meth:`~EmbeddedSentinelSet.kill_master` is followed by a failover within seconds.
@@ -93,6 +95,7 @@ from .access import Access
 from .cli import main
 from .cluster import CLUSTER_SLOTS, EmbeddedCluster, slot_ranges
 from .process import ENV_SERVER_BIN, EmbeddedRedisError, find_redis_server
+from .reshard import move_slots, slot_owners
 from .sentinel import EmbeddedSentinel, EmbeddedSentinelSet
 from .server import EmbeddedRedis
 from .tls import TestPki, TlsServerConfig, make_test_pki
@@ -111,5 +114,7 @@ __all__ = [
     "find_redis_server",
     "main",
     "make_test_pki",
+    "move_slots",
+    "slot_owners",
     "slot_ranges",
 ]

@@ -132,6 +132,7 @@ class EmbeddedCluster:
         self._nodes: list[EmbeddedRedis] = []
         self._bus_ports: list[int] = []
         self._killed: list[tuple[Address, list[tuple[int, int]]]] = []  # awaiting wait_for_failover
+        self._added = 0  # masters added to the running cluster (add_master)
 
     # ---- properties --------------------------------------------------------
 
@@ -242,6 +243,9 @@ class EmbeddedCluster:
             "cluster-config-file": quote_value(os.path.join(node_dir, f"nodes-{port}.conf")),
             "cluster-node-timeout": str(self._node_timeout_ms),
             "cluster-port": str(bus),
+            # a master emptied of its slots (move_slots) stays a master, as before redis-cli's
+            # del-node, instead of turning into a replica of the node that took its last slot
+            "cluster-allow-replica-migration": "no",
         }
         if self._access.tls is not None:
             config["tls-cluster"] = "yes"
@@ -258,20 +262,48 @@ class EmbeddedCluster:
         ports = free_ports(self._host, 2 * count)
         client_ports, bus_ports = ports[:count], ports[count:]
         self._bus_ports = bus_ports
-        for i, (port, bus) in enumerate(zip(client_ports, bus_ports)):
-            node_dir = os.path.join(self._root, f"node-{i}")
-            node = EmbeddedRedis(
-                port=port,
-                host=self._host,
-                extra_config=self._node_config(node_dir, port, bus),
-                data_dir=node_dir,
-                clock=self._clock,
-                tls=self._access.tls,
-                password=self._access.password,
-                acl_users=self._access.acl_users,
-            )
-            self._nodes.append(node)
-            node.start()
+        for port, bus in zip(client_ports, bus_ports):
+            self._new_node(port, bus)
+
+    def _new_node(self, port: int, bus: int) -> EmbeddedRedis:
+        """The next node (``node-<i>`` in the data directory), started."""
+        assert self._root is not None
+        node_dir = os.path.join(self._root, f"node-{len(self._nodes)}")
+        node = EmbeddedRedis(
+            port=port,
+            host=self._host,
+            extra_config=self._node_config(node_dir, port, bus),
+            data_dir=node_dir,
+            clock=self._clock,
+            tls=self._access.tls,
+            password=self._access.password,
+            acl_users=self._access.acl_users,
+        )
+        self._nodes.append(node)
+        node.start()
+        return node
+
+    def add_master(self) -> Address:
+        """A new master, without slots, joins the running cluster (``CLUSTER MEET``), as
+        ``redis-cli --cluster add-node`` adds one; :func:`~limiter.embedded.reshard.move_slots`
+        then gives it some. Returns its address once every node knows it (the cluster
+        counts it among its masters from then on; it has no replicas)."""
+        with self._lock:
+            if not self._nodes:
+                raise EmbeddedRedisError("cluster has not been started")
+            port, bus = free_ports(self._host, 2)
+            node = self._new_node(port, bus)
+            self._bus_ports.append(bus)
+            client = self._node_client(self._nodes[0])
+            try:
+                command(client, "CLUSTER", "MEET", self._host, port, bus)
+            except redis.RedisError as exc:
+                raise EmbeddedRedisError(f"the new master {port} could not join: {exc}") from exc
+            finally:
+                client.close()
+            self._added += 1
+        self.wait_until_ok()
+        return (self._host, node.port or port)
 
     def _node_client(self, node: EmbeddedRedis) -> redis.Redis:
         return node.client(decode_responses=True, socket_connect_timeout=1, socket_timeout=2, retry=no_retry())
@@ -338,8 +370,8 @@ class EmbeddedCluster:
                     return f"node {port}: peer {node['address']} is {node['flags']}/{link}"
                 masters += "master" in flags
                 replicas += "slave" in flags
-            if masters != self._masters or replicas != self._masters * self._replicas:
-                return f"node {port}: knows {masters}/{self._masters} masters, {replicas} replicas"
+            if masters != self._masters + self._added or replicas != self._masters * self._replicas:
+                return f"node {port}: knows {masters}/{self._masters + self._added} masters, {replicas} replicas"
             problem = self._slots_problem(client) if self._replicas else None
             if problem is not None:
                 return f"node {port}: {problem}"
@@ -507,6 +539,7 @@ class EmbeddedCluster:
                 self._root = None
                 self._bus_ports = []
                 self._killed = []
+                self._added = 0
                 unregister(self)
 
     def __enter__(self) -> EmbeddedCluster:

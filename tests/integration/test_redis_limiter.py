@@ -22,7 +22,7 @@ from redis.crc import key_slot
 import limiter
 from limiter import Algorithm, BucketView, Decision, LocalLimiter, Policy, RedisLimiter
 from limiter.algorithms import token_bucket_tokens
-from limiter.embedded import EmbeddedRedis
+from limiter.embedded import EmbeddedRedis, move_slots
 from limiter.scripts import BOOKED, CHARGES, PEEK, PEEKS, SCRIPTS, many
 
 T0 = 1_700_000_000_000_000
@@ -717,21 +717,10 @@ def _node_id(c: redis.Redis) -> str:
     return nid.decode() if isinstance(nid, bytes) else nid
 
 
-def _migrate_slot(clients: list[redis.Redis], slot: int, src: redis.Redis, dst: redis.Redis) -> None:
-    """The resharding dance redis-cli does: IMPORTING/MIGRATING, MIGRATE, SETSLOT NODE."""
-    src_id, dst_id = _node_id(src), _node_id(dst)
-    dst_kw = dst.connection_pool.connection_kwargs
-    dst.execute_command("CLUSTER", "SETSLOT", slot, "IMPORTING", src_id)
-    src.execute_command("CLUSTER", "SETSLOT", slot, "MIGRATING", dst_id)
-    for _ in range(100):
-        keys = src.execute_command("CLUSTER", "GETKEYSINSLOT", slot, 100)
-        if not keys:
-            break
-        src.execute_command("MIGRATE", dst_kw["host"], dst_kw["port"], "", 0, 5000, "KEYS", *keys)
-    else:  # pragma: no cover
-        raise AssertionError("keys never left the slot")
-    for c in [dst, src] + [c for c in clients if c not in (src, dst)]:
-        c.execute_command("CLUSTER", "SETSLOT", slot, "NODE", dst_id)
+def _migrate_slot(cluster, slot: int, dst: redis.Redis) -> None:
+    """The slot and its keys to ``dst``, as ``redis-cli --cluster reshard`` moves them."""
+    kw = dst.connection_pool.connection_kwargs
+    move_slots(cluster, [slot], (kw["host"], kw["port"]))
 
 
 def _owner(clients: list[redis.Redis], slot: int) -> redis.Redis:
@@ -760,7 +749,7 @@ async def test_cluster_moved_after_a_slot_migration(redis_cluster):
         src = _owner(clients, slot)
         dst = next(c for c in clients if c is not src)
         old_node = rl.backend.node_for_slot(slot)
-        _migrate_slot(clients, slot, src, dst)
+        _migrate_slot(redis_cluster, slot, dst)
         try:
             assert dst.execute_command("CLUSTER", "COUNTKEYSINSLOT", slot) == 1
             assert src.execute_command("CLUSTER", "COUNTKEYSINSLOT", slot) == 0
@@ -772,7 +761,7 @@ async def test_cluster_moved_after_a_slot_migration(redis_cluster):
             out = await rl.check_many([("moving", policy, 1, T0), ("moving", policy, 1, T0)])
             assert [getattr(x, "allowed", x) for x in out] == [True, False]
         finally:
-            _migrate_slot(clients, slot, dst, src)  # put the cluster back as it was
+            _migrate_slot(redis_cluster, slot, src)  # put the cluster back as it was
             await asyncio.to_thread(redis_cluster.wait_until_ok)
 
 
@@ -802,7 +791,7 @@ async def test_cluster_ask_during_a_slot_migration(redis_cluster):
             # finish the migration, then move the slot back
             for c in [dst, src] + [c for c in clients if c not in (src, dst)]:
                 c.execute_command("CLUSTER", "SETSLOT", slot, "NODE", dst_id)
-            _migrate_slot(clients, slot, dst, src)
+            _migrate_slot(redis_cluster, slot, src)
             await asyncio.to_thread(redis_cluster.wait_until_ok)
 
 
