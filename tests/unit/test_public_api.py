@@ -66,6 +66,8 @@ def test_limiter_embedded_public_names():
         "find_redis_server",
         "main",
         "make_test_pki",
+        "move_slots",
+        "slot_owners",
         "slot_ranges",
     ]
     for name in embedded.__all__:
