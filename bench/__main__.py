@@ -208,6 +208,9 @@ def _redis_sections(
 
             results["distributed"] = _timed("distributed", cpu, env, lambda: run_distributed(settings, url))
             report.distributed_ratios(results["distributed"])
+            from .distributed import run_same_script
+
+            results["same_script"] = _timed("same_script", cpu, env, lambda: run_same_script(settings, url))
         if "memory" in sections:
             from .memory import run_memory
 

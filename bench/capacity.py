@@ -71,12 +71,13 @@ def _policy(algorithm: str) -> Any:
     return Policy(average=1_000_000, period=1.0, burst=BIG, algorithm=algorithm)
 
 
-def _script_call(algorithm: str, key: str, many: bool) -> list[str]:
-    """The EVALSHA command line redis-benchmark sends: one decision, or ``MANY`` in one call."""
+def _script_call(algorithm: str, key: str, many: bool, policy: Any = None) -> list[str]:
+    """The EVALSHA command line redis-benchmark sends: one decision, or ``MANY`` in one call
+    (under ``policy``, by default one that allows every decision at any pace)."""
     from limiter.scripts import many as many_script
     from limiter.scripts import policy_args, script_for
 
-    policy = _policy(algorithm)
+    policy = policy or _policy(algorithm)
     a1, a2, a3 = (a.decode() for a in policy_args(policy))
     if not many:
         return ["EVALSHA", script_for(policy).sha, "1", key, a1, a2, a3, str(NOW_US), "1"]
@@ -103,9 +104,18 @@ def _evalsha_calls(client: redis.Redis) -> int:
     return int(client.info("commandstats").get("cmdstat_evalsha", {}).get("calls", 0))
 
 
-def _bench(address: tuple[str, int], command: list[str], requests: int, keyspace: int, cluster: bool = False) -> float:
-    """redis-benchmark's requests/s for ``command`` (50 clients, pipelines of 16)."""
-    args = [_redis_benchmark(), "-h", address[0], "-p", str(address[1]), "-c", "50", "-P", "16"]
+def _bench(
+    address: tuple[str, int],
+    command: list[str],
+    requests: int,
+    keyspace: int,
+    cluster: bool = False,
+    connections: tuple[int, int] = (50, 16),
+) -> float:
+    """redis-benchmark's requests/s for ``command`` (``connections``: clients, and requests in
+    flight on each: 50 and pipelines of 16 unless said)."""
+    clients, pipeline = connections
+    args = [_redis_benchmark(), "-h", address[0], "-p", str(address[1]), "-c", str(clients), "-P", str(pipeline)]
     args += ["-n", str(requests), "-r", str(keyspace), "--csv", *(["--cluster"] if cluster else []), *command]
     out = subprocess.run(args, capture_output=True, text=True, timeout=600, check=True).stdout
     rows = [line for line in out.splitlines() if line.startswith('"') and not line.startswith('"test"')]

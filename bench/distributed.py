@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import itertools
+import statistics
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -455,5 +456,47 @@ def _case_row(case: _Case, tag: str = "dist") -> dict[str, Any]:
         f"  {tag} c={case.conc:<3d} {case.lib:28s} {case.variant:42s} {med:>9,.0f}/s  "
         f"(redis cpu {res['redis_cpu_util']:.0%} = {res['redis_cpu_us_per_decision']:.1f} us/decision, "
         f"client cpu {res['client_cpu_util']:.0%} = {res['client_cpu_us_per_decision']:.1f} us/decision)"
+    )
+    return row
+
+
+def run_same_script(settings: Settings, url: str) -> dict[str, Any]:
+    """redis-benchmark (C: a client that costs next to nothing) sending the token bucket's own
+    EVALSHA under the rows' policy, over as many keys, from as many connections as the rows'
+    tasks with one request in flight each: the pace the shard takes the same script at. The rows'
+    figures over it say how near ``RedisLimiter`` drives a shard to that pace."""
+    from limiter import Policy
+    from limiter.scripts import script_for
+
+    from .capacity import _bench, _script_call
+
+    policy = Policy(average=float(PER_MINUTE), period=60.0, burst=BIG, algorithm="token_bucket")
+    stats = redis.Redis.from_url(url)
+    kw = stats.connection_pool.connection_kwargs
+    address = (str(kw["host"]), int(kw["port"]))
+    command = _script_call("token_bucket", "rl:bench:__rand_int__", False, policy)
+    requests = 50_000 if settings.quick else 300_000
+    reps, cpu_us = [], []
+    try:
+        stats.flushall()
+        stats.script_load(script_for(policy).source)
+        for _ in range(settings.dist_reps):
+            cpu0 = _redis_cpu(stats)
+            reps.append(_bench(address, command, requests, settings.dist_keys, connections=(settings.concurrency, 1)))
+            cpu_us.append((_redis_cpu(stats) - cpu0) / requests * 1e6)
+    finally:
+        stats.flushall()
+        stats.close()
+    row = {
+        "tool": "redis-benchmark",
+        "connections": settings.concurrency,
+        "pipeline": 1,
+        "requests_per_rep": requests,
+        "decisions_per_s": summarize(reps),
+        "redis_cpu_us_per_decision": round(statistics.median(cpu_us), 2),
+    }
+    log(
+        f"  dist redis-benchmark, the same EVALSHA, {settings.concurrency} connections: "
+        f"{row['decisions_per_s']['median']:>9,.0f}/s (redis cpu {row['redis_cpu_us_per_decision']:.1f} us/decision)"
     )
     return row

@@ -315,6 +315,7 @@ def _dist_section(results: dict[str, Any], concurrency: int) -> list[str]:
                 f" {cmds} | {r['note']} |"
             )
         out.append("")
+    out += _same_script_lines(results, concurrency)
     out += [
         "The `check_many` row is one task sending batches of 100 requests,"
         " so its ratios are against the sequential baseline. On one Redis server a batch's requests under"
@@ -323,6 +324,30 @@ def _dist_section(results: dict[str, Any], concurrency: int) -> list[str]:
         "",
     ]
     return out
+
+
+def _same_script_lines(results: dict[str, Any], concurrency: int) -> list[str]:
+    """redis-benchmark's pace with the same script, and the token bucket rows' against it."""
+    same = results.get("same_script")
+    if not same:
+        return []
+    pace, low, high = (same["decisions_per_s"][k] for k in ("median", "min", "max"))
+    ours = [
+        r
+        for r in results["distributed"]
+        if r["library"] == "shadowlimit"
+        and r["variant"].startswith("token_bucket")
+        and r["concurrency"] in (1, concurrency)
+    ]
+    parts = [f"{r['variant']} at {r['concurrency']} task(s) {r['decisions_per_s']['median'] / pace:.2f}x" for r in ours]
+    return [
+        f"**The same script from redis-benchmark** (C, {same['connections']} connections, one request in flight "
+        f"on each, the token bucket's EVALSHA under the rows' policy over as many keys): **{_fmt_int(pace)}** "
+        f"decisions/s (min - max {_fmt_int(low)} - {_fmt_int(high)}; "
+        f"Redis CPU {same['redis_cpu_us_per_decision']:.1f} us/decision). shadowlimit's token bucket rows "
+        "against it: " + "; ".join(parts) + ".",
+        "",
+    ]
 
 
 def _memory_section(results: dict[str, Any]) -> list[str]:
