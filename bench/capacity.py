@@ -307,7 +307,11 @@ def check_cluster(requests: int, keyspace: int) -> dict[str, Any]:
             for a in masters:
                 _load_scripts(clients[a])
             ordered = [clients[a] for a in masters] + [c for a, c in clients.items() if a not in masters]
-            used0 = [int(c.info("memory")["used_memory"]) for c in ordered]
+            before = [c.info("memory") for c in ordered]
+            used0 = [int(m["used_memory"]) for m in before]
+            # each node's replication backlog fills with the run's first writes, up to its size
+            backlog_size = int(clients[masters[0]].config_get("repl-backlog-size")["repl-backlog-size"])
+            backlog0 = [int(m.get("mem_replication_backlog", 0)) for m in before]
             command = _script_call("token_bucket", "rl:{tag}:__rand_int__", False)
             for c in ordered:
                 c.config_resetstat()
@@ -337,6 +341,8 @@ def check_cluster(requests: int, keyspace: int) -> dict[str, Any]:
         "master_decisions": calls,
         "keys": keys,
         "used_memory_delta": used,
+        "backlog_size": backlog_size,
+        "backlog_at_start": backlog0,
     }
 
 
@@ -405,7 +411,7 @@ def check_against_model(results: dict[str, Any], m: dict[str, Any]) -> dict[str,
                 "measured_us": round(measured_us, 3),
                 "predicted_per_core_s": round(1e6 / tb["enforce_us"]),
                 "measured_per_core_s": round(1e6 / measured_us) if decisions else 0,
-                "predicted_bytes": round(c["keys"][i] * tb["bytes_cluster"]),
+                "predicted_bytes": _node_bytes(c, i, tb["bytes_cluster"]),
                 "measured_bytes": c["used_memory_delta"][i],
             }
         )
@@ -414,11 +420,17 @@ def check_against_model(results: dict[str, Any], m: dict[str, Any]) -> dict[str,
         rows.append(
             {
                 "node": f"replica {j + 1}",
-                "predicted_bytes": round(c["keys"][n + j] * tb["bytes_cluster"]),
+                "predicted_bytes": _node_bytes(c, n + j, tb["bytes_cluster"]),
                 "measured_bytes": used,
             }
         )
     return {"rows": rows}
+
+
+def _node_bytes(check: dict[str, Any], i: int, per_key: float) -> int:
+    """What node ``i`` of the check should gain: its keys at ``per_key`` bytes, and its
+    replication backlog filled up to ``repl-backlog-size`` (a fixed cost per node, not per key)."""
+    return round(check["keys"][i] * per_key + max(0, check["backlog_size"] - check["backlog_at_start"][i]))
 
 
 def _ratio(measured: float, predicted: float) -> str:
@@ -499,7 +511,8 @@ def render(results: dict[str, Any]) -> str:
         f"{c['keyspace']:,} keys in {c['wall_s']} s ({c['decisions_per_s']:,} decisions/s, the {c['nodes']} "
         f"nodes and the load sharing {env['cores']} cores, so no master had a core of its own: the model's "
         "figure to check is the CPU a master spends per decision, and so the decisions one master-core "
-        "takes).",
+        "takes). Memory predicted: the node's keys at the cluster's bytes per key, and its replication backlog "
+        f"filled from where it stood up to `repl-backlog-size` ({c['backlog_size'] / 2**20:.0f} MiB).",
         "",
         "| node | CPU per decision predicted | measured | decisions per core-second predicted | measured | "
         "memory predicted | measured | measured / predicted |",

@@ -61,9 +61,10 @@ def slot_ranges(masters: int) -> list[tuple[int, int]]:
     return [(bounds[i], bounds[i + 1] - 1) for i in range(masters)]
 
 
-def _owners(raw: Any) -> list[tuple[int, int, Address]]:
-    """A ``CLUSTER SLOTS`` reply as ``(first, last, master address)`` per slot range."""
-    return [(int(e[0]), int(e[1]), (normalize_host(_text(e[2][0])), int(e[2][1]))) for e in raw]
+def _owners(raw: Any, host: str) -> list[tuple[int, int, Address]]:
+    """A ``CLUSTER SLOTS`` reply as ``(first, last, master address)`` per slot range; ``host``
+    stands for the empty one a node that never met another gives for itself."""
+    return [(int(e[0]), int(e[1]), (normalize_host(_text(e[2][0]) or host), int(e[2][1]))) for e in raw]
 
 
 def _text(value: Any) -> str:
@@ -430,7 +431,7 @@ class EmbeddedCluster:
                 continue
             client = self._node_client(node)
             try:
-                return _owners(command(client, "CLUSTER", "SLOTS"))
+                return _owners(command(client, "CLUSTER", "SLOTS"), self._host)
             except (redis.RedisError, OSError) as exc:
                 problems.append(f"{node!r}: {exc!r}")
             finally:
@@ -477,7 +478,7 @@ class EmbeddedCluster:
                 client.close()
             if info.get("cluster_state") != "ok" or info.get("cluster_slots_ok") != str(CLUSTER_SLOTS):
                 return f"{node!r}: cluster_state={info.get('cluster_state')} slots_ok={info.get('cluster_slots_ok')}"
-            owners = _owners(raw)
+            owners = _owners(raw, self._host)
             for dead, ranges in self._killed:
                 for first, _ in ranges:
                     owner = next((o for lo, hi, o in owners if lo <= first <= hi), None)

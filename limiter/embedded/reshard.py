@@ -32,7 +32,7 @@ def slot_owners(cluster: EmbeddedCluster) -> dict[int, Address]:
     """The master serving each slot, as the cluster's first node answers ``CLUSTER SLOTS``."""
     client = _client(cluster, cluster.nodes[0])
     try:
-        table = _owners(command(client, "CLUSTER", "SLOTS"))
+        table = _owners(command(client, "CLUSTER", "SLOTS"), cluster.host)
     finally:
         client.close()
     return {slot: owner for lo, hi, owner in table for slot in range(lo, hi + 1)}
