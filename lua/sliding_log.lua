@@ -1,6 +1,8 @@
 -- sliding_log.lua: the sliding window log on a sorted set; mirrors
 -- limiter.algorithms.sliding_log.
--- KEYS[1]  sorted set: score = request time (integer us), member = '<time>:<n>' (unique)
+-- KEYS[1]  sorted set: score = request time (integer us), member = '<time><n, 3 digits>' (an
+--          integer, which a small sorted set packs in 8 bytes) for the first 1000 entries at one
+--          time, '<time>:<n>' past them; unique either way, and only the scores are ever read
 -- ARGV[1]  window: length in microseconds (integer)
 -- ARGV[2]  limit: requests in any window (integer; <= 0 means unlimited)
 -- ARGV[3]  ttl: key expiry target in seconds (integer)
@@ -40,7 +42,12 @@ if count + cost <= limit then
   local args = {}
   for i = 0, cost - 1 do
     args[#args + 1] = stamp
-    args[#args + 1] = stamp .. ':' .. (first + i)
+    local n = first + i
+    if n < 1000 then
+      args[#args + 1] = stamp .. string.format('%03d', n)
+    else
+      args[#args + 1] = stamp .. ':' .. n
+    end
     if #args >= 1000 then
       redis.call('zadd', key, unpack(args))
       args = {}
