@@ -39,6 +39,7 @@ from typing import Any
 
 import redis
 
+from .distributed import _commandstats, _redis_cpu, shadow_factory
 from .harness import environment, log
 
 __all__ = ["model", "render", "run_capacity"]
@@ -95,13 +96,8 @@ def _load_scripts(client: redis.Redis) -> None:
         client.script_load(many_script(script).source)
 
 
-def _cpu(client: redis.Redis) -> float:
-    info = client.info("cpu")
-    return float(info["used_cpu_sys"]) + float(info["used_cpu_user"])
-
-
 def _evalsha_calls(client: redis.Redis) -> int:
-    return int(client.info("commandstats").get("cmdstat_evalsha", {}).get("calls", 0))
+    return int(_commandstats(client).get("evalsha", {}).get("calls", 0))
 
 
 def _bench(
@@ -130,13 +126,13 @@ def shard_cost(
     """One redis-benchmark run: the decisions/s and each node's CPU per decision."""
     for c in clients:
         c.config_resetstat()
-    cpu0 = [_cpu(c) for c in clients]
+    cpu0 = [_redis_cpu(c) for c in clients]
     t0 = time.perf_counter()
     calls_per_s = _bench(address, command, requests, keyspace=1_000_000)
     wall = time.perf_counter() - t0
     calls = _evalsha_calls(clients[0])
     decisions = calls * decisions_per_call
-    cpu = [_cpu(c) - c0 for c, c0 in zip(clients, cpu0)]
+    cpu = [_redis_cpu(c) - c0 for c, c0 in zip(clients, cpu0)]
     return {
         "decisions_per_s": round(calls_per_s * decisions_per_call),
         "cpu_us_per_decision": [round(x / decisions * 1e6, 3) for x in cpu],
@@ -156,8 +152,7 @@ def measure_shards(requests: int) -> dict[str, Any]:
         _load_scripts(client)
         for algorithm in ALGORITHMS:
             for shape, many in (("single", False), ("many", True)):
-                client.flushall(asynchronous=False)
-                _load_scripts(client)
+                client.flushall(asynchronous=False)  # the keys, not the scripts
                 n = requests // (MANY // 8) if many else requests
                 res = shard_cost(
                     [client], address, _script_call(algorithm, "rl:cap:__rand_int__", many), MANY if many else 1, n
@@ -173,7 +168,6 @@ def measure_shards(requests: int) -> dict[str, Any]:
         with EmbeddedRedis(replica_of=address) as replica:
             _wait_replica(client)
             client.flushall(asynchronous=False)
-            _load_scripts(client)
             rc = redis.Redis(host=replica.host, port=replica.port or 0)
             res = shard_cost(
                 [client, rc], address, _script_call("token_bucket", "rl:cap:__rand_int__", False), 1, requests
@@ -203,7 +197,6 @@ def _wait_replica(master: redis.Redis, timeout: float = 20.0) -> None:
 
 
 def _memory_rows(url: str, stats: redis.Redis, keys: int) -> dict[str, float]:
-    from .distributed import shadow_factory
     from .memory import POLICY, _measure
 
     out = {}
@@ -315,12 +308,12 @@ def check_cluster(requests: int, keyspace: int) -> dict[str, Any]:
             command = _script_call("token_bucket", "rl:{tag}:__rand_int__", False)
             for c in ordered:
                 c.config_resetstat()
-            cpu0 = [_cpu(c) for c in ordered]
+            cpu0 = [_redis_cpu(c) for c in ordered]
             t0 = time.perf_counter()
             _bench(masters[0], command, requests, keyspace, cluster=True)
             wall = time.perf_counter() - t0
             calls = [_evalsha_calls(clients[a]) for a in masters]
-            cpu = [_cpu(c) - c0 for c, c0 in zip(ordered, cpu0)]
+            cpu = [_redis_cpu(c) - c0 for c, c0 in zip(ordered, cpu0)]
             time.sleep(1.0)  # the replicas' last writes, the incremental rehash
             keys = [int(c.dbsize()) for c in ordered]
             used = [int(c.info("memory")["used_memory"]) - u0 for c, u0 in zip(ordered, used0)]

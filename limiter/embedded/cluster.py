@@ -293,7 +293,7 @@ class EmbeddedCluster:
             if not self._nodes:
                 raise EmbeddedRedisError("cluster has not been started")
             port, bus = free_ports(self._host, 2)
-            node = self._new_node(port, bus)
+            self._new_node(port, bus)
             self._bus_ports.append(bus)
             client = self._node_client(self._nodes[0])
             try:
@@ -304,7 +304,7 @@ class EmbeddedCluster:
                 client.close()
             self._added += 1
         self.wait_until_ok()
-        return (self._host, node.port or port)
+        return (self._host, port)
 
     def _node_client(self, node: EmbeddedRedis) -> redis.Redis:
         return node.client(decode_responses=True, socket_connect_timeout=1, socket_timeout=2, retry=no_retry())

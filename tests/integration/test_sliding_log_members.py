@@ -59,15 +59,24 @@ async def test_a_key_the_previous_release_wrote_decides_as_the_local_limiter(red
         client.close()
 
 
-def test_integer_members_make_a_small_log_smaller(redis_url):
+async def test_the_logs_integer_members_make_a_small_log_smaller(redis_url):
+    """The key the script wrote (ten entries) against the same entries with the previous
+    release's members: same scores, same encoding, fewer bytes."""
     client = redis.Redis.from_url(redis_url)
+    policy = Policy(average=100, period=1.0, algorithm="sliding_log")
+    rl = RedisLimiter.from_url(redis_url, namespace="members-size")
     try:
-        stamps = [T0 + 1000 * i for i in range(10)]
-        client.zadd("mem:new", {f"{t}000": t for t in stamps})
-        client.zadd("mem:old", {f"{t}:0": t for t in stamps})
-        assert client.object("encoding", "mem:new") == client.object("encoding", "mem:old") == b"listpack"
-        new, old = client.memory_usage("mem:new", samples=0), client.memory_usage("mem:old", samples=0)
+        for i in range(10):
+            assert (await rl.check("k", policy, now_us=T0 + 1000 * i)).allowed
+        ours = rl.redis_key("k")
+        entries = _members(client, ours)
+        assert len(entries) == 10 and all(m.decode().isdigit() for m, _ in entries)
+        client.zadd("mem:old", {f"{int(score)}:0": score for _, score in entries})
+        assert [s for _, s in _members(client, "mem:old")] == [s for _, s in entries]
+        assert client.object("encoding", ours) == client.object("encoding", "mem:old") == b"listpack"
+        new, old = client.memory_usage(ours, samples=0), client.memory_usage("mem:old", samples=0)
         assert new < old, (new, old)
-        client.delete("mem:new", "mem:old")
+        client.delete("mem:old")
     finally:
+        await rl.aclose()
         client.close()
