@@ -46,11 +46,13 @@ Factory = Callable[..., Awaitable[tuple[Callable[[Any], Any], int, Callable[[], 
 # --------------------------------------------------------------------------- #
 
 
-def shadow_factory(algorithm: str, batch: int = 0, policy_kw: dict[str, Any] | None = None) -> Factory:
+def shadow_factory(
+    algorithm: str, batch: int = 0, policy_kw: dict[str, Any] | None = None, state_format: int = 1
+) -> Factory:
     async def make(url: str, tag: str = "bench"):
         from limiter import Policy, RedisLimiter
 
-        rl = RedisLimiter.from_url(url, namespace=tag)
+        rl = RedisLimiter.from_url(url, namespace=tag, state_format=state_format)
         policy = Policy(
             **(policy_kw or {"average": float(PER_MINUTE), "period": 60.0, "burst": BIG}), algorithm=algorithm
         )

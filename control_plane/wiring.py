@@ -128,6 +128,7 @@ async def open_engine(
         connection,
         namespace=settings.namespace,
         time_source=settings.time_source,  # type: ignore[arg-type]
+        state_format=2 if settings.state_format == "2" else 1,  # auto: the hash until the fleet is read
     )
     client = redis.client  # redis-py, from the same connection
     engine = build_engine(
@@ -158,7 +159,12 @@ def _resilient(
         failure_threshold=settings.breaker_failure_threshold, trial_half_opens=False, name=None, wall_clock=clock
     )
     fleet = FleetMembership(
-        redis, instance_id=iid, interval_s=2.0, joins=settings.enable_distributed_rate_limiting, wall_clock=clock
+        redis,
+        instance_id=iid,
+        interval_s=2.0,
+        joins=settings.enable_distributed_rate_limiting,
+        wall_clock=clock,
+        state_format=settings.state_format,
     )
     resilient = ResilientLimiter(
         redis,

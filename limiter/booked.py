@@ -87,6 +87,8 @@ class BookedCalls:
         """The reservations booked for ``key`` (:func:`limiter.reservations.book_from_fields`)."""
         rkey = self.redis_key(key)
         reply = await self.backend.call(rkey, encode_command("HGETALL", rkey))
+        if isinstance(reply, ReplyError) and str(reply).startswith("WRONGTYPE"):
+            return Book.empty()  # a compact state (one integer): no book
         if isinstance(reply, ReplyError):
             raise BackendReplyError(str(reply))
         items = [x.decode() if isinstance(x, bytes) else str(x) for x in reply or []]

@@ -43,16 +43,14 @@ from .redis_url import RedisTarget
 from .resp import ReplyError, encode_command
 from .script_calls import Prepared, Run, within
 from .scripts import (
-    BOOKED,
-    CHARGES,
+    ALL_SCRIPTS,
     MANY_MAX,
     PEEK,
-    PEEKS,
-    SCRIPTS,
+    SCRIPT_SETS,
     STATE_FIELDS,
+    STATE_FORMATS,
     Script,
     decode_state,
-    many,
     policy_args,
 )
 
@@ -60,18 +58,6 @@ __all__ = ["RedisLimiter", "TimeSource", "make_backend", "make_redis_py_client"]
 
 TimeSource = Literal["local", "redis"]
 _NAMESPACE = re.compile(r"[A-Za-z0-9_.-]{1,64}")
-
-
-#: every script a limiter runs: the decisions, the dashboards' view, the peeks, the charges,
-#: and the decisions, peeks and charges of many requests in one call
-_ALL_SCRIPTS = (
-    *SCRIPTS.values(),
-    PEEK,
-    *PEEKS.values(),
-    *CHARGES.values(),
-    *(many(s) for s in (*SCRIPTS.values(), *PEEKS.values(), *CHARGES.values())),
-    *BOOKED.values(),
-)
 
 
 def _now_us() -> int:
@@ -89,6 +75,7 @@ class RedisLimiter(BookedCalls):
         time_source: TimeSource = "local",
         clock: Callable[[], int] = _now_us,
         connection: RedisConnection | None = None,
+        state_format: int = 1,
     ) -> None:
         if time_source not in ("local", "redis"):
             raise ValueError(f"time_source: must be 'local' or 'redis', got {time_source!r}")
@@ -109,6 +96,25 @@ class RedisLimiter(BookedCalls):
         self._one_server = getattr(backend, "cluster", True) is False
         self.connection = connection  # what the backend was built from (None: a backend given directly)
         self._client: Any = None
+        self._scripts = SCRIPT_SETS[1]
+        self.set_state_format(state_format)
+
+    @property
+    def state_format(self) -> int:
+        """The state format this limiter writes (docs/state-format.md); it reads both."""
+        return self._scripts.state_format
+
+    def set_state_format(self, state_format: int) -> None:
+        """Write ``state_format`` from the next decision on: 1, a hash per key (what releases
+        before the compact form read); 2, one integer per window key where its values fit."""
+        if state_format not in STATE_FORMATS:
+            raise ValueError(f"state_format: must be one of {STATE_FORMATS}, got {state_format!r}")
+        if state_format != self._scripts.state_format:
+            self._scripts = SCRIPT_SETS[state_format]
+            self._prepared.clear()
+            self._by_id.clear()
+            self._peek_prepared.clear()
+            self._charge_prepared.clear()
 
     @classmethod
     def from_url(
@@ -121,6 +127,7 @@ class RedisLimiter(BookedCalls):
         command_timeout: float | None = 0.5,
         cluster: bool | None = None,
         clock: Callable[[], int] = _now_us,
+        state_format: int = 1,
     ) -> RedisLimiter:
         """Build from a URL (``redis://``, ``rediss://``, ``unix://``, ``redis+cluster://``,
         ``redis+sentinel://``, see :mod:`limiter.redis_url`) or an already parsed
@@ -128,7 +135,11 @@ class RedisLimiter(BookedCalls):
         options to the URL). TLS files are read here: a bad one raises ``ValueError``."""
         connection = RedisConnection.parse(url, connect_timeout=connect_timeout, command_timeout=command_timeout)
         return cls.from_connection(
-            connection.with_kind(cluster), namespace=namespace, time_source=time_source, clock=clock
+            connection.with_kind(cluster),
+            namespace=namespace,
+            time_source=time_source,
+            clock=clock,
+            state_format=state_format,
         )
 
     @classmethod
@@ -139,11 +150,17 @@ class RedisLimiter(BookedCalls):
         namespace: str = "shadowlimit",
         time_source: TimeSource = "local",
         clock: Callable[[], int] = _now_us,
+        state_format: int = 1,
     ) -> RedisLimiter:
         """Build from a :class:`~limiter.connection.RedisConnection`, the description the
         off-hot-path client (:attr:`client`) is built from too."""
         return cls(
-            connection.backend(), namespace=namespace, time_source=time_source, clock=clock, connection=connection
+            connection.backend(),
+            namespace=namespace,
+            time_source=time_source,
+            clock=clock,
+            connection=connection,
+            state_format=state_format,
         )
 
     # -- the hot path -------------------------------------------------------------
@@ -157,7 +174,7 @@ class RedisLimiter(BookedCalls):
         if p is None:
             if len(self._prepared) > 4096:
                 self._prepared.clear()
-            p = self._prepared[policy] = Prepared(SCRIPTS[policy.algorithm], policy)
+            p = self._prepared[policy] = Prepared(self._scripts.decisions[policy.algorithm], policy)
         if len(self._by_id) > 4096:
             self._by_id.clear()
         self._by_id[id(policy)] = (policy, p)
@@ -169,7 +186,7 @@ class RedisLimiter(BookedCalls):
         if p is None:
             if len(self._peek_prepared) > 4096:
                 self._peek_prepared.clear()
-            p = self._peek_prepared[policy] = Prepared(PEEKS[policy.algorithm], policy)
+            p = self._peek_prepared[policy] = Prepared(self._scripts.peeks[policy.algorithm], policy)
         return p
 
     def _prepare_charge(self, policy: Policy) -> Prepared:
@@ -178,7 +195,7 @@ class RedisLimiter(BookedCalls):
         if p is None:
             if len(self._charge_prepared) > 4096:
                 self._charge_prepared.clear()
-            p = self._charge_prepared[policy] = Prepared(CHARGES[policy.algorithm], policy)
+            p = self._charge_prepared[policy] = Prepared(self._scripts.charges[policy.algorithm], policy)
         return p
 
     def _script_of(self, policy: Policy, cost: int) -> Prepared:
@@ -481,21 +498,24 @@ class RedisLimiter(BookedCalls):
             exists = reply[1] == 1
             reset = 0 if tokens >= policy.burst_f else math.ceil((policy.burst_f - tokens) / policy.rate_per_us)
             return BucketView(tokens, policy.limit, exists, reset)
-        state = await self.raw_state(key, policy.algorithm)
+        state = await self.raw_state(key, policy)
         now = now_arg if isinstance(now_arg, int) else await self.redis_time_us()
         d, _ = decide(state, now, policy, 0)
         return BucketView(
             float(d.remaining), policy.limit, state is not None, d.reset_after_us if state is not None else 0
         )
 
-    async def raw_state(self, key: str, algorithm: Algorithm) -> Any:
-        """The pure-function state stored for ``key`` (``None`` when absent)."""
+    async def raw_state(self, key: str, of: Algorithm | Policy) -> Any:
+        """The pure-function state stored for ``key`` (``None`` when absent) under an algorithm
+        (or a policy's), in either state format."""
+        algorithm = of.algorithm if isinstance(of, Policy) else of
         rkey = self.redis_key(key)
         if algorithm is Algorithm.SLIDING_LOG:
-            cmd = encode_command("ZRANGE", rkey, 0, -1, "WITHSCORES")
+            reply = await self.backend.call(rkey, encode_command("ZRANGE", rkey, 0, -1, "WITHSCORES"))
         else:
-            cmd = encode_command("HMGET", rkey, *STATE_FIELDS[algorithm])
-        reply = await self.backend.call(rkey, cmd)
+            reply = await self.backend.call(rkey, encode_command("GET", rkey))
+            if isinstance(reply, ReplyError) and str(reply).startswith("WRONGTYPE"):
+                reply = await self.backend.call(rkey, encode_command("HMGET", rkey, *STATE_FIELDS[algorithm]))
         if isinstance(reply, ReplyError):
             raise BackendReplyError(str(reply))
         return decode_state(algorithm, reply)
@@ -521,7 +541,7 @@ class RedisLimiter(BookedCalls):
     async def load_scripts(self) -> list[str]:
         """SCRIPT LOAD every script on every node (readiness); returns the SHAs."""
         shas = []
-        for script in _ALL_SCRIPTS:
+        for script in ALL_SCRIPTS:
             for reply in await self.backend.call_all(encode_command("SCRIPT", "LOAD", script.source)):
                 if isinstance(reply, ReplyError):
                     raise BackendReplyError(f"SCRIPT LOAD {script.name}: {reply}")
@@ -529,7 +549,7 @@ class RedisLimiter(BookedCalls):
         return shas
 
     async def scripts_loaded(self) -> bool:
-        shas = [s.sha for s in _ALL_SCRIPTS]
+        shas = [s.sha for s in ALL_SCRIPTS]
         for reply in await self.backend.call_all(encode_command("SCRIPT", "EXISTS", *shas)):
             if isinstance(reply, ReplyError) or not all(reply):
                 return False

@@ -123,6 +123,10 @@ def fleet_share(policy: Policy, instances: int) -> Policy:
     )
 
 
+#: the state formats this release reads (its fleet record)
+READS = "1 2"
+
+
 class FleetMembership:
     """Each instance's heartbeat in one sorted set: ``rl:<ns>:fleet`` (score = last beat, ms).
 
@@ -134,6 +138,12 @@ class FleetMembership:
     ``joins=False`` (a replica whose kill switch keeps Redis off its request path) only
     reads the set: it takes no share of the global limit, so it must not shrink the
     others' fallback share by counting as live.
+
+    The fleet's state formats (docs/state-format.md): each joining instance also records the
+    formats it reads in ``rl:<ns>:fleet:reads``; a member missing there runs a release that
+    reads only the hash (format 1). ``state_format="auto"`` has the limiter write the compact
+    form (2) only while every live member reads it, and the hash otherwise; ``1`` or ``2``
+    pins it (the limiter is left as it was built).
     """
 
     def __init__(
@@ -145,8 +155,15 @@ class FleetMembership:
         stale_after_s: float | None = None,
         wall_clock: Callable[[], float] = time.time,
         joins: bool = True,
+        state_format: str = "auto",
     ) -> None:
+        if state_format not in ("auto", "1", "2"):
+            raise ValueError(f"state_format: must be auto, 1 or 2, got {state_format!r}")
         self.redis = redis
+        self.state_format = state_format
+        self.reads_key = f"rl:{redis.namespace}:fleet:reads".encode()
+        #: whether every live member reads the compact form, as last read (None: not read yet)
+        self.all_read_compact: bool | None = None
         self.wall_clock = wall_clock
         self.joins = joins
         self.instance_id = instance_id or uuid.uuid4().hex[:12]
@@ -174,8 +191,27 @@ class FleetMembership:
             raise BackendError(f"fleet heartbeat: unexpected reply {members!r}")
         self.members = sorted(m.decode() for m in members)
         self.live_instances = max(1, len(self.members))
+        await self._formats()
         self.last_beat_ok = self.wall_clock()
         return self.live_instances
+
+    async def _formats(self) -> None:
+        """Record the formats this instance reads, forget those of instances gone, and (auto)
+        write the compact form only while every live member reads it."""
+        b, key = self.redis.backend, self.reads_key
+        if self.joins:
+            await b.call(key, encode_command("HSET", key, self.instance_id, READS))
+            await b.call(key, encode_command("PEXPIRE", key, int(self.stale_after_s * 1000) * 2))
+        raw = await b.call(key, encode_command("HGETALL", key))
+        if not isinstance(raw, list):
+            raise BackendError(f"fleet formats: unexpected reply {raw!r}")
+        reads = {raw[i].decode(): raw[i + 1].decode().split() for i in range(0, len(raw), 2)}
+        gone = [m for m in reads if m not in self.members]
+        if gone and self.joins:
+            await b.call(key, encode_command("HDEL", key, *gone))
+        self.all_read_compact = all("2" in reads.get(m, ()) for m in self.members)
+        if self.state_format == "auto":
+            self.redis.set_state_format(2 if self.all_read_compact else 1)
 
     async def leave(self) -> None:
         with contextlib.suppress(BackendError, OSError):

@@ -17,14 +17,19 @@ from importlib import resources
 from .policy import Algorithm, Policy
 
 __all__ = [
+    "ALL_SCRIPTS",
     "BOOKED",
     "CHARGES",
     "MANY_MAX",
     "PEEK",
     "PEEKS",
     "SCRIPTS",
+    "SCRIPT_SETS",
     "STATE_FIELDS",
+    "STATE_FORMATS",
     "Script",
+    "ScriptSet",
+    "decode_compact",
     "decode_state",
     "load_script",
     "many",
@@ -35,11 +40,14 @@ __all__ = [
 
 @dataclass(frozen=True, slots=True)
 class Script:
-    """One Lua script: its name, full source (prelude included) and SHA1."""
+    """One Lua script: its name, full source (prelude included) and SHA1; ``file`` is its
+    ``lua/`` file's name and ``state_format`` the state format it writes."""
 
     name: str
     source: str
     sha: str
+    file: str = ""
+    state_format: int = 2
 
     @property
     def source_bytes(self) -> bytes:
@@ -50,21 +58,66 @@ def _read(name: str) -> str:
     return resources.files("lua").joinpath(name).read_text(encoding="utf-8")
 
 
-def load_script(name: str) -> Script:
-    """Load ``lua/<name>.lua`` with the shared prelude in front."""
-    source = _read("prelude.lua") + "\n" + _read(f"{name}.lua")
-    return Script(name=name, source=source, sha=hashlib.sha1(source.encode()).hexdigest())
+#: the state formats a script writes (docs/state-format.md): 1, a hash per key (every release
+#: reads it); 2, one integer at the key where the values fit (read by this release on)
+STATE_FORMATS = (1, 2)
 
 
-SCRIPTS: dict[Algorithm, Script] = {a: load_script(a.value) for a in Algorithm}
+def _prelude(state_format: int) -> str:
+    """The shared prelude, after the line that tells it which state format to write."""
+    if state_format not in STATE_FORMATS:
+        raise ValueError(f"state_format: must be one of {STATE_FORMATS}, got {state_format!r}")
+    return f"local SL_FORMAT = {state_format}\n" + _read("prelude.lua")
+
+
+def load_script(name: str, state_format: int = 2) -> Script:
+    """Load ``lua/<name>.lua`` with the shared prelude in front, writing ``state_format``."""
+    source = _prelude(state_format) + "\n" + _read(f"{name}.lua")
+    suffix = "" if state_format == 2 else f" (format {state_format})"
+    return Script(
+        name=name + suffix,
+        source=source,
+        sha=hashlib.sha1(source.encode()).hexdigest(),
+        file=name,
+        state_format=state_format,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class ScriptSet:
+    """The scripts that write one state format: the decisions, their read-only twins (peeks)
+    and the charges, by algorithm."""
+
+    state_format: int
+    decisions: dict[Algorithm, Script]
+    peeks: dict[Algorithm, Script]
+    charges: dict[Algorithm, Script]
+
+    @classmethod
+    def build(cls, state_format: int) -> ScriptSet:
+        def one(name: str) -> Script:
+            return load_script(name, state_format)
+
+        return cls(
+            state_format=state_format,
+            decisions={a: one(a.value) for a in Algorithm},
+            peeks={a: one(f"peek_{a.value}") for a in Algorithm},
+            charges={a: one(f"charge_{a.value}") for a in Algorithm if a is not Algorithm.SLIDING_LOG},
+        )
+
+    def all(self) -> tuple[Script, ...]:
+        return (*self.decisions.values(), *self.peeks.values(), *self.charges.values())
+
+
+#: each state format's scripts
+SCRIPT_SETS: dict[int, ScriptSet] = {f: ScriptSet.build(f) for f in STATE_FORMATS}
+SCRIPTS: dict[Algorithm, Script] = SCRIPT_SETS[2].decisions
 #: the read-only twin of each decision script (``lua/peek_<algorithm>.lua``): the same
 #: KEYS and ARGV, the answer a request of cost 1 would get, nothing written
-PEEKS: dict[Algorithm, Script] = {a: load_script(f"peek_{a.value}") for a in Algorithm}
+PEEKS: dict[Algorithm, Script] = SCRIPT_SETS[2].peeks
 #: the charge of each algorithm that takes one (``lua/charge_<algorithm>.lua``): the same KEYS
 #: and ARGV, the cost counted whatever is left (:mod:`limiter.charges`)
-CHARGES: dict[Algorithm, Script] = {
-    a: load_script(f"charge_{a.value}") for a in Algorithm if a is not Algorithm.SLIDING_LOG
-}
+CHARGES: dict[Algorithm, Script] = SCRIPT_SETS[2].charges
 
 
 def _booked(kind: str, algorithm: Algorithm) -> Script:
@@ -72,10 +125,16 @@ def _booked(kind: str, algorithm: Algorithm) -> Script:
     scripts wrapped as functions, then ``lua/reservations.lua`` (one key's book, mirroring
     :mod:`limiter.reservations`), then the script itself."""
     name = algorithm.value
-    parts = [_read("prelude.lua")]
+    parts = [_prelude(1)]  # a key with a book is a hash: its state is written there too
     for fn, script in (("sl_decide", name), ("sl_peek", f"peek_{name}"), ("sl_charge", f"charge_{name}")):
         parts.append(f"local function {fn}(KEYS, ARGV)\n{_read(f'{script}.lua')}\nend\n")
     parts.append(f"local sl_windowed = {'true' if algorithm.windowed else 'false'}\n")
+    unpack = {
+        Algorithm.FIXED_WINDOW: "sl_hashed(key, sl_fixed_load, SL_FIXED)",
+        Algorithm.SLIDING_WINDOW: "sl_hashed(key, sl_sliding_load, SL_SLIDING)",
+        Algorithm.GCRA: "sl_hashed(key, sl_gcra_load, SL_GCRA)",
+    }.get(algorithm, "")
+    parts.append(f"local function sl_unpack(key)\n  {unpack}\nend\n")
     parts += [_read("reservations.lua"), _read(f"{kind}.lua")]
     source = "\n".join(parts)
     return Script(name=f"{kind} ({name})", source=source, sha=hashlib.sha1(source.encode()).hexdigest())
@@ -100,9 +159,9 @@ def many(script: Script) -> Script:
     script itself wrapped as a function, run once per key, in order, each error in its
     place. Same answers and state as one call of ``script`` per request."""
     source = (
-        _read("prelude.lua")
+        _prelude(script.state_format)
         + "\nlocal function sl_one(KEYS, ARGV)\n"
-        + _read(f"{script.name}.lua")
+        + _read(f"{script.file}.lua")
         + "\nend\n\n"
         + _read("many.lua")
     )
@@ -134,16 +193,34 @@ def policy_args(policy: Policy) -> tuple[bytes, bytes, bytes]:
     return first.encode(), second.encode(), str(policy.ttl_s).encode()
 
 
+def decode_compact(algorithm: Algorithm, text: bytes | str) -> tuple[int, ...] | float:
+    """A key's state from its compact form (state format 2, ``lua/prelude.lua``): a window's
+    start in milliseconds as the last 13 digits, the fixed window's count before them, the
+    sliding window's ``<previous><current, C digits><start><C>``; GCRA's theoretical arrival
+    time in quarter microseconds."""
+    t = text.decode() if isinstance(text, bytes) else text
+    if algorithm is Algorithm.GCRA:
+        return int(t) / 4  # type: ignore[return-value]
+    if algorithm is Algorithm.FIXED_WINDOW:
+        return (int(t[-13:]) * 1000, int(t[:-13] or 0))
+    if algorithm is Algorithm.SLIDING_WINDOW:
+        n = int(t[-1])
+        return (int(t[-14:-1]) * 1000, int(t[-14 - n : -14]), int(t[: -14 - n] or 0))
+    raise ValueError(f"{algorithm.value} has no compact form")
+
+
 def decode_state(algorithm: Algorithm, raw: object) -> object:
     """Turn what Redis stores for a key into the pure function's state.
 
-    ``raw`` is the HMGET reply of :data:`STATE_FIELDS` for hash-based algorithms, or
-    the ``ZRANGE key 0 -1 WITHSCORES`` reply for the sliding log.
+    ``raw`` is the HMGET reply of :data:`STATE_FIELDS` for a hash, the GET reply (bytes) of a
+    window's compact form, or the ``ZRANGE key 0 -1 WITHSCORES`` reply for the sliding log.
     """
     if algorithm is Algorithm.SLIDING_LOG:
         items = list(raw or [])  # type: ignore[call-overload]
         scores = sorted(int(float(items[i + 1])) for i in range(0, len(items), 2))
         return tuple(scores) or None
+    if isinstance(raw, bytes | str):
+        return decode_compact(algorithm, raw)
     vals = list(raw or [])  # type: ignore[call-overload]
     if not vals or vals[0] is None:
         return None
@@ -163,3 +240,12 @@ STATE_FIELDS: dict[Algorithm, tuple[str, ...]] = {
     Algorithm.SLIDING_WINDOW: ("w", "c", "p"),
     Algorithm.SLIDING_LOG: (),
 }
+
+#: every script a limiter runs: each state format's decisions, peeks and charges, alone and for
+#: many requests in one call, the dashboards' view, and the reservations' reserve and settle
+ALL_SCRIPTS: tuple[Script, ...] = (
+    *(s for f in STATE_FORMATS for s in SCRIPT_SETS[f].all()),
+    PEEK,
+    *(many(s) for f in STATE_FORMATS for s in SCRIPT_SETS[f].all()),
+    *BOOKED.values(),
+)

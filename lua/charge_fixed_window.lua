@@ -1,6 +1,6 @@
 -- charge_fixed_window.lua: a charge counted in the current window (past the limit; negative:
 -- a refund, down to zero); mirrors limiter.charges.charge_fixed_window.
--- KEYS[1]  hash: w = window start (integer microseconds), n = requests counted in it
+-- KEYS[1]  the window start and the count in it, compact or a hash (w, n): prelude's sl_fixed_load
 -- ARGV[1]  window: length in microseconds (integer)
 -- ARGV[2]  limit: requests per window (integer; <= 0 means unlimited)
 -- ARGV[3]  ttl: key expiry target in seconds (integer)
@@ -20,11 +20,10 @@ end
 
 local ws = now - now % w
 local count = 0
-local vals = redis.call('hmget', key, 'w', 'n')
-local sw = tonumber(vals[1])
+local kind, sw, sn = sl_fixed_load(key)
 if sw ~= nil and ws <= sw then
   ws = sw
-  count = tonumber(vals[2])
+  count = sn
 end
 local reset = ws + w - now
 local fits = 0
@@ -42,6 +41,6 @@ local retry = 0
 if count + 1 > limit then
   retry = reset
 end
-redis.call('hset', key, 'w', sl_num(ws), 'n', sl_num(count))
+sl_fixed_save(key, kind, ws, count)
 sl_touch(key, ttl, reset)
 return {fits, limit - count, limit, retry, reset}

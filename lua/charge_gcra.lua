@@ -1,6 +1,6 @@
 -- charge_gcra.lua: a charge on GCRA (counted whatever is left; negative: a refund); mirrors
 -- limiter.charges.charge_gcra.
--- KEYS[1]  hash: a = theoretical arrival time (float microseconds, 17 digits)
+-- KEYS[1]  the theoretical arrival time, compact or a hash (a): prelude's sl_gcra_load
 -- ARGV[1]  emission interval: microseconds per token (float; <= 0 means unlimited)
 -- ARGV[2]  burst: capacity in tokens (integer)
 -- ARGV[3]  ttl: key expiry target in seconds (integer)
@@ -19,7 +19,7 @@ if t <= 0 then
 end
 
 local tau = t * burst
-local tat = tonumber(redis.call('hget', key, 'a'))
+local kind, tat = sl_gcra_load(key)
 if tat == nil then
   tat = now
 end
@@ -45,6 +45,6 @@ if allow_at > now then
   retry = math.ceil(allow_at - now)
 end
 local reset = math.ceil(new_tat - now)
-redis.call('hset', key, 'a', sl_num(new_tat))
+sl_gcra_save(key, kind, new_tat)
 sl_touch(key, ttl, reset)
 return {fits, balance, burst, retry, reset}

@@ -1,6 +1,6 @@
 -- charge_sliding_window.lua: a charge counted in the current window (past the limit; negative:
 -- a refund, down to zero); mirrors limiter.charges.charge_sliding_window.
--- KEYS[1]  hash: w = current window start (integer us), c = current count, p = previous count
+-- KEYS[1]  the window start and both counts, compact or a hash (w, c, p): prelude's sl_sliding_load
 -- ARGV[1]  window: length in microseconds (integer)
 -- ARGV[2]  limit: requests per window (integer; <= 0 means unlimited)
 -- ARGV[3]  ttl: key expiry target in seconds (integer)
@@ -21,20 +21,19 @@ end
 local ws = now - now % w
 local cur = 0
 local prev = 0
-local vals = redis.call('hmget', key, 'w', 'c', 'p')
-local sw = tonumber(vals[1])
+local kind, sw, sc, sp = sl_sliding_load(key)
 if sw ~= nil then
   if ws > sw then
     if ws - sw == w then
-      prev = tonumber(vals[2])
+      prev = sc
     end
   else
     if ws < sw then
       ws = sw
       now = sw
     end
-    cur = tonumber(vals[2])
-    prev = tonumber(vals[3])
+    cur = sc
+    prev = sp
   end
 end
 
@@ -77,6 +76,6 @@ if weighted + 1 > limit then
     retry = 1
   end
 end
-redis.call('hset', key, 'w', sl_num(ws), 'c', sl_num(cur), 'p', sl_num(prev))
+sl_sliding_save(key, kind, ws, cur, prev)
 sl_touch(key, ttl, reset)
 return {fits, balance, limit, retry, reset}

@@ -1,6 +1,6 @@
 -- fixed_window.lua: the fixed window counter; mirrors limiter.algorithms.fixed_window.
 -- One hash per key instead of one key per window, so a key stays on one cluster slot.
--- KEYS[1]  hash: w = window start (integer microseconds), n = requests counted in it
+-- KEYS[1]  the window start and the count in it, compact or a hash (w, n): prelude's sl_fixed_load
 -- ARGV[1]  window: length in microseconds (integer)
 -- ARGV[2]  limit: requests per window (integer; <= 0 means unlimited)
 -- ARGV[3]  ttl: key expiry target in seconds (integer)
@@ -20,18 +20,17 @@ end
 
 local ws = now - now % w
 local count = 0
-local vals = redis.call('hmget', key, 'w', 'n')
-local sw = tonumber(vals[1])
+local kind, sw, sn = sl_fixed_load(key)
 if sw ~= nil and ws <= sw then
   -- same window, or an older request counted in the stored window
   ws = sw
-  count = tonumber(vals[2])
+  count = sn
 end
 local reset = ws + w - now
 
 if count + cost <= limit then
   count = count + cost
-  redis.call('hset', key, 'w', sl_num(ws), 'n', sl_num(count))
+  sl_fixed_save(key, kind, ws, count)
   sl_touch(key, ttl, reset)
   return {1, limit - count, limit, 0, reset}
 end

@@ -1,7 +1,7 @@
 -- peek_fixed_window.lua: a fixed window's answer to a request of cost 1, counting nothing;
 -- mirrors limiter.algorithms.peek_fixed_window. Read-only: never writes the key.
 -- Same KEYS and ARGV as fixed_window.lua, so a peek is the decision's payload on another sha.
--- KEYS[1]  hash: w = window start (integer microseconds), n = requests counted in it
+-- KEYS[1]  the window start and the count in it, compact or a hash (w, n): prelude's sl_fixed_load
 -- ARGV[1]  window: length in microseconds (integer)
 -- ARGV[2]  limit: requests per window (integer; <= 0 means unlimited)
 -- ARGV[3]  ttl: unused (nothing is written)
@@ -21,12 +21,11 @@ end
 
 local ws = now - now % w
 local count = 0
-local vals = redis.call('hmget', key, 'w', 'n')
-local sw = tonumber(vals[1])
+local kind, sw, sn = sl_fixed_load(key)
 if sw ~= nil and ws <= sw then
   -- same window, or an older request evaluated in the stored window
   ws = sw
-  count = tonumber(vals[2])
+  count = sn
 end
 local window_end = ws + w - now
 

@@ -2,7 +2,7 @@
 -- counting nothing; mirrors limiter.algorithms.peek_sliding_window. Read-only: never
 -- writes the key. Same KEYS and ARGV as sliding_window.lua (a peek is the decision's
 -- payload on another sha).
--- KEYS[1]  hash: w = current window start (integer us), c = current count, p = previous count
+-- KEYS[1]  the window start and both counts, compact or a hash (w, c, p): prelude's sl_sliding_load
 -- ARGV[1]  window: length in microseconds (integer)
 -- ARGV[2]  limit: requests per window (integer; <= 0 means unlimited)
 -- ARGV[3]  ttl: unused (nothing is written)
@@ -21,12 +21,11 @@ end
 local ws = now - now % w
 local cur = 0
 local prev = 0
-local vals = redis.call('hmget', key, 'w', 'c', 'p')
-local sw = tonumber(vals[1])
+local kind, sw, sc, sp = sl_sliding_load(key)
 if sw ~= nil then
   if ws > sw then
     if ws - sw == w then
-      prev = tonumber(vals[2])
+      prev = sc
     end
   else
     -- same window, or an older request evaluated at the stored window start
@@ -34,8 +33,8 @@ if sw ~= nil then
       ws = sw
       now = sw
     end
-    cur = tonumber(vals[2])
-    prev = tonumber(vals[3])
+    cur = sc
+    prev = sp
   end
 end
 

@@ -22,6 +22,8 @@ local ttl_us = tonumber(ARGV[7])
 local release = ARGV[10] == 'r'
 local keep = tonumber(ARGV[11])
 
+sl_unpack(key) -- a state in the compact form becomes the hash the book is written in
+
 sl_sweep(key, args, now, release, keep, false)
 local mine = sl_at(key, args, now, release, keep, rid)
 local most = tonumber(ARGV[9])

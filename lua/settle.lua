@@ -21,6 +21,8 @@ local actual = tonumber(ARGV[5])
 local rid = ARGV[6]
 local keep = tonumber(ARGV[8])
 
+sl_unpack(key) -- a state in the compact form becomes the hash the book is written in
+
 sl_sweep(key, args, now, ARGV[7] == 'r', keep, false)
 local r = sl_at(key, args, now, ARGV[7] == 'r', keep, rid)
 if not r then

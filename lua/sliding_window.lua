@@ -1,6 +1,6 @@
 -- sliding_window.lua: the two-counter sliding window (docs/algorithms.md); mirrors
 -- limiter.algorithms.sliding_window. Both counters live in one hash (one cluster slot).
--- KEYS[1]  hash: w = current window start (integer us), c = current count, p = previous count
+-- KEYS[1]  the window start and both counts, compact or a hash (w, c, p): prelude's sl_sliding_load
 -- ARGV[1]  window: length in microseconds (integer)
 -- ARGV[2]  limit: requests per window (integer; <= 0 means unlimited)
 -- ARGV[3]  ttl: key expiry target in seconds (integer)
@@ -21,12 +21,11 @@ end
 local ws = now - now % w
 local cur = 0
 local prev = 0
-local vals = redis.call('hmget', key, 'w', 'c', 'p')
-local sw = tonumber(vals[1])
+local kind, sw, sc, sp = sl_sliding_load(key)
 if sw ~= nil then
   if ws > sw then
     if ws - sw == w then
-      prev = tonumber(vals[2])
+      prev = sc
     end
   else
     -- same window, or an older request evaluated at the stored window start
@@ -34,8 +33,8 @@ if sw ~= nil then
       ws = sw
       now = sw
     end
-    cur = tonumber(vals[2])
-    prev = tonumber(vals[3])
+    cur = sc
+    prev = sp
   end
 end
 
@@ -50,7 +49,7 @@ if weighted + cost <= limit then
     remaining = 0
   end
   local reset = ws + 2 * w - now
-  redis.call('hset', key, 'w', sl_num(ws), 'c', sl_num(cur), 'p', sl_num(prev))
+  sl_sliding_save(key, kind, ws, cur, prev)
   sl_touch(key, ttl, reset)
   return {1, remaining, limit, 0, reset}
 end

@@ -123,6 +123,15 @@ class Settings(EnvoySettings, PlanSettings, RolloutSettings, TlsSettings, BaseSe
     redis_connect_timeout_s: float = Field(1.0, gt=0, validation_alias=_env("RATE_LIMIT_REDIS_CONNECT_TIMEOUT"))
     redis_command_timeout_s: float = Field(0.25, gt=0, validation_alias=_env("RATE_LIMIT_REDIS_COMMAND_TIMEOUT"))
     time_source: str = Field("local", pattern="^(local|redis)$", validation_alias=_env("RATE_LIMIT_TIME_SOURCE"))
+    state_format: str = Field(
+        "auto",
+        pattern="^(auto|1|2)$",
+        validation_alias=_env("RATE_LIMIT_STATE_FORMAT"),
+        description=(
+            "How window keys are stored (docs/state-format.md): auto writes the compact form once every live "
+            "replica reads it (the fleet's heartbeats), 1 the hash every release reads, 2 the compact form."
+        ),
+    )
     # service
     admin_token: SecretStr | None = Field(None, validation_alias=_env("SHADOWLIMIT_ADMIN_TOKEN"))
     admin_token_file: Path | None = Field(

@@ -20,6 +20,7 @@ from limiter import Algorithm, LocalLimiter, Policy, RedisLimiter
 from limiter.algorithms import EPSILON, decide, peek
 from limiter.charges import MAX_DEBT, MAX_DEBT_US, charge
 from limiter.policy import MAX_COST, Charge
+from limiter.scripts import STATE_FORMATS
 
 T0 = 1_700_000_000_000_000
 _ids = itertools.count()
@@ -59,14 +60,17 @@ def pure(state, now, policy, cost):
     return decide(state, now, policy, cost)
 
 
-def _run_redis(url, policy, ops, key):
+def _run_redis(url, policy, ops, key, formats):
+    """Each step's answer and stored state, each step written in its own state format."""
+
     async def go():
         rl = RedisLimiter.from_url(url, namespace="chargediff")
         try:
             now, res = T0, []
-            for step, cost in ops:
+            for (step, cost), state_format in zip(ops, formats, strict=True):
                 now += step
-                res.append((await rl.check(key, policy, cost, now), await rl.raw_state(key, policy.algorithm)))
+                rl.set_state_format(state_format)
+                res.append((await rl.check(key, policy, cost, now), await rl.raw_state(key, policy)))
             return res
         finally:
             await rl.aclose()
@@ -82,7 +86,8 @@ def test_charges_agree_in_python_both_local_paths_and_lua(any_redis_url, data):
     policy = data.draw(policies(CHARGING))
     ops = data.draw(operations(policy))
     key = f"c{next(_ids)}"
-    redis_results = _run_redis(any_redis_url, policy, ops, key)
+    formats = data.draw(st.lists(st.sampled_from(STATE_FORMATS), min_size=len(ops), max_size=len(ops)))
+    redis_results = _run_redis(any_redis_url, policy, ops, key, formats)
     local, local_py = LocalLimiter(speedups=True), LocalLimiter(speedups=False)
     state, now = None, T0
     for i, ((step, cost), (rd, rstate)) in enumerate(zip(ops, redis_results, strict=True)):
@@ -105,16 +110,17 @@ def test_a_burst_of_charges_decisions_and_peeks_is_the_pure_functions_in_order(a
     policy = data.draw(policies(CHARGING))
     ops = data.draw(operations(policy))
     keys = [f"cm{next(_ids)}" for _ in range(data.draw(st.integers(1, 3)))]
+    state_format = data.draw(st.sampled_from(STATE_FORMATS))
 
     async def go():
-        rl = RedisLimiter.from_url(any_redis_url, namespace="chargediff-many")
+        rl = RedisLimiter.from_url(any_redis_url, namespace="chargediff-many", state_format=state_format)
         try:
             await rl.load_scripts()
             now, requests = T0, []
             for i, (step, cost) in enumerate(ops):
                 now += step
                 requests.append((keys[i % len(keys)], policy, cost, now))
-            return await rl.check_many(requests), [await rl.raw_state(k, policy.algorithm) for k in keys]
+            return await rl.check_many(requests), [await rl.raw_state(k, policy) for k in keys]
         finally:
             await rl.aclose()
 
@@ -149,7 +155,7 @@ def test_the_largest_budgets_and_charges_stay_exact_and_debts_are_held_at_their_
     steps = [(0, Charge(MAX_COST))] * 5 + [(1, Charge(-MAX_COST)), (7, 1), (3_000_000, Charge(MAX_COST))]
     steps += [(0, Charge(MAX_COST))] * 3 + [(86_400_000_000, 0), (0, Charge(-MAX_COST)), (0, Charge(12_345))]
     key = f"big{next(_ids)}"
-    got = _run_redis(redis_url, policy, steps, key)
+    got = _run_redis(redis_url, policy, steps, key, [2] * len(steps))
     state, now = None, T0
     for (step, cost), (rd, rstate) in zip(steps, got, strict=True):
         now += step

@@ -16,6 +16,7 @@ from policy_strategies import policies
 
 from limiter import LocalLimiter, RedisLimiter
 from limiter.algorithms import decide, peek
+from limiter.scripts import STATE_FORMATS
 
 T0 = 1_700_000_000_000_000
 _ids = itertools.count()
@@ -38,15 +39,19 @@ def sequences(draw, policy):
     return out
 
 
-def _run_redis(url, policy, seq, key):
+def _run_redis(url, policy, seq, key, formats):
+    """Each step's decision and stored state, each step written in its own state format (a key
+    changes form as a fleet's replicas of two releases write it in turn)."""
+
     async def go():
         rl = RedisLimiter.from_url(url, namespace="diff")
         try:
             now = T0
             res = []
-            for step, cost in seq:
+            for (step, cost), state_format in zip(seq, formats, strict=True):
                 now += step
-                res.append((await rl.check(key, policy, cost, now), await rl.raw_state(key, policy.algorithm)))
+                rl.set_state_format(state_format)
+                res.append((await rl.check(key, policy, cost, now), await rl.raw_state(key, policy)))
             return res
         finally:
             await rl.aclose()
@@ -62,7 +67,8 @@ def test_pure_local_and_lua_agree(every_redis_url, data):
     policy = data.draw(policies())
     seq = data.draw(sequences(policy))
     key = f"k{next(_ids)}"
-    redis_results = _run_redis(every_redis_url, policy, seq, key)
+    formats = data.draw(st.lists(st.sampled_from(STATE_FORMATS), min_size=len(seq), max_size=len(seq)))
+    redis_results = _run_redis(every_redis_url, policy, seq, key, formats)
     local = LocalLimiter(speedups=True)  # the C hot path (fails loudly when not built)
     local_py = LocalLimiter(speedups=False)  # the pure-Python LocalLimiter
     state = None
@@ -80,7 +86,7 @@ def test_pure_local_and_lua_agree(every_redis_url, data):
         assert rstate == state, f"step {i}: stored state {rstate!r} != pure {state!r}"
 
 
-def _run_redis_burst(url, policy, seq, keys):
+def _run_redis_burst(url, policy, seq, keys, state_format):
     """The sequence as one burst (``check_many``) over interleaved keys, then each key's state:
     on one server, runs of requests in calls of the scripts made for many keys. The scripts
     are loaded first, as the service does at start and on each readiness check: a script
@@ -88,14 +94,14 @@ def _run_redis_burst(url, policy, seq, keys):
     ones behind them (after a restart or SCRIPT FLUSH, until the scripts are loaded again)."""
 
     async def go():
-        rl = RedisLimiter.from_url(url, namespace="diff-many")
+        rl = RedisLimiter.from_url(url, namespace="diff-many", state_format=state_format)
         try:
             await rl.load_scripts()
             now, requests = T0, []
             for i, (step, cost) in enumerate(seq):
                 now += step
                 requests.append((keys[i % len(keys)], policy, cost, now))
-            return await rl.check_many(requests), [await rl.raw_state(k, policy.algorithm) for k in keys]
+            return await rl.check_many(requests), [await rl.raw_state(k, policy) for k in keys]
         finally:
             await rl.aclose()
 
@@ -113,7 +119,7 @@ def test_a_burst_decides_as_the_pure_function_does_request_by_request(every_redi
     policy = data.draw(policies())
     seq = [(step, 0 if data.draw(st.integers(0, 5)) == 0 else cost) for step, cost in data.draw(sequences(policy))]
     keys = [f"m{next(_ids)}" for _ in range(data.draw(st.integers(1, 3)))]
-    got, states = _run_redis_burst(every_redis_url, policy, seq, keys)
+    got, states = _run_redis_burst(every_redis_url, policy, seq, keys, data.draw(st.sampled_from(STATE_FORMATS)))
     state: dict[str, object] = dict.fromkeys(keys)
     now = T0
     for i, ((step, cost), rd) in enumerate(zip(seq, got)):

@@ -22,7 +22,7 @@ from limiter import Algorithm, Decision, LocalLimiter, Policy, RedisLimiter
 from limiter.algorithms import PEEKS, decide, peek
 from limiter.resilience import ResilientLimiter
 from limiter.resp import ReplyError, encode_command
-from limiter.scripts import BOOKED, CHARGES, PEEK, SCRIPTS, load_script, many, policy_args
+from limiter.scripts import BOOKED, PEEK, SCRIPT_SETS, SCRIPTS, STATE_FORMATS, load_script, many, policy_args
 from limiter.scripts import PEEKS as PEEK_SCRIPTS
 
 T0 = 1_700_000_000_000_000
@@ -62,22 +62,22 @@ def operations(draw, policy):
     return out
 
 
-def _run_redis(url, policy, ops, key):
+def _run_redis(url, policy, ops, key, state_format):
     """Each step's (decision, stored state before, stored state after) on real Redis."""
 
     async def go():
-        rl = RedisLimiter.from_url(url, namespace="peekdiff")
+        rl = RedisLimiter.from_url(url, namespace="peekdiff", state_format=state_format)
         try:
             now = T0
             res = []
             for kind, n, cost in ops:
-                before = await rl.raw_state(key, policy.algorithm)
+                before = await rl.raw_state(key, policy)
                 if kind == "decide":
                     now += n
                     d = await rl.check(key, policy, cost, now)
                 else:
                     d = await rl.check(key, policy, 0, now + n)
-                res.append((d, before, await rl.raw_state(key, policy.algorithm)))
+                res.append((d, before, await rl.raw_state(key, policy)))
             return res
         finally:
             await rl.aclose()
@@ -98,7 +98,7 @@ def test_pure_local_and_lua_peeks_agree_and_change_nothing(redis_url, data):
     policy = data.draw(policies())
     ops = data.draw(operations(policy))
     key = f"p{next(_ids)}"
-    redis_results = _run_redis(redis_url, policy, ops, key)
+    redis_results = _run_redis(redis_url, policy, ops, key, data.draw(st.sampled_from(STATE_FORMATS)))
     local = LocalLimiter(speedups=True)  # the C hot path hands a cost of 0 to Python
     local_py = LocalLimiter(speedups=False)
     local.check("other", policy, 1, T0)  # another key: the LRU order must not move either
@@ -164,7 +164,7 @@ async def test_peeks_through_check_many_and_allowed_many(any_redis_url):
 
 async def test_peek_works_after_script_flush(any_redis_url):
     """NOSCRIPT: the peek script's own source is re-sent (check and check_many)."""
-    rl = RedisLimiter.from_url(any_redis_url, namespace="peekflush")
+    rl = RedisLimiter.from_url(any_redis_url, namespace="peekflush", state_format=2)
     try:
         states = {alg: await _decide_some(rl, LocalLimiter(), f"f-{alg}", POLICIES[alg]) for alg in ALGS}
         for alg in ALGS:
@@ -195,10 +195,12 @@ async def test_load_scripts_includes_the_peek_scripts(redis_url):
         await rl.backend.call_all(encode_command("SCRIPT", "FLUSH"))
         assert await rl.scripts_loaded() is False
         shas = await rl.load_scripts()
-        singles = [*SCRIPTS.values(), PEEK, *PEEK_SCRIPTS.values(), *CHARGES.values()]
-        manys = [many(s) for s in [*SCRIPTS.values(), *PEEK_SCRIPTS.values(), *CHARGES.values()]]
+        # each state format's decisions, peeks and charges, alone and for many keys
+        sets = [SCRIPT_SETS[f].all() for f in STATE_FORMATS]
+        singles = [PEEK, *(s for scripts in sets for s in scripts)]
+        manys = [many(s) for scripts in sets for s in scripts]
         assert set(shas) == {s.sha for s in singles + manys + list(BOOKED.values())}
-        assert len(shas) == 37
+        assert len(shas) == 1 + 2 * (14 + 14) + 8
         assert await rl.scripts_loaded() is True
         await rl.backend.call(None, encode_command("SCRIPT", "FLUSH"))
         await rl.backend.call(None, encode_command("SCRIPT", "LOAD", SCRIPTS[Algorithm.GCRA].source))
@@ -222,7 +224,7 @@ def test_peek_scripts_never_write(alg):
     script = PEEK_SCRIPTS[alg]
     assert script.name == f"peek_{alg.value}"
     prelude = resources.files("lua").joinpath("prelude.lua").read_text(encoding="utf-8")
-    assert script.source == prelude + "\n" + own == load_script(f"peek_{alg.value}").source
+    assert script.source == "local SL_FORMAT = 2\n" + prelude + "\n" + own == load_script(f"peek_{alg.value}").source
     assert not _WRITES.search(own), f"{script.name} names a writing command"
     assert "sl_touch" not in own
     header = " ".join(line.lstrip("- ") for line in own.splitlines() if line.startswith("--"))

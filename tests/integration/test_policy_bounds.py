@@ -83,7 +83,7 @@ def _check(url: str, policy: Policy, seq: list[tuple[int, int]]) -> None:
     key = f"b{next(_ids)}"
 
     async def in_redis() -> list:
-        rl = RedisLimiter.from_url(url, namespace="bounds")
+        rl = RedisLimiter.from_url(url, namespace="bounds", state_format=2)
         try:
             out, now = [], T0
             for step, cost in seq:
@@ -91,7 +91,7 @@ def _check(url: str, policy: Policy, seq: list[tuple[int, int]]) -> None:
                 out.append(
                     (
                         await rl.check(key, policy, cost, now),
-                        await rl.raw_state(key, policy.algorithm),
+                        await rl.raw_state(key, policy),
                         await rl.peek(key, policy, now_us=now),
                     )
                 )

@@ -23,7 +23,7 @@ import limiter
 from limiter import Algorithm, BucketView, Decision, LocalLimiter, Policy, RedisLimiter
 from limiter.algorithms import token_bucket_tokens
 from limiter.embedded import EmbeddedRedis, move_slots
-from limiter.scripts import BOOKED, CHARGES, PEEK, PEEKS, SCRIPTS, many
+from limiter.scripts import BOOKED, PEEK, SCRIPT_SETS, STATE_FORMATS, many
 
 T0 = 1_700_000_000_000_000
 SEC = 1_000_000
@@ -49,8 +49,9 @@ TTL_POLICIES = {
 # each request's scripts, then the same made for many requests in one call (decisions, peeks,
 # charges), then reserve and settle
 ALL_SHAS = [
-    *(s.sha for s in [*SCRIPTS.values(), PEEK, *PEEKS.values(), *CHARGES.values()]),
-    *(many(s).sha for s in [*SCRIPTS.values(), *PEEKS.values(), *CHARGES.values()]),
+    *(s.sha for f in STATE_FORMATS for s in SCRIPT_SETS[f].all()),
+    PEEK.sha,
+    *(many(s).sha for f in STATE_FORMATS for s in SCRIPT_SETS[f].all()),
     *(s.sha for s in BOOKED.values()),
 ]
 
@@ -455,7 +456,7 @@ async def test_noscript_is_recovered_and_scripts_recached(any_redis_url):
         d = await rl.check("k", tb, now_us=T0)
         assert d.allowed and d.remaining == 3  # state survived, the script was re-sent
         owner = node_for_key(any_redis_url, rl.redis_key("k"))
-        assert owner.script_exists(SCRIPTS[Algorithm.TOKEN_BUCKET].sha) == [True]
+        assert owner.script_exists(SCRIPT_SETS[rl.state_format].decisions[Algorithm.TOKEN_BUCKET].sha) == [True]
         # the cached script is used again afterwards
         assert (await rl.check("k", tb, now_us=T0)).remaining == 2
         # peek, check_many and the other algorithms recover too

@@ -131,7 +131,7 @@ def test_reservations_agree_in_python_both_local_paths_and_lua(any_redis_url, da
     key = f"res{next(_ids)}"
 
     async def run() -> None:
-        rl = RedisLimiter.from_url(any_redis_url, namespace="reservediff")
+        rl = RedisLimiter.from_url(any_redis_url, namespace="reservediff", state_format=2)
         local, local_py = LocalLimiter(speedups=True), LocalLimiter(speedups=False)
         state, book, now = None, Book.empty(), T0
         try:
@@ -141,7 +141,7 @@ def test_reservations_agree_in_python_both_local_paths_and_lua(any_redis_url, da
                 want, state, book = pure(state, book, now, policy, op, t)
                 got = [await on_limiter(lim, key, policy, op, now, t) for lim in (rl, local, local_py)]
                 assert got == [want] * 3, f"step {i} {op}: pure={want} redis/local/py={got} {policy} {t}"
-                assert await rl.raw_state(key, policy.algorithm) == state, f"step {i} {op}: state"
+                assert await rl.raw_state(key, policy) == state, f"step {i} {op}: state"
                 assert local.state(key) == local_py.state(key) == state or state is None, f"step {i}: local state"
                 assert await rl.raw_book(key) == book == local.book(key) == local_py.book(key), f"step {i} {op}: book"
                 h = book.held.get(op[3])

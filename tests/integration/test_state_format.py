@@ -1,0 +1,160 @@
+"""The state formats on real Redis: the compact form of a window key (one number), the hash every
+release reads, a key changing form as replicas of both formats write it, and the fleet's rule
+for which form is written (docs/state-format.md)."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import redis
+
+from limiter import Algorithm, Policy, RedisLimiter
+from limiter.algorithms import decide
+from limiter.resilience import FleetMembership
+
+T0 = 1_764_412_345_678_901
+_ids = itertools.count()
+
+FIXED = Policy(average=100, period=60.0, algorithm=Algorithm.FIXED_WINDOW)
+SLIDING = Policy(average=100, period=60.0, algorithm=Algorithm.SLIDING_WINDOW)
+
+
+async def test_a_window_key_is_one_integer_in_the_compact_form(redis_url):
+    client = redis.Redis.from_url(redis_url)
+    rl = RedisLimiter.from_url(redis_url, namespace="fmt", state_format=2)
+    try:
+        for policy in (FIXED, SLIDING):
+            key = f"k{next(_ids)}"
+            state = None
+            for step, cost in ((0, 3), (60_000_000, 2), (1, 4)):  # into the next window: both counts
+                d = await rl.check(key, policy, cost, T0 + step)
+                pd, state = decide(state, T0 + step, policy, cost)
+                assert d == pd
+            rkey = rl.redis_key(key)
+            assert client.type(rkey) == b"string"
+            assert client.object("encoding", rkey) == b"int"
+            ws = (T0 + 60_000_001) // 60_000_000 * 60_000_000
+            want = b"6%d" % (ws // 1000) if policy is FIXED else b"36%d1" % (ws // 1000)
+            assert client.get(rkey) == want
+            assert await rl.raw_state(key, policy) == state
+            assert 0 < client.ttl(rkey) <= policy.ttl_s + 1  # kept until the state is a new key's
+    finally:
+        await rl.aclose()
+        client.close()
+
+
+async def test_a_gcra_key_is_its_arrival_time_in_quarter_microseconds_exactly(redis_url):
+    client = redis.Redis.from_url(redis_url)
+    rl = RedisLimiter.from_url(redis_url, namespace="fmt", state_format=2)
+    try:
+        policy = Policy(average=3, period=1.0, burst=5, algorithm=Algorithm.GCRA)  # 333,333.33 us apart
+        key, state = f"g{next(_ids)}", None
+        for step in (0, 1, 7):
+            d = await rl.check(key, policy, 1, T0 + step)
+            pd, state = decide(state, T0 + step, policy, 1)
+            assert d == pd
+        rkey = rl.redis_key(key)
+        assert client.object("encoding", rkey) == b"int"
+        assert int(client.get(rkey)) == state * 4  # the very double, no rounding
+        assert await rl.raw_state(key, policy) == state
+        # before 2005 a double has finer steps than a quarter microsecond: the hash keeps it exact
+        assert (await rl.check("early", policy, 1, 1_000_000_000_000_001)).allowed
+        assert client.type(rl.redis_key("early")) == b"hash"
+    finally:
+        await rl.aclose()
+        client.close()
+
+
+FORMS = [FIXED, SLIDING, Policy(average=100, period=60.0, algorithm=Algorithm.GCRA)]
+
+
+@pytest.mark.parametrize("policy", FORMS, ids=lambda p: p.algorithm.value)
+async def test_a_key_changes_form_as_each_format_writes_it_and_keeps_its_state_and_ttl(redis_url, policy):
+    client = redis.Redis.from_url(redis_url)
+    new = RedisLimiter.from_url(redis_url, namespace="fmt", state_format=2)
+    old = RedisLimiter.from_url(redis_url, namespace="fmt", state_format=1)
+    key = f"k{next(_ids)}"
+    rkey = new.redis_key(key)
+    try:
+        state, now = None, T0
+        for i, (rl, kind) in enumerate([(old, b"hash"), (new, b"string"), (old, b"hash"), (new, b"string")]):
+            now += 1_000
+            d = await rl.check(key, policy, 1, now)
+            pd, state = decide(state, now, policy, 1)
+            assert d == pd and d.remaining == 99 - i
+            assert client.type(rkey) == kind
+            assert client.ttl(rkey) > 0
+        # a peek reads either form and writes nothing
+        before = client.get(rkey)
+        assert (await old.check(key, policy, 0, now)).remaining == 96
+        assert client.get(rkey) == before
+    finally:
+        await new.aclose()
+        await old.aclose()
+        client.close()
+
+
+async def test_a_window_that_is_no_whole_number_of_milliseconds_stays_a_hash(redis_url):
+    client = redis.Redis.from_url(redis_url)
+    rl = RedisLimiter.from_url(redis_url, namespace="fmt", state_format=2)
+    try:
+        policy = Policy(average=10, period=0.0015, algorithm=Algorithm.FIXED_WINDOW)
+        now = T0 - T0 % 1500 + 500  # a window starting between two milliseconds
+        assert (await rl.check("odd", policy, 1, now)).allowed
+        assert client.type(rl.redis_key("odd")) == b"hash"
+    finally:
+        await rl.aclose()
+        client.close()
+
+
+async def _member(url: str, iid: str, setting: str = "auto") -> tuple[RedisLimiter, FleetMembership]:
+    rl = RedisLimiter.from_url(url, namespace="fleetfmt", state_format=2 if setting == "2" else 1)
+    return rl, FleetMembership(rl, instance_id=iid, interval_s=0.2, state_format=setting)
+
+
+async def test_the_compact_form_is_written_only_while_every_live_replica_reads_it(redis_url):
+    client = redis.Redis.from_url(redis_url)
+    client.delete("rl:fleetfmt:fleet", "rl:fleetfmt:fleet:reads")
+    a_rl, a = await _member(redis_url, "new-a")
+    b_rl, b = await _member(redis_url, "new-b")
+    pinned_rl, pinned = await _member(redis_url, "pinned", "1")
+    try:
+        # a new deployment: every member reads the compact form
+        await a.beat()
+        assert a.all_read_compact is True and a_rl.state_format == 2
+        # a replica of the previous release joins: its heartbeat has no record of what it reads
+        old_ms = int(a.wall_clock() * 1000)
+        client.zadd("rl:fleetfmt:fleet", {"old-release": old_ms})
+        await a.beat()
+        await b.beat()
+        assert a.all_read_compact is b.all_read_compact is False
+        assert a_rl.state_format == b_rl.state_format == 1
+        key = f"k{next(_ids)}"
+        assert (await a_rl.check(key, FIXED, 1, T0)).allowed
+        assert client.type(a_rl.redis_key(key)) == b"hash"  # what the old replica reads
+        # it leaves (its heartbeat goes stale): the compact form again, from the next beat
+        client.zadd("rl:fleetfmt:fleet", {"old-release": old_ms - 60_000})
+        await a.beat()
+        assert a.all_read_compact is True and a_rl.state_format == 2
+        assert (await a_rl.check(key, FIXED, 1, T0 + 1)).allowed
+        assert client.type(a_rl.redis_key(key)) == b"string"
+        # a pinned setting is left alone, whatever the fleet
+        await pinned.beat()
+        assert pinned.all_read_compact is True and pinned_rl.state_format == 1
+        # members gone are forgotten from the record of what each reads
+        await b.leave()
+        await a.beat()
+        assert set(client.hkeys("rl:fleetfmt:fleet:reads")) == {b"new-a", b"pinned"}
+    finally:
+        for rl in (a_rl, b_rl, pinned_rl):
+            await rl.aclose()
+        client.close()
+
+
+def test_a_setting_that_is_no_format_is_refused_by_name():
+    rl = RedisLimiter.from_url("redis://127.0.0.1:1/0")
+    with pytest.raises(ValueError, match="state_format"):
+        FleetMembership(rl, state_format="3")
+    with pytest.raises(ValueError, match="state_format"):
+        rl.set_state_format(3)
