@@ -200,7 +200,7 @@ def decode_compact(algorithm: Algorithm, text: bytes | str) -> tuple[int, ...] |
     time in quarter microseconds."""
     t = text.decode() if isinstance(text, bytes) else text
     if algorithm is Algorithm.GCRA:
-        return int(t) / 4  # type: ignore[return-value]
+        return int(t) / 4
     if algorithm is Algorithm.FIXED_WINDOW:
         return (int(t[-13:]) * 1000, int(t[:-13] or 0))
     if algorithm is Algorithm.SLIDING_WINDOW:
