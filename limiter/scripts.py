@@ -10,6 +10,7 @@ double), which is how the scripts and the pure functions stay bit-identical.
 from __future__ import annotations
 
 import hashlib
+import re
 from dataclasses import dataclass
 from functools import cache, lru_cache
 from importlib import resources
@@ -63,16 +64,24 @@ def _read(name: str) -> str:
 STATE_FORMATS = (1, 2)
 
 
-def _prelude(state_format: int) -> str:
-    """The shared prelude, after the line that tells it which state format to write."""
+#: a call of one of ``lua/state.lua``'s functions
+_USES_STATE = re.compile(r"\bsl_(load|save|hashed|fixed_\w+|sliding_\w+|gcra_\w+)\(")
+
+
+def _prelude(state_format: int, body: str) -> str:
+    """The shared prelude, after the line that tells it which state format to write, and then
+    ``lua/state.lua`` when ``body`` calls it (a script runs its helpers' definitions on each
+    call, so a script that reads no state format does without them)."""
     if state_format not in STATE_FORMATS:
         raise ValueError(f"state_format: must be one of {STATE_FORMATS}, got {state_format!r}")
-    return f"local SL_FORMAT = {state_format}\n" + _read("prelude.lua")
+    prelude = f"local SL_FORMAT = {state_format}\n" + _read("prelude.lua")
+    return prelude + "\n" + _read("state.lua") if _USES_STATE.search(body) else prelude
 
 
 def load_script(name: str, state_format: int = 2) -> Script:
     """Load ``lua/<name>.lua`` with the shared prelude in front, writing ``state_format``."""
-    source = _prelude(state_format) + "\n" + _read(f"{name}.lua")
+    body = _read(f"{name}.lua")
+    source = _prelude(state_format, body) + "\n" + body
     suffix = "" if state_format == 2 else f" (format {state_format})"
     return Script(
         name=name + suffix,
@@ -125,7 +134,7 @@ def _booked(kind: str, algorithm: Algorithm) -> Script:
     scripts wrapped as functions, then ``lua/reservations.lua`` (one key's book, mirroring
     :mod:`limiter.reservations`), then the script itself."""
     name = algorithm.value
-    parts = [_prelude(1)]  # a key with a book is a hash: its state is written there too
+    parts = [_prelude(1, "sl_load(")]  # a key with a book is a hash: its state is written there too
     for fn, script in (("sl_decide", name), ("sl_peek", f"peek_{name}"), ("sl_charge", f"charge_{name}")):
         parts.append(f"local function {fn}(KEYS, ARGV)\n{_read(f'{script}.lua')}\nend\n")
     parts.append(f"local sl_windowed = {'true' if algorithm.windowed else 'false'}\n")
@@ -158,10 +167,11 @@ def many(script: Script) -> Script:
     """``script`` for many requests under one policy in one call (``lua/many.lua``): the
     script itself wrapped as a function, run once per key, in order, each error in its
     place. Same answers and state as one call of ``script`` per request."""
+    body = _read(f"{script.file}.lua")
     source = (
-        _prelude(script.state_format)
+        _prelude(script.state_format, body)
         + "\nlocal function sl_one(KEYS, ARGV)\n"
-        + _read(f"{script.file}.lua")
+        + body
         + "\nend\n\n"
         + _read("many.lua")
     )
