@@ -47,8 +47,11 @@ Factory = Callable[..., Awaitable[tuple[Callable[[Any], Any], int, Callable[[], 
 
 
 def shadow_factory(
-    algorithm: str, batch: int = 0, policy_kw: dict[str, Any] | None = None, state_format: int = 1
+    algorithm: str, batch: int = 0, policy_kw: dict[str, Any] | None = None, state_format: int = 2
 ) -> Factory:
+    """shadowlimit's ``RedisLimiter`` deciding ``algorithm`` (``batch``: ``check_many`` of that
+    many); ``state_format`` 2 by default, what a new deployment writes (docs/state-format.md)."""
+
     async def make(url: str, tag: str = "bench"):
         from limiter import Policy, RedisLimiter
 

@@ -36,9 +36,9 @@ def _rows() -> list[tuple[str, str, Any, int, str]]:
     out: list[tuple[str, str, Any, int, str]] = []
     for alg in ("token_bucket", "gcra", "fixed_window", "sliding_window", "sliding_log"):
         out.append(("shadowlimit", alg, shadow_factory(alg, batch=500, policy_kw=POLICY), 500, "1000/60s burst 1000"))
-    for alg in ("fixed_window", "sliding_window"):  # the compact form (docs/state-format.md)
-        factory = shadow_factory(alg, batch=500, policy_kw=POLICY, state_format=2)
-        out.append(("shadowlimit", f"{alg} (state format 2)", factory, 500, "1000/60s burst 1000"))
+    for alg in ("gcra", "fixed_window", "sliding_window"):  # the hash their compact form replaces
+        factory = shadow_factory(alg, batch=500, policy_kw=POLICY, state_format=1)
+        out.append(("shadowlimit", f"{alg} (state format 1, the hash)", factory, 500, "1000/60s burst 1000"))
     for strat, name in (("moving", "MovingWindow"), ("fixed", "FixedWindow"), ("sliding", "SlidingWindowCounter")):
         out.append(("limits", name, limits_async_factory(strat, "redispy", LIMIT), 0, LIMIT))
     out.append(
