@@ -10,7 +10,6 @@ double), which is how the scripts and the pure functions stay bit-identical.
 from __future__ import annotations
 
 import hashlib
-import re
 from dataclasses import dataclass
 from functools import cache, lru_cache
 from importlib import resources
@@ -64,18 +63,19 @@ def _read(name: str) -> str:
 STATE_FORMATS = (1, 2)
 
 
-#: a call of one of ``lua/state.lua``'s functions
-_USES_STATE = re.compile(r"\bsl_(load|save|hashed|fixed_\w+|sliding_\w+|gcra_\w+)\(")
+#: the state helpers (``lua/state_<kind>.lua``) by the prefix of the functions they define
+_STATE_FILES = {"sl_gcra_": "state_gcra", "sl_fixed_": "state_fixed", "sl_sliding_": "state_sliding"}
 
 
 def _prelude(state_format: int, body: str) -> str:
-    """The shared prelude, after the line that tells it which state format to write, and then
-    ``lua/state.lua`` when ``body`` calls it (a script runs its helpers' definitions on each
-    call, so a script that reads no state format does without them)."""
+    """The shared prelude, after the line that tells it which state format to write, then each
+    state helper ``body`` calls (a script runs its helpers' definitions on every call, so each
+    takes only its own)."""
     if state_format not in STATE_FORMATS:
         raise ValueError(f"state_format: must be one of {STATE_FORMATS}, got {state_format!r}")
-    prelude = f"local SL_FORMAT = {state_format}\n" + _read("prelude.lua")
-    return prelude + "\n" + _read("state.lua") if _USES_STATE.search(body) else prelude
+    parts = [f"local SL_FORMAT = {state_format}\n" + _read("prelude.lua")]
+    parts += [_read(f"{name}.lua") for prefix, name in _STATE_FILES.items() if prefix in body]
+    return "\n".join(parts)
 
 
 def load_script(name: str, state_format: int = 2) -> Script:
@@ -134,14 +134,17 @@ def _booked(kind: str, algorithm: Algorithm) -> Script:
     scripts wrapped as functions, then ``lua/reservations.lua`` (one key's book, mirroring
     :mod:`limiter.reservations`), then the script itself."""
     name = algorithm.value
-    parts = [_prelude(1, "sl_load(")]  # a key with a book is a hash: its state is written there too
-    for fn, script in (("sl_decide", name), ("sl_peek", f"peek_{name}"), ("sl_charge", f"charge_{name}")):
-        parts.append(f"local function {fn}(KEYS, ARGV)\n{_read(f'{script}.lua')}\nend\n")
+    bodies = {fn: _read(f"{script}.lua") for fn, script in (
+        ("sl_decide", name), ("sl_peek", f"peek_{name}"), ("sl_charge", f"charge_{name}")
+    )}  # fmt: skip
+    parts = [_prelude(1, "".join(bodies.values())), _read("state_booked.lua")]  # a key with a book is a hash
+    for fn, body in bodies.items():
+        parts.append(f"local function {fn}(KEYS, ARGV)\n{body}\nend\n")
     parts.append(f"local sl_windowed = {'true' if algorithm.windowed else 'false'}\n")
     unpack = {
-        Algorithm.FIXED_WINDOW: "sl_hashed(key, sl_fixed_load, SL_FIXED)",
-        Algorithm.SLIDING_WINDOW: "sl_hashed(key, sl_sliding_load, SL_SLIDING)",
-        Algorithm.GCRA: "sl_hashed(key, sl_gcra_load, SL_GCRA)",
+        Algorithm.FIXED_WINDOW: "sl_hashed(key, sl_fixed_load, {'w', 'n'})",
+        Algorithm.SLIDING_WINDOW: "sl_hashed(key, sl_sliding_load, {'w', 'c', 'p'})",
+        Algorithm.GCRA: "sl_hashed(key, sl_gcra_load, {'a'})",
     }.get(algorithm, "")
     parts.append(f"local function sl_unpack(key)\n  {unpack}\nend\n")
     parts += [_read("reservations.lua"), _read(f"{kind}.lua")]

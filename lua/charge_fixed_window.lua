@@ -1,6 +1,6 @@
 -- charge_fixed_window.lua: a charge counted in the current window (past the limit; negative:
 -- a refund, down to zero); mirrors limiter.charges.charge_fixed_window.
--- KEYS[1]  the window start and the count in it, compact or a hash (w, n): prelude's sl_fixed_load
+-- KEYS[1]  the window start and the count in it, compact or a hash (w, n): lua/state_fixed.lua
 -- ARGV[1]  window: length in microseconds (integer)
 -- ARGV[2]  limit: requests per window (integer; <= 0 means unlimited)
 -- ARGV[3]  ttl: key expiry target in seconds (integer)

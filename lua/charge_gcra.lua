@@ -1,6 +1,6 @@
 -- charge_gcra.lua: a charge on GCRA (counted whatever is left; negative: a refund); mirrors
 -- limiter.charges.charge_gcra.
--- KEYS[1]  the theoretical arrival time, compact or a hash (a): prelude's sl_gcra_load
+-- KEYS[1]  the theoretical arrival time, compact or a hash (a): lua/state_gcra.lua
 -- ARGV[1]  emission interval: microseconds per token (float; <= 0 means unlimited)
 -- ARGV[2]  burst: capacity in tokens (integer)
 -- ARGV[3]  ttl: key expiry target in seconds (integer)
@@ -19,7 +19,8 @@ if t <= 0 then
 end
 
 local tau = t * burst
-local kind, tat = sl_gcra_load(key)
+local kind, stored = sl_gcra_load(key)
+local tat = stored
 if tat == nil then
   tat = now
 end
@@ -45,6 +46,6 @@ if allow_at > now then
   retry = math.ceil(allow_at - now)
 end
 local reset = math.ceil(new_tat - now)
-sl_gcra_save(key, kind, new_tat)
+sl_gcra_save(key, kind, stored, new_tat)
 sl_touch(key, ttl, reset)
 return {fits, balance, burst, retry, reset}

@@ -1,6 +1,6 @@
 -- charge_sliding_window.lua: a charge counted in the current window (past the limit; negative:
 -- a refund, down to zero); mirrors limiter.charges.charge_sliding_window.
--- KEYS[1]  the window start and both counts, compact or a hash (w, c, p): prelude's sl_sliding_load
+-- KEYS[1]  the window start and both counts, compact or a hash (w, c, p): lua/state_sliding.lua
 -- ARGV[1]  window: length in microseconds (integer)
 -- ARGV[2]  limit: requests per window (integer; <= 0 means unlimited)
 -- ARGV[3]  ttl: key expiry target in seconds (integer)

@@ -1,6 +1,6 @@
 -- fixed_window.lua: the fixed window counter; mirrors limiter.algorithms.fixed_window.
 -- One hash per key instead of one key per window, so a key stays on one cluster slot.
--- KEYS[1]  the window start and the count in it, compact or a hash (w, n): prelude's sl_fixed_load
+-- KEYS[1]  the window start and the count in it, compact or a hash (w, n): lua/state_fixed.lua
 -- ARGV[1]  window: length in microseconds (integer)
 -- ARGV[2]  limit: requests per window (integer; <= 0 means unlimited)
 -- ARGV[3]  ttl: key expiry target in seconds (integer)

@@ -1,5 +1,5 @@
 -- gcra.lua: generic cell rate algorithm; mirrors limiter.algorithms.gcra.
--- KEYS[1]  the theoretical arrival time, compact or a hash (a): prelude's sl_gcra_load
+-- KEYS[1]  the theoretical arrival time, compact or a hash (a): lua/state_gcra.lua
 -- ARGV[1]  emission interval: microseconds per token (float; <= 0 means unlimited)
 -- ARGV[2]  burst: capacity in tokens (integer)
 -- ARGV[3]  ttl: key expiry target in seconds (integer)
@@ -18,7 +18,8 @@ if t <= 0 then
 end
 
 local tau = t * burst
-local kind, tat = sl_gcra_load(key)
+local kind, stored = sl_gcra_load(key)
+local tat = stored
 if tat == nil then
   tat = now
 end
@@ -31,7 +32,7 @@ local allow_at = new_tat - tau
 if allow_at <= now then
   local remaining = math.floor((tau - (new_tat - now)) / t + 1e-9)
   local reset = math.ceil(new_tat - now)
-  sl_gcra_save(key, kind, new_tat)
+  sl_gcra_save(key, kind, stored, new_tat)
   sl_touch(key, ttl, reset)
   return {1, remaining, burst, 0, reset}
 end

@@ -1,7 +1,7 @@
 -- peek_fixed_window.lua: a fixed window's answer to a request of cost 1, counting nothing;
 -- mirrors limiter.algorithms.peek_fixed_window. Read-only: never writes the key.
 -- Same KEYS and ARGV as fixed_window.lua, so a peek is the decision's payload on another sha.
--- KEYS[1]  the window start and the count in it, compact or a hash (w, n): prelude's sl_fixed_load
+-- KEYS[1]  the window start and the count in it, compact or a hash (w, n): lua/state_fixed.lua
 -- ARGV[1]  window: length in microseconds (integer)
 -- ARGV[2]  limit: requests per window (integer; <= 0 means unlimited)
 -- ARGV[3]  ttl: unused (nothing is written)

@@ -1,7 +1,7 @@
 -- peek_gcra.lua: GCRA's answer to a request of cost 1, spending nothing; mirrors
 -- limiter.algorithms.peek_gcra. Read-only: never writes the key.
 -- Same KEYS and ARGV as gcra.lua, so a peek is the decision's payload on another sha.
--- KEYS[1]  the theoretical arrival time, compact or a hash (a): prelude's sl_gcra_load
+-- KEYS[1]  the theoretical arrival time, compact or a hash (a): lua/state_gcra.lua
 -- ARGV[1]  emission interval: microseconds per token (float; <= 0 means unlimited)
 -- ARGV[2]  burst: capacity in tokens (integer)
 -- ARGV[3]  ttl: unused (nothing is written)

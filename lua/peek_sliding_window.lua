@@ -2,7 +2,7 @@
 -- counting nothing; mirrors limiter.algorithms.peek_sliding_window. Read-only: never
 -- writes the key. Same KEYS and ARGV as sliding_window.lua (a peek is the decision's
 -- payload on another sha).
--- KEYS[1]  the window start and both counts, compact or a hash (w, c, p): prelude's sl_sliding_load
+-- KEYS[1]  the window start and both counts, compact or a hash (w, c, p): lua/state_sliding.lua
 -- ARGV[1]  window: length in microseconds (integer)
 -- ARGV[2]  limit: requests per window (integer; <= 0 means unlimited)
 -- ARGV[3]  ttl: unused (nothing is written)

@@ -1,6 +1,6 @@
 -- sliding_window.lua: the two-counter sliding window (docs/algorithms.md); mirrors
 -- limiter.algorithms.sliding_window. Both counters live in one hash (one cluster slot).
--- KEYS[1]  the window start and both counts, compact or a hash (w, c, p): prelude's sl_sliding_load
+-- KEYS[1]  the window start and both counts, compact or a hash (w, c, p): lua/state_sliding.lua
 -- ARGV[1]  window: length in microseconds (integer)
 -- ARGV[2]  limit: requests per window (integer; <= 0 means unlimited)
 -- ARGV[3]  ttl: key expiry target in seconds (integer)
