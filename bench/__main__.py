@@ -26,7 +26,7 @@ SECTIONS = (
     "local", "distributed", "memory", "profile", "clients", "whatif", "explain", "service", "envoy", "envoy_workers",
 )  # fmt: skip
 #: sections that keep their own results file; a run of only these updates latest.json
-STANDALONE = ("explain", "service", "envoy", "envoy_workers")
+STANDALONE = ("explain", "service", "envoy", "envoy_workers", "memory")
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -212,9 +212,12 @@ def _redis_sections(
 
             results["same_script"] = _timed("same_script", cpu, env, lambda: run_same_script(settings, url))
         if "memory" in sections:
-            from .memory import run_memory
+            from .memory import run_memory, run_memory_upstream
 
             results["memory"] = _timed("memory", cpu, env, lambda: run_memory(settings, url))
+            results["memory_upstream"] = _timed("memory_upstream", cpu, env, lambda: run_memory_upstream(settings))
+            both = {"memory": results["memory"], "memory_upstream": results["memory_upstream"]}
+            _write_atomic(ROOT / "bench" / "results" / "memory.json", json.dumps(both, indent=1) + "\n")
         if "profile" in sections:
             from .profiling import run_profile
 
@@ -355,6 +358,8 @@ def _merge_into(path: Path, results: dict[str, Any], sections: list[str]) -> tup
     env, new_env = merged["environment"], results["environment"]
     for name in sections:
         merged[name] = results[name]
+        if name == "memory":  # with its second table, on Redis' own build
+            merged["memory_upstream"] = results.get("memory_upstream")
         if name not in merged["sections"]:
             merged["sections"].append(name)
         env.setdefault("background_cpu", {})[name] = new_env["background_cpu"][name]

@@ -16,6 +16,7 @@ Policies have a long window (1000 per minute; shadowlimit token buckets: burst
 from __future__ import annotations
 
 import asyncio
+import subprocess
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -141,3 +142,33 @@ def run_memory(settings: Settings, url: str) -> list[dict[str, Any]]:
         stats.flushall()
         stats.close()
     return results
+
+
+def run_memory_upstream(settings: Settings) -> dict[str, Any]:
+    """Section 3 again on Redis' own build of the same version (:mod:`bench.upstream_redis`):
+    its bundled jemalloc steps by 8 bytes where the system's steps by 16. ``error`` says why
+    it was not measured (the report prints it)."""
+    import os
+
+    from limiter.embedded import EmbeddedRedis
+    from limiter.embedded.process import ENV_SERVER_BIN
+
+    from .upstream_redis import UpstreamRedisError, ensure
+
+    try:
+        binary = ensure()
+    except (UpstreamRedisError, OSError, subprocess.TimeoutExpired) as exc:
+        log(f"  memory on Redis' own build: not measured: {exc}")
+        return {"error": str(exc)}
+    before = os.environ.get(ENV_SERVER_BIN)
+    os.environ[ENV_SERVER_BIN] = str(binary)
+    try:
+        with EmbeddedRedis() as server:
+            info = redis.Redis.from_url(server.url).info()
+            rows = run_memory(settings, server.url)
+    finally:
+        if before is None:
+            os.environ.pop(ENV_SERVER_BIN, None)
+        else:
+            os.environ[ENV_SERVER_BIN] = before
+    return {"redis_server": f"{info['redis_version']} ({info['mem_allocator']}, Redis' own build)", "rows": rows}

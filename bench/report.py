@@ -136,6 +136,7 @@ def compute_targets(results: dict[str, Any], concurrency: int) -> list[dict[str,
                 "met": tb["bytes_per_key"] <= 150,
             }
         )
+    targets += _compact_targets(results)
     if results.get("clients"):
         targets += _clients_targets(results["clients"])
     if results.get("envoy"):
@@ -143,6 +144,28 @@ def compute_targets(results: dict[str, Any], concurrency: int) -> list[dict[str,
 
         targets += envoy_targets(results["envoy"])
     return targets
+
+
+#: the algorithms whose keys state format 2 holds as one number
+COMPACT = ("gcra", "fixed_window", "sliding_window")
+
+
+def _compact_targets(results: dict[str, Any]) -> list[dict[str, Any]]:
+    """A key of state format 2 at most 120 bytes (one decision a key), on each Redis measured."""
+    out = []
+    up = results.get("memory_upstream") or {}
+    for where, rows in (("this machine's redis-server", results.get("memory")), ("Redis' own build", up.get("rows"))):
+        got = [m for m in rows or [] if m["variant"] in COMPACT and m["hits_per_key"] == 1]
+        if got:
+            worst = max(got, key=lambda m: m["bytes_per_key"])
+            out.append(
+                {
+                    "target": f"state format 2 keys (GCRA, fixed and sliding window) <= 120 bytes, {where}",
+                    "measured": ", ".join(f"{m['variant']} {m['bytes_per_key']:.1f}" for m in got),
+                    "met": worst["bytes_per_key"] <= 120,
+                }
+            )
+    return out
 
 
 def _dist_targets(dist: list[dict[str, Any]], concurrency: int) -> list[dict[str, Any]]:
@@ -360,16 +383,40 @@ def _memory_section(results: dict[str, Any]) -> list[str]:
         "(`SAMPLES 0`) of what Redis reports for key + value. Key names differ by library "
         "(shadowlimit `rl:bench:client-N`, limits `LIMITS:LIMITER/client-N/1000/1/minute`, pyrate `pyrate:client-N`). "
         "`limits` keys are written with `implementation='redispy'` (coredis stores the same structures). "
-        "Bytes/key also depends on N, because Redis' hash tables grow in powers of two.",
+        "Bytes/key also depends on N, because Redis' hash tables grow in powers of two. shadowlimit's rows "
+        "write state format 2 (one number a key for GCRA and the windows, docs/state-format.md), what a new "
+        "deployment writes; the rows marked format 1 are the hash it replaces.",
+        "",
+        f"On this machine's `redis-server` {results['environment'].get('redis_server', '')} (the distribution's "
+        "package, linked with the system's jemalloc, whose size classes step by 16 bytes):",
         "",
     ]
+    out += _memory_tables(mem)
+    up = results.get("memory_upstream")
+    if up:
+        out += ["### The same on Redis' own build", ""]
+        if up.get("error"):
+            out += [f"Not measured in this run: {up['error']}", ""]
+        else:
+            out += [
+                f"`redis-server` {up['redis_server']}, the same version built from its source with the jemalloc it "
+                "bundles (8-byte size classes), as redis.io's source and the official container image build it "
+                "(`python -m bench.upstream_redis`):",
+                "",
+                *_memory_tables(up["rows"]),
+            ]
+    return out
+
+
+def _memory_tables(mem: list[dict[str, Any]]) -> list[str]:
+    out: list[str] = []
     for hits in (1, 10):
         rows = [r for r in mem if r["hits_per_key"] == hits]
         if not rows:
             continue
         n = rows[0]["keys"]
         out += [
-            f"### {'One decision' if hits == 1 else f'{hits} decisions'} per key, N = {n:,} keys",
+            f"#### {'One decision' if hits == 1 else f'{hits} decisions'} per key, N = {n:,} keys",
             "",
             "| Library | Algorithm / strategy | Policy | bytes/key (used_memory delta / N) | MEMORY USAGE (avg) |"
             " Redis keys per key | TTL set |",

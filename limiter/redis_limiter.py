@@ -105,8 +105,9 @@ class RedisLimiter(BookedCalls):
         return self._scripts.state_format
 
     def set_state_format(self, state_format: int) -> None:
-        """Write ``state_format`` from the next decision on: 1, a hash per key (what releases
-        before the compact form read); 2, one integer per window key where its values fit."""
+        """Write ``state_format`` from the next decision on (docs/state-format.md): 1, a hash per
+        key (what releases before the compact form read); 2, one decimal number at a GCRA or
+        window key. Either reads both."""
         if state_format not in STATE_FORMATS:
             raise ValueError(f"state_format: must be one of {STATE_FORMATS}, got {state_format!r}")
         if state_format != self._scripts.state_format:

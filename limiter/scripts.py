@@ -59,7 +59,8 @@ def _read(name: str) -> str:
 
 
 #: the state formats a script writes (docs/state-format.md): 1, a hash per key (every release
-#: reads it); 2, one integer at the key where the values fit (read by this release on)
+#: reads it); 2, one decimal number at a GCRA or window key (read from this release on; the
+#: token bucket and the sliding log write as in 1)
 STATE_FORMATS = (1, 2)
 
 
