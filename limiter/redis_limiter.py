@@ -514,9 +514,13 @@ class RedisLimiter(BookedCalls):
         if algorithm is Algorithm.SLIDING_LOG:
             reply = await self.backend.call(rkey, encode_command("ZRANGE", rkey, 0, -1, "WITHSCORES"))
         else:
-            reply = await self.backend.call(rkey, encode_command("GET", rkey))
-            if isinstance(reply, ReplyError) and str(reply).startswith("WRONGTYPE"):
+            for _ in range(2):  # a key may change form between the two reads: once more
+                reply = await self.backend.call(rkey, encode_command("GET", rkey))
+                if not (isinstance(reply, ReplyError) and str(reply).startswith("WRONGTYPE")):
+                    break
                 reply = await self.backend.call(rkey, encode_command("HMGET", rkey, *STATE_FIELDS[algorithm]))
+                if not (isinstance(reply, ReplyError) and str(reply).startswith("WRONGTYPE")):
+                    break
         if isinstance(reply, ReplyError):
             raise BackendReplyError(str(reply))
         return decode_state(algorithm, reply)

@@ -123,8 +123,13 @@ def fleet_share(policy: Policy, instances: int) -> Policy:
     )
 
 
-#: the state formats this release reads (its fleet record)
+#: the state formats this release reads (its fleet record, before the beat's stamp)
 READS = "1 2"
+
+
+def _stamp(record: list[str]) -> int:
+    """The stamp (ms) of a fleet record (formats, then the beat's time); 0 when it has none."""
+    return int(record[-1]) if record and record[-1].isdigit() and len(record) > 1 else 0
 
 
 class FleetMembership:
@@ -164,6 +169,7 @@ class FleetMembership:
         self.reads_key = f"rl:{redis.namespace}:fleet:reads".encode()
         #: whether every live member reads the compact form, as last read (None: not read yet)
         self.all_read_compact: bool | None = None
+        self._formats_read_at: float | None = None
         self.wall_clock = wall_clock
         self.joins = joins
         self.instance_id = instance_id or uuid.uuid4().hex[:12]
@@ -186,36 +192,56 @@ class FleetMembership:
         )
         if self.joins:
             await b.call(self.key, encode_command("PEXPIRE", self.key, int(self.stale_after_s * 1000) * 2))
-        members = await b.call(self.key, encode_command("ZRANGE", self.key, 0, -1))
+        members = await b.call(self.key, encode_command("ZRANGE", self.key, 0, -1, "WITHSCORES"))
         if not isinstance(members, list):
             raise BackendError(f"fleet heartbeat: unexpected reply {members!r}")
-        self.members = sorted(m.decode() for m in members)
+        beats = {members[i].decode(): int(float(members[i + 1])) for i in range(0, len(members), 2)}
+        self.members = sorted(beats)
         self.live_instances = max(1, len(self.members))
-        await self._formats()
+        await self._formats(now_ms, beats)
         self.last_beat_ok = self.wall_clock()
         return self.live_instances
 
-    async def _formats(self) -> None:
-        """Record the formats this instance reads, forget those of instances gone, and (auto)
-        write the compact form only while every live member reads it."""
+    async def _formats(self, now_ms: int, beats: dict[str, int]) -> None:
+        """Record the formats this instance reads (with this beat's stamp), forget the records
+        of instances gone a while, and (auto) write the compact form only while every live
+        member's record is its own: one whose stamp keeps pace with the member's last beat. A
+        record that falls behind was left by a process gone; the one beating now under the
+        same id (a release before the compact form, which records nothing) reads only hashes."""
         b, key = self.redis.backend, self.reads_key
         if self.joins:
-            await b.call(key, encode_command("HSET", key, self.instance_id, READS))
+            await b.call(key, encode_command("HSET", key, self.instance_id, f"{READS} {now_ms}"))
             await b.call(key, encode_command("PEXPIRE", key, int(self.stale_after_s * 1000) * 2))
         raw = await b.call(key, encode_command("HGETALL", key))
         if not isinstance(raw, list):
             raise BackendError(f"fleet formats: unexpected reply {raw!r}")
         reads = {raw[i].decode(): raw[i + 1].decode().split() for i in range(0, len(raw), 2)}
-        gone = [m for m in reads if m not in self.members]
+        stale_ms = int(self.stale_after_s * 1000)
+        gone = [m for m, rec in reads.items() if m not in beats and now_ms - _stamp(rec) > stale_ms]
         if gone and self.joins:
             await b.call(key, encode_command("HDEL", key, *gone))
-        self.all_read_compact = all("2" in reads.get(m, ()) for m in self.members)
+        pace_ms = int(self.interval_s * 2000)  # a record may lag its member's beat by one beat
+        self.all_read_compact = all(
+            "2" in reads.get(m, ())[:-1] and at - _stamp(reads[m]) <= pace_ms for m, at in beats.items()
+        )
+        self._formats_read_at = self.wall_clock()
         if self.state_format == "auto":
             self.redis.set_state_format(2 if self.all_read_compact else 1)
+
+    def _fleet_unread(self) -> None:
+        """A beat failed: once the fleet has gone unread for ``stale_after_s`` (a replica of an
+        older release may have joined meanwhile), auto writes the hash again."""
+        read_at = self._formats_read_at
+        if self.state_format == "auto" and (read_at is None or self.wall_clock() - read_at > self.stale_after_s):
+            self.all_read_compact = None
+            self.redis.set_state_format(1)
 
     async def leave(self) -> None:
         with contextlib.suppress(BackendError, OSError):
             await self.redis.backend.call(self.key, encode_command("ZREM", self.key, self.instance_id))
+        if self.joins:
+            with contextlib.suppress(BackendError, OSError):
+                await self.redis.backend.call(self.reads_key, encode_command("HDEL", self.reads_key, self.instance_id))
 
     def start(self) -> None:
         if self._task is None:
@@ -227,6 +253,7 @@ class FleetMembership:
                 await self.beat()
             except (BackendError, OSError) as exc:
                 log.debug("fleet heartbeat failed: %s", exc)
+                self._fleet_unread()
             await asyncio.sleep(self.interval_s)
 
     async def stop(self) -> None:

@@ -146,6 +146,8 @@ def _booked(kind: str, algorithm: Algorithm) -> Script:
         Algorithm.FIXED_WINDOW: "sl_hashed(key, sl_fixed_load, {'w', 'n'})",
         Algorithm.SLIDING_WINDOW: "sl_hashed(key, sl_sliding_load, {'w', 'c', 'p'})",
         Algorithm.GCRA: "sl_hashed(key, sl_gcra_load, {'a'})",
+        # another algorithm's compact key (a rule whose algorithm changed) holds no state here
+        Algorithm.TOKEN_BUCKET: "if redis.call('type', key)['ok'] == 'string' then redis.call('del', key) end",
     }.get(algorithm, "")
     parts.append(f"local function sl_unpack(key)\n  {unpack}\nend\n")
     parts += [_read("reservations.lua"), _read(f"{kind}.lua")]
@@ -207,20 +209,27 @@ def policy_args(policy: Policy) -> tuple[bytes, bytes, bytes]:
     return first.encode(), second.encode(), str(policy.ttl_s).encode()
 
 
-def decode_compact(algorithm: Algorithm, text: bytes | str) -> tuple[int, ...] | float:
-    """A key's state from its compact form (state format 2, ``lua/prelude.lua``): a window's
-    start in milliseconds as the last 13 digits, the fixed window's count before them, the
-    sliding window's ``<previous><current, C digits><start><C>``; GCRA's theoretical arrival
-    time in quarter microseconds."""
+def decode_compact(algorithm: Algorithm, text: bytes | str) -> tuple[int, ...] | float | None:
+    """A key's state from its compact form (state format 2, ``lua/state_<kind>.lua``): GCRA's
+    theoretical arrival time in quarter microseconds, negated; the fixed window's
+    ``<count><start in ms, 13 digits>0``; the sliding window's
+    ``<previous><current, C digits><start><C>``. Another algorithm's number (a rule whose
+    algorithm changed) is no state, as the scripts read it."""
     t = text.decode() if isinstance(text, bytes) else text
     if algorithm is Algorithm.GCRA:
-        return int(t) / 4
+        return -int(t) / 4 if t.startswith("-") else None
+    if t.startswith("-"):
+        return None
     if algorithm is Algorithm.FIXED_WINDOW:
-        return (int(t[-13:]) * 1000, int(t[:-13] or 0))
+        if not t.endswith("0") or len(t) < 14:
+            return None
+        return (int(t[-14:-1]) * 1000, int(t[:-14] or 0))
     if algorithm is Algorithm.SLIDING_WINDOW:
         n = int(t[-1])
+        if n == 0 or len(t) < 14 + n:
+            return None
         return (int(t[-14:-1]) * 1000, int(t[-14 - n : -14]), int(t[: -14 - n] or 0))
-    raise ValueError(f"{algorithm.value} has no compact form")
+    return None  # the token bucket's and the sliding log's states are never compact
 
 
 def decode_state(algorithm: Algorithm, raw: object) -> object:

@@ -41,6 +41,6 @@ local retry = 0
 if count + 1 > limit then
   retry = reset
 end
-sl_fixed_save(key, kind, ws, count)
+sl_fixed_save(key, kind, ws, count, sw, sn)
 sl_touch(key, ttl, reset)
 return {fits, limit - count, limit, retry, reset}

@@ -20,7 +20,16 @@ end
 
 -- the deepest debt: what the refill repays in 10 years, and never past 2^52
 local max_debt = math.min(rate * 315360000000000, 4503599627370496)
-local vals = redis.call('hmget', key, 't', 'k')
+local vals = redis.pcall('hmget', key, 't', 'k')
+-- another algorithm's key in the compact form (a rule whose algorithm changed) holds no state here;
+-- anything else of the wrong type is the error it was
+local foreign = vals.err ~= nil
+if foreign then
+  if redis.call('type', key)['ok'] ~= 'string' then
+    error(vals)
+  end
+  vals = {}
+end
 local last = tonumber(vals[1])
 local tokens = tonumber(vals[2])
 if last == nil or tokens == nil then
@@ -49,6 +58,9 @@ end
 local retry = 0
 if tokens < 1 then
   retry = math.ceil((1 - tokens) / rate)
+end
+if foreign then
+  redis.call('del', key)
 end
 redis.call('hset', key, 't', sl_num(last), 'k', sl_num(tokens))
 sl_touch(key, ttl, reset)

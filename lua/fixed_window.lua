@@ -30,7 +30,7 @@ local reset = ws + w - now
 
 if count + cost <= limit then
   count = count + cost
-  sl_fixed_save(key, kind, ws, count)
+  sl_fixed_save(key, kind, ws, count, sw, sn)
   sl_touch(key, ttl, reset)
   return {1, limit - count, limit, 0, reset}
 end

@@ -8,6 +8,9 @@ local function sl_hashed(key, load, fields)
   end
   local ttl = redis.call('pttl', key)
   redis.call('del', key)
+  if got[2] == nil then -- another algorithm's (a rule whose algorithm changed): no state here
+    return
+  end
   local args = {}
   for i = 1, #fields do
     args[2 * i - 1] = fields[i]

@@ -1,15 +1,20 @@
 -- state_gcra.lua: a GCRA key's state in either state format (docs/state-format.md); follows
 -- prelude.lua in the scripts that call it. Format 1 is the hash {a = arrival time, 17 digits};
--- format 2 the arrival time in quarter microseconds, one integer: a double between 2^50 and
--- 2^51 us (the years 2005 to 2041) is a whole number of them, so it is the very double. Each
--- format tries the form it writes first, and writes its own (SL_FORMAT, set before the prelude).
+-- format 2 the arrival time in quarter microseconds, negated, one integer: a double between
+-- 2^50 and 2^51 us (the years 2005 to 2041) is a whole number of them, so it is the very double;
+-- the sign tells it from a window's number (a rule whose algorithm changed reads another's key
+-- as no key, as with the hashes). Each format tries the form it writes first, and writes its
+-- own (SL_FORMAT, set before the prelude).
 
 -- the stored (form 'c' compact or 'h' hash, arrival time); nil: no key
 local function sl_gcra_load(key)
   if SL_FORMAT == 2 then
     local v = redis.pcall('get', key)
     if type(v) == 'string' then
-      return 'c', tonumber(v) / 4
+      if string.byte(v, 1) == 45 then -- '-': GCRA's; another algorithm's is no state here
+        return 'c', -tonumber(v) / 4
+      end
+      return 'c', nil
     elseif not v then
       return nil, nil
     end
@@ -21,7 +26,11 @@ local function sl_gcra_load(key)
   elseif not v then
     return nil, nil
   end
-  return 'c', tonumber(redis.call('get', key)) / 4
+  v = redis.call('get', key)
+  if string.byte(v, 1) == 45 then
+    return 'c', -tonumber(v) / 4
+  end
+  return 'c', nil
 end
 
 -- write 'tat' (the stored one was 'old') in this script's format; a hash holding more than its
@@ -30,11 +39,11 @@ end
 local function sl_gcra_save(key, kind, old, tat)
   local q = tat * 4
   if SL_FORMAT == 2 and q == math.floor(q) and q >= 0 and q < 9007199254740992 then
-    if kind == 'c' then
-      redis.call('incrby', key, string.format('%.0f', q - old * 4))
+    if kind == 'c' and old ~= nil then
+      redis.call('incrby', key, string.format('%.0f', old * 4 - q))
       return
     elseif kind ~= 'h' or redis.call('hlen', key) <= 1 then
-      redis.call('set', key, string.format('%.0f', q), 'keepttl')
+      redis.call('set', key, string.format('-%.0f', q), 'keepttl')
       return
     end
   end

@@ -5,8 +5,13 @@
 -- no whole number of milliseconds, a count of 10 digits, or a start past 2286: a hash). Each
 -- format tries the form it writes first, and writes its own (SL_FORMAT, set before the prelude).
 
+-- a compact value as sl_sliding_load returns it; no state for another algorithm's (the last
+-- digit 0 is a fixed window's, a sign GCRA's: a rule whose algorithm changed reads it as no key)
 local function sl_sliding_parse(v)
   local n = tonumber(string.sub(v, -1))
+  if n == 0 or string.byte(v, 1) == 45 or #v < 14 + n then
+    return 'c', nil, 0, 0
+  end
   return 'c', tonumber(string.sub(v, -14, -2)) * 1000, tonumber(string.sub(v, -14 - n, -15)),
     tonumber(string.sub(v, 1, -15 - n)) or 0
 end

@@ -390,7 +390,7 @@ async def test_check_many_preserves_order_and_equals_sequential_checks(any_redis
 async def test_check_many_reports_a_failing_key_in_place(any_redis_url):
     client = sync_client(any_redis_url)
     try:
-        client.set(b"rl:bad:broken", b"not a hash")
+        client.rpush(b"rl:bad:broken", b"no algorithm keeps a list")  # a key of the wrong type: a script error
         policy = POLICIES[Algorithm.TOKEN_BUCKET]
         async with open_limiter(any_redis_url, namespace="bad") as rl:
             out = await rl.check_many([("a", policy, 1, T0), ("broken", policy, 1, T0), ("a", policy, 1, T0)])

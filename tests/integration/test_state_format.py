@@ -10,7 +10,7 @@ import pytest
 import redis
 
 from limiter import Algorithm, Policy, RedisLimiter
-from limiter.algorithms import decide
+from limiter.algorithms import decide, peek
 from limiter.resilience import FleetMembership
 
 T0 = 1_764_412_345_678_901
@@ -35,7 +35,7 @@ async def test_a_window_key_is_one_integer_in_the_compact_form(redis_url):
             assert client.type(rkey) == b"string"
             assert client.object("encoding", rkey) == b"int"
             ws = (T0 + 60_000_001) // 60_000_000 * 60_000_000
-            want = b"6%d" % (ws // 1000) if policy is FIXED else b"36%d1" % (ws // 1000)
+            want = b"6%d0" % (ws // 1000) if policy is FIXED else b"36%d1" % (ws // 1000)
             assert client.get(rkey) == want
             assert await rl.raw_state(key, policy) == state
             assert 0 < client.ttl(rkey) <= policy.ttl_s + 1  # kept until the state is a new key's
@@ -56,7 +56,7 @@ async def test_a_gcra_key_is_its_arrival_time_in_quarter_microseconds_exactly(re
             assert d == pd
         rkey = rl.redis_key(key)
         assert client.object("encoding", rkey) == b"int"
-        assert int(client.get(rkey)) == state * 4  # the very double, no rounding
+        assert int(client.get(rkey)) == -state * 4  # the very double, no rounding (negated: GCRA's sign)
         assert await rl.raw_state(key, policy) == state
         # before 2005 a double has finer steps than a quarter microsecond: the hash keeps it exact
         assert (await rl.check("early", policy, 1, 1_000_000_000_000_001)).allowed
@@ -158,3 +158,67 @@ def test_a_setting_that_is_no_format_is_refused_by_name():
         FleetMembership(rl, state_format="3")
     with pytest.raises(ValueError, match="state_format"):
         rl.set_state_format(3)
+
+
+async def test_a_record_left_by_a_process_gone_does_not_vouch_for_the_one_beating_under_its_id(redis_url):
+    """A replica of this release crashes (no leave) and one of the previous release starts under
+    the same instance id: its beats move the id's score past the record's stamp, so the record
+    no longer counts and the hash is written again."""
+    client = redis.Redis.from_url(redis_url)
+    client.delete("rl:fleetfmt:fleet", "rl:fleetfmt:fleet:reads")
+    a_rl, a = await _member(redis_url, "new-a")
+    crashed_rl, crashed = await _member(redis_url, "worker-1")
+    try:
+        await crashed.beat()
+        await a.beat()
+        assert a.all_read_compact is True and a_rl.state_format == 2
+        stamp = int(client.hget("rl:fleetfmt:fleet:reads", "worker-1").split()[-1])
+        # the previous release beats as worker-1, two beats (4 s) after the crashed one's last
+        client.zadd("rl:fleetfmt:fleet", {"worker-1": stamp + 4_000})
+        await a.beat()
+        assert a.all_read_compact is False and a_rl.state_format == 1
+    finally:
+        await a_rl.aclose()
+        await crashed_rl.aclose()
+        client.close()
+
+
+async def test_a_replica_that_cannot_read_the_fleet_goes_back_to_the_hash(redis_url):
+    now = [1_000.0]
+    rl = RedisLimiter.from_url(redis_url, namespace="fleetfmt-down")
+    fleet = FleetMembership(rl, instance_id="lonely", interval_s=2.0, wall_clock=lambda: now[0])
+    try:
+        await fleet.beat()
+        assert rl.state_format == 2
+        now[0] += 3.0  # a beat fails: within stale_after_s (6 s) the last reading stands
+        fleet._fleet_unread()
+        assert rl.state_format == 2
+        now[0] += 4.0  # 7 s without a reading: an older replica may have joined meanwhile
+        fleet._fleet_unread()
+        assert rl.state_format == 1 and fleet.all_read_compact is None
+    finally:
+        await rl.aclose()
+
+
+async def test_a_rule_whose_algorithm_changes_reads_the_other_algorithms_key_as_no_key(redis_url):
+    """As with the hashes (whose fields differ), a key the route's former algorithm wrote in the
+    compact form is no state for the new one: a fresh key's answer, no error, and the key
+    rewritten in the new algorithm's form."""
+    client = redis.Redis.from_url(redis_url)
+    rl = RedisLimiter.from_url(redis_url, namespace="fmt", state_format=2)
+    key = f"switch{next(_ids)}"
+    rkey = rl.redis_key(key)
+    try:
+        for i, alg in enumerate(["gcra", "fixed_window", "sliding_window", "token_bucket", "fixed_window", "gcra"]):
+            policy = Policy(average=100, period=60.0, algorithm=alg)
+            now = T0 + i * 1_000
+            if alg != "token_bucket":  # a peek, and the stored state as Python reads it: none yet
+                assert await rl.check(key, policy, 0, now) == peek(None, now, policy)
+                assert await rl.raw_state(key, policy) is None
+            for cost in (3, 2):
+                d = await rl.check(key, policy, cost, now)
+            assert d.allowed and d.remaining == 95, (alg, d)
+            assert client.type(rkey) == (b"hash" if alg == "token_bucket" else b"string"), alg
+    finally:
+        await rl.aclose()
+        client.close()
