@@ -20,7 +20,8 @@ timestamp order. A request older than the stored state is evaluated at the store
 time (token bucket, windows, log), so stored time never moves backwards and no
 interval is credited twice.
 
-State shapes (also the Redis layouts):
+State shapes (and the Redis layouts of state format 1; format 2 holds GCRA's and the windows'
+as one number, docs/state-format.md):
 
 =================  =====================================  ==========================
 algorithm          Python state                           Redis value at the key
