@@ -263,7 +263,7 @@ async def test_a_failing_key_gets_its_error_in_place_and_the_others_their_answer
             if "cluster" in any_redis_url
             else redis_sync.Redis.from_url(any_redis_url)
         )
-        client.set(rl.redis_key("broken"), b"not a hash")
+        client.rpush(rl.redis_key("broken"), b"no algorithm keeps a list")  # a key of the wrong type
         out = await getattr(rl, call)([("a", POLICY, 1, T0), ("broken", POLICY, 1, T0), ("a", POLICY, 2, T0)])
         first, last = Decision(True, 4, 5, 0, 100_000), Decision(True, 2, 5, 0, 300_000)
         assert [out[0], out[2]] == ([True, True] if call == "allowed_many" else [first, last])
@@ -316,7 +316,7 @@ async def test_a_burst_after_script_flush_loads_its_scripts_again(redis_url):
 
 
 async def test_compare_many_feeds_the_breaker_and_never_degrades(redis_url):
-    redis_sync.Redis.from_url(redis_url).set("rl:cmp:broken", b"not a hash")
+    redis_sync.Redis.from_url(redis_url).rpush("rl:cmp:broken", b"no algorithm keeps a list")
     rl = RedisLimiter.from_url(redis_url, namespace="cmp")
     breaker = CircuitBreaker(failure_threshold=1, backoff_initial_s=30, backoff_max_s=30)
     res = ResilientLimiter(rl, failure_policy="passThrough", breaker=breaker)
@@ -335,7 +335,7 @@ async def test_compare_many_feeds_the_breaker_and_never_degrades(redis_url):
 
 
 async def test_compare_many_gives_whole_decisions_where_asked_failures_still_none(redis_url):
-    redis_sync.Redis.from_url(redis_url).set("rl:cmpd:broken", b"not a hash")
+    redis_sync.Redis.from_url(redis_url).rpush("rl:cmpd:broken", b"no algorithm keeps a list")
     rl = RedisLimiter.from_url(redis_url, namespace="cmpd")
     res = ResilientLimiter(rl, failure_policy="passThrough", breaker=CircuitBreaker(failure_threshold=5))
     try:
