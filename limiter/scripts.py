@@ -245,7 +245,7 @@ def decode_state(algorithm: Algorithm, raw: object) -> object:
     if isinstance(raw, bytes | str):
         return decode_compact(algorithm, raw)
     vals = list(raw or [])  # type: ignore[call-overload]
-    if not vals or vals[0] is None:
+    if not vals or any(v is None for v in vals):  # no key, or another algorithm's hash
         return None
     if algorithm is Algorithm.TOKEN_BUCKET:
         return (int(float(vals[0])), float(vals[1]))

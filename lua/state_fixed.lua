@@ -16,6 +16,9 @@ local function sl_fixed_load(key)
       return nil, nil, 0
     elseif type(v) == 'table' then
       v = redis.call('hmget', key, 'w', 'n')
+      if not v[2] then -- a sliding window's hash (a rule whose algorithm changed): no state here
+        return 'h', nil, 0
+      end
       return 'h', tonumber(v[1]), tonumber(v[2])
     end
   else
@@ -23,6 +26,8 @@ local function sl_fixed_load(key)
     if not v.err then
       if not v[1] then
         return nil, nil, 0
+      elseif not v[2] then -- a sliding window's hash (a rule whose algorithm changed): no state here
+        return 'h', nil, 0
       end
       return 'h', tonumber(v[1]), tonumber(v[2])
     end

@@ -206,6 +206,28 @@ async def test_a_rule_whose_algorithm_changes_reads_the_other_algorithms_key_as_
     rewritten in the new algorithm's form."""
     client = redis.Redis.from_url(redis_url)
     rl = RedisLimiter.from_url(redis_url, namespace="fmt", state_format=2)
+    await _switch_algorithms(rl, client)
+
+
+async def test_in_the_hash_a_window_reads_the_other_windows_fields_as_no_state(redis_url):
+    """Format 1: the fixed and the sliding window share the field ``w``; each reads a hash
+    without its own count as no state (it used to fail on the missing count)."""
+    client = redis.Redis.from_url(redis_url)
+    rl = RedisLimiter.from_url(redis_url, namespace="fmt1", state_format=1)
+    try:
+        for i, alg in enumerate(["fixed_window", "sliding_window", "fixed_window"]):
+            policy = Policy(average=100, period=60.0, algorithm=alg)
+            key = "shared"
+            d = await rl.check(key, policy, 3, T0 + i)
+            assert d.allowed, (alg, d)
+            if i < 2:
+                assert d.remaining == 97, (alg, d)
+    finally:
+        await rl.aclose()
+        client.close()
+
+
+async def _switch_algorithms(rl: RedisLimiter, client: redis.Redis) -> None:
     key = f"switch{next(_ids)}"
     rkey = rl.redis_key(key)
     try:
