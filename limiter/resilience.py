@@ -145,10 +145,11 @@ class FleetMembership:
     others' fallback share by counting as live.
 
     The fleet's state formats (docs/state-format.md): each joining instance also records the
-    formats it reads in ``rl:<ns>:fleet:reads``; a member missing there runs a release that
-    reads only the hash (format 1). ``state_format="auto"`` has the limiter write the compact
-    form (2) only while every live member reads it, and the hash otherwise; ``1`` or ``2``
-    pins it (the limiter is left as it was built).
+    formats it reads, with its beat's time, in ``rl:<ns>:fleet:reads``; a member missing there,
+    or whose record lags its heartbeat by more than two beats, runs a release that reads only
+    the hash (format 1). ``state_format="auto"`` has the limiter write the compact form (2)
+    only while every live member reads it, and the hash otherwise (and once the fleet has gone
+    unread for ``stale_after_s``); ``1`` or ``2`` pins it (the limiter is left as it was built).
     """
 
     def __init__(
