@@ -65,7 +65,12 @@ STATE_FORMATS = (1, 2)
 
 
 #: the state helpers (``lua/state_<kind>.lua``) by the prefix of the functions they define
-_STATE_FILES = {"sl_gcra_": "state_gcra", "sl_fixed_": "state_fixed", "sl_sliding_": "state_sliding"}
+_STATE_FILES = {
+    "sl_bucket_": "state_bucket",
+    "sl_gcra_": "state_gcra",
+    "sl_fixed_": "state_fixed",
+    "sl_sliding_": "state_sliding",
+}
 
 
 def _prelude(state_format: int, body: str) -> str:

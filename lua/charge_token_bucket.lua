@@ -20,18 +20,7 @@ end
 
 -- the deepest debt: what the refill repays in 10 years, and never past 2^52
 local max_debt = math.min(rate * 315360000000000, 4503599627370496)
-local vals = redis.pcall('hmget', key, 't', 'k')
--- another algorithm's key in the compact form (a rule whose algorithm changed) holds no state here;
--- anything else of the wrong type is the error it was
-local foreign = vals.err ~= nil
-if foreign then
-  if redis.call('type', key)['ok'] ~= 'string' then
-    error(vals)
-  end
-  vals = {}
-end
-local last = tonumber(vals[1])
-local tokens = tonumber(vals[2])
+local last, tokens, foreign = sl_bucket_load(key) -- lua/state_bucket.lua
 if last == nil or tokens == nil then
   last = now
   tokens = burst

@@ -10,18 +10,7 @@ local rate = tonumber(ARGV[1])
 local burst = tonumber(ARGV[2])
 local now = sl_now(ARGV[3])
 
-local vals = redis.pcall('hmget', key, 't', 'k')
--- another algorithm's key in the compact form (a rule whose algorithm changed) holds no state here;
--- anything else of the wrong type is the error it was
-local foreign = vals.err ~= nil
-if foreign then
-  if redis.call('type', key)['ok'] ~= 'string' then
-    error(vals)
-  end
-  vals = {}
-end
-local last = tonumber(vals[1])
-local tokens = tonumber(vals[2])
+local last, tokens = sl_bucket_load(key) -- lua/state_bucket.lua
 if rate <= 0 or last == nil or tokens == nil then
   return {sl_num(burst), 0, -2}
 end

@@ -17,18 +17,7 @@ if rate <= 0 then
   return {1, burst, burst, 0, 0}
 end
 
-local vals = redis.pcall('hmget', key, 't', 'k')
--- another algorithm's key in the compact form (a rule whose algorithm changed) holds no state here;
--- anything else of the wrong type is the error it was
-local foreign = vals.err ~= nil
-if foreign then
-  if redis.call('type', key)['ok'] ~= 'string' then
-    error(vals)
-  end
-  vals = {}
-end
-local last = tonumber(vals[1])
-local tokens = tonumber(vals[2])
+local last, tokens, foreign = sl_bucket_load(key) -- lua/state_bucket.lua
 if last == nil or tokens == nil then
   -- a new key starts full
   last = now
